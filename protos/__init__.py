@@ -1,0 +1,1 @@
+"""Protocol buffer definitions of the serving API (see the serving issue)."""
