@@ -60,7 +60,7 @@ class SchemaError(ValueError):
     """A schema file or FeatureSpec is invalid; the message names the file, field and key."""
 
 
-class FeatureKind(str, enum.Enum):
+class FeatureKind(enum.StrEnum):
     CATEGORICAL = "categorical"
     MULTI_CATEGORICAL = "multi_categorical"
     NUMERIC = "numeric"
@@ -177,12 +177,12 @@ class FeatureSpec:
             )
         if kind == FeatureKind.NUMERIC and self.dtype == "string":
             raise SchemaError(f"field {self.name!r}: numeric needs dtype int64 or float32")
-        if kind in (FeatureKind.CATEGORICAL, FeatureKind.MULTI_CATEGORICAL):
-            if self.vocab == "hash" and self.hash_buckets < 1:
-                raise SchemaError(
-                    f"field {self.name!r}: vocab = 'hash' needs hash_buckets >= 1, "
-                    f"got {self.hash_buckets}"
-                )
+        categorical = kind in (FeatureKind.CATEGORICAL, FeatureKind.MULTI_CATEGORICAL)
+        if categorical and self.vocab == "hash" and self.hash_buckets < 1:
+            raise SchemaError(
+                f"field {self.name!r}: vocab = 'hash' needs hash_buckets >= 1, "
+                f"got {self.hash_buckets}"
+            )
         self._check_min("min_count", self.min_count, 1)
         if self.max_vocab is not None:
             self._check_min("max_vocab", self.max_vocab, 1)
@@ -204,7 +204,9 @@ class FeatureSpec:
 
     def _check_min(self, key: str, value: Any, lo: int) -> None:
         if not isinstance(value, int) or isinstance(value, bool) or value < lo:
-            raise SchemaError(f"field {self.name!r}: {key} must be an integer >= {lo}, got {value!r}")
+            raise SchemaError(
+                f"field {self.name!r}: {key} must be an integer >= {lo}, got {value!r}"
+            )
 
     @property
     def is_model_input(self) -> bool:
@@ -258,9 +260,7 @@ class SourceSpec:
         if self.format not in _FORMATS:
             raise SchemaError(f"[source] format = {self.format!r} is not one of {list(_FORMATS)}")
         if len(self.delimiter) != 1:
-            raise SchemaError(
-                f"[source] delimiter must be one character, got {self.delimiter!r}"
-            )
+            raise SchemaError(f"[source] delimiter must be one character, got {self.delimiter!r}")
         if not self.header and self.format == "csv" and not self.columns:
             raise SchemaError("[source] header = false needs `columns`, the names of the columns")
         if self.columns is not None:
@@ -330,6 +330,18 @@ class Schema:
         keep.add(self.label.name)
         return dataclasses.replace(self, fields=tuple(f for f in self.fields if f.name in keep))
 
+    def as_parquet(self) -> Schema:
+        """The schema of Parquet shards written by ``features.readers.convert``.
+
+        Converted shards hold one column per field, named by the field, with labels already
+        thresholded to 0/1 and timestamps already in unix seconds.
+        """
+        fields = tuple(
+            dataclasses.replace(f, column=f.name, threshold=None, time_format="unix")
+            for f in self.fields
+        )
+        return dataclasses.replace(self, fields=fields, source=SourceSpec(format="parquet"))
+
     def replace_field(self, name: str, **changes: Any) -> Schema:
         fields = tuple(
             dataclasses.replace(f, **changes) if f.name == name else f for f in self.fields
@@ -356,9 +368,7 @@ class Schema:
             lines += [f"{k} = {_toml_value(v)}" for k, v in j.items() if v is not None]
         for f in self.fields:
             lines += ["", "[[fields]]"]
-            lines += [
-                f"{k} = {_toml_value(v)}" for k, v in f.to_dict().items() if v is not None
-            ]
+            lines += [f"{k} = {_toml_value(v)}" for k, v in f.to_dict().items() if v is not None]
         return "\n".join(lines) + "\n"
 
     def save(self, path: str | Path) -> None:
@@ -388,6 +398,26 @@ def _check_keys(where: str, given: Mapping[str, Any], allowed: set[str]) -> None
     unknown = sorted(set(given) - allowed)
     if unknown:
         raise SchemaError(f"{where}: unknown keys {unknown}; allowed keys: {sorted(allowed)}")
+
+
+def _expand_columns(column: Any, names: list[str], where: str) -> list[Any]:
+    """The source column of each of ``names``: ``column`` expanded in parallel with ``names``.
+
+    ``names = "user_item_affinity_{0..79}"`` with ``column = "user-item_affinity_{0..79}"`` gives
+    field i the i-th column; a ``column`` without a range is shared by every name (None: each
+    field reads the column of its own name).
+    """
+    if not isinstance(column, str):
+        return [column] * len(names)
+    cols = expand_names(column)
+    if len(cols) == 1 and not _RANGE.match(column):
+        return cols * len(names)
+    if len(cols) != len(names):
+        raise SchemaError(
+            f"{where}: column {column!r} expands to {len(cols)} columns but the names expand "
+            f"to {len(names)} fields; give ranges of the same length"
+        )
+    return cols
 
 
 def schema_from_dict(data: Mapping[str, Any], where: str = "schema") -> Schema:
@@ -421,13 +451,12 @@ def schema_from_dict(data: Mapping[str, Any], where: str = "schema") -> Schema:
         label = entry.get("name") or entry.get("names") or f"#{i + 1}"
         _check_keys(f"{where} [[fields]] {label}", entry, _FIELD_KEYS | {"names"})
         if ("name" in entry) == ("names" in entry):
-            raise SchemaError(
-                f"{where} [[fields]] {label}: give exactly one of 'name' or 'names'"
-            )
+            raise SchemaError(f"{where} [[fields]] {label}: give exactly one of 'name' or 'names'")
         names = expand_names(entry.pop("names")) if "names" in entry else [entry.pop("name")]
-        for n in names:
+        columns = _expand_columns(entry.pop("column", None), names, f"{where} [[fields]] {label}")
+        for n, col in zip(names, columns, strict=True):
             try:
-                fields.append(FeatureSpec(name=n, **entry))
+                fields.append(FeatureSpec(name=n, column=col, **entry))
             except SchemaError as e:
                 raise SchemaError(f"{where}: {e}") from None
             except TypeError as e:

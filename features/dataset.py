@@ -1,0 +1,195 @@
+"""tf.data input from Parquet shards: batches of raw named tensors, shuffled by seed and epoch.
+
+Each element is a dict ``{field name: tensor [batch]}`` holding the RAW values of every model
+input and the label (``tf.string`` for string fields, ``tf.int64`` for int64 fields, ``tf.float32``
+for numeric fields and the label), exactly what the exported SavedModel's serving signature takes:
+the preprocessing (vocabulary lookup, hashing, bucketizing) runs inside the model.
+
+Missing cells are filled explicitly, never as NaN: ``""`` for strings (the OOV/missing row),
+``-1`` for int64 categoricals (also the OOV row), ``field.default`` for numeric fields.
+
+The order is a pure function of ``(seed, epoch)``: files are shuffled, rows are shuffled inside a
+buffer of ``shuffle_buffer`` rows, and ``skip_batches`` drops the first batches of the epoch without
+converting them, which is how a resumed training run continues at the batch after its checkpoint.
+Rows are read with ``pyarrow.parquet`` one record batch at a time, so memory holds about one
+shuffle buffer, whatever the dataset's size.
+"""
+
+from __future__ import annotations
+
+import glob
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import tensorflow as tf
+
+from features.schema import FeatureKind, FeatureSpec, Schema
+
+_TF_DTYPES = {"string": tf.string, "int64": tf.int64, "float32": tf.float32}
+
+
+def field_tf_dtype(spec: FeatureSpec) -> tf.DType:
+    """The raw dtype of a field in tf.data and in the serving signature."""
+    if spec.kind in (FeatureKind.NUMERIC, FeatureKind.LABEL):
+        return tf.float32
+    return _TF_DTYPES[spec.dtype]
+
+
+def input_fields(schema: Schema, with_label: bool = True) -> list[FeatureSpec]:
+    """Model inputs in schema order, then the label."""
+    fields = list(schema.model_inputs)
+    return [*fields, schema.label] if with_label else fields
+
+
+def list_parquet(paths: str | Path | Sequence[str | Path]) -> list[Path]:
+    """Parquet files under ``paths`` (files, directories or glob patterns), sorted."""
+    if isinstance(paths, str | Path):
+        paths = [paths]
+    out: list[Path] = []
+    for p in paths:
+        p = Path(p)
+        if p.is_dir():
+            out.extend(sorted(p.glob("*.parquet")))
+        elif p.exists():
+            out.append(p)
+        else:
+            matches = [Path(m) for m in sorted(glob.glob(str(p)))]
+            out.extend(m for m in matches if m.suffix == ".parquet")
+    if not out:
+        raise FileNotFoundError(f"no Parquet files found under {[str(p) for p in paths]}")
+    return out
+
+
+def column_to_numpy(column: pa.ChunkedArray | pa.Array, spec: FeatureSpec) -> np.ndarray:
+    """An Arrow column as a numpy array with missing cells filled (see the module docstring)."""
+    if spec.kind in (FeatureKind.NUMERIC, FeatureKind.LABEL):
+        column = pc.cast(column, pa.float32())
+        if column.null_count:
+            column = pc.fill_null(column, float(spec.default))
+        return column.to_numpy().astype(np.float32, copy=False)
+    if spec.dtype == "int64":
+        column = pc.cast(column, pa.int64())
+        if column.null_count:
+            column = pc.fill_null(column, -1)
+        return column.to_numpy()
+    column = pc.cast(column, pa.string())
+    if column.null_count:
+        column = pc.fill_null(column, "")
+    return column.to_numpy(zero_copy_only=False).astype(object)
+
+
+def table_to_numpy(
+    table: pa.Table | pa.RecordBatch, fields: Sequence[FeatureSpec]
+) -> dict[str, np.ndarray]:
+    """``{field: numpy array}`` for ``fields``, missing cells filled (see the module docstring)."""
+    return {f.name: column_to_numpy(table.column(f.name), f) for f in fields}
+
+
+def iter_batches(
+    schema: Schema,
+    files: Sequence[Path],
+    *,
+    batch_size: int,
+    shuffle: bool,
+    seed: int = 0,
+    epoch: int = 0,
+    skip_batches: int = 0,
+    shuffle_buffer: int = 262_144,
+    drop_remainder: bool = False,
+) -> Iterator[dict[str, np.ndarray]]:
+    """Yields dicts of numpy arrays (the same content as ``make_dataset``'s elements)."""
+    fields = input_fields(schema)
+    columns = [f.name for f in fields]
+    rng = np.random.default_rng([seed, epoch])
+    order = list(files)
+    if shuffle:
+        order = [order[i] for i in rng.permutation(len(order))]
+    buffer_rows = max(shuffle_buffer, batch_size) if shuffle else batch_size
+    pending: list[pa.Table] = []
+    pending_rows = 0
+    emitted = 0
+
+    def emit(table: pa.Table) -> Iterator[dict[str, np.ndarray]]:
+        nonlocal emitted
+        if shuffle:
+            table = table.take(pa.array(rng.permutation(table.num_rows)))
+        for start in range(0, table.num_rows, batch_size):
+            part = table.slice(start, batch_size)
+            if part.num_rows < batch_size and drop_remainder:
+                return
+            emitted += 1
+            if emitted <= skip_batches:
+                continue
+            yield table_to_numpy(part, fields)
+
+    for path in order:
+        pf = pq.ParquetFile(path)
+        missing = [c for c in columns if c not in pf.schema_arrow.names]
+        if missing:
+            raise ValueError(
+                f"{path}: Parquet file lacks columns {missing} that schema {schema.name!r} needs; "
+                f"it has {pf.schema_arrow.names}"
+            )
+        for rb in pf.iter_batches(batch_size=65_536, columns=columns):
+            pending.append(pa.Table.from_batches([rb]))
+            pending_rows += rb.num_rows
+            if pending_rows >= buffer_rows:
+                table = pa.concat_tables(pending)
+                full = (table.num_rows // batch_size) * batch_size
+                yield from emit(table.slice(0, full))
+                pending = [table.slice(full)]
+                pending_rows = table.num_rows - full
+    if pending_rows:
+        yield from emit(pa.concat_tables(pending))
+
+
+def make_dataset(
+    schema: Schema,
+    paths: str | Path | Sequence[str | Path],
+    *,
+    batch_size: int,
+    shuffle: bool = False,
+    seed: int = 0,
+    epoch: int = 0,
+    skip_batches: int = 0,
+    shuffle_buffer: int = 262_144,
+    drop_remainder: bool = False,
+) -> tf.data.Dataset:
+    """A ``tf.data.Dataset`` of ``{field: [batch]}`` raw tensors from Parquet shards.
+
+    Args:
+      schema: the schema of the shards (``Schema.as_parquet()`` of the raw dataset's schema).
+      paths: Parquet files, directories or glob patterns.
+      batch_size: rows per element (the last one may be smaller unless ``drop_remainder``).
+      shuffle: shuffle files and rows, by ``(seed, epoch)``.
+      skip_batches: drop this many leading batches (resume inside an epoch).
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    files = list_parquet(paths)
+    fields = input_fields(schema)
+    signature = {f.name: tf.TensorSpec([None], field_tf_dtype(f), name=f.name) for f in fields}
+    ds = tf.data.Dataset.from_generator(
+        lambda: iter_batches(
+            schema,
+            files,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            seed=seed,
+            epoch=epoch,
+            skip_batches=skip_batches,
+            shuffle_buffer=shuffle_buffer,
+            drop_remainder=drop_remainder,
+        ),
+        output_signature=signature,
+    )
+    return ds.prefetch(tf.data.AUTOTUNE)
+
+
+def count_rows(paths: str | Path | Sequence[str | Path]) -> int:
+    """Rows in Parquet shards, from their footers."""
+    return sum(pq.ParquetFile(p).metadata.num_rows for p in list_parquet(paths))

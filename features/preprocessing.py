@@ -1,0 +1,156 @@
+"""Raw features -> model inputs, as a Keras layer that lives inside the model and its SavedModel.
+
+``build_preprocessor(schema, stats)`` plans each model input from the schema and the training
+statistics and returns a ``FeaturePreprocessor``; its ``call`` maps the raw batch
+``{field: [batch]}`` (strings, ints, floats) to
+
+* ``ids``: ``{field: int64 [batch]}`` for categorical and bucketized numeric fields, and
+  ``{field: int64 ragged [batch, None]}`` for multi-valued fields, each in ``[0, num_rows)``;
+* ``dense``: float32 ``[batch, n_dense]`` for numeric fields that are not bucketized
+  (``None`` when there are none).
+
+Row 0 of every looked-up field is the OOV row: missing (``""`` / ``-1``), rare (under
+``min_count``) and never-seen values all land there. Hashed fields use ``hash_buckets`` rows of a
+fingerprint hash. Numeric values: non-finite -> ``default``; then ``log1p`` (of max(x, 0)) or
+nothing; then standardized with the training mean and standard deviation of that value, unless
+``transform = "none"``. The plans are plain dicts, so ``get_config`` is complete and the layer
+rebuilds from its config without the statistics files.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+from features.schema import FeatureKind, Schema
+from features.stats import DatasetStats
+
+
+def plan_fields(schema: Schema, stats: DatasetStats) -> list[dict[str, Any]]:
+    """One JSON-able plan per model input (see the module docstring for what each does)."""
+    plans = []
+    for spec in schema.model_inputs:
+        fs = stats[spec.name]
+        base = {"name": spec.name, "dtype": spec.dtype}
+        if spec.kind in (FeatureKind.CATEGORICAL, FeatureKind.MULTI_CATEGORICAL):
+            plan = {
+                **base,
+                "multi": spec.kind == FeatureKind.MULTI_CATEGORICAL,
+                "separator": spec.separator,
+            }
+            if spec.vocab == "hash":
+                plan.update(op="hash", num_rows=spec.hash_buckets)
+            else:
+                plan.update(op="lookup", vocabulary=list(fs.vocab), num_rows=len(fs.vocab) + 1)
+        elif spec.num_buckets > 0:
+            plan = {
+                **base,
+                "op": "bucketize",
+                "boundaries": list(fs.boundaries),
+                "num_rows": len(fs.boundaries) + 1,
+                "transform": spec.transform,
+                "default": spec.default,
+            }
+        else:
+            plan = {
+                **base,
+                "op": "dense",
+                "transform": spec.transform,
+                "default": spec.default,
+                "mean": 0.0 if spec.transform == "none" else fs.mean,
+                "std": 1.0 if spec.transform == "none" else fs.std,
+            }
+        plans.append(plan)
+    return plans
+
+
+@tf.keras.utils.register_keras_serializable(package="stitchrec")
+class FeaturePreprocessor(tf.keras.layers.Layer):
+    """Raw named features -> (ids per embedded field, dense numeric matrix).
+
+    Args:
+      plans: from ``plan_fields``; each has ``name``, ``dtype`` and ``op`` in
+        ``lookup | hash | bucketize | dense``.
+    """
+
+    def __init__(self, plans: list[dict[str, Any]], **kwargs: Any):
+        super().__init__(**kwargs)
+        if not plans:
+            raise ValueError("plans must name at least one field")
+        for p in plans:
+            if p.get("op") not in ("lookup", "hash", "bucketize", "dense"):
+                raise ValueError(f"field {p.get('name')!r}: unknown op {p.get('op')!r}")
+        self.plans = [dict(p) for p in plans]
+        self._lookups: dict[str, tf.keras.layers.Layer] = {}
+        for p in self.plans:
+            if p["op"] == "lookup":
+                self._lookups[p["name"]] = tf.keras.layers.StringLookup(
+                    vocabulary=p["vocabulary"] or None,
+                    num_oov_indices=1,
+                    mask_token=None,
+                    name=f"lookup_{_safe(p['name'])}",
+                )
+            elif p["op"] == "hash":
+                self._lookups[p["name"]] = tf.keras.layers.Hashing(
+                    num_bins=p["num_rows"], name=f"hash_{_safe(p['name'])}"
+                )
+
+    @property
+    def embedded_fields(self) -> dict[str, int]:
+        """``{field: rows its embedding table needs}``, in schema order."""
+        return {p["name"]: p["num_rows"] for p in self.plans if p["op"] != "dense"}
+
+    @property
+    def multi_valued_fields(self) -> list[str]:
+        return [p["name"] for p in self.plans if p.get("multi")]
+
+    @property
+    def dense_fields(self) -> list[str]:
+        return [p["name"] for p in self.plans if p["op"] == "dense"]
+
+    @property
+    def input_names(self) -> list[str]:
+        return [p["name"] for p in self.plans]
+
+    def call(self, features: dict[str, tf.Tensor]) -> tuple[dict[str, tf.Tensor], tf.Tensor | None]:
+        ids: dict[str, tf.Tensor] = {}
+        dense: list[tf.Tensor] = []
+        for p in self.plans:
+            x = features[p["name"]]
+            if p["op"] in ("lookup", "hash"):
+                ids[p["name"]] = self._ids(p, x)
+            elif p["op"] == "bucketize":
+                v = _numeric(x, p)
+                b = tf.constant(p["boundaries"], tf.float32)
+                ids[p["name"]] = tf.cast(tf.searchsorted(b, v, side="right"), tf.int64)
+            else:
+                v = _numeric(x, p)
+                dense.append((v - p["mean"]) / p["std"])
+        return ids, (tf.stack(dense, axis=1) if dense else None)
+
+    def _ids(self, plan: dict[str, Any], x: tf.Tensor) -> tf.Tensor:
+        if x.dtype != tf.string:
+            x = tf.strings.as_string(x)
+        if plan["multi"]:
+            x = tf.strings.split(x, sep=plan["separator"])
+        return tf.cast(self._lookups[plan["name"]](x), tf.int64)
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "plans": self.plans}
+
+
+def _numeric(x: tf.Tensor, plan: dict[str, Any]) -> tf.Tensor:
+    x = tf.cast(x, tf.float32)
+    x = tf.where(tf.math.is_finite(x), x, tf.cast(plan["default"], tf.float32))
+    if plan["transform"] == "log1p":
+        x = tf.math.log1p(tf.maximum(x, 0.0))
+    return x
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "_." else "_" for c in name)
+
+
+def build_preprocessor(schema: Schema, stats: DatasetStats) -> FeaturePreprocessor:
+    return FeaturePreprocessor(plan_fields(schema, stats), name="preprocessor")

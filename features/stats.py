@@ -1,0 +1,305 @@
+"""Dataset statistics in one streaming pass: vocabularies with counts and ranks, numeric moments
+and quantiles.
+
+``compute_stats(schema, batches)`` reads Arrow record batches once (it never holds the dataset)
+and returns ``DatasetStats``:
+
+* categorical and multi-valued fields: the count of every value, the vocabulary (values seen at
+  least ``min_count`` times, capped at ``max_vocab``, most frequent first, ties by value), each
+  value's frequency rank (its position in that order; AMTL uses counts and ranks), the number of
+  distinct values and how many cells fall outside the vocabulary (OOV);
+* numeric fields: count, missing, min, max, mean and standard deviation of the value after the
+  field's ``transform``, and quantile boundaries for ``num_buckets`` from a uniform bottom-k sample
+  (``sample_size`` values per field, exact when the field has fewer values);
+* the label: rows and positives.
+
+Vocabularies go to one Parquet file per field, everything else to ``stats.json``; ``save`` and
+``load`` round-trip. Value counts are merged with Arrow ``group_by`` so a field with millions of
+distinct values costs vectorized work, not a Python loop per value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from features.schema import FeatureKind, FeatureSpec, Schema
+
+STATS_FILE = "stats.json"
+VOCAB_DIR = "vocab"
+
+
+@dataclasses.dataclass
+class FieldStats:
+    """Statistics of one field. Categorical fields fill the vocab part, numeric the moments."""
+
+    name: str
+    kind: str
+    count: int = 0
+    missing: int = 0
+    # categorical / multi_categorical
+    vocab: list[str] = dataclasses.field(default_factory=list)
+    vocab_counts: list[int] = dataclasses.field(default_factory=list)
+    num_distinct: int = 0
+    oov_count: int = 0
+    mean_values_per_row: float = 0.0
+    # numeric (moments of the transformed value)
+    min: float = math.nan
+    max: float = math.nan
+    mean: float = 0.0
+    std: float = 1.0
+    boundaries: list[float] = dataclasses.field(default_factory=list)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.vocab)
+
+    def summary(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out.pop("vocab")
+        out.pop("vocab_counts")
+        out["vocab_size"] = self.vocab_size
+        return out
+
+
+@dataclasses.dataclass
+class DatasetStats:
+    rows: int
+    positives: float
+    fields: dict[str, FieldStats]
+
+    @property
+    def label_mean(self) -> float:
+        return self.positives / self.rows if self.rows else 0.0
+
+    def __getitem__(self, name: str) -> FieldStats:
+        try:
+            return self.fields[name]
+        except KeyError:
+            raise KeyError(
+                f"no statistics for field {name!r}; fields with statistics: {sorted(self.fields)}"
+            ) from None
+
+    def save(self, directory: str | Path) -> Path:
+        """Writes ``stats.json`` and ``vocab/<field>.parquet`` under ``directory``."""
+        d = Path(directory)
+        (d / VOCAB_DIR).mkdir(parents=True, exist_ok=True)
+        summary = {
+            "rows": self.rows,
+            "positives": self.positives,
+            "fields": {n: fs.summary() for n, fs in self.fields.items()},
+        }
+        for i, (name, fs) in enumerate(self.fields.items()):
+            if fs.kind in (FeatureKind.CATEGORICAL.value, FeatureKind.MULTI_CATEGORICAL.value):
+                fname = f"{i:03d}.parquet"
+                summary["fields"][name]["vocab_file"] = f"{VOCAB_DIR}/{fname}"
+                table = pa.table(
+                    {
+                        "value": pa.array(fs.vocab, pa.string()),
+                        "count": pa.array(fs.vocab_counts, pa.int64()),
+                    }
+                )
+                pq.write_table(table, d / VOCAB_DIR / fname)
+        (d / STATS_FILE).write_text(json.dumps(summary, indent=1, allow_nan=True))
+        return d
+
+    @classmethod
+    def load(cls, directory: str | Path) -> DatasetStats:
+        d = Path(directory)
+        path = d / STATS_FILE
+        if not path.exists():
+            raise FileNotFoundError(f"no {STATS_FILE} in {str(d)!r}: run `stitchrec stats` first")
+        raw = json.loads(path.read_text())
+        fields = {}
+        for name, s in raw["fields"].items():
+            vocab_file = s.pop("vocab_file", None)
+            s.pop("vocab_size", None)
+            fs = FieldStats(**s)
+            if vocab_file:
+                t = pq.read_table(d / vocab_file)
+                fs.vocab = t.column("value").to_pylist()
+                fs.vocab_counts = t.column("count").to_pylist()
+            fields[name] = fs
+        return cls(rows=raw["rows"], positives=raw["positives"], fields=fields)
+
+
+def transform_numeric(values: np.ndarray, spec: FeatureSpec) -> np.ndarray:
+    """The value transform a numeric field applies before standardization.
+
+    ``log1p``: log(1 + max(x, 0)); ``none`` and ``standardize``: x unchanged (``standardize`` is
+    (x - mean) / std with the mean and std of this output, applied by the model).
+    """
+    if spec.transform == "log1p":
+        return np.log1p(np.maximum(values, 0.0))
+    return values
+
+
+class _CategoricalCounter:
+    """Accumulates value counts of one field; compacts with Arrow group_by when large."""
+
+    def __init__(self, spec: FeatureSpec, compact_every: int = 2_000_000):
+        self.spec = spec
+        self.parts: list[pa.Table] = []
+        self.pending = 0
+        self.compact_every = compact_every
+        self.count = 0
+        self.missing = 0
+        self.rows_with_values = 0
+
+    def update(self, column: pa.Array) -> None:
+        if column.type != pa.string():
+            column = pc.cast(column, pa.string())
+        nulls = column.null_count
+        values = column.drop_null()
+        if self.spec.kind == FeatureKind.MULTI_CATEGORICAL:
+            empty = pc.equal(values, "")
+            nulls += pc.sum(empty).as_py() or 0
+            values = values.filter(pc.invert(empty))
+            lists = pc.split_pattern(values, self.spec.separator)
+            flat = pc.list_flatten(lists)
+            values = flat.filter(pc.not_equal(flat, ""))
+            self.rows_with_values += len(lists)
+        self.missing += nulls
+        self.count += len(values)
+        if len(values) == 0:
+            return
+        vc = pc.value_counts(values)
+        self.parts.append(
+            pa.table(
+                {"value": vc.field("values"), "count": pc.cast(vc.field("counts"), pa.int64())}
+            )
+        )
+        self.pending += len(vc)
+        if self.pending > self.compact_every:
+            self._compact()
+
+    def _compact(self) -> None:
+        if len(self.parts) > 1:
+            t = pa.concat_tables(self.parts).group_by("value").aggregate([("count", "sum")])
+            self.parts = [t.rename_columns(["value", "count"])]
+        self.pending = 0
+
+    def finish(self) -> FieldStats:
+        self._compact()
+        fs = FieldStats(name=self.spec.name, kind=self.spec.kind.value)
+        fs.count, fs.missing = self.count, self.missing
+        if self.spec.kind == FeatureKind.MULTI_CATEGORICAL and self.rows_with_values:
+            fs.mean_values_per_row = self.count / self.rows_with_values
+        if not self.parts:
+            return fs
+        t = self.parts[0]
+        fs.num_distinct = t.num_rows
+        order = pc.sort_indices(t, sort_keys=[("count", "descending"), ("value", "ascending")])
+        t = t.take(order)
+        keep = pc.greater_equal(t.column("count"), self.spec.min_count)
+        t = t.filter(keep)
+        if self.spec.max_vocab is not None:
+            t = t.slice(0, self.spec.max_vocab)
+        if self.spec.vocab == "vocabulary":
+            fs.vocab = t.column("value").to_pylist()
+            fs.vocab_counts = t.column("count").to_pylist()
+            fs.oov_count = self.count - int(sum(fs.vocab_counts))
+        return fs
+
+
+class _NumericCounter:
+    """Moments of the transformed value, plus a uniform bottom-k sample for quantiles."""
+
+    def __init__(self, spec: FeatureSpec, sample_size: int, seed: int):
+        self.spec = spec
+        self.k = sample_size
+        self.rng = np.random.default_rng(seed)
+        self.keys = np.empty(0)
+        self.sample = np.empty(0)
+        self.n = 0
+        self.missing = 0
+        self.total = 0.0
+        self.total_sq = 0.0
+        self.lo = math.inf
+        self.hi = -math.inf
+
+    def update(self, column: pa.Array) -> None:
+        self.missing += column.null_count
+        x = column.drop_null().to_numpy(zero_copy_only=False).astype(np.float64)
+        if x.size == 0:
+            return
+        x = transform_numeric(x, self.spec)
+        self.n += x.size
+        self.total += float(x.sum())
+        self.total_sq += float(np.square(x).sum())
+        self.lo = min(self.lo, float(x.min()))
+        self.hi = max(self.hi, float(x.max()))
+        keys = self.rng.random(x.size)
+        keys = np.concatenate([self.keys, keys])
+        sample = np.concatenate([self.sample, x])
+        if keys.size > self.k:
+            idx = np.argpartition(keys, self.k)[: self.k]
+            keys, sample = keys[idx], sample[idx]
+        self.keys, self.sample = keys, sample
+
+    def finish(self) -> FieldStats:
+        fs = FieldStats(name=self.spec.name, kind=self.spec.kind.value)
+        fs.count, fs.missing = self.n, self.missing
+        if self.n == 0:
+            return fs
+        fs.min, fs.max = self.lo, self.hi
+        fs.mean = self.total / self.n
+        var = max(self.total_sq / self.n - fs.mean**2, 0.0)
+        fs.std = math.sqrt(var) if var > 1e-12 else 1.0
+        if self.spec.num_buckets > 1:
+            qs = np.linspace(0, 1, self.spec.num_buckets + 1)[1:-1]
+            b = np.unique(np.quantile(self.sample, qs))
+            fs.boundaries = [float(v) for v in b]
+        return fs
+
+
+def compute_stats(
+    schema: Schema,
+    batches: Iterable[pa.RecordBatch],
+    *,
+    sample_size: int = 200_000,
+    seed: int = 0,
+) -> DatasetStats:
+    """One pass over ``batches`` (columns named by field, as ``features.readers`` yields them).
+
+    Args:
+      schema: the dataset's schema; statistics are kept for model inputs.
+      batches: Arrow record batches.
+      sample_size: values per numeric field kept for quantiles.
+      seed: seeds the quantile sample.
+    """
+    if sample_size < 1:
+        raise ValueError(f"sample_size must be >= 1, got {sample_size}")
+    counters: dict[str, Any] = {}
+    for i, spec in enumerate(schema.model_inputs):
+        if spec.kind == FeatureKind.NUMERIC:
+            counters[spec.name] = _NumericCounter(spec, sample_size, seed + i)
+        else:
+            counters[spec.name] = _CategoricalCounter(spec)
+    label = schema.label.name
+    rows, positives = 0, 0.0
+    for batch in batches:
+        names = batch.schema.names
+        missing = [n for n in [*counters, label] if n not in names]
+        if missing:
+            raise ValueError(f"record batch lacks fields {missing}; it has {names}")
+        rows += batch.num_rows
+        positives += float(pc.sum(batch.column(label)).as_py() or 0.0)
+        for name, counter in counters.items():
+            counter.update(batch.column(name))
+    if rows == 0:
+        raise ValueError("no rows to compute statistics from")
+    return DatasetStats(
+        rows=rows,
+        positives=positives,
+        fields={name: c.finish() for name, c in counters.items()},
+    )

@@ -1,0 +1,215 @@
+"""The ``stitchrec`` command line. Flags are read here and nowhere else.
+
+    stitchrec demo      [--rows N] [--output DIR] [--model TYPE]
+    stitchrec generate  --output DIR [--rows N] [--seed S] [--criteo-tsv]
+    stitchrec convert   --schema S --input F... --output DIR [--test-fraction X] [--max-bad-rows N]
+    stitchrec stats     --schema S --input F... --output DIR [--max-bad-rows N]
+    stitchrec train     --config FILE [--set KEY=VALUE]... [--output DIR]
+    stitchrec export    --run DIR [--output DIR]
+    stitchrec evaluate  --model DIR --data F... [--schema S] [--max-bad-rows N]
+
+User errors (bad schema, config or data) print one ``error:`` line naming what, where and what
+was expected, and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+
+def _print(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from features import synthetic
+
+    cfg = synthetic.SyntheticConfig(rows=args.rows, seed=args.seed)
+    t0 = time.time()
+    summary = synthetic.write_dataset(
+        cfg, args.output, test_fraction=args.test_fraction, criteo_tsv=args.criteo_tsv
+    )
+    _print(json.dumps(summary, indent=1, default=str))
+    _print(f"generated {args.rows:,} rows in {time.time() - t0:.1f}s into {args.output}")
+    return 0
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from features import readers
+    from features.schema import load_schema
+
+    schema = load_schema(args.schema)
+    report = readers.ReadReport()
+    out = readers.convert(
+        schema,
+        args.input,
+        args.output,
+        test_fraction=args.test_fraction,
+        seed=args.seed,
+        max_bad_rows=args.max_bad_rows,
+        report=report,
+    )
+    schema.as_parquet().save(Path(args.output) / "schema.toml")
+    for split, files in out.items():
+        _print(f"{split}: {len(files)} shard(s)")
+    _print(f"rows: {report.rows:,}; bad rows skipped: {report.bad_rows}")
+    for example in report.examples:
+        _print(f"  skipped: {example}")
+    return 0
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    from features import readers
+    from features.schema import load_schema
+    from features.stats import compute_stats
+
+    schema = load_schema(args.schema)
+    report = readers.ReadReport()
+    batches = readers.read_batches(
+        schema, args.input, max_bad_rows=args.max_bad_rows, report=report
+    )
+    stats = compute_stats(schema, batches)
+    stats.save(args.output)
+    _print(
+        f"rows: {stats.rows:,}  label mean: {stats.label_mean:.4f}  bad rows skipped: {report.bad_rows}"
+    )
+    for name, fs in stats.fields.items():
+        if fs.kind == "numeric":
+            _print(
+                f"  {name:24s} numeric  missing={fs.missing:<8d} mean={fs.mean:.4g} std={fs.std:.4g}"
+            )
+        else:
+            _print(
+                f"  {name:24s} {fs.kind:11s} missing={fs.missing:<8d} distinct={fs.num_distinct:<8d} "
+                f"vocab={fs.vocab_size:<8d} oov={fs.oov_count}"
+            )
+    _print(f"saved to {args.output}")
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from pipelines.config import load_config
+    from pipelines.train import train
+
+    cfg = load_config(args.config, args.set)
+    if args.output:
+        cfg = dataclasses.replace(cfg, output_dir=str(Path(args.output).resolve()))
+    report = train(cfg, log=_print)
+    test = report.get("test")
+    if test:
+        _print(f"test auc {test['auc']:.4f} logloss {test['logloss']:.4f} on {test['rows']:,} rows")
+    _print(f"run: {cfg.output_dir}")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from pipelines.export import export_run, saved_model_bytes
+
+    out = export_run(args.run, args.output)
+    size = saved_model_bytes(out)
+    _print(f"exported {out} ({size['total']:,} bytes, variables {size['variables']:,})")
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from pipelines.evaluate import evaluate
+
+    result = evaluate(args.model, args.data, schema=args.schema, max_bad_rows=args.max_bad_rows)
+    _print(json.dumps(result, indent=1))
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from pipelines.demo import run_demo
+
+    run_demo(rows=args.rows, output=args.output, model=args.model, epochs=args.epochs, log=_print)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="stitchrec", description="StitchRec: train, export and evaluate ranking models."
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+
+    d = sub.add_parser("demo", help="synthetic data -> stats -> train -> export -> evaluate")
+    d.add_argument("--rows", type=int, default=300_000)
+    d.add_argument("--output", default="runs/demo")
+    d.add_argument("--model", default="dcn_v2", choices=["lr", "fm", "dnn", "dcn_v2"])
+    d.add_argument("--epochs", type=int, default=1)
+    d.set_defaults(func=cmd_demo)
+
+    g = sub.add_parser("generate", help="write the synthetic Criteo-layout dataset")
+    g.add_argument("--output", required=True)
+    g.add_argument("--rows", type=int, default=1_000_000)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--test-fraction", type=float, default=0.2)
+    g.add_argument(
+        "--criteo-tsv", action="store_true", help="also write train.tsv in Criteo layout"
+    )
+    g.set_defaults(func=cmd_generate)
+
+    c = sub.add_parser("convert", help="raw files -> Parquet shards (optionally split)")
+    c.add_argument("--schema", required=True)
+    c.add_argument("--input", nargs="+", required=True)
+    c.add_argument("--output", required=True)
+    c.add_argument("--test-fraction", type=float, default=0.0)
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--max-bad-rows", type=int, default=0)
+    c.set_defaults(func=cmd_convert)
+
+    s = sub.add_parser("stats", help="vocabularies and numeric statistics in one pass")
+    s.add_argument("--schema", required=True)
+    s.add_argument("--input", nargs="+", required=True)
+    s.add_argument("--output", required=True)
+    s.add_argument("--max-bad-rows", type=int, default=0)
+    s.set_defaults(func=cmd_stats)
+
+    t = sub.add_parser("train", help="train (or resume) from a TOML config")
+    t.add_argument("--config", required=True)
+    t.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value, e.g. --set train.epochs=3",
+    )
+    t.add_argument("--output", help="run folder (overrides output_dir)")
+    t.set_defaults(func=cmd_train)
+
+    e = sub.add_parser("export", help="SavedModel of a training run's latest checkpoint")
+    e.add_argument("--run", required=True)
+    e.add_argument("--output")
+    e.set_defaults(func=cmd_export)
+
+    v = sub.add_parser("evaluate", help="AUC and log loss of a SavedModel on held-out data")
+    v.add_argument("--model", required=True)
+    v.add_argument("--data", nargs="+", required=True)
+    v.add_argument("--schema", help="schema of raw --data files (default: Parquet shards)")
+    v.add_argument("--max-bad-rows", type=int, default=0)
+    v.set_defaults(func=cmd_evaluate)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from features.readers import DataError
+    from features.schema import SchemaError
+    from pipelines.config import ConfigError
+
+    try:
+        return args.func(args)
+    except (SchemaError, ConfigError, DataError, FileNotFoundError, ValueError, KeyError) as e:
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"error: {msg}", file=sys.stderr, flush=True)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,348 @@
+"""``stitchrec train``: data -> statistics -> model -> checkpointed training loop -> report.
+
+A run lives in one folder (``RunPaths``)::
+
+    <output_dir>/
+      config.toml        the resolved config of the run
+      schema.toml        the schema of the Parquet shards the model reads (fields by name)
+      data/              train/ and test/ Parquet shards (when the config names raw files)
+      stats/             vocabularies and numeric statistics of the training split
+      model.json         the model's Keras config (export rebuilds the model from it)
+      checkpoints/       tf.train.CheckpointManager checkpoints
+      tensorboard/       scalars: train loss and AUC, test AUC and log loss
+      train_report.json  rows, steps, time, test metrics
+
+Resume: a killed run started again with the same config restores the latest checkpoint (model,
+optimizer, global step, epoch and batch within the epoch) and continues at the next batch. The
+data order is a pure function of (seed, epoch), so the resumed run sees exactly the batches the
+killed one had not trained on, and with ``deterministic = true`` ends bitwise where an
+uninterrupted run ends. Steps after the last checkpoint are retrained, none are lost.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+import tensorflow as tf
+
+from features import readers
+from features.dataset import count_rows, input_fields, iter_batches, list_parquet, make_dataset
+from features.preprocessing import build_preprocessor
+from features.schema import FeatureKind, Schema, load_schema
+from features.stats import DatasetStats, compute_stats
+from pipelines import metrics
+from pipelines.config import PipelineConfig
+from ranking.models import RankingModel, build_model
+
+Log = Callable[[str], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class RunPaths:
+    root: Path
+
+    @property
+    def config(self) -> Path:
+        return self.root / "config.toml"
+
+    @property
+    def schema(self) -> Path:
+        return self.root / "schema.toml"
+
+    @property
+    def data(self) -> Path:
+        return self.root / "data"
+
+    @property
+    def stats(self) -> Path:
+        return self.root / "stats"
+
+    @property
+    def model_json(self) -> Path:
+        return self.root / "model.json"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.root / "tensorboard"
+
+    @property
+    def report(self) -> Path:
+        return self.root / "train_report.json"
+
+    @property
+    def exports(self) -> Path:
+        return self.root / "export"
+
+
+def _direct_parquet(schema: Schema) -> bool:
+    """True when Parquet shards can be read as they are: columns named by field, no label
+    threshold, unix timestamps."""
+    return schema.source.format == "parquet" and all(
+        f.column == f.name
+        and f.threshold is None
+        and not (f.kind == FeatureKind.TIMESTAMP and f.time_format != "unix")
+        for f in schema.fields
+    )
+
+
+def prepare_data(cfg: PipelineConfig, paths: RunPaths, log: Log) -> tuple[Schema, list, list]:
+    """Returns (schema of the shards, train shards, test shards), converting raw files once."""
+    schema = load_schema(cfg.data.schema)
+    d = cfg.data
+    if d.train and _direct_parquet(schema):
+        train = list_parquet(list(d.train))
+        test = list_parquet(list(d.test)) if d.test else []
+        return schema.as_parquet(), train, test
+    marker = paths.data / "_SUCCESS"
+    if not marker.exists():
+        report = readers.ReadReport()
+        t0 = time.time()
+        if d.raw:
+            log(
+                f"converting {len(d.raw)} raw input(s) to Parquet (test_fraction={d.test_fraction})"
+            )
+            readers.convert(
+                schema,
+                list(d.raw),
+                paths.data,
+                test_fraction=d.test_fraction,
+                seed=d.split_seed,
+                max_bad_rows=d.max_bad_rows,
+                report=report,
+            )
+        else:
+            log("converting Parquet inputs to the schema's fields")
+            readers.convert(
+                schema, list(d.train), paths.data, max_bad_rows=d.max_bad_rows, report=report
+            )
+            if d.test:
+                readers.convert(
+                    schema,
+                    list(d.test),
+                    paths.data / "_test",
+                    max_bad_rows=d.max_bad_rows,
+                    report=report,
+                )
+                (paths.data / "_test" / "train").rename(paths.data / "test")
+        summary = {"rows": report.rows, "bad_rows": report.bad_rows, "examples": report.examples}
+        marker.write_text(json.dumps(summary, indent=1))
+        log(
+            f"converted {report.rows:,} rows in {time.time() - t0:.1f}s"
+            + (f", skipped {report.bad_rows} bad rows" if report.bad_rows else "")
+        )
+    train = list_parquet(paths.data / "train")
+    test_dir = paths.data / "test"
+    test = list_parquet(test_dir) if test_dir.exists() and any(test_dir.glob("*.parquet")) else []
+    return schema.as_parquet(), train, test
+
+
+def arrow_batches(schema: Schema, files: list[Path], batch_rows: int = 65_536):
+    """Record batches of the schema's fields from Parquet shards, for statistics."""
+    columns = [f.name for f in input_fields(schema)]
+    for path in files:
+        yield from pq.ParquetFile(path).iter_batches(batch_size=batch_rows, columns=columns)
+
+
+def prepare_stats(schema: Schema, train: list[Path], paths: RunPaths, log: Log) -> DatasetStats:
+    if (paths.stats / "stats.json").exists():
+        return DatasetStats.load(paths.stats)
+    t0 = time.time()
+    stats = compute_stats(schema, arrow_batches(schema, train))
+    stats.save(paths.stats)
+    sizes = ", ".join(f"{n}={s.vocab_size}" for n, s in stats.fields.items() if s.vocab_size)
+    log(f"statistics of {stats.rows:,} training rows in {time.time() - t0:.1f}s; vocab {sizes}")
+    return stats
+
+
+def build_run_model(cfg: PipelineConfig, schema: Schema, stats: DatasetStats) -> RankingModel:
+    p = min(max(stats.label_mean, 1e-6), 1 - 1e-6)
+    return build_model(
+        cfg.model,
+        build_preprocessor(schema, stats),
+        schema.label.name,
+        field_dims={f.name: f.embedding_dim for f in schema.model_inputs if f.embedding_dim},
+        field_combiners={
+            f.name: f.combiner
+            for f in schema.model_inputs
+            if f.kind == FeatureKind.MULTI_CATEGORICAL
+        },
+        initial_bias=math.log(p / (1 - p)),
+    )
+
+
+def make_optimizer(name: str, lr: float) -> tf.keras.optimizers.Optimizer:
+    if name == "adam":
+        return tf.keras.optimizers.Adam(lr)
+    if name == "adagrad":
+        return tf.keras.optimizers.Adagrad(lr)
+    return tf.keras.optimizers.SGD(lr)
+
+
+def predict(model: RankingModel, schema: Schema, files: list[Path], batch_size: int = 8192):
+    """(labels, scores) of every row of ``files``, in file order."""
+    fn = tf.function(model.score, reduce_retracing=True)
+    labels, scores = [], []
+    for batch in iter_batches(schema, files, batch_size=batch_size, shuffle=False):
+        labels.append(batch[schema.label.name])
+        scores.append(fn({k: tf.constant(v) for k, v in batch.items()}).numpy())
+    return np.concatenate(labels), np.concatenate(scores)
+
+
+def evaluate_model(model: RankingModel, schema: Schema, files: list[Path]) -> dict[str, float]:
+    y, p = predict(model, schema, files)
+    return {"rows": int(y.size), "auc": metrics.auc(y, p), "logloss": metrics.logloss(y, p)}
+
+
+def train(cfg: PipelineConfig, log: Log = print) -> dict[str, Any]:
+    """Runs (or resumes) the training of ``cfg``; returns the report also written to disk."""
+    paths = RunPaths(Path(cfg.output_dir))
+    paths.root.mkdir(parents=True, exist_ok=True)
+    paths.config.write_text(cfg.to_toml())
+    tc = cfg.train
+    tf.keras.utils.set_random_seed(tc.seed)
+    if tc.deterministic:
+        tf.config.experimental.enable_op_determinism()
+    gpus = tf.config.list_physical_devices("GPU")
+    log(f"devices: {len(gpus)} GPU(s)" if gpus else "devices: CPU only (no GPU found)")
+
+    schema, train_files, test_files = prepare_data(cfg, paths, log)
+    schema.save(paths.schema)
+    stats = prepare_stats(schema, train_files, paths, log)
+    model = build_run_model(cfg, schema, stats)
+    optimizer = make_optimizer(tc.optimizer, tc.learning_rate)
+
+    sample = next(iter(make_dataset(schema, train_files, batch_size=2)))
+    model(sample)
+    optimizer.build(model.trainable_variables)
+    paths.model_json.write_text(json.dumps(tf.keras.layers.serialize(model)))
+
+    step = tf.Variable(0, dtype=tf.int64, name="step")
+    epoch_var = tf.Variable(0, dtype=tf.int64, name="epoch")
+    batch_var = tf.Variable(0, dtype=tf.int64, name="batch_in_epoch")
+    ckpt = tf.train.Checkpoint(
+        model=model, optimizer=optimizer, step=step, epoch=epoch_var, batch=batch_var
+    )
+    manager = tf.train.CheckpointManager(ckpt, paths.checkpoints, max_to_keep=3)
+    if manager.latest_checkpoint:
+        ckpt.restore(manager.latest_checkpoint).assert_existing_objects_matched()
+        log(
+            f"resumed from {manager.latest_checkpoint} at step {int(step)} "
+            f"(epoch {int(epoch_var) + 1}, batch {int(batch_var)})"
+        )
+
+    rows = count_rows(train_files)
+    steps_per_epoch = math.ceil(rows / tc.batch_size)
+    total_steps = steps_per_epoch * tc.epochs
+    if tc.max_steps:
+        total_steps = min(total_steps, tc.max_steps)
+    log(
+        f"training {model.name} on {rows:,} rows: {tc.epochs} epoch(s) x {steps_per_epoch} steps "
+        f"of {tc.batch_size}, {model.count_params():,} parameters"
+    )
+
+    train_loss = tf.keras.metrics.Mean()
+    train_auc = tf.keras.metrics.AUC(num_thresholds=1000)
+    label = schema.label.name
+    element_spec = make_dataset(schema, train_files, batch_size=tc.batch_size).element_spec
+
+    @tf.function(input_signature=[element_spec])
+    def train_step(features: dict[str, tf.Tensor]) -> tf.Tensor:
+        with tf.GradientTape() as tape:
+            logits = model(features, training=True)
+            loss = model.task(labels=features[label], predictions=logits, compute_metrics=False)
+            total = loss + tf.add_n(model.losses) if model.losses else loss
+        grads = tape.gradient(total, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        train_loss.update_state(loss)
+        train_auc.update_state(features[label], tf.sigmoid(logits))
+        return loss
+
+    writer = tf.summary.create_file_writer(str(paths.tensorboard))
+    t_start = time.time()
+    t_window, examples_window = time.time(), 0
+    trained_steps = 0
+    epoch_metrics: list[dict[str, Any]] = []
+    done = int(step) >= total_steps
+    while not done and int(epoch_var) < tc.epochs:
+        epoch = int(epoch_var)
+        ds = make_dataset(
+            schema,
+            train_files,
+            batch_size=tc.batch_size,
+            shuffle=True,
+            seed=tc.seed,
+            epoch=epoch,
+            skip_batches=int(batch_var),
+            shuffle_buffer=tc.shuffle_buffer,
+        )
+        for features in ds:
+            train_step(features)
+            step.assign_add(1)
+            batch_var.assign_add(1)
+            trained_steps += 1
+            examples_window += int(features[label].shape[0])
+            s = int(step)
+            if s % tc.log_every == 0 or s == total_steps:
+                rate = examples_window / max(time.time() - t_window, 1e-9)
+                loss_v, auc_v = float(train_loss.result()), float(train_auc.result())
+                log(
+                    f"epoch {epoch + 1}/{tc.epochs} step {s}/{total_steps} "
+                    f"loss {loss_v:.4f} auc {auc_v:.4f} {rate:,.0f} examples/s"
+                )
+                with writer.as_default(step=s):
+                    tf.summary.scalar("train/loss", loss_v)
+                    tf.summary.scalar("train/auc", auc_v)
+                    tf.summary.scalar("train/examples_per_second", rate)
+                train_loss.reset_state()
+                train_auc.reset_state()
+                t_window, examples_window = time.time(), 0
+            if s % tc.checkpoint_every == 0:
+                manager.save(checkpoint_number=s)
+            if s >= total_steps:
+                done = True
+                break
+        if int(batch_var) >= steps_per_epoch or not done:
+            epoch_var.assign_add(1)
+            batch_var.assign(0)
+        manager.save(checkpoint_number=int(step))
+        if test_files:
+            m = evaluate_model(model, schema, test_files)
+            epoch_metrics.append({"epoch": epoch + 1, **m})
+            log(f"epoch {epoch + 1} test auc {m['auc']:.4f} logloss {m['logloss']:.4f}")
+            with writer.as_default(step=int(step)):
+                tf.summary.scalar("test/auc", m["auc"])
+                tf.summary.scalar("test/logloss", m["logloss"])
+    writer.flush()
+    train_seconds = time.time() - t_start
+
+    test = evaluate_model(model, schema, test_files) if test_files and not epoch_metrics else None
+    if epoch_metrics:
+        test = {k: v for k, v in epoch_metrics[-1].items() if k != "epoch"}
+    report = {
+        "model": model.name,
+        "train_rows": rows,
+        "test_rows": count_rows(test_files) if test_files else 0,
+        "steps": int(step),
+        "steps_this_run": trained_steps,
+        "train_seconds": round(train_seconds, 2),
+        "examples_per_second": round(trained_steps * tc.batch_size / max(train_seconds, 1e-9)),
+        "parameters": int(model.count_params()),
+        "test": test,
+        "epochs": epoch_metrics,
+        "checkpoint": manager.latest_checkpoint,
+        "seed": tc.seed,
+    }
+    paths.report.write_text(json.dumps(report, indent=1))
+    return report

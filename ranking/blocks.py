@@ -1,0 +1,194 @@
+"""Model blocks: MLP towers, feature interactions and the wide (linear) term.
+
+Every interaction has one calling convention, ``interaction(embeddings, dense) -> [batch, k]``:
+``embeddings`` is a list of ``[batch, d_f]`` field vectors, ``dense`` a ``[batch, n]`` matrix of
+numeric features or ``None``.
+
+* ``ConcatInteraction``: ``[e_1, ..., e_F, dense]`` (the DNN's input).
+* ``FMInteraction``: the factorization machine's pairwise term
+  ``sum_{i<j} <v_i, v_j> = 1/2 * sum_k ((sum_i v_ik)^2 - sum_i v_ik^2)`` over the field vectors
+  and one learned vector per numeric feature scaled by its value (Rendle, ICDM 2010);
+  output ``[batch, 1]``.
+* ``CrossInteraction``: DCN-v2's cross network on the concatenation ``x_0``:
+  ``x_{l+1} = x_0 * (W_l x_l + b_l) + x_l`` (Wang et al., WWW 2021), with
+  ``tfrs.layers.dcn.Cross`` (low rank when ``projection_dim`` is set); output ``[batch, D]``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+import tensorflow_recommenders as tfrs
+
+from embeddings.full import FullEmbedding
+
+
+@tf.keras.utils.register_keras_serializable(package="stitchrec")
+class MLP(tf.keras.layers.Layer):
+    """Dense layers with ReLU and optional dropout: ``[batch, k] -> [batch, units[-1]]``."""
+
+    def __init__(self, units: list[int], dropout: float = 0.0, **kwargs: Any):
+        super().__init__(**kwargs)
+        units = [int(u) for u in units]
+        if not units or any(u < 1 for u in units):
+            raise ValueError(f"units must be a non-empty list of positive sizes, got {units}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        self.units = units
+        self.dropout = float(dropout)
+        self._dense = [
+            tf.keras.layers.Dense(u, activation="relu", name=f"dense_{i}")
+            for i, u in enumerate(units)
+        ]
+        self._drop = [tf.keras.layers.Dropout(dropout) for _ in units] if dropout else []
+
+    def call(self, x: tf.Tensor, training: bool | None = None) -> tf.Tensor:
+        for i, layer in enumerate(self._dense):
+            x = layer(x)
+            if self._drop:
+                x = self._drop[i](x, training=training)
+        return x
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "units": self.units, "dropout": self.dropout}
+
+
+def _concat(embeddings: list[tf.Tensor], dense: tf.Tensor | None) -> tf.Tensor:
+    parts = list(embeddings) + ([dense] if dense is not None else [])
+    if not parts:
+        raise ValueError("an interaction needs at least one field embedding or dense feature")
+    return tf.concat(parts, axis=1) if len(parts) > 1 else parts[0]
+
+
+@tf.keras.utils.register_keras_serializable(package="stitchrec")
+class ConcatInteraction(tf.keras.layers.Layer):
+    """``[e_1, ..., e_F, dense]`` concatenated: ``[batch, sum(d_f) + n]``."""
+
+    def call(self, embeddings: list[tf.Tensor], dense: tf.Tensor | None = None) -> tf.Tensor:
+        return _concat(embeddings, dense)
+
+
+@tf.keras.utils.register_keras_serializable(package="stitchrec")
+class FMInteraction(tf.keras.layers.Layer):
+    """FM pairwise term over equal-dimension field vectors: ``[batch, 1]``.
+
+    Args:
+      num_dense: numeric features; each gets a learned ``dim`` vector scaled by its value.
+      dim: the field vectors' dimension.
+    """
+
+    def __init__(self, num_dense: int, dim: int, **kwargs: Any):
+        super().__init__(**kwargs)
+        if num_dense < 0 or dim < 1:
+            raise ValueError(f"need num_dense >= 0 and dim >= 1, got {num_dense}, {dim}")
+        self.num_dense = int(num_dense)
+        self.dim = int(dim)
+
+    def build(self, input_shape: Any) -> None:
+        if self.num_dense:
+            self.dense_vectors = self.add_weight(
+                name="dense_vectors",
+                shape=(self.num_dense, self.dim),
+                initializer="truncated_normal",
+            )
+        super().build(input_shape)
+
+    def call(self, embeddings: list[tf.Tensor], dense: tf.Tensor | None = None) -> tf.Tensor:
+        vectors = list(embeddings)
+        if dense is not None and self.num_dense:
+            # [batch, n, 1] * [n, dim] -> n more field vectors
+            vectors.extend(tf.unstack(dense[:, :, None] * self.dense_vectors[None], axis=1))
+        dims = {v.shape[-1] for v in vectors}
+        if len(dims) != 1:
+            raise ValueError(f"FM needs field vectors of one dimension, got {sorted(dims)}")
+        v = tf.stack(vectors, axis=1)  # [batch, F, dim]
+        square_of_sum = tf.square(tf.reduce_sum(v, axis=1))
+        sum_of_square = tf.reduce_sum(tf.square(v), axis=1)
+        return 0.5 * tf.reduce_sum(square_of_sum - sum_of_square, axis=1, keepdims=True)
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "num_dense": self.num_dense, "dim": self.dim}
+
+
+@tf.keras.utils.register_keras_serializable(package="stitchrec")
+class CrossInteraction(tf.keras.layers.Layer):
+    """DCN-v2 cross network of ``num_layers`` ``tfrs.layers.dcn.Cross`` layers.
+
+    Args:
+      num_layers: cross layers (each adds one order of interaction).
+      projection_dim: low-rank size of W (None: full rank).
+    """
+
+    def __init__(self, num_layers: int = 3, projection_dim: int | None = None, **kwargs: Any):
+        super().__init__(**kwargs)
+        if num_layers < 1:
+            raise ValueError(f"num_layers must be >= 1, got {num_layers}")
+        if projection_dim is not None and projection_dim < 1:
+            raise ValueError(f"projection_dim must be None or >= 1, got {projection_dim}")
+        self.num_layers = int(num_layers)
+        self.projection_dim = projection_dim
+        self._cross = [
+            tfrs.layers.dcn.Cross(
+                projection_dim=projection_dim,
+                kernel_initializer="glorot_uniform",
+                name=f"cross_{i}",
+            )
+            for i in range(self.num_layers)
+        ]
+
+    def call(self, embeddings: list[tf.Tensor], dense: tf.Tensor | None = None) -> tf.Tensor:
+        x0 = _concat(embeddings, dense)
+        x = x0
+        for layer in self._cross:
+            x = layer(x0, x)
+        return x
+
+    def get_config(self) -> dict[str, Any]:
+        return {
+            **super().get_config(),
+            "num_layers": self.num_layers,
+            "projection_dim": self.projection_dim,
+        }
+
+
+@tf.keras.utils.register_keras_serializable(package="stitchrec")
+class LinearTerm(tf.keras.layers.Layer):
+    """The wide term ``sum_f w_f[id_f] + <w_dense, dense>``: ``[batch]``.
+
+    Logistic regression on one-hot ids and numeric features is this term plus a bias.
+
+    Args:
+      num_rows: ``{field: rows}`` of the embedded fields.
+      num_dense: numeric features.
+      l2: L2 penalty on the looked-up weights.
+    """
+
+    def __init__(self, num_rows: dict[str, int], num_dense: int, l2: float = 0.0, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.num_rows = {str(k): int(v) for k, v in num_rows.items()}
+        self.num_dense = int(num_dense)
+        self.l2 = float(l2)
+        self._weights = {
+            name: FullEmbedding(n, 1, combiner="sum", l2=l2, initializer="zeros", name=f"w_{i:03d}")
+            for i, (name, n) in enumerate(self.num_rows.items())
+        }
+        self._dense = (
+            tf.keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros", name="w_dense")
+            if self.num_dense
+            else None
+        )
+
+    def call(self, ids: dict[str, tf.Tensor], dense: tf.Tensor | None = None) -> tf.Tensor:
+        terms = [layer(ids[name])[:, 0] for name, layer in self._weights.items()]
+        if self._dense is not None and dense is not None:
+            terms.append(self._dense(dense)[:, 0])
+        return tf.add_n(terms)
+
+    def get_config(self) -> dict[str, Any]:
+        return {
+            **super().get_config(),
+            "num_rows": self.num_rows,
+            "num_dense": self.num_dense,
+            "l2": self.l2,
+        }

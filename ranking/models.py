@@ -1,0 +1,256 @@
+"""Ranking models composed from blocks passed in, with a tensorflow-recommenders Ranking task.
+
+``RankingModel`` computes the click logit of a batch of raw features::
+
+    ids, dense = preprocessor(features)                 # raw -> ids / dense matrix
+    e          = embedding(ids)                         # {field: [batch, d]}
+    z          = interaction([e_1 .. e_F], dense)       # [batch, k]
+    logit      = head(tower(z)) + wide(ids, dense)      # [batch]
+
+Any of ``embedding``/``interaction``/``tower``/``wide`` may be absent (logistic regression is
+``wide`` alone). The task (``tfrs.tasks.Ranking`` with binary cross-entropy on logits, AUC and
+log loss metrics) owns the loss; the model only computes outputs. ``build_model`` assembles the
+standard models from a ``ModelConfig``:
+
+* ``lr``: wide term (one weight per id, one per numeric feature) + bias.
+* ``fm``: wide term + FM pairwise term.
+* ``dnn``: embeddings -> concat -> MLP -> logit.
+* ``dcn_v2``: embeddings -> concat -> cross network -> MLP -> logit (DCN-v2 "stacked").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import tensorflow as tf
+import tensorflow_recommenders as tfrs
+
+from embeddings.collection import EmbeddingCollection
+from ranking.blocks import MLP, ConcatInteraction, CrossInteraction, FMInteraction, LinearTerm
+
+MODEL_TYPES = ("lr", "fm", "dnn", "dcn_v2")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """What ``build_model`` builds.
+
+    Attributes:
+      type: ``lr``, ``fm``, ``dnn`` or ``dcn_v2``.
+      embedding_dim: default dimension of field embeddings (a field's schema
+        ``embedding_dim`` overrides it; FM needs one dimension for all).
+      mlp: hidden sizes of the MLP tower.
+      cross_layers: DCN-v2 cross layers.
+      cross_rank: DCN-v2 low-rank projection size (0: full rank).
+      dropout: dropout after each MLP layer.
+      l2: L2 penalty on the embedding rows and linear weights looked up in a batch.
+      embedding_method: the embeddings/ method for every field (``full``).
+      embedding_methods: per-field overrides of ``embedding_method``.
+    """
+
+    type: str = "dcn_v2"
+    embedding_dim: int = 16
+    mlp: tuple[int, ...] = (256, 128)
+    cross_layers: int = 3
+    cross_rank: int = 0
+    dropout: float = 0.0
+    l2: float = 0.0
+    embedding_method: str = "full"
+    embedding_methods: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.type not in MODEL_TYPES:
+            raise ValueError(f"model type {self.type!r} is not one of {list(MODEL_TYPES)}")
+        if self.embedding_dim < 1:
+            raise ValueError(f"embedding_dim must be >= 1, got {self.embedding_dim}")
+        object.__setattr__(self, "mlp", tuple(int(u) for u in self.mlp))
+        if self.type in ("dnn", "dcn_v2") and not self.mlp:
+            raise ValueError(f"model type {self.type!r} needs a non-empty mlp")
+        if self.cross_layers < 1:
+            raise ValueError(f"cross_layers must be >= 1, got {self.cross_layers}")
+        if self.cross_rank < 0:
+            raise ValueError(f"cross_rank must be >= 0 (0: full rank), got {self.cross_rank}")
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.l2 < 0:
+            raise ValueError(f"l2 must be >= 0, got {self.l2}")
+
+
+def _ranking_task() -> tfrs.tasks.Ranking:
+    return tfrs.tasks.Ranking(
+        loss=tf.keras.losses.BinaryCrossentropy(
+            from_logits=True, reduction=tf.keras.losses.Reduction.SUM_OVER_BATCH_SIZE
+        ),
+        metrics=[
+            tf.keras.metrics.AUC(from_logits=True, name="auc", num_thresholds=1000),
+            tf.keras.metrics.BinaryCrossentropy(from_logits=True, name="logloss"),
+        ],
+    )
+
+
+@tf.keras.utils.register_keras_serializable(package="stitchrec")
+class RankingModel(tfrs.models.Model):
+    """Click-logit model from blocks (see the module docstring).
+
+    Args:
+      preprocessor: raw features -> (ids dict, dense matrix or None).
+      label: name of the label feature (read by ``compute_loss``).
+      embedding: ids dict -> vectors dict (e.g. ``EmbeddingCollection``).
+      interaction: (list of vectors, dense) -> ``[batch, k]``.
+      tower: ``[batch, k] -> [batch, h]`` (e.g. ``MLP``).
+      wide: (ids, dense) -> ``[batch]`` linear term.
+      initial_bias: starting value of the logit bias (log-odds of the base rate).
+    """
+
+    def __init__(
+        self,
+        preprocessor: tf.keras.layers.Layer,
+        label: str,
+        embedding: tf.keras.layers.Layer | None = None,
+        interaction: tf.keras.layers.Layer | None = None,
+        tower: tf.keras.layers.Layer | None = None,
+        wide: tf.keras.layers.Layer | None = None,
+        initial_bias: float = 0.0,
+        **kwargs: Any,
+    ):
+        super().__init__(**kwargs)
+        if interaction is not None and embedding is None:
+            raise ValueError("an interaction needs an embedding block")
+        if interaction is None and wide is None:
+            raise ValueError("a model needs an interaction or a wide term (or both)")
+        self.preprocessor = preprocessor
+        self.label = label
+        self.embedding = embedding
+        self.interaction = interaction
+        self.tower = tower
+        self.wide = wide
+        self.initial_bias = float(initial_bias)
+        self.head = (
+            tf.keras.layers.Dense(1, use_bias=False, name="head")
+            if interaction is not None
+            else None
+        )
+        self.bias = self.add_weight(
+            name="bias",
+            shape=(),
+            initializer=tf.keras.initializers.Constant(self.initial_bias),
+        )
+        self.task = _ranking_task()
+
+    def call(self, features: dict[str, tf.Tensor], training: bool | None = None) -> tf.Tensor:
+        """Raw features ``{field: [batch]}`` -> logits ``[batch]``."""
+        ids, dense = self.preprocessor(features)
+        logit = self.bias
+        if self.interaction is not None:
+            vectors = self.embedding(ids)
+            z = self.interaction(list(vectors.values()), dense)
+            if self.tower is not None:
+                z = self.tower(z, training=training)
+            logit = logit + self.head(z)[:, 0]
+        if self.wide is not None:
+            logit = logit + self.wide(ids, dense)
+        return logit
+
+    def compute_loss(self, features: dict[str, tf.Tensor], training: bool = False) -> tf.Tensor:
+        labels = features[self.label]
+        logits = self(features, training=training)
+        return self.task(labels=labels, predictions=logits, compute_metrics=not training)
+
+    def score(self, features: dict[str, tf.Tensor]) -> tf.Tensor:
+        """Click probabilities ``[batch]``."""
+        return tf.sigmoid(self(features, training=False))
+
+    def get_config(self) -> dict[str, Any]:
+        ser = tf.keras.layers.serialize
+        return {
+            "name": self.name,
+            "label": self.label,
+            "initial_bias": self.initial_bias,
+            "preprocessor": ser(self.preprocessor),
+            "embedding": ser(self.embedding) if self.embedding is not None else None,
+            "interaction": ser(self.interaction) if self.interaction is not None else None,
+            "tower": ser(self.tower) if self.tower is not None else None,
+            "wide": ser(self.wide) if self.wide is not None else None,
+        }
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> RankingModel:
+        config = dict(config)
+        for key in ("preprocessor", "embedding", "interaction", "tower", "wide"):
+            if config.get(key) is not None:
+                config[key] = tf.keras.layers.deserialize(config[key])
+        return cls(**config)
+
+
+def build_model(
+    config: ModelConfig,
+    preprocessor: tf.keras.layers.Layer,
+    label: str,
+    *,
+    field_dims: dict[str, int] | None = None,
+    field_combiners: dict[str, str] | None = None,
+    initial_bias: float = 0.0,
+) -> RankingModel:
+    """Builds ``config.type`` around ``preprocessor`` (a ``FeaturePreprocessor``).
+
+    Args:
+      field_dims: per-field embedding dimensions overriding ``config.embedding_dim``.
+      field_combiners: pooling per multi-valued field (``mean``/``sum``).
+      initial_bias: starting logit bias, e.g. log(p / (1 - p)) of the training click rate.
+    """
+    rows = preprocessor.embedded_fields
+    num_dense = len(preprocessor.dense_fields)
+    field_dims = field_dims or {}
+    field_combiners = field_combiners or {}
+    unknown = sorted(set(config.embedding_methods) - set(rows))
+    if unknown:
+        raise ValueError(
+            f"embedding_methods names fields {unknown} that are not embedded; embedded: {list(rows)}"
+        )
+
+    def tables(dim_of: Any) -> list[dict[str, Any]]:
+        return [
+            {
+                "name": name,
+                "num_rows": n,
+                "dim": dim_of(name),
+                "combiner": field_combiners.get(name, "mean"),
+                "method": config.embedding_methods.get(name, config.embedding_method),
+                "l2": config.l2,
+            }
+            for name, n in rows.items()
+        ]
+
+    wide = LinearTerm(rows, num_dense, l2=config.l2, name="wide")
+    common = {"preprocessor": preprocessor, "label": label, "initial_bias": initial_bias}
+    if config.type == "lr":
+        return RankingModel(**common, wide=wide, name="lr")
+    if not rows:
+        raise ValueError(f"model type {config.type!r} needs at least one embedded field")
+    if config.type == "fm":
+        embedding = EmbeddingCollection(tables(lambda _: config.embedding_dim), name="embedding")
+        return RankingModel(
+            **common,
+            embedding=embedding,
+            interaction=FMInteraction(num_dense, config.embedding_dim, name="fm"),
+            wide=wide,
+            name="fm",
+        )
+    embedding = EmbeddingCollection(
+        tables(lambda n: field_dims.get(n, config.embedding_dim)), name="embedding"
+    )
+    tower = MLP(list(config.mlp), dropout=config.dropout, name="tower")
+    if config.type == "dnn":
+        interaction: tf.keras.layers.Layer = ConcatInteraction(name="concat")
+    else:
+        interaction = CrossInteraction(
+            config.cross_layers, projection_dim=config.cross_rank or None, name="cross"
+        )
+    return RankingModel(
+        **common,
+        embedding=embedding,
+        interaction=interaction,
+        tower=tower,
+        name=config.type,
+    )

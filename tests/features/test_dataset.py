@@ -1,0 +1,83 @@
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import tensorflow as tf
+
+from features.dataset import count_rows, iter_batches, list_parquet, make_dataset
+from features.schema import load_schema
+
+
+def _all_rows(schema, files, **kw):
+    batches = list(iter_batches(schema, files, **kw))
+    return {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}, batches
+
+
+def test_unshuffled_batches_keep_file_order_and_sizes(tiny_data):
+    schema = load_schema(tiny_data["schema"])
+    files = list_parquet(tiny_data["train"])
+    rows, batches = _all_rows(schema, files, batch_size=300, shuffle=False)
+    assert [len(b["label"]) for b in batches] == [300] * 13 + [100]
+    table = pa.concat_tables([pq.read_table(f) for f in files])
+    assert rows["user"].tolist() == table.column("user").to_pylist()
+    assert rows["item"].dtype == np.int64
+    assert rows["price"].dtype == np.float32
+
+
+def test_shuffle_is_a_permutation_fixed_by_seed_and_epoch(tiny_data):
+    schema = load_schema(tiny_data["schema"])
+    files = list_parquet(tiny_data["train"])
+    kw = {"batch_size": 256, "shuffle": True, "shuffle_buffer": 1000}
+    a, _ = _all_rows(schema, files, seed=1, epoch=0, **kw)
+    b, _ = _all_rows(schema, files, seed=1, epoch=0, **kw)
+    c, _ = _all_rows(schema, files, seed=1, epoch=1, **kw)
+    plain, _ = _all_rows(schema, files, batch_size=256, shuffle=False)
+    assert a["price"].tolist() == b["price"].tolist()
+    assert a["price"].tolist() != c["price"].tolist()
+    assert sorted(a["price"].tolist()) == sorted(plain["price"].tolist())
+
+
+def test_skip_batches_resumes_at_the_same_batch(tiny_data):
+    schema = load_schema(tiny_data["schema"])
+    files = list_parquet(tiny_data["train"])
+    kw = {"batch_size": 256, "shuffle": True, "seed": 3, "epoch": 2}
+    _, full = _all_rows(schema, files, **kw)
+    _, rest = _all_rows(schema, files, skip_batches=5, **kw)
+    assert len(rest) == len(full) - 5
+    for x, y in zip(full[5:], rest, strict=True):
+        np.testing.assert_array_equal(x["price"], y["price"])
+
+
+def test_missing_cells_are_filled_not_nan(tmp_path, tiny_data):
+    schema = load_schema(tiny_data["schema"])
+    t = pa.table(
+        {
+            "user": pa.array(["u1", None]),
+            "item": pa.array([3, None], pa.int64()),
+            "tags": pa.array([None, "a"]),
+            "price": pa.array([None, 2.0], pa.float32()),
+            "age": pa.array([30.0, None], pa.float32()),
+            "label": pa.array([1.0, 0.0], pa.float32()),
+        }
+    )
+    pq.write_table(t, tmp_path / "m.parquet")
+    (b,) = list(iter_batches(schema, [tmp_path / "m.parquet"], batch_size=8, shuffle=False))
+    assert b["user"].tolist() == ["u1", ""]
+    assert b["item"].tolist() == [3, -1]
+    assert b["tags"].tolist() == ["", "a"]
+    assert b["price"].tolist() == [0.0, 2.0]
+    assert np.isfinite(b["age"]).all()
+
+
+def test_make_dataset_element_spec_and_errors(tiny_data, tmp_path):
+    schema = load_schema(tiny_data["schema"])
+    ds = make_dataset(schema, tiny_data["train"], batch_size=512)
+    spec = ds.element_spec
+    assert spec["user"].dtype == tf.string and spec["item"].dtype == tf.int64
+    assert spec["label"].dtype == tf.float32
+    assert sum(int(b["label"].shape[0]) for b in ds) == count_rows(tiny_data["train"]) == 4000
+    with pytest.raises(FileNotFoundError, match="no Parquet files"):
+        make_dataset(schema, tmp_path / "nope", batch_size=4)
+    pq.write_table(pa.table({"user": ["a"]}), tmp_path / "bad.parquet")
+    with pytest.raises(ValueError, match="lacks columns"):
+        list(iter_batches(schema, [tmp_path / "bad.parquet"], batch_size=4, shuffle=False))

@@ -1,0 +1,88 @@
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import tensorflow as tf
+
+from features.preprocessing import FeaturePreprocessor, build_preprocessor
+from features.schema import load_schema
+from features.stats import compute_stats
+
+
+@pytest.fixture()
+def setup(tiny_data):
+    schema = load_schema(tiny_data["schema"])
+    table = pq.read_table(tiny_data["train"])
+    stats = compute_stats(schema, table.to_batches())
+    return schema, stats
+
+
+def test_ids_by_hand(setup):
+    schema, stats = setup
+    pre = build_preprocessor(schema, stats)
+    vocab_user = stats["user"].vocab
+    feats = {
+        "user": tf.constant([vocab_user[0], vocab_user[5], "never-seen", ""]),
+        "item": tf.constant([int(stats["item"].vocab[0]), 999, -1, 3], tf.int64),
+        "tags": tf.constant(["a|b", "", "zzz", "d"]),
+        "price": tf.constant([0.0, 1.0, np.nan, np.inf], tf.float32),
+        "age": tf.constant([0.0, 1000.0, 40.0, 40.0], tf.float32),
+    }
+    ids, dense = pre(feats)
+    assert ids["user"].numpy().tolist() == [1, 6, 0, 0]  # 0 = OOV/missing row
+    assert ids["item"].numpy().tolist()[:3] == [1, 0, 0]
+    tag_vocab = stats["tags"].vocab
+    assert ids["tags"].to_list()[0] == [tag_vocab.index("a") + 1, tag_vocab.index("b") + 1]
+    assert ids["tags"].to_list()[2] == [0]
+    b = stats["age"].boundaries
+    assert ids["age"].numpy().tolist()[:2] == [0, len(b)]
+    assert pre.embedded_fields == {
+        "user": len(vocab_user) + 1,
+        "item": len(stats["item"].vocab) + 1,
+        "tags": len(tag_vocab) + 1,
+        "age": len(b) + 1,
+    }
+    # price: log1p then standardized; NaN and Inf take the default (0) first
+    p = stats["price"]
+    expected = (np.log1p([0.0, 1.0, 0.0, 0.0]) - p.mean) / p.std
+    np.testing.assert_allclose(dense.numpy()[:, 0], expected, rtol=1e-5)
+
+
+def test_hash_mode(setup):
+    schema, stats = setup
+    schema = schema.replace_field("user", vocab="hash", hash_buckets=7)
+    pre = build_preprocessor(schema, stats)
+    ids, _ = pre(
+        {
+            "user": tf.constant(["u1", "u2", "anything"]),
+            "item": tf.constant([1, 2, 3], tf.int64),
+            "tags": tf.constant(["a", "b", "c"]),
+            "price": tf.constant([1.0, 2.0, 3.0]),
+            "age": tf.constant([1.0, 2.0, 3.0]),
+        }
+    )
+    u = ids["user"].numpy()
+    assert ((u >= 0) & (u < 7)).all()
+    assert pre.embedded_fields["user"] == 7
+
+
+def test_config_round_trip(setup):
+    schema, stats = setup
+    pre = build_preprocessor(schema, stats)
+    clone = FeaturePreprocessor.from_config(pre.get_config())
+    feats = {
+        "user": tf.constant(["u1", "u7"]),
+        "item": tf.constant([1, 3], tf.int64),
+        "tags": tf.constant(["a|c", "b"]),
+        "price": tf.constant([5.0, 9.0]),
+        "age": tf.constant([20.0, 60.0]),
+    }
+    a_ids, a_dense = pre(feats)
+    b_ids, b_dense = clone(feats)
+    for k in a_ids:
+        assert tf.reduce_all(tf.equal(a_ids[k], b_ids[k]))
+    np.testing.assert_array_equal(a_dense.numpy(), b_dense.numpy())
+
+
+def test_rejects_unknown_op():
+    with pytest.raises(ValueError, match="unknown op"):
+        FeaturePreprocessor([{"name": "x", "op": "magic"}])

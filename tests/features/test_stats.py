@@ -1,0 +1,121 @@
+import math
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from features.schema import FeatureSpec, Schema, SourceSpec
+from features.stats import DatasetStats, compute_stats
+
+
+def _schema(**overrides):
+    fields = [
+        FeatureSpec("c", "categorical", **overrides.get("c", {})),
+        FeatureSpec("m", "multi_categorical"),
+        FeatureSpec("x", "numeric", num_buckets=4, **overrides.get("x", {})),
+        FeatureSpec("label", "label"),
+    ]
+    return Schema("s", tuple(fields), SourceSpec(format="parquet"))
+
+
+def _batches():
+    b1 = pa.record_batch(
+        {
+            "c": pa.array(["a", "b", "a", None, "c"]),
+            "m": pa.array(["x|y", "y", "", None, "y|z|y"]),
+            "x": pa.array([1.0, 2.0, None, 4.0, 5.0], pa.float32()),
+            "label": pa.array([1.0, 0.0, 1.0, 0.0, 0.0], pa.float32()),
+        }
+    )
+    b2 = pa.record_batch(
+        {
+            "c": pa.array(["a", "b", "d"]),
+            "m": pa.array(["z", "x", "x"]),
+            "x": pa.array([3.0, 6.0, 7.0], pa.float32()),
+            "label": pa.array([1.0, 1.0, 0.0], pa.float32()),
+        }
+    )
+    return [b1, b2]
+
+
+def test_counts_ranks_and_label_by_hand():
+    stats = compute_stats(_schema(), _batches())
+    assert stats.rows == 8
+    assert stats.positives == 4.0
+    c = stats["c"]
+    # a:3, b:2, c:1, d:1 (ties by value), one missing
+    assert c.vocab == ["a", "b", "c", "d"]
+    assert c.vocab_counts == [3, 2, 1, 1]
+    assert (c.count, c.missing, c.num_distinct, c.oov_count) == (7, 1, 4, 0)
+    m = stats["m"]
+    # tokens: x,y | y | (empty) | null | y,z,y | z | x | x -> y:4 x:3 z:2
+    assert m.vocab == ["y", "x", "z"]
+    assert m.vocab_counts == [4, 3, 2]
+    assert m.missing == 2
+    x = stats["x"]
+    values = np.array([1, 2, 4, 5, 3, 6, 7], dtype=np.float64)
+    assert x.count == 7 and x.missing == 1
+    assert x.mean == pytest.approx(values.mean())
+    assert x.std == pytest.approx(values.std())
+    assert (x.min, x.max) == (1.0, 7.0)
+    assert x.boundaries == pytest.approx(np.quantile(values, [0.25, 0.5, 0.75]).tolist())
+
+
+def test_min_count_and_max_vocab_send_values_to_oov():
+    stats = compute_stats(_schema(c={"min_count": 2}), _batches())
+    assert stats["c"].vocab == ["a", "b"]
+    assert stats["c"].oov_count == 2
+    stats = compute_stats(_schema(c={"max_vocab": 1}), _batches())
+    assert stats["c"].vocab == ["a"]
+    assert stats["c"].oov_count == 4
+
+
+def test_log1p_transform_moments():
+    stats = compute_stats(_schema(x={"transform": "log1p"}), _batches())
+    values = np.log1p(np.array([1, 2, 4, 5, 3, 6, 7], dtype=np.float64))
+    assert stats["x"].mean == pytest.approx(values.mean())
+
+
+def test_save_load_round_trip(tmp_path):
+    stats = compute_stats(_schema(), _batches())
+    stats.save(tmp_path / "stats")
+    back = DatasetStats.load(tmp_path / "stats")
+    assert back.rows == stats.rows
+    for name in stats.fields:
+        a, b = stats[name], back[name]
+        assert a.vocab == b.vocab and a.vocab_counts == b.vocab_counts
+        assert a.boundaries == b.boundaries
+        assert (math.isnan(a.min) and math.isnan(b.min)) or a.min == b.min
+
+
+def test_large_vocabulary_is_merged_across_batches():
+    rng = np.random.default_rng(0)
+    values = rng.integers(0, 50_000, 300_000)
+    schema = Schema(
+        "s",
+        (FeatureSpec("c", "categorical"), FeatureSpec("label", "label")),
+        SourceSpec(format="parquet"),
+    )
+    batches = [
+        pa.record_batch(
+            {
+                "c": pa.array([str(v) for v in values[i : i + 50_000]]),
+                "label": pa.array(np.zeros(50_000, np.float32)),
+            }
+        )
+        for i in range(0, values.size, 50_000)
+    ]
+    stats = compute_stats(schema, batches)
+    uniq, counts = np.unique(values, return_counts=True)
+    assert stats["c"].num_distinct == uniq.size
+    expected = dict(zip(uniq.astype(str), counts, strict=True))
+    got = dict(zip(stats["c"].vocab, stats["c"].vocab_counts, strict=True))
+    assert got == expected
+    assert stats["c"].vocab_counts == sorted(stats["c"].vocab_counts, reverse=True)
+
+
+def test_missing_field_and_empty_input_are_errors():
+    with pytest.raises(ValueError, match="lacks fields"):
+        compute_stats(_schema(), [pa.record_batch({"c": pa.array(["a"])})])
+    with pytest.raises(ValueError, match="no rows"):
+        compute_stats(_schema(), [])
