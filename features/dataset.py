@@ -39,6 +39,11 @@ def field_tf_dtype(spec: FeatureSpec) -> tf.DType:
     return _TF_DTYPES[spec.dtype]
 
 
+def input_signature(fields: Sequence[FeatureSpec]) -> dict[str, tf.TensorSpec]:
+    """``{field: TensorSpec([None], raw dtype, name=field)}``: the serving signature's inputs."""
+    return {f.name: tf.TensorSpec([None], field_tf_dtype(f), name=f.name) for f in fields}
+
+
 def input_fields(schema: Schema, with_label: bool = True) -> list[FeatureSpec]:
     """Model inputs in schema order, then the label."""
     fields = list(schema.model_inputs)
@@ -172,7 +177,7 @@ def make_dataset(
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     files = list_parquet(paths)
     fields = input_fields(schema)
-    signature = {f.name: tf.TensorSpec([None], field_tf_dtype(f), name=f.name) for f in fields}
+    signature = input_signature(fields)
     ds = tf.data.Dataset.from_generator(
         lambda: iter_batches(
             schema,

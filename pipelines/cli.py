@@ -139,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     d = sub.add_parser("demo", help="synthetic data -> stats -> train -> export -> evaluate")
-    d.add_argument("--rows", type=int, default=300_000)
+    d.add_argument("--rows", type=int, default=2_000_000)
     d.add_argument("--output", default="runs/demo")
     d.add_argument("--model", default="dcn_v2", choices=["lr", "fm", "dnn", "dcn_v2"])
     d.add_argument("--epochs", type=int, default=1)

@@ -17,7 +17,7 @@ from ranking.models import ModelConfig
 
 
 def run_demo(
-    rows: int = 300_000,
+    rows: int = 2_000_000,
     output: str | Path = "runs/demo",
     model: str = "dcn_v2",
     epochs: int = 1,
@@ -70,7 +70,7 @@ def run_demo(
         "data_seconds": round(t_data, 1),
         "test_auc": round(ev["auc"], 4),
         "test_logloss": round(ev["logloss"], 4),
-        "oracle_auc": truth.get("oracle_auc"),
+        "oracle_auc": truth.get("observed", {}).get("oracle_auc"),
         "saved_model_bytes": size["total"],
         "saved_model_variable_bytes": size["variables"],
         "artifacts": {

@@ -19,7 +19,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from features.dataset import field_tf_dtype
+from features.dataset import field_tf_dtype, input_signature
 from features.schema import FeatureSpec, Schema, load_schema
 from pipelines.train import RunPaths
 from ranking.models import RankingModel
@@ -33,8 +33,7 @@ class ServingModule(tf.Module):
     def __init__(self, model: RankingModel, fields: list[FeatureSpec]):
         super().__init__(name="stitchrec_serving")
         self.model = model
-        spec = {f.name: tf.TensorSpec([None], field_tf_dtype(f), name=f.name) for f in fields}
-        self.serve = tf.function(self._serve, input_signature=[spec])
+        self.serve = tf.function(self._serve, input_signature=[input_signature(fields)])
 
     def _serve(self, features: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
         logits = self.model(features, training=False)

@@ -34,7 +34,14 @@ import pyarrow.parquet as pq
 import tensorflow as tf
 
 from features import readers
-from features.dataset import count_rows, input_fields, iter_batches, list_parquet, make_dataset
+from features.dataset import (
+    count_rows,
+    input_fields,
+    input_signature,
+    iter_batches,
+    list_parquet,
+    make_dataset,
+)
 from features.preprocessing import build_preprocessor
 from features.schema import FeatureKind, Schema, load_schema
 from features.stats import DatasetStats, compute_stats
@@ -190,18 +197,27 @@ def make_optimizer(name: str, lr: float) -> tf.keras.optimizers.Optimizer:
     return tf.keras.optimizers.SGD(lr)
 
 
-def predict(model: RankingModel, schema: Schema, files: list[Path], batch_size: int = 8192):
+def make_scorer(model: RankingModel, schema: Schema) -> Callable[[dict], tf.Tensor]:
+    """``model.score`` as one tf.function over the schema's raw inputs (traced once)."""
+    return tf.function(model.score, input_signature=[input_signature(schema.model_inputs)])
+
+
+def predict(
+    scorer: Callable[[dict], tf.Tensor], schema: Schema, files: list[Path], batch_size: int = 8192
+) -> tuple[np.ndarray, np.ndarray]:
     """(labels, scores) of every row of ``files``, in file order."""
-    fn = tf.function(model.score, reduce_retracing=True)
+    inputs = [f.name for f in schema.model_inputs]
     labels, scores = [], []
     for batch in iter_batches(schema, files, batch_size=batch_size, shuffle=False):
         labels.append(batch[schema.label.name])
-        scores.append(fn({k: tf.constant(v) for k, v in batch.items()}).numpy())
+        scores.append(scorer({k: tf.constant(batch[k]) for k in inputs}).numpy())
     return np.concatenate(labels), np.concatenate(scores)
 
 
-def evaluate_model(model: RankingModel, schema: Schema, files: list[Path]) -> dict[str, float]:
-    y, p = predict(model, schema, files)
+def evaluate_model(
+    scorer: Callable[[dict], tf.Tensor], schema: Schema, files: list[Path]
+) -> dict[str, float]:
+    y, p = predict(scorer, schema, files)
     return {"rows": int(y.size), "auc": metrics.auc(y, p), "logloss": metrics.logloss(y, p)}
 
 
@@ -269,6 +285,7 @@ def train(cfg: PipelineConfig, log: Log = print) -> dict[str, Any]:
         train_auc.update_state(features[label], tf.sigmoid(logits))
         return loss
 
+    scorer = make_scorer(model, schema)
     writer = tf.summary.create_file_writer(str(paths.tensorboard))
     t_start = time.time()
     t_window, examples_window = time.time(), 0
@@ -318,7 +335,7 @@ def train(cfg: PipelineConfig, log: Log = print) -> dict[str, Any]:
             batch_var.assign(0)
         manager.save(checkpoint_number=int(step))
         if test_files:
-            m = evaluate_model(model, schema, test_files)
+            m = evaluate_model(scorer, schema, test_files)
             epoch_metrics.append({"epoch": epoch + 1, **m})
             log(f"epoch {epoch + 1} test auc {m['auc']:.4f} logloss {m['logloss']:.4f}")
             with writer.as_default(step=int(step)):
@@ -327,7 +344,7 @@ def train(cfg: PipelineConfig, log: Log = print) -> dict[str, Any]:
     writer.flush()
     train_seconds = time.time() - t_start
 
-    test = evaluate_model(model, schema, test_files) if test_files and not epoch_metrics else None
+    test = evaluate_model(scorer, schema, test_files) if test_files and not epoch_metrics else None
     if epoch_metrics:
         test = {k: v for k, v in epoch_metrics[-1].items() if k != "epoch"}
     report = {

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from testdata import TINY_SCHEMA, make_tiny_table
+
+from tests.testdata import TINY_SCHEMA, make_tiny_table
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

@@ -1,4 +1,4 @@
-"""Hand-checkable test data shared by the test files (importable as ``testdata``)."""
+"""Hand-checkable test data shared by the test files (``from tests.testdata import ...``)."""
 
 from __future__ import annotations
 

@@ -15,11 +15,11 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import tensorflow as tf
-from testdata import TINY_SCHEMA, make_tiny_table
 
 from pipelines.config import load_config
 from pipelines.export import export_run, load_trained_model
-from pipelines.train import RunPaths, predict, train
+from pipelines.train import RunPaths, make_scorer, predict, train
+from tests.testdata import TINY_SCHEMA, make_tiny_table
 
 CONFIG = """
 output_dir = "{out}"
@@ -177,7 +177,7 @@ def test_export_scores_identically_in_a_fresh_process(tiny_data, tmp_path):
 
     model, schema, _ = load_trained_model(cfg.output_dir)
     files = sorted(Path(tiny_data["test"]).glob("*.parquet"))
-    _, expected = predict(model, schema, files)
+    _, expected = predict(make_scorer(model, schema), schema, files)
 
     script = textwrap.dedent(
         f"""
