@@ -27,6 +27,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import tensorflow as tf
 
+from features.readers import DataError
 from features.schema import FeatureKind, FeatureSpec, Schema
 
 _TF_DTYPES = {"string": tf.string, "int64": tf.int64, "float32": tf.float32}
@@ -94,6 +95,60 @@ def table_to_numpy(
     return {f.name: column_to_numpy(table.column(f.name), f) for f in fields}
 
 
+def _check_batch(
+    rb: pa.RecordBatch, fields: Sequence[FeatureSpec], path: Path, first_row: int
+) -> None:
+    """Labels must be 0/1 and present; numeric cells finite or missing (never NaN/Inf)."""
+    for f in fields:
+        col = rb.column(f.name)
+        if f.kind == FeatureKind.LABEL:
+            values = pc.cast(col, pa.float64())
+            ok = pc.fill_null(pc.or_(pc.equal(values, 0.0), pc.equal(values, 1.0)), False)
+            expected = "0 or 1"
+        elif f.kind == FeatureKind.NUMERIC and pa.types.is_floating(col.type):
+            ok = pc.fill_null(pc.is_finite(col), True)
+            expected = "a finite number or an empty cell"
+        else:
+            continue
+        if not pc.all(ok).as_py():
+            i = pc.index(ok, False).as_py()
+            raise DataError(
+                f"{path}: row {first_row + i + 1}, column {f.name!r}: value {col[i].as_py()!r}, "
+                f"expected {expected}"
+            )
+
+
+def iter_record_batches(
+    schema: Schema,
+    files: Sequence[Path],
+    fields: Sequence[FeatureSpec] | None = None,
+    batch_rows: int = 65_536,
+) -> Iterator[pa.RecordBatch]:
+    """Validated record batches of ``fields`` (default: model inputs and label) from Parquet.
+
+    Raises ``DataError`` naming the file, row and column for a missing column, a label that is
+    not 0/1, a NaN or infinite numeric value, or a file that is not readable Parquet.
+    """
+    fields = list(fields) if fields is not None else input_fields(schema)
+    columns = [f.name for f in fields]
+    for path in files:
+        try:
+            pf = pq.ParquetFile(path)
+        except (pa.ArrowException, OSError) as e:
+            raise DataError(f"{path}: not a readable Parquet file ({e})") from None
+        missing = [c for c in columns if c not in pf.schema_arrow.names]
+        if missing:
+            raise DataError(
+                f"{path}: Parquet file lacks columns {missing} that schema {schema.name!r} needs; "
+                f"it has {pf.schema_arrow.names}"
+            )
+        row = 0
+        for rb in pf.iter_batches(batch_size=batch_rows, columns=columns):
+            _check_batch(rb, fields, path, row)
+            row += rb.num_rows
+            yield rb
+
+
 def iter_batches(
     schema: Schema,
     files: Sequence[Path],
@@ -108,7 +163,6 @@ def iter_batches(
 ) -> Iterator[dict[str, np.ndarray]]:
     """Yields dicts of numpy arrays (the same content as ``make_dataset``'s elements)."""
     fields = input_fields(schema)
-    columns = [f.name for f in fields]
     rng = np.random.default_rng([seed, epoch])
     order = list(files)
     if shuffle:
@@ -131,23 +185,15 @@ def iter_batches(
                 continue
             yield table_to_numpy(part, fields)
 
-    for path in order:
-        pf = pq.ParquetFile(path)
-        missing = [c for c in columns if c not in pf.schema_arrow.names]
-        if missing:
-            raise ValueError(
-                f"{path}: Parquet file lacks columns {missing} that schema {schema.name!r} needs; "
-                f"it has {pf.schema_arrow.names}"
-            )
-        for rb in pf.iter_batches(batch_size=65_536, columns=columns):
-            pending.append(pa.Table.from_batches([rb]))
-            pending_rows += rb.num_rows
-            if pending_rows >= buffer_rows:
-                table = pa.concat_tables(pending)
-                full = (table.num_rows // batch_size) * batch_size
-                yield from emit(table.slice(0, full))
-                pending = [table.slice(full)]
-                pending_rows = table.num_rows - full
+    for rb in iter_record_batches(schema, order, fields):
+        pending.append(pa.Table.from_batches([rb]))
+        pending_rows += rb.num_rows
+        if pending_rows >= buffer_rows:
+            table = pa.concat_tables(pending)
+            full = (table.num_rows // batch_size) * batch_size
+            yield from emit(table.slice(0, full))
+            pending = [table.slice(full)]
+            pending_rows = table.num_rows - full
     if pending_rows:
         yield from emit(pa.concat_tables(pending))
 

@@ -30,15 +30,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow.parquet as pq
 import tensorflow as tf
 
 from features import readers
 from features.dataset import (
     count_rows,
-    input_fields,
     input_signature,
     iter_batches,
+    iter_record_batches,
     list_parquet,
     make_dataset,
 )
@@ -155,18 +154,11 @@ def prepare_data(cfg: PipelineConfig, paths: RunPaths, log: Log) -> tuple[Schema
     return schema.as_parquet(), train, test
 
 
-def arrow_batches(schema: Schema, files: list[Path], batch_rows: int = 65_536):
-    """Record batches of the schema's fields from Parquet shards, for statistics."""
-    columns = [f.name for f in input_fields(schema)]
-    for path in files:
-        yield from pq.ParquetFile(path).iter_batches(batch_size=batch_rows, columns=columns)
-
-
 def prepare_stats(schema: Schema, train: list[Path], paths: RunPaths, log: Log) -> DatasetStats:
     if (paths.stats / "stats.json").exists():
         return DatasetStats.load(paths.stats)
     t0 = time.time()
-    stats = compute_stats(schema, arrow_batches(schema, train))
+    stats = compute_stats(schema, iter_record_batches(schema, train))
     stats.save(paths.stats)
     sizes = ", ".join(f"{n}={s.vocab_size}" for n, s in stats.fields.items() if s.vocab_size)
     log(f"statistics of {stats.rows:,} training rows in {time.time() - t0:.1f}s; vocab {sizes}")

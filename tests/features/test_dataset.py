@@ -5,7 +5,9 @@ import pytest
 import tensorflow as tf
 
 from features.dataset import count_rows, iter_batches, list_parquet, make_dataset
+from features.readers import DataError
 from features.schema import load_schema
+from tests.testdata import make_tiny_table
 
 
 def _all_rows(schema, files, **kw):
@@ -81,3 +83,31 @@ def test_make_dataset_element_spec_and_errors(tiny_data, tmp_path):
     pq.write_table(pa.table({"user": ["a"]}), tmp_path / "bad.parquet")
     with pytest.raises(ValueError, match="lacks columns"):
         list(iter_batches(schema, [tmp_path / "bad.parquet"], batch_size=4, shuffle=False))
+
+
+@pytest.mark.parametrize(
+    ("column", "values", "match"),
+    [
+        ("label", [1.0, 2.0], r"row 2, column 'label': value 2.0, expected 0 or 1"),
+        ("label", [None, 1.0], r"row 1, column 'label': value None, expected 0 or 1"),
+        ("price", [1.0, float("nan")], r"row 2, column 'price': value nan, expected a finite"),
+        ("age", [float("inf"), 1.0], r"row 1, column 'age': value inf, expected a finite"),
+    ],
+)
+def test_parquet_values_that_would_poison_training_are_errors(
+    tmp_path, tiny_data, column, values, match
+):
+    schema = load_schema(tiny_data["schema"])
+    t = make_tiny_table(2)
+    t = t.set_column(t.column_names.index(column), column, pa.array(values, pa.float32()))
+    pq.write_table(t, tmp_path / "bad.parquet")
+    with pytest.raises(DataError, match=match) as e:
+        list(iter_batches(schema, [tmp_path / "bad.parquet"], batch_size=8, shuffle=False))
+    assert "bad.parquet" in str(e.value)
+
+
+def test_corrupt_parquet_names_the_file(tmp_path, tiny_data):
+    schema = load_schema(tiny_data["schema"])
+    (tmp_path / "broken.parquet").write_bytes(b"PAR1 this is not parquet")
+    with pytest.raises(DataError, match=r"broken\.parquet: not a readable Parquet file"):
+        list(iter_batches(schema, [tmp_path / "broken.parquet"], batch_size=8, shuffle=False))

@@ -385,7 +385,7 @@ def test_join_preserves_order_and_missing_key_gives_null(tmp_path: Path) -> None
     )
     schema = load_schema("movielens")
     t = read_table(schema, tmp_path, batch_rows=2)  # the directory: movies.csv is left out
-    assert t.column_names == ["userId", "movieId", "genres", "label", "timestamp"]
+    assert t.column_names == ["userId", "movieId", "genres", "label", "timestamp", "rating_time"]
     assert t["movieId"].to_pylist() == ["2", "99", "1", "2", "1"]
     assert t["genres"].to_pylist() == [
         "Crime",
@@ -396,6 +396,7 @@ def test_join_preserves_order_and_missing_key_gives_null(tmp_path: Path) -> None
     ]
     assert t["label"].to_pylist() == [1.0, 0.0, 0.0, 1.0, 1.0]
     assert t["timestamp"].to_pylist() == [100, 101, 102, 103, 104]
+    assert t["rating_time"].to_pylist() == [100.0, 101.0, 102.0, 103.0, 104.0]  # same column
     assert list_files(tmp_path, schema) == [f]
 
 
