@@ -791,35 +791,3 @@ def _summary(
         "oracle_auc": oracle,
         "paths": paths,
     }
-
-
-def _main() -> None:
-    import argparse
-    import time
-
-    parser = argparse.ArgumentParser(description="Generate the synthetic Criteo-layout dataset.")
-    parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", help="write the dataset here (default: only generate, timed)")
-    parser.add_argument("--criteo-tsv", action="store_true")
-    args = parser.parse_args()
-    config = SyntheticConfig(rows=args.rows, seed=args.seed)
-    t0 = time.perf_counter()
-    _model(config)
-    t1 = time.perf_counter()
-    if args.out:
-        summary = write_dataset(config, args.out, criteo_tsv=args.criteo_tsv)
-        print(json.dumps({k: v for k, v in summary.items() if k != "paths"}, indent=2))
-    else:
-        rows = sum(b.num_rows for b in generate_batches(config))
-        if rows != config.rows:
-            raise RuntimeError(f"generated {rows} rows, expected {config.rows}")
-    t2 = time.perf_counter()
-    print(
-        f"model {t1 - t0:.2f}s, rows {t2 - t1:.2f}s: {config.rows / (t2 - t1):,.0f} rows/s "
-        f"({'written' if args.out else 'generated'})"
-    )
-
-
-if __name__ == "__main__":
-    _main()

@@ -36,7 +36,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ranking.models import ModelConfig
+from ranking.config import ModelConfig
 
 _OPTIMIZERS = ("adam", "adagrad", "sgd")
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pipelines.config import DataConfig, PipelineConfig, TrainConfig
 from pipelines.train import Log, RunPaths, train
-from ranking.models import ModelConfig
+from ranking.config import ModelConfig
 
 
 def run_demo(
@@ -66,7 +66,9 @@ def run_demo(
         "rows": {"train": report["train_rows"], "test": report["test_rows"]},
         "model": model,
         "parameters": report["parameters"],
-        "train_seconds": round(t_train, 1),
+        "train_seconds": report["train_seconds"],
+        "examples_per_second": report["examples_per_second"],
+        "stats_train_eval_seconds": round(t_train, 1),
         "data_seconds": round(t_data, 1),
         "test_auc": round(ev["auc"], 4),
         "test_logloss": round(ev["logloss"], 4),
@@ -88,7 +90,8 @@ def run_demo(
         "StitchRec demo report",
         f"  rows            train {summary['rows']['train']:,} / test {summary['rows']['test']:,}",
         f"  model           {model}, {summary['parameters']:,} parameters",
-        f"  train time      {summary['train_seconds']} s (data generation {summary['data_seconds']} s)",
+        f"  train time      {summary['train_seconds']} s, {summary['examples_per_second']:,} examples/s "
+        f"(data generation {summary['data_seconds']} s)",
         f"  test AUC        {summary['test_auc']:.4f}"
         + (f"   (oracle AUC of the true click probabilities: {oracle:.4f})" if oracle else ""),
         f"  test logloss    {summary['test_logloss']:.4f}",

@@ -280,6 +280,8 @@ def train(cfg: PipelineConfig, log: Log = print) -> dict[str, Any]:
     scorer = make_scorer(model, schema)
     writer = tf.summary.create_file_writer(str(paths.tensorboard))
     t_start = time.time()
+    eval_seconds = 0.0
+    examples_trained = 0
     t_window, examples_window = time.time(), 0
     trained_steps = 0
     epoch_metrics: list[dict[str, Any]] = []
@@ -301,7 +303,9 @@ def train(cfg: PipelineConfig, log: Log = print) -> dict[str, Any]:
             step.assign_add(1)
             batch_var.assign_add(1)
             trained_steps += 1
-            examples_window += int(features[label].shape[0])
+            n = int(features[label].shape[0])
+            examples_window += n
+            examples_trained += n
             s = int(step)
             if s % tc.log_every == 0 or s == total_steps:
                 rate = examples_window / max(time.time() - t_window, 1e-9)
@@ -327,14 +331,17 @@ def train(cfg: PipelineConfig, log: Log = print) -> dict[str, Any]:
             batch_var.assign(0)
         manager.save(checkpoint_number=int(step))
         if test_files:
+            t_eval = time.time()
             m = evaluate_model(scorer, schema, test_files)
+            eval_seconds += time.time() - t_eval
+            t_window = time.time()
             epoch_metrics.append({"epoch": epoch + 1, **m})
             log(f"epoch {epoch + 1} test auc {m['auc']:.4f} logloss {m['logloss']:.4f}")
             with writer.as_default(step=int(step)):
                 tf.summary.scalar("test/auc", m["auc"])
                 tf.summary.scalar("test/logloss", m["logloss"])
     writer.flush()
-    train_seconds = time.time() - t_start
+    train_seconds = time.time() - t_start - eval_seconds
 
     test = evaluate_model(scorer, schema, test_files) if test_files and not epoch_metrics else None
     if epoch_metrics:
@@ -346,7 +353,8 @@ def train(cfg: PipelineConfig, log: Log = print) -> dict[str, Any]:
         "steps": int(step),
         "steps_this_run": trained_steps,
         "train_seconds": round(train_seconds, 2),
-        "examples_per_second": round(trained_steps * tc.batch_size / max(train_seconds, 1e-9)),
+        "examples_per_second": round(examples_trained / max(train_seconds, 1e-9)),
+        "eval_seconds": round(eval_seconds, 2),
         "parameters": int(model.count_params()),
         "test": test,
         "epochs": epoch_metrics,

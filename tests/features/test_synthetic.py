@@ -391,15 +391,3 @@ def test_pair_fields_carry_no_main_effect(data) -> None:
     pair_field = truth["pairs"][0]["fields"][0]
     assert _lr_auc(data, [pair_field], []) < 0.52
     assert _lr_auc(data, [truth["single"][1]["field"]], []) > 0.55
-
-
-if __name__ == "__main__":  # speed sanity, not a test: python tests/features/test_synthetic.py
-    import time
-
-    for rows in (1_000_000, 2_000_000):
-        cfg = SyntheticConfig(rows=rows)
-        synthetic._model(cfg)
-        start = time.perf_counter()
-        n = sum(b.num_rows for b in generate_batches(cfg))
-        seconds = time.perf_counter() - start
-        print(f"{n:,} rows in {seconds:.2f}s: {n / seconds:,.0f} rows/s")

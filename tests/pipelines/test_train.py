@@ -205,3 +205,28 @@ def test_export_scores_identically_in_a_fresh_process(tiny_data, tmp_path):
     for name in ("user", "item", "tags", "price", "age", "score"):
         assert f"['{name}']" in shown
     assert "DT_STRING" in shown and "DT_INT64" in shown
+
+
+def test_evaluate_reads_parquet_shards_and_raw_csv_alike(tiny_data, tmp_path):
+    from pipelines.evaluate import evaluate
+
+    cfg = load_config(_config(tiny_data, tiny_data["root"] / "run", epochs=1))
+    report = train(cfg, log=lambda _: None)
+    out = export_run(cfg.output_dir)
+    from_parquet = evaluate(out, [tiny_data["test"]])
+    assert from_parquet["rows"] == 1000
+    assert from_parquet["auc"] == pytest.approx(report["test"]["auc"], abs=1e-6)
+
+    df = pq.read_table(tiny_data["test"]).to_pandas()
+    df.insert(0, "extra_column", "ignored")
+    df.to_csv(tmp_path / "test.csv", index=False)
+    csv_schema = (
+        (tiny_data["root"] / "schema.toml")
+        .read_text()
+        .replace('format = "parquet"', 'format = "csv"')
+    )
+    (tmp_path / "csv_schema.toml").write_text(csv_schema)
+    from_csv = evaluate(out, [tmp_path / "test.csv"], schema=tmp_path / "csv_schema.toml")
+    assert from_csv["rows"] == 1000
+    assert from_csv["auc"] == pytest.approx(from_parquet["auc"], abs=1e-6)
+    assert from_csv["logloss"] == pytest.approx(from_parquet["logloss"], abs=1e-6)

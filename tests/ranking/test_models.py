@@ -65,15 +65,6 @@ def test_config_and_saved_model_round_trip(setup, tmp_path):
     np.testing.assert_allclose(loaded(**inputs)["score"].numpy(), scores, rtol=1e-6, atol=1e-7)
 
 
-def test_model_config_validation():
-    with pytest.raises(ValueError, match="model type"):
-        ModelConfig(type="xgb")
-    with pytest.raises(ValueError, match="mlp"):
-        ModelConfig(type="dnn", mlp=())
-    with pytest.raises(ValueError, match="cross_rank"):
-        ModelConfig(cross_rank=-1)
-
-
 def test_unknown_embedding_method_field(setup):
     schema, stats, _ = setup
     with pytest.raises(ValueError, match="not embedded"):
