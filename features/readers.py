@@ -693,7 +693,7 @@ def _read(
     report: ReadReport,
 ) -> Iterator[pa.RecordBatch]:
     rows = 0
-    for batch in _rebatch(_typed_batches(schema, files, batch_rows, budget, report), batch_rows):
+    for batch in rebatch(_typed_batches(schema, files, batch_rows, budget, report), batch_rows):
         rows += batch.num_rows
         report.rows += batch.num_rows
         yield batch
@@ -743,7 +743,7 @@ def _expectation(schema: Schema) -> str:
     return f"lines of {len(cols)} {delim}-separated columns {_short(cols, limit=10)}"
 
 
-def _rebatch(batches: Iterable[pa.RecordBatch], batch_rows: int) -> Iterator[pa.RecordBatch]:
+def rebatch(batches: Iterable[pa.RecordBatch], batch_rows: int) -> Iterator[pa.RecordBatch]:
     """Regroups batches into batches of exactly ``batch_rows`` rows (the last may be shorter)."""
     buf: list[pa.RecordBatch] = []
     buffered = 0

@@ -67,7 +67,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from sklearn.metrics import roc_auc_score
 
+from features.readers import rebatch
 from features.schema import FeatureKind, FeatureSpec, Schema, SourceSpec
 
 CHUNK_ROWS = 65_536
@@ -525,22 +527,6 @@ def _chunk_batch(config: SyntheticConfig, model: _Model, index: int) -> pa.Recor
     return pa.RecordBatch.from_arrays(cols, schema=schema)
 
 
-def _rebatch(batches: Iterator[pa.RecordBatch], batch_rows: int) -> Iterator[pa.RecordBatch]:
-    """Re-cuts a stream of batches into batches of exactly ``batch_rows`` (the last: the rest)."""
-    pending: list[pa.RecordBatch] = []
-    n = 0
-    for b in batches:
-        pending.append(b)
-        n += b.num_rows
-        while n >= batch_rows:
-            merged = pending[0] if len(pending) == 1 else pa.concat_batches(pending)
-            yield merged.slice(0, batch_rows)
-            rest = merged.slice(batch_rows)
-            pending, n = ([rest] if rest.num_rows else []), rest.num_rows
-    if n:
-        yield pending[0] if len(pending) == 1 else pa.concat_batches(pending)
-
-
 def _check_positive(name: str, value: Any) -> int:
     if not _is_int(value) or value < 1:
         raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
@@ -550,7 +536,7 @@ def _check_positive(name: str, value: Any) -> int:
 def _private_batches(config: SyntheticConfig, batch_rows: int) -> Iterator[pa.RecordBatch]:
     model = _model(config)
     chunks = (_chunk_batch(config, model, i) for i in range(-(-config.rows // CHUNK_ROWS)))
-    return _rebatch(chunks, batch_rows)
+    return rebatch(chunks, batch_rows)
 
 
 def generate_batches(
@@ -632,23 +618,6 @@ def ground_truth(config: SyntheticConfig) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------
 # Writing a dataset
 # ---------------------------------------------------------------------------------------------
-
-
-def auc(labels: np.ndarray, scores: np.ndarray) -> float | None:
-    """Rank-based ROC AUC (ties count half); None without both classes."""
-    labels = np.asarray(labels) > 0.5
-    n_pos = int(labels.sum())
-    n_neg = len(labels) - n_pos
-    if n_pos == 0 or n_neg == 0:
-        return None
-    order = np.argsort(scores, kind="stable")
-    sorted_scores = np.asarray(scores)[order]
-    ranks = np.empty(len(order), dtype=np.float64)
-    # average ranks over ties
-    _, start, counts = np.unique(sorted_scores, return_index=True, return_counts=True)
-    avg = start + (counts + 1) / 2.0
-    ranks[order] = np.repeat(avg, counts)
-    return float((ranks[labels].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
 
 
 class _ShardWriter:
@@ -768,7 +737,8 @@ def write_dataset(
         shard.finish()
     for writer in tsv.values():
         writer.close()
-    oracle = auc(np.concatenate(test_labels), np.concatenate(test_probs))
+    y = np.concatenate(test_labels)
+    oracle = float(roc_auc_score(y, np.concatenate(test_probs))) if 0 < y.sum() < y.size else None
     summary = _summary(out, shards, tsv, oracle)
     synthetic_schema(config).save(out / "schema.toml")
     truth = ground_truth(config)

@@ -22,7 +22,6 @@ from features.synthetic import (
     DEFAULT_VOCAB_SIZES,
     SyntheticConfig,
     arrow_schema,
-    auc,
     click_probabilities,
     generate_batches,
     ground_truth,
@@ -224,19 +223,6 @@ def test_planted_crosses_are_pure_interactions() -> None:
         for p in reversed(ps):
             var = var @ p
         assert float(var) == pytest.approx(1.0)
-
-
-def test_auc_matches_sklearn() -> None:
-    rng = np.random.default_rng(0)
-    y = rng.random(5_000) < 0.3
-    s = np.round(rng.random(5_000) + y * 0.3, 2)  # with ties
-    assert auc(y, s) == pytest.approx(roc_auc_score(y, s), abs=1e-12)
-    assert auc(np.zeros(3), np.arange(3)) is None
-
-
-# ---------------------------------------------------------------------------------------------
-# Writing
-# ---------------------------------------------------------------------------------------------
 
 
 def test_write_dataset_files_schema_ground_truth_and_tsv(tmp_path) -> None:

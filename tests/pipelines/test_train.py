@@ -84,15 +84,21 @@ def _weights(run: Path) -> list[np.ndarray]:
     return [w.numpy() for w in model.weights]
 
 
-def _cli(config: Path, timeout: float = 300) -> subprocess.Popen:
+def _cli_args(config: Path) -> list[str]:
+    return [sys.executable, "-m", "pipelines.cli", "train", "--config", str(config)]
+
+
+def _cli(config: Path) -> subprocess.Popen:
+    """A training process in the background, its output unbuffered."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(
-        [sys.executable, "-m", "pipelines.cli", "train", "--config", str(config)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
+        _cli_args(config), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
     )
+
+
+def _train_cli(config: Path) -> str:
+    """Trains to the end in a subprocess; returns its output."""
+    return subprocess.run(_cli_args(config), capture_output=True, text=True, check=True).stdout
 
 
 def _checkpoint_step(run: Path) -> int:
@@ -131,38 +137,14 @@ def test_sigkill_then_resume_loses_no_checkpointed_step(tmp_path):
     saved = _checkpoint_step(killed_run)
     assert 50 <= saved < 1250
 
-    resumed = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pipelines.cli",
-            "train",
-            "--config",
-            str(_config(data, killed_run, batch=64, epochs=2, ckpt=25)),
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert "resumed from" in resumed.stdout and f"at step {saved} " in resumed.stdout
+    resumed = _train_cli(_config(data, killed_run, batch=64, epochs=2, ckpt=25))
+    assert "resumed from" in resumed and f"at step {saved} " in resumed
     report = json.loads((killed_run / "train_report.json").read_text())
     assert report["steps"] == 1250
     assert report["steps_this_run"] == 1250 - saved
 
     straight_run = tmp_path / "straight"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pipelines.cli",
-            "train",
-            "--config",
-            str(_config(data, straight_run, batch=64, epochs=2, ckpt=25)),
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    _train_cli(_config(data, straight_run, batch=64, epochs=2, ckpt=25))
     # same data order and deterministic ops: the resumed run ends where the straight one does
     for a, b in zip(_weights(killed_run), _weights(straight_run), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
