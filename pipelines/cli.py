@@ -4,7 +4,7 @@
     stitchrec generate  --output DIR [--rows N] [--seed S] [--criteo-tsv]
     stitchrec convert   --schema S --input F... --output DIR [--test-fraction X] [--max-bad-rows N]
     stitchrec stats     --schema S --input F... --output DIR [--max-bad-rows N]
-    stitchrec train     --config FILE [--set KEY=VALUE]... [--output DIR]
+    stitchrec train     --config FILE [--set KEY=VALUE]... [--output DIR] [--max-bad-rows N]
     stitchrec export    --run DIR [--output DIR]
     stitchrec evaluate  --model DIR --data F... [--schema S] [--max-bad-rows N]
 
@@ -97,7 +97,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     from pipelines.config import load_config
     from pipelines.train import train
 
-    cfg = load_config(args.config, args.set)
+    overrides = list(args.set)
+    if args.max_bad_rows is not None:
+        overrides.append(f"data.max_bad_rows={args.max_bad_rows}")
+    cfg = load_config(args.config, overrides)
     if args.output:
         cfg = dataclasses.replace(cfg, output_dir=str(Path(args.output).resolve()))
     report = train(cfg, log=_print)
@@ -181,6 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="override a config value, e.g. --set train.epochs=3",
     )
     t.add_argument("--output", help="run folder (overrides output_dir)")
+    t.add_argument(
+        "--max-bad-rows", type=int, help="bad raw rows to skip and count (data.max_bad_rows)"
+    )
     t.set_defaults(func=cmd_train)
 
     e = sub.add_parser("export", help="SavedModel of a training run's latest checkpoint")

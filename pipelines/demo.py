@@ -8,6 +8,7 @@ click probabilities, the ceiling any model can reach on this data.
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -31,16 +32,21 @@ def run_demo(
     out = Path(output).resolve()
     data = out / "data"
     t0 = time.time()
-    if not (data / "ground_truth.json").exists():
+    truth_file = data / "ground_truth.json"
+    truth = json.loads(truth_file.read_text()) if truth_file.exists() else {}
+    if truth.get("rows") == rows and truth.get("seed") == seed:
+        log(f"[1/5] reusing the {rows:,} synthetic rows in {data}")
+    else:
         log(f"[1/5] generating {rows:,} synthetic rows into {data}")
         synthetic.write_dataset(synthetic.SyntheticConfig(rows=rows, seed=seed), data)
-    else:
-        log(f"[1/5] reusing synthetic data in {data}")
-    truth = json.loads((data / "ground_truth.json").read_text())
+        truth = json.loads(truth_file.read_text())
     t_data = time.time() - t0
 
+    run_dir = out / f"run_{model}"
+    if run_dir.exists():  # the demo shows a whole run; `stitchrec train` is the one that resumes
+        shutil.rmtree(run_dir)
     cfg = PipelineConfig(
-        output_dir=str(out / "run"),
+        output_dir=str(run_dir),
         data=DataConfig(
             schema=str(data / "schema.toml"),
             train=(str(data / "train"),),

@@ -7,7 +7,8 @@ hashing, bucketizing and numeric transforms run inside it, so a client sends wha
 
 Layout: ``<run>/export/<version>/`` (version = 1, 2, ... as TF Serving expects) with
 ``assets.extra/schema.toml`` (the fields the signature takes) and
-``assets.extra/stitchrec.json`` (model name, training run, input names).
+``assets.extra/stitchrec.json`` (model name, training run, input names) and
+``assets.extra/stats.json`` (the training statistics, without the vocabularies the model holds).
 """
 
 from __future__ import annotations
@@ -97,9 +98,11 @@ def export_run(run_dir: str | Path, output: str | Path | None = None) -> Path:
     model, schema, ckpt = load_trained_model(run_dir)
     paths = RunPaths(Path(run_dir))
     out = Path(output) if output else next_version(paths.exports)
-    return export_saved_model(
+    out = export_saved_model(
         model, schema, out, extra={"run": str(paths.root.resolve()), "checkpoint": ckpt}
     )
+    shutil.copy(paths.stats / "stats.json", out / ASSETS_EXTRA / "stats.json")
+    return out
 
 
 def saved_model_bytes(path: str | Path) -> dict[str, int]:

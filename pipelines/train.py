@@ -21,6 +21,7 @@ uninterrupted run ends. Steps after the last checkpoint are retrained, none are 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -45,7 +46,7 @@ from features.preprocessing import build_preprocessor
 from features.schema import FeatureKind, Schema, load_schema
 from features.stats import DatasetStats, compute_stats
 from pipelines import metrics
-from pipelines.config import PipelineConfig
+from pipelines.config import ConfigError, PipelineConfig, load_config
 from ranking.models import RankingModel, build_model
 
 Log = Callable[[str], None]
@@ -213,17 +214,51 @@ def evaluate_model(
     return {"rows": int(y.size), "auc": metrics.auc(y, p), "logloss": metrics.logloss(y, p)}
 
 
+def _check_same_run(cfg: PipelineConfig, paths: RunPaths) -> None:
+    """A run folder resumes only the run it holds: its [data] and [model] must not change
+    ([train] may, e.g. more epochs)."""
+    if not paths.config.exists():
+        return
+    previous = load_config(paths.config)
+    changed = [s for s in ("data", "model") if getattr(previous, s) != getattr(cfg, s)]
+    if changed:
+        raise ConfigError(
+            f"{paths.root} holds a run whose {' and '.join(f'[{s}]' for s in changed)} differ "
+            f"from this config's; resume it with the same settings, or train into a new "
+            f"output_dir"
+        )
+
+
+def use_gpus_if_present(log: Log) -> list:
+    """GPUs TensorFlow sees, with memory growth on (so a server or a second job can share them).
+
+    TensorFlow places the model's ops on the first GPU when there is one and on the CPU
+    otherwise; the same code runs on both.
+    """
+    gpus = tf.config.list_physical_devices("GPU")
+    for gpu in gpus:
+        # RuntimeError: already initialized in this process; keep its setting
+        with contextlib.suppress(RuntimeError):
+            tf.config.experimental.set_memory_growth(gpu, True)
+    log(
+        f"devices: {len(gpus)} GPU(s), training on {gpus[0].name}"
+        if gpus
+        else "devices: CPU only (no GPU found)"
+    )
+    return gpus
+
+
 def train(cfg: PipelineConfig, log: Log = print) -> dict[str, Any]:
     """Runs (or resumes) the training of ``cfg``; returns the report also written to disk."""
     paths = RunPaths(Path(cfg.output_dir))
     paths.root.mkdir(parents=True, exist_ok=True)
+    _check_same_run(cfg, paths)
     paths.config.write_text(cfg.to_toml())
     tc = cfg.train
+    gpus = use_gpus_if_present(log)
     tf.keras.utils.set_random_seed(tc.seed)
     if tc.deterministic:
         tf.config.experimental.enable_op_determinism()
-    gpus = tf.config.list_physical_devices("GPU")
-    log(f"devices: {len(gpus)} GPU(s)" if gpus else "devices: CPU only (no GPU found)")
 
     schema, train_files, test_files = prepare_data(cfg, paths, log)
     schema.save(paths.schema)
@@ -360,6 +395,7 @@ def train(cfg: PipelineConfig, log: Log = print) -> dict[str, Any]:
         "epochs": epoch_metrics,
         "checkpoint": manager.latest_checkpoint,
         "seed": tc.seed,
+        "devices": [g.name for g in gpus] or ["CPU"],
     }
     paths.report.write_text(json.dumps(report, indent=1))
     return report

@@ -111,3 +111,24 @@ def test_console_script_is_installed():
     out = subprocess.run([str(exe), "--help"], capture_output=True, text=True, check=True).stdout
     for command in ("demo", "generate", "convert", "stats", "train", "export", "evaluate"):
         assert command in out
+
+
+def test_train_from_raw_csv_skips_counted_bad_rows(tmp_path, capsys):
+    from tests.testdata import TINY_SCHEMA, make_tiny_table
+
+    df = make_tiny_table(600).to_pandas()
+    df.to_csv(tmp_path / "log.csv", index=False)
+    lines = (tmp_path / "log.csv").read_text().splitlines()
+    lines[3] = lines[3].rsplit(",", 1)[0] + ",7"  # label 7 on line 4
+    (tmp_path / "log.csv").write_text("\n".join(lines) + "\n")
+    (tmp_path / "schema.toml").write_text(
+        TINY_SCHEMA.replace('format = "parquet"', 'format = "csv"')
+    )
+    (tmp_path / "c.toml").write_text(
+        'output_dir = "run"\n[data]\nschema = "schema.toml"\nraw = ["log.csv"]\n'
+        '[model]\ntype = "lr"\n[train]\nbatch_size = 64\nmax_steps = 3\n'
+    )
+    rc, _, err = _run(capsys, "train", "--config", str(tmp_path / "c.toml"))
+    assert rc == 2 and "log.csv" in err and "line 4" in err and "label" in err
+    rc, out, _ = _run(capsys, "train", "--config", str(tmp_path / "c.toml"), "--max-bad-rows", "1")
+    assert rc == 0 and "skipped 1 bad rows" in out and "test auc" in out

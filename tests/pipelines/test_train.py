@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -16,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 import tensorflow as tf
 
-from pipelines.config import load_config
+from pipelines.config import ConfigError, load_config
 from pipelines.export import export_run, load_trained_model
 from pipelines.train import RunPaths, make_scorer, predict, train
 from tests.testdata import TINY_SCHEMA, make_tiny_table
@@ -77,6 +78,14 @@ def test_train_writes_run_and_learns(tiny_data):
     # a second call resumes at the end: nothing more to train
     again = train(cfg, log=lines.append)
     assert again["steps_this_run"] == 0 and again["steps"] == 32
+    # [train] may change (one more epoch); [model] or [data] may not
+    more = train(
+        dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, epochs=3)), lines.append
+    )
+    assert more["steps"] == 48 and more["steps_this_run"] == 16
+    other = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, type="dnn"))
+    with pytest.raises(ConfigError, match=r"holds a run whose \[model\] differ"):
+        train(other, log=lines.append)
 
 
 def _weights(run: Path) -> list[np.ndarray]:
@@ -156,6 +165,7 @@ def test_export_scores_identically_in_a_fresh_process(tiny_data, tmp_path):
     out = export_run(cfg.output_dir)
     assert out == Path(cfg.output_dir) / "export" / "1"
     assert export_run(cfg.output_dir).name == "2"
+    assert json.loads((out / "assets.extra" / "stats.json").read_text())["rows"] == 4000
 
     model, schema, _ = load_trained_model(cfg.output_dir)
     files = sorted(Path(tiny_data["test"]).glob("*.parquet"))
