@@ -42,6 +42,7 @@ from features.schema import FeatureKind, FeatureSpec, Schema
 __all__ = [
     "DataError",
     "ReadReport",
+    "ShardWriter",
     "arrow_schema",
     "convert",
     "list_files",
@@ -775,7 +776,7 @@ def _one_batch(table: pa.Table) -> pa.RecordBatch:
 # Parquet output
 
 
-class _ShardWriter:
+class ShardWriter:
     """Writes batches to ``out_dir/{prefix}-00000.parquet``, ... of ``rows_per_shard`` rows.
 
     Shards are written under a hidden temporary name and renamed when complete. Creating the
@@ -849,7 +850,7 @@ def write_parquet_shards(
     Each shard holds ``rows_per_shard`` rows (the last fewer); no batches, no shards. Creates
     ``out_dir`` and replaces shards of an earlier run there.
     """
-    writer = _ShardWriter(out_dir, rows_per_shard, prefix)
+    writer = ShardWriter(out_dir, rows_per_shard, prefix)
     try:
         for b in batches:
             writer.write(b)
@@ -912,10 +913,10 @@ def convert(
         schema, inputs, batch_rows=batch_rows, max_bad_rows=max_bad_rows, report=report
     )
     out = Path(out_dir)
-    train = _ShardWriter(out / "train", rows_per_shard, "part")
-    test = _ShardWriter(out / "test", rows_per_shard, "part") if test_fraction > 0 else None
+    train = ShardWriter(out / "train", rows_per_shard, "part")
+    test = ShardWriter(out / "test", rows_per_shard, "part") if test_fraction > 0 else None
     if test is None and (out / "test").is_dir():
-        _ShardWriter(out / "test", rows_per_shard, "part")  # clears stale test shards
+        ShardWriter(out / "test", rows_per_shard, "part")  # clears stale test shards
     seen = 0
     try:
         for b in batches:

@@ -67,9 +67,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from sklearn.metrics import roc_auc_score
 
-from features.readers import rebatch
+from features.readers import ShardWriter, rebatch
 from features.schema import FeatureKind, FeatureSpec, Schema, SourceSpec
 
 CHUNK_ROWS = 65_536
@@ -620,50 +621,28 @@ def ground_truth(config: SyntheticConfig) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------
 
 
-class _ShardWriter:
-    """Writes ``dir/part-00000.parquet``, ... with at most ``rows_per_shard`` rows each."""
+class _SplitWriter:
+    """Parquet shards of one split (``features.readers.ShardWriter``) and its row and click
+    counts; an empty split still gets one empty, readable shard."""
 
     def __init__(self, directory: Path, schema: pa.Schema, rows_per_shard: int) -> None:
-        import pyarrow.parquet as pq
-
-        self._pq = pq
-        self.directory, self.schema, self.rows_per_shard = directory, schema, rows_per_shard
-        directory.mkdir(parents=True, exist_ok=True)
-        for stale in directory.glob("part-*.parquet"):
-            stale.unlink()
+        self.directory, self.schema = directory, schema
+        self._shards = ShardWriter(directory, rows_per_shard, "part")
         self.paths: list[str] = []
-        self._writer: Any = None
-        self._in_shard = 0
         self.rows = 0
         self.clicks = 0.0
-
-    def _open(self) -> None:
-        path = self.directory / f"part-{len(self.paths):05d}.parquet"
-        self.paths.append(str(path))
-        self._writer = self._pq.ParquetWriter(path, self.schema)
-        self._in_shard = 0
 
     def write(self, batch: pa.RecordBatch) -> None:
         self.rows += batch.num_rows
         self.clicks += float(pc.sum(batch.column("label")).as_py() or 0.0)
-        while batch.num_rows:
-            if self._writer is None or self._in_shard >= self.rows_per_shard:
-                self.close()
-                self._open()
-            take = min(batch.num_rows, self.rows_per_shard - self._in_shard)
-            self._writer.write_batch(batch.slice(0, take))
-            self._in_shard += take
-            batch = batch.slice(take)
-
-    def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        self._shards.write(batch)
 
     def finish(self) -> None:
-        if not self.paths:  # an empty split still gets one (empty) readable file
-            self._open()
-        self.close()
+        paths = self._shards.close()
+        if not paths:
+            paths = [self.directory / "part-00000.parquet"]
+            pq.write_table(self.schema.empty_table(), paths[0])
+        self.paths = [str(p) for p in paths]
 
 
 class _TsvWriter:
@@ -718,7 +697,7 @@ def write_dataset(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     schema = arrow_schema(config)
-    shards = {s: _ShardWriter(out / s, schema, rows_per_shard) for s in ("train", "test")}
+    shards = {s: _SplitWriter(out / s, schema, rows_per_shard) for s in ("train", "test")}
     tsv = {s: _TsvWriter(out / f"{s}.tsv", config) for s in shards} if criteo_tsv else {}
     test_probs: list[np.ndarray] = []
     test_labels: list[np.ndarray] = []
@@ -748,7 +727,7 @@ def write_dataset(
 
 
 def _summary(
-    out: Path, shards: dict[str, _ShardWriter], tsv: dict[str, _TsvWriter], oracle: float | None
+    out: Path, shards: dict[str, _SplitWriter], tsv: dict[str, _TsvWriter], oracle: float | None
 ) -> dict[str, Any]:
     paths: dict[str, Any] = {s: w.paths for s, w in shards.items()}
     paths["schema"] = str(out / "schema.toml")
