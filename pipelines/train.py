@@ -215,12 +215,20 @@ def evaluate_model(
 
 
 def _check_same_run(cfg: PipelineConfig, paths: RunPaths) -> None:
-    """A run folder resumes only the run it holds: its [data] and [model] must not change
-    ([train] may, e.g. more epochs)."""
-    if not paths.config.exists():
+    """A run folder with checkpoints resumes only the run it holds: its [data] (but for
+    ``max_bad_rows``) and [model] must not change; [train] may, e.g. more epochs."""
+    if not paths.config.exists() or tf.train.latest_checkpoint(str(paths.checkpoints)) is None:
         return
     previous = load_config(paths.config)
-    changed = [s for s in ("data", "model") if getattr(previous, s) != getattr(cfg, s)]
+    same_data = dataclasses.replace(previous.data, max_bad_rows=cfg.data.max_bad_rows)
+    changed = [
+        name
+        for name, before, now in (
+            ("data", same_data, cfg.data),
+            ("model", previous.model, cfg.model),
+        )
+        if before != now
+    ]
     if changed:
         raise ConfigError(
             f"{paths.root} holds a run whose {' and '.join(f'[{s}]' for s in changed)} differ "
