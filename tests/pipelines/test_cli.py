@@ -23,19 +23,16 @@ def _run(capsys, *argv: str) -> tuple[int, str, str]:
     return rc, out, err
 
 
+def _convert(capsys, tsv, out, *extra: str) -> tuple[int, str, str]:
+    return _run(
+        capsys, "convert", "--schema", "criteo", "--input", str(tsv), "--output", str(out), *extra
+    )
+
+
 def test_convert_and_stats_on_criteo_tsv(tmp_path, capsys):
     tsv = tmp_path / "day.tsv"
     tsv.write_text("\n".join(CRITEO_ROWS * 10) + "\n")
-    rc, out, _ = _run(
-        capsys,
-        "convert",
-        "--schema",
-        "criteo",
-        "--input",
-        str(tsv),
-        "--output",
-        str(tmp_path / "pq"),
-    )
+    rc, out, _ = _convert(capsys, tsv, tmp_path / "pq")
     assert rc == 0 and "rows: 20" in out
     assert (tmp_path / "pq" / "schema.toml").exists()
     rc, out, _ = _run(
@@ -57,30 +54,10 @@ def test_bad_row_is_an_error_naming_file_line_and_column(tmp_path, capsys):
     tsv = tmp_path / "day.tsv"
     bad = CRITEO_ROWS[1].replace("\t4\t", "\tfour\t", 1)
     tsv.write_text("\n".join([CRITEO_ROWS[0], bad, CRITEO_ROWS[0]]) + "\n")
-    rc, _, err = _run(
-        capsys,
-        "convert",
-        "--schema",
-        "criteo",
-        "--input",
-        str(tsv),
-        "--output",
-        str(tmp_path / "pq"),
-    )
+    rc, _, err = _convert(capsys, tsv, tmp_path / "pq")
     assert rc == 2
     assert err.startswith("error: ") and "day.tsv" in err and "line 2" in err and "I4" in err
-    rc, out, _ = _run(
-        capsys,
-        "convert",
-        "--schema",
-        "criteo",
-        "--input",
-        str(tsv),
-        "--output",
-        str(tmp_path / "pq"),
-        "--max-bad-rows",
-        "1",
-    )
+    rc, out, _ = _convert(capsys, tsv, tmp_path / "pq", "--max-bad-rows", "1")
     assert rc == 0 and "rows: 2; bad rows skipped: 1" in out
 
 
