@@ -1,13 +1,20 @@
-"""One embedding table per field, behind one call: ``{field: ids} -> {field: [batch, dim]}``.
+"""One embedding layer per field, behind one call: ``{field: ids} -> {field: [batch, dim]}``.
 
 ``EmbeddingCollection(tables)`` takes the per-field specs as plain dicts
-``{"name", "num_rows", "dim", "combiner", "method"}``; ``method`` picks the layer class from
-``EMBEDDING_METHODS`` (only ``full`` so far; the compressed methods register there), so a training
-config can choose the method per field.
+``{"name", "num_rows", "dim", "combiner", "method", "l2", "options"}``; ``method`` picks the layer
+class from ``EMBEDDING_METHODS`` and ``options`` are that method's own arguments, so a training
+config chooses the method per field. ``counts`` (``{field: training count per id}``, id 0 the
+OOV row) feeds the layers that learn from frequencies (AMTL); it is data, not config: a
+collection rebuilt from its config gets the counts back from a checkpoint.
+
+``serving_form()`` returns the collection a SavedModel should hold: each layer that has a more
+compact inference form (AMTL rows truncated to their learned lengths) is replaced by it.
 """
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Sequence
 from typing import Any
 
 import tensorflow as tf
@@ -17,16 +24,27 @@ from embeddings.full import FullEmbedding
 EMBEDDING_METHODS: dict[str, type[tf.keras.layers.Layer]] = {"full": FullEmbedding}
 
 
+def takes_counts(cls: type) -> bool:
+    return "counts" in inspect.signature(cls.__init__).parameters
+
+
 @tf.keras.utils.register_keras_serializable(package="stitchrec")
 class EmbeddingCollection(tf.keras.layers.Layer):
     """Per-field embedding layers; outputs keep the order of ``tables``.
 
     Args:
       tables: one dict per field: ``name``, ``num_rows``, ``dim``, optional ``combiner``
-        (``mean``), ``method`` (``full``) and ``l2`` (0).
+        (``mean``), ``method`` (``full``), ``l2`` (0) and ``options`` (method arguments).
+      counts: ``{field: count per id}`` for methods that take counts.
     """
 
-    def __init__(self, tables: list[dict[str, Any]], **kwargs: Any):
+    def __init__(
+        self,
+        tables: list[dict[str, Any]],
+        counts: dict[str, Sequence[int]] | None = None,
+        layers: dict[str, tf.keras.layers.Layer] | None = None,
+        **kwargs: Any,
+    ):
         super().__init__(**kwargs)
         if not tables:
             raise ValueError("tables must hold at least one field")
@@ -42,13 +60,24 @@ class EmbeddingCollection(tf.keras.layers.Layer):
                     f"field {t['name']!r}: embedding method {method!r} is not one of "
                     f"{sorted(EMBEDDING_METHODS)}"
                 )
-            self.layers_by_field[t["name"]] = EMBEDDING_METHODS[method](
-                num_rows=t["num_rows"],
-                dim=t["dim"],
-                combiner=t.get("combiner", "mean"),
-                l2=t.get("l2", 0.0),
-                name=f"emb_{i:03d}",
-            )
+            if layers is not None:
+                self.layers_by_field[t["name"]] = layers[t["name"]]
+                continue
+            cls = EMBEDDING_METHODS[method]
+            options = dict(t.get("options") or {})
+            if takes_counts(cls) and counts is not None and t["name"] in counts:
+                options["counts"] = counts[t["name"]]
+            try:
+                self.layers_by_field[t["name"]] = cls(
+                    num_rows=t["num_rows"],
+                    dim=t["dim"],
+                    combiner=t.get("combiner", "mean"),
+                    l2=t.get("l2", 0.0),
+                    name=f"emb_{i:03d}",
+                    **options,
+                )
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"field {t['name']!r}, embedding method {method!r}: {e}") from None
 
     @property
     def field_names(self) -> list[str]:
@@ -63,6 +92,17 @@ class EmbeddingCollection(tf.keras.layers.Layer):
         if missing:
             raise KeyError(f"ids lack fields {missing}; got {sorted(ids)}")
         return {name: layer(ids[name]) for name, layer in self.layers_by_field.items()}
+
+    def serving_form(self) -> EmbeddingCollection:
+        """The same fields with each layer's compact inference form where it has one."""
+        layers = {
+            name: layer.serving_form() if hasattr(layer, "serving_form") else layer
+            for name, layer in self.layers_by_field.items()
+        }
+        return EmbeddingCollection(self.tables, layers=layers, name=self.name)
+
+    def memory_bytes_by_field(self) -> dict[str, dict[str, int]]:
+        return {name: layer.memory_bytes() for name, layer in self.layers_by_field.items()}
 
     def memory_bytes(self) -> dict[str, int]:
         totals = {"train": 0, "serve": 0}

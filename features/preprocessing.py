@@ -4,7 +4,8 @@
 statistics and returns a ``FeaturePreprocessor``; its ``call`` maps the raw batch
 ``{field: [batch]}`` (strings, ints, floats) to
 
-* ``ids``: ``{field: int64 [batch]}`` for categorical and bucketized numeric fields, and
+* ``ids``: ``{field: int64 [batch]}`` for categorical and bucketized numeric fields (or, for
+  fields planned with ``codes``, unique 63-bit codes: see ``FeaturePreprocessor._codes``), and
   ``{field: int64 ragged [batch, None]}`` for multi-valued fields, each in ``[0, num_rows)``;
 * ``dense``: float32 ``[batch, n_dense]`` for numeric fields that are not bucketized
   (``None`` when there are none).
@@ -26,9 +27,26 @@ import tensorflow as tf
 from features.schema import FeatureKind, Schema
 from features.stats import DatasetStats
 
+CODE_MODES = ("vocabulary", "fingerprint")
+UNSEEN_BIT = 62  # codes of values outside the vocabulary have this bit set
 
-def plan_fields(schema: Schema, stats: DatasetStats) -> list[dict[str, Any]]:
-    """One JSON-able plan per model input (see the module docstring for what each does)."""
+
+def plan_fields(
+    schema: Schema, stats: DatasetStats, codes: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
+    """One JSON-able plan per model input (see the module docstring for what each does).
+
+    Args:
+      codes: ``{field: "vocabulary" | "fingerprint"}`` for categorical fields whose embedding
+        takes unique codes instead of OOV-collapsed ids (binary-code hash embeddings).
+    """
+    codes = dict(codes or {})
+    for name, mode in codes.items():
+        if mode not in CODE_MODES:
+            raise ValueError(f"field {name!r}: code mode {mode!r} is not one of {CODE_MODES}")
+        kind = schema.field(name).kind
+        if kind not in (FeatureKind.CATEGORICAL, FeatureKind.MULTI_CATEGORICAL):
+            raise ValueError(f"field {name!r}: codes need a categorical field, not {kind.value}")
     plans = []
     for spec in schema.model_inputs:
         fs = stats[spec.name]
@@ -39,7 +57,14 @@ def plan_fields(schema: Schema, stats: DatasetStats) -> list[dict[str, Any]]:
                 "multi": spec.kind == FeatureKind.MULTI_CATEGORICAL,
                 "separator": spec.separator,
             }
-            if spec.vocab == "hash":
+            if spec.name in codes:
+                plan.update(
+                    op="code",
+                    codes=codes[spec.name],
+                    vocabulary=list(fs.vocab) if codes[spec.name] == "vocabulary" else [],
+                    num_rows=len(fs.vocab) + 1,
+                )
+            elif spec.vocab == "hash":
                 plan.update(op="hash", num_rows=spec.hash_buckets)
             else:
                 plan.update(op="lookup", vocabulary=list(fs.vocab), num_rows=len(fs.vocab) + 1)
@@ -79,12 +104,12 @@ class FeaturePreprocessor(tf.keras.layers.Layer):
         if not plans:
             raise ValueError("plans must name at least one field")
         for p in plans:
-            if p.get("op") not in ("lookup", "hash", "bucketize", "dense"):
+            if p.get("op") not in ("lookup", "code", "hash", "bucketize", "dense"):
                 raise ValueError(f"field {p.get('name')!r}: unknown op {p.get('op')!r}")
         self.plans = [dict(p) for p in plans]
         self._lookups: dict[str, tf.keras.layers.Layer] = {}
         for p in self.plans:
-            if p["op"] == "lookup":
+            if p["op"] in ("lookup", "code") and (p["op"] == "lookup" or p["vocabulary"]):
                 self._lookups[p["name"]] = tf.keras.layers.StringLookup(
                     vocabulary=p["vocabulary"] or None,
                     num_oov_indices=1,
@@ -100,6 +125,11 @@ class FeaturePreprocessor(tf.keras.layers.Layer):
     def embedded_fields(self) -> dict[str, int]:
         """``{field: rows its embedding table needs}``, in schema order."""
         return {p["name"]: p["num_rows"] for p in self.plans if p["op"] != "dense"}
+
+    @property
+    def categorical_fields(self) -> list[str]:
+        """Fields embedded from values (looked up, coded or hashed), not numeric buckets."""
+        return [p["name"] for p in self.plans if p["op"] in ("lookup", "code", "hash")]
 
     @property
     def multi_valued_fields(self) -> list[str]:
@@ -120,6 +150,8 @@ class FeaturePreprocessor(tf.keras.layers.Layer):
             x = features[p["name"]]
             if p["op"] in ("lookup", "hash"):
                 ids[p["name"]] = self._ids(p, x)
+            elif p["op"] == "code":
+                ids[p["name"]] = self._codes(p, x)
             elif p["op"] == "bucketize":
                 v = _numeric(x, p)
                 b = tf.constant(p["boundaries"], tf.float32)
@@ -135,6 +167,27 @@ class FeaturePreprocessor(tf.keras.layers.Layer):
         if plan["multi"]:
             x = tf.strings.split(x, sep=plan["separator"])
         return tf.cast(self._lookups[plan["name"]](x), tf.int64)
+
+    def _codes(self, plan: dict[str, Any], x: tf.Tensor) -> tf.Tensor:
+        """Unique non-negative int64 codes: 0 for a missing value; with ``vocabulary`` the
+        vocabulary id (1..V) of a known value and ``2^62 | fingerprint`` of an unseen one; with
+        ``fingerprint`` a 63-bit fingerprint of every value (no vocabulary held at all)."""
+        if x.dtype != tf.string:
+            x = tf.strings.as_string(x)
+        if plan["multi"]:
+            x = tf.strings.split(x, sep=plan["separator"])
+        fingerprint = tf.strings.to_hash_bucket_fast(x, 2**63 - 1)
+        missing = tf.equal(x, "")
+        if plan["codes"] == "fingerprint":
+            codes = fingerprint
+        else:
+            ids = tf.cast(self._lookups[plan["name"]](x), tf.int64)
+            unseen = tf.bitwise.bitwise_or(
+                tf.bitwise.bitwise_and(fingerprint, (1 << UNSEEN_BIT) - 1),
+                tf.constant(1 << UNSEEN_BIT, tf.int64),
+            )
+            codes = tf.where(ids > 0, ids, unseen)
+        return tf.where(missing, tf.zeros_like(codes), codes)
 
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "plans": self.plans}
@@ -152,5 +205,7 @@ def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "_." else "_" for c in name)
 
 
-def build_preprocessor(schema: Schema, stats: DatasetStats) -> FeaturePreprocessor:
-    return FeaturePreprocessor(plan_fields(schema, stats), name="preprocessor")
+def build_preprocessor(
+    schema: Schema, stats: DatasetStats, codes: dict[str, str] | None = None
+) -> FeaturePreprocessor:
+    return FeaturePreprocessor(plan_fields(schema, stats, codes), name="preprocessor")

@@ -386,7 +386,13 @@ def _toml_value(v: Any) -> str:
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
     if isinstance(v, enum.Enum):
         return _toml_value(v.value)
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{_toml_key(k)} = {_toml_value(x)}" for k, x in v.items()) + "}"
     raise TypeError(f"cannot write {type(v).__name__} {v!r} to TOML")
+
+
+def _toml_key(k: str) -> str:
+    return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else _toml_value(k)
 
 
 _FIELD_KEYS = {f.name for f in dataclasses.fields(FeatureSpec)}

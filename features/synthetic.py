@@ -111,6 +111,8 @@ class SyntheticConfig:
       vocab_sizes: vocabulary size per categorical field; an int means the same for all. Always
         a tuple after construction.
       zipf_exponent: ``s`` in ``p(rank r) ~ (r + 1)^-s`` within a field.
+      zipf_exponents: per-field exponents overriding ``zipf_exponent`` (None: all the same), e.g.
+        a flatter field with millions of distinct values for embedding benchmarks.
       missing_rate: share of empty cells in every numeric and categorical field.
       n_single: planted main effects (categorical fields).
       n_pairs: planted order-2 pure interactions.
@@ -126,6 +128,7 @@ class SyntheticConfig:
     num_categorical: int = 26
     vocab_sizes: int | tuple[int, ...] = DEFAULT_VOCAB_SIZES
     zipf_exponent: float = 1.1
+    zipf_exponents: tuple[float, ...] | None = None
     missing_rate: float = 0.02
     n_single: int = 4
     n_pairs: int = 3
@@ -147,6 +150,14 @@ class SyntheticConfig:
             )
         object.__setattr__(self, "vocab_sizes", self._normalized_vocab())
         self._check_real("zipf_exponent", self.zipf_exponent, lo=0.0, lo_open=True)
+        if self.zipf_exponents is not None:
+            exps = tuple(self.zipf_exponents)
+            if len(exps) != self.num_categorical or not all(_is_real(e) and e > 0 for e in exps):
+                raise ValueError(
+                    f"zipf_exponents must be None or {self.num_categorical} numbers > 0, got "
+                    f"{self.zipf_exponents!r}"
+                )
+            object.__setattr__(self, "zipf_exponents", tuple(float(e) for e in exps))
         self._check_real("missing_rate", self.missing_rate, lo=0.0, hi=1.0)
         self._check_real("effect_scale", self.effect_scale, lo=0.0)
         self._check_real("target_ctr", self.target_ctr, lo=0.0, hi=1.0, lo_open=True)
@@ -238,6 +249,11 @@ class SyntheticConfig:
 # ---------------------------------------------------------------------------------------------
 # Schema
 # ---------------------------------------------------------------------------------------------
+
+
+def field_exponents(config: SyntheticConfig) -> tuple[float, ...]:
+    """The Zipf exponent of each categorical field."""
+    return config.zipf_exponents or (config.zipf_exponent,) * config.num_categorical
 
 
 def synthetic_schema(config: SyntheticConfig) -> Schema:
@@ -392,7 +408,10 @@ def _build_crosses(
 
 
 def _model_without_intercept(config: SyntheticConfig) -> _Model:
-    probs = [zipf_probabilities(s, config.zipf_exponent) for s in config.vocab_sizes]
+    probs = [
+        zipf_probabilities(size, exponent)
+        for size, exponent in zip(config.vocab_sizes, field_exponents(config), strict=True)
+    ]
     singles, pairs, triples = _choose_fields(config)
     rng = _rng(config.seed, 0, 2)
     mu = rng.uniform(-0.5, 5.0, size=config.num_numeric)
@@ -589,6 +608,7 @@ def ground_truth(config: SyntheticConfig) -> dict[str, Any]:
         "target_ctr": config.target_ctr,
         "effect_scale": config.effect_scale,
         "zipf_exponent": config.zipf_exponent,
+        "zipf_exponents": list(field_exponents(config)),
         "missing_rate": config.missing_rate,
         "vocab_sizes": dict(zip(cat, config.vocab_sizes, strict=True)),
         "single": [{"field": cat[c.fields[0]], "scale": c.scale} for c in model.singles],

@@ -135,10 +135,7 @@ class PipelineConfig:
         for section, values in d.items():
             lines += ["", f"[{section}]"]
             for k, v in values.items():
-                if isinstance(v, dict):
-                    inline = ", ".join(f"{kk} = {_toml_value(vv)}" for kk, vv in v.items())
-                    lines.append(f"{k} = {{{inline}}}")
-                elif v is not None:
+                if v is not None:
                     lines.append(f"{k} = {_toml_value(v)}")
         return "\n".join(lines) + "\n"
 

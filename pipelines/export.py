@@ -78,7 +78,14 @@ def next_version(base: Path) -> Path:
 def export_saved_model(
     model: RankingModel, schema: Schema, output: str | Path, extra: dict[str, Any] | None = None
 ) -> Path:
-    """Writes the SavedModel of ``model`` to ``output`` (replacing it)."""
+    """Writes the SavedModel of ``model`` to ``output`` (replacing it).
+
+    The model is first put in its serving form: embedding layers with a more compact inference
+    form (AMTL rows truncated to their learned lengths) are replaced by it, so the SavedModel
+    holds only what serving needs.
+    """
+    if getattr(model, "embedding", None) is not None and hasattr(model.embedding, "serving_form"):
+        model.embedding = model.embedding.serving_form()
     out = Path(output)
     if out.exists():
         shutil.rmtree(out)

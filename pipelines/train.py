@@ -168,9 +168,19 @@ def prepare_stats(schema: Schema, train: list[Path], paths: RunPaths, log: Log) 
 
 def build_run_model(cfg: PipelineConfig, schema: Schema, stats: DatasetStats) -> RankingModel:
     p = min(max(stats.label_mean, 1e-6), 1 - 1e-6)
+    categorical = [
+        f.name
+        for f in schema.model_inputs
+        if f.kind in (FeatureKind.CATEGORICAL, FeatureKind.MULTI_CATEGORICAL)
+    ]
+    codes = {n: cfg.model.bh_codes() for n in categorical if cfg.model.method_of(n) == "bh"}
+    # count per id: row 0 gathers the OOV and missing cells, rows 1.. the vocabulary
+    counts = {
+        n: [stats[n].oov_count + stats[n].missing, *stats[n].vocab_counts] for n in categorical
+    }
     return build_model(
         cfg.model,
-        build_preprocessor(schema, stats),
+        build_preprocessor(schema, stats, codes),
         schema.label.name,
         field_dims={f.name: f.embedding_dim for f in schema.model_inputs if f.embedding_dim},
         field_combiners={
@@ -178,6 +188,7 @@ def build_run_model(cfg: PipelineConfig, schema: Schema, stats: DatasetStats) ->
             for f in schema.model_inputs
             if f.kind == FeatureKind.MULTI_CATEGORICAL
         },
+        counts=counts,
         initial_bias=math.log(p / (1 - p)),
     )
 

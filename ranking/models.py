@@ -25,7 +25,7 @@ from typing import Any
 import tensorflow as tf
 import tensorflow_recommenders as tfrs
 
-from embeddings.collection import EmbeddingCollection
+from embeddings.collection import EMBEDDING_METHODS, EmbeddingCollection
 from ranking.blocks import MLP, ConcatInteraction, CrossInteraction, FMInteraction, LinearTerm
 from ranking.config import MODEL_TYPES, ModelConfig
 
@@ -138,6 +138,51 @@ class RankingModel(tfrs.models.Model):
         return cls(**config)
 
 
+def _sized_options(
+    config: ModelConfig, method: str, num_rows: int, dim: int
+) -> dict[str, Any] | None:
+    """The layer options of ``method`` for one field, or None to keep the field full."""
+    if method == "full":
+        return {}
+    explicit = {k: v for k, v in config.embedding_options.get(method, {}).items() if k != "codes"}
+    cls = EMBEDDING_METHODS[method]
+    sizer = getattr(cls, "options_for_ratio", None)
+    if config.embedding_compression > 1 and num_rows >= config.compress_min_rows and sizer:
+        return {**sizer(num_rows, dim, config.embedding_compression), **explicit}
+    if sizer is not None and not explicit:
+        return None  # a sized method with nothing to size it by: full table
+    return explicit
+
+
+def embedding_tables(
+    config: ModelConfig,
+    preprocessor: tf.keras.layers.Layer,
+    dim_of: Any,
+    combiners: dict[str, str],
+) -> list[dict[str, Any]]:
+    """One table spec per embedded field: method, options and size (see ``ModelConfig``)."""
+    categorical = set(preprocessor.categorical_fields)
+    tables = []
+    for name, rows in preprocessor.embedded_fields.items():
+        method = config.method_of(name) if name in categorical else "full"
+        dim = dim_of(name)
+        options = _sized_options(config, method, rows, dim)
+        if options is None:
+            method, options = "full", {}
+        tables.append(
+            {
+                "name": name,
+                "num_rows": rows,
+                "dim": dim,
+                "combiner": combiners.get(name, "mean"),
+                "method": method,
+                "l2": config.l2,
+                "options": options,
+            }
+        )
+    return tables
+
+
 def build_model(
     config: ModelConfig,
     preprocessor: tf.keras.layers.Layer,
@@ -145,6 +190,7 @@ def build_model(
     *,
     field_dims: dict[str, int] | None = None,
     field_combiners: dict[str, str] | None = None,
+    counts: dict[str, list[int]] | None = None,
     initial_bias: float = 0.0,
 ) -> RankingModel:
     """Builds ``config.type`` around ``preprocessor`` (a ``FeaturePreprocessor``).
@@ -152,31 +198,19 @@ def build_model(
     Args:
       field_dims: per-field embedding dimensions overriding ``config.embedding_dim``.
       field_combiners: pooling per multi-valued field (``mean``/``sum``).
+      counts: training count per id of each looked-up field (AMTL's frequency features).
       initial_bias: starting logit bias, e.g. log(p / (1 - p)) of the training click rate.
     """
     rows = preprocessor.embedded_fields
     num_dense = len(preprocessor.dense_fields)
     field_dims = field_dims or {}
-    field_combiners = field_combiners or {}
-    unknown = sorted(set(config.embedding_methods) - set(rows))
+    combiners = field_combiners or {}
+    unknown = sorted(set(config.embedding_methods) - set(preprocessor.categorical_fields))
     if unknown:
         raise ValueError(
-            f"embedding_methods names fields {unknown} that are not embedded; embedded: {list(rows)}"
+            f"embedding_methods names fields {unknown} that are not categorical embedded fields; "
+            f"those are: {preprocessor.categorical_fields}"
         )
-
-    def tables(dim_of: Any) -> list[dict[str, Any]]:
-        return [
-            {
-                "name": name,
-                "num_rows": n,
-                "dim": dim_of(name),
-                "combiner": field_combiners.get(name, "mean"),
-                "method": config.embedding_methods.get(name, config.embedding_method),
-                "l2": config.l2,
-            }
-            for name, n in rows.items()
-        ]
-
     wide = LinearTerm(rows, num_dense, l2=config.l2, name="wide")
     common = {"preprocessor": preprocessor, "label": label, "initial_bias": initial_bias}
     if config.type == "lr":
@@ -184,16 +218,16 @@ def build_model(
     if not rows:
         raise ValueError(f"model type {config.type!r} needs at least one embedded field")
     if config.type == "fm":
-        embedding = EmbeddingCollection(tables(lambda _: config.embedding_dim), name="embedding")
+        tables = embedding_tables(config, preprocessor, lambda _: config.embedding_dim, combiners)
         return RankingModel(
             **common,
-            embedding=embedding,
+            embedding=EmbeddingCollection(tables, counts=counts, name="embedding"),
             interaction=FMInteraction(num_dense, config.embedding_dim, name="fm"),
             wide=wide,
             name="fm",
         )
-    embedding = EmbeddingCollection(
-        tables(lambda n: field_dims.get(n, config.embedding_dim)), name="embedding"
+    tables = embedding_tables(
+        config, preprocessor, lambda n: field_dims.get(n, config.embedding_dim), combiners
     )
     tower = MLP(list(config.mlp), dropout=config.dropout, name="tower")
     if config.type == "dnn":
@@ -204,7 +238,7 @@ def build_model(
         )
     return RankingModel(
         **common,
-        embedding=embedding,
+        embedding=EmbeddingCollection(tables, counts=counts, name="embedding"),
         interaction=interaction,
         tower=tower,
         name=config.type,

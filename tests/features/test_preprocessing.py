@@ -86,3 +86,34 @@ def test_config_round_trip(setup):
 def test_rejects_unknown_op():
     with pytest.raises(ValueError, match="unknown op"):
         FeaturePreprocessor([{"name": "x", "op": "magic"}])
+
+
+def test_codes_are_unique_for_known_unseen_and_missing_values(setup):
+    schema, stats = setup
+    pre = build_preprocessor(schema, stats, codes={"user": "vocabulary", "tags": "fingerprint"})
+    vocab = stats["user"].vocab
+    feats = {
+        "user": tf.constant([vocab[0], vocab[3], "never-seen-1", "never-seen-2", ""]),
+        "item": tf.constant([1, 2, 3, 4, 5], tf.int64),
+        "tags": tf.constant(["a|b", "a", "zzz", "", "b"]),
+        "price": tf.constant([1.0] * 5),
+        "age": tf.constant([30.0] * 5),
+    }
+    ids, _ = pre(feats)
+    user = ids["user"].numpy().tolist()
+    assert user[:2] == [1, 4]  # known values keep their vocabulary id
+    unseen = 1 << 62
+    assert user[2] >= unseen and user[3] >= unseen and user[2] != user[3]
+    assert user[4] == 0  # missing
+    tags = ids["tags"].to_list()
+    assert tags[0][0] == tags[1][0] and tags[0][0] != tags[0][1]  # "a" gets one code everywhere
+    assert all(0 < c < 2**63 for row in tags for c in row if row != [0])
+    assert tags[3] == [0]
+    assert pre.embedded_fields["user"] == len(vocab) + 1
+    # the same value gets the same code in another process-independent way: a fingerprint
+    again, _ = FeaturePreprocessor.from_config(pre.get_config())(feats)
+    assert again["user"].numpy().tolist() == user
+    with pytest.raises(ValueError, match="code mode"):
+        build_preprocessor(schema, stats, codes={"user": "md5"})
+    with pytest.raises(ValueError, match="categorical"):
+        build_preprocessor(schema, stats, codes={"price": "vocabulary"})

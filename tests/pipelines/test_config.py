@@ -15,6 +15,8 @@ test = "test"
 [model]
 type = "dnn"
 mlp = [8, 4]
+embedding_methods = {userId = "bh", "movie-id" = "amtl"}
+embedding_options = {bh = {block_bits = 4, codes = "fingerprint"}}
 
 [train]
 epochs = 2
@@ -29,6 +31,8 @@ def test_load_resolves_paths_and_applies_overrides(tmp_path):
     assert cfg.data.train == (str(tmp_path / "train"),)
     assert cfg.data.test == (str(tmp_path / "test"),)
     assert cfg.train.epochs == 5 and cfg.model.type == "dcn_v2" and cfg.model.mlp == (8, 4)
+    assert cfg.model.method_of("userId") == "bh" and cfg.model.method_of("other") == "full"
+    assert cfg.model.bh_codes() == "fingerprint"
     # a shipped schema name stays a name
     (tmp_path / "d.toml").write_text(CONFIG.replace('"schema.toml"', '"movielens"'))
     assert load_config(tmp_path / "d.toml").data.schema == "movielens"
@@ -50,6 +54,9 @@ def test_to_toml_round_trip(tmp_path):
         (('train = ["train"]', ""), "either `raw` files or `train`"),
         (("[train]", "[trian]"), r"unknown top-level keys \['trian'\]"),
         (("mlp = [8, 4]", "mlp = [8, 4"), "not valid TOML"),
+        (('userId = "bh"', 'userId = "lsh"'), r"embedding_methods\['userId'\] = 'lsh'"),
+        (('codes = "fingerprint"', 'codes = "md5"'), "bh.codes = 'md5'"),
+        (("bh = {", "bhh = {"), r"unknown methods \['bhh'\]"),
     ],
 )
 def test_errors_name_file_and_key(tmp_path, edit, match):

@@ -67,7 +67,7 @@ def test_config_and_saved_model_round_trip(setup, tmp_path):
 
 def test_unknown_embedding_method_field(setup):
     schema, stats, _ = setup
-    with pytest.raises(ValueError, match="not embedded"):
+    with pytest.raises(ValueError, match="not categorical embedded fields"):
         build_model(
             ModelConfig(embedding_methods={"price": "full"}),
             build_preprocessor(schema, stats),
