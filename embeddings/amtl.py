@@ -58,36 +58,22 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from embeddings.full import _COMBINERS, FullEmbedding, oov_safe
+from embeddings.common import check_common_args, flat_ids, pool_and_regularize
+from embeddings.full import FullEmbedding, oov_safe
 
 _STD_EPS = 1e-6
 _INT32_MAX = 2**31 - 1
-
-
-def _pool(ids: tf.RaggedTensor, vectors: tf.Tensor, combiner: str) -> tf.Tensor:
-    """Pools ``vectors`` (the flat values of ``ids``, ``[nnz, dim]``) per row; empty rows -> 0."""
-    rows = ids.with_flat_values(vectors)
-    out = tf.reduce_mean(rows, axis=1) if combiner == "mean" else tf.reduce_sum(rows, axis=1)
-    return tf.where(tf.math.is_finite(out), out, tf.zeros_like(out))
-
-
-def _validate_common(num_rows: Any, dim: Any, combiner: Any) -> None:
-    if not isinstance(num_rows, int | np.integer) or isinstance(num_rows, bool) or num_rows < 1:
-        raise ValueError(f"num_rows must be an integer >= 1, got {num_rows!r}")
-    if not isinstance(dim, int | np.integer) or isinstance(dim, bool) or dim < 1:
-        raise ValueError(f"dim must be an integer >= 1, got {dim!r}")
-    if combiner not in _COMBINERS:
-        raise ValueError(f"combiner must be one of {_COMBINERS}, got {combiner!r}")
 
 
 @tf.keras.utils.register_keras_serializable(package="stitchrec")
 class AMTLEmbedding(tf.keras.layers.Layer):
     """Embedding table with a learned, frequency-driven length per value (AMTL, CIKM'21).
 
-    Calling convention of every layer of embeddings/: ids int ``[batch]`` -> ``[batch, dim]``;
-    ids int ragged ``[batch, None]`` -> ``[batch, dim]`` pooled by ``combiner`` (empty row ->
-    zeros); ids outside ``[0, num_rows)`` read row 0, the OOV row. The output of id ``i`` is
-    ``W[i] * m_i``, ``m_i`` the 0/1 mask of the first ``k_i`` positions (module docstring).
+    Calling convention of every layer of embeddings/ (embeddings/common.py): ids int ``[batch]``
+    -> ``[batch, dim]`` (any dense shape ``S`` -> ``S + [dim]``); ids int ragged
+    ``[batch, None]`` -> ``[batch, dim]`` pooled by ``combiner`` (empty row -> zeros); ids
+    outside ``[0, num_rows)`` read row 0, the OOV row. The output of id ``i`` is ``W[i] * m_i``,
+    ``m_i`` the 0/1 mask of the first ``k_i`` positions (module docstring).
 
     Args:
       num_rows: rows of the table, row 0 being the OOV row.
@@ -120,9 +106,7 @@ class AMTLEmbedding(tf.keras.layers.Layer):
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
-        _validate_common(num_rows, dim, combiner)
-        if l2 < 0:
-            raise ValueError(f"l2 must be >= 0, got {l2!r}")
+        check_common_args(num_rows, dim, combiner, l2)
         hidden = tuple(hidden)
         if any(not isinstance(h, int | np.integer) or isinstance(h, bool) or h < 1 for h in hidden):
             raise ValueError(f"hidden must hold integers >= 1, got {hidden!r}")
@@ -165,7 +149,9 @@ class AMTLEmbedding(tf.keras.layers.Layer):
     def _check_counts(self, counts: Sequence[float] | np.ndarray) -> np.ndarray:
         arr = np.asarray(counts, dtype=np.float64).reshape(-1)
         if arr.shape[0] != self.num_rows:
-            raise ValueError(f"counts must hold num_rows={self.num_rows} values, got {arr.shape[0]}")
+            raise ValueError(
+                f"counts must hold num_rows={self.num_rows} values, got {arr.shape[0]}"
+            )
         if not np.all(np.isfinite(arr)) or np.any(arr < 0):
             raise ValueError("counts must be finite and >= 0")
         return arr.astype(np.float32)
@@ -285,18 +271,11 @@ class AMTLEmbedding(tf.keras.layers.Layer):
         return m_hard + (m_soft - tf.stop_gradient(m_soft))
 
     def call(self, ids: tf.Tensor | tf.RaggedTensor) -> tf.Tensor:
-        flat_ids = ids.flat_values if isinstance(ids, tf.RaggedTensor) else ids
-        flat = oov_safe(flat_ids, self.num_rows)
-        unique, where = tf.unique(flat)
+        flat = oov_safe(flat_ids(ids), self.num_rows)
+        unique, where = tf.unique(flat)  # the MLPs run once per distinct id of the batch
         mask_u = self._mask(unique)
         masked = tf.gather(self.table, flat) * tf.gather(mask_u, where)
-        out = _pool(ids, masked, self.combiner) if isinstance(ids, tf.RaggedTensor) else masked
-        if self.l2 > 0:
-            self.add_loss(
-                self.l2
-                * tf.reduce_sum(tf.square(masked))
-                / tf.cast(tf.maximum(tf.shape(masked)[0], 1), tf.float32)
-            )
+        out = pool_and_regularize(self, ids, masked)  # shape / pooling and the L2 loss
         if self.length_penalty > 0:
             mean_len = tf.reduce_sum(mask_u) / tf.cast(
                 tf.maximum(tf.shape(mask_u)[0], 1) * self.dim, tf.float32
@@ -381,8 +360,8 @@ class AMTLServingEmbedding(tf.keras.layers.Layer):
     ``values`` float32 ``[total_values]`` (row ``i``'s first ``k_i`` entries, rows in order) and
     ``row_splits`` ``[num_rows + 1]``, int32 while ``total_values < 2**31``, else int64. The call
     gathers rows of ``RaggedTensor.from_row_splits(values, row_splits)`` and zero-pads each to
-    ``dim``: ids int ``[batch]`` -> ``[batch, dim]``; ragged ``[batch, None]`` -> pooled
-    ``[batch, dim]``; ids outside ``[0, num_rows)`` read row 0 (OOV).
+    ``dim``: ids int ``[batch]`` -> ``[batch, dim]`` (dense ``S`` -> ``S + [dim]``); ragged
+    ``[batch, None]`` -> pooled ``[batch, dim]``; ids outside ``[0, num_rows)`` read row 0 (OOV).
 
     Args:
       num_rows: rows (ids) of the table.
@@ -400,7 +379,7 @@ class AMTLServingEmbedding(tf.keras.layers.Layer):
         **kwargs: Any,
     ):
         super().__init__(trainable=False, **{k: v for k, v in kwargs.items() if k != "trainable"})
-        _validate_common(num_rows, dim, combiner)
+        check_common_args(num_rows, dim, combiner, 0.0)
         total_values = num_rows * dim if total_values is None else total_values
         if not num_rows <= total_values <= num_rows * dim:
             raise ValueError(
@@ -411,6 +390,7 @@ class AMTLServingEmbedding(tf.keras.layers.Layer):
         self.dim = int(dim)
         self.combiner = combiner
         self.total_values = int(total_values)
+        self.l2 = 0.0  # nothing to regularize (read by pool_and_regularize)
         self.splits_dtype = tf.int32 if self.total_values <= _INT32_MAX else tf.int64
 
     @staticmethod
@@ -438,9 +418,7 @@ class AMTLServingEmbedding(tf.keras.layers.Layer):
         return rows.to_tensor(default_value=0.0, shape=[None, self.dim])
 
     def call(self, ids: tf.Tensor | tf.RaggedTensor) -> tf.Tensor:
-        if isinstance(ids, tf.RaggedTensor):
-            return _pool(ids, self._lookup(ids.flat_values), self.combiner)
-        return self._lookup(ids)
+        return pool_and_regularize(self, ids, self._lookup(flat_ids(ids)))
 
     def memory_bytes(self) -> dict[str, int]:
         """Bytes of ``values`` (float32) + ``row_splits``; training and serving hold the same."""

@@ -19,9 +19,19 @@ from typing import Any
 
 import tensorflow as tf
 
+from embeddings.amtl import AMTLEmbedding
+from embeddings.binary_hash import BinaryHashEmbedding
 from embeddings.full import FullEmbedding
+from embeddings.hashing import HashingEmbedding
+from embeddings.qr import QREmbedding
 
-EMBEDDING_METHODS: dict[str, type[tf.keras.layers.Layer]] = {"full": FullEmbedding}
+EMBEDDING_METHODS: dict[str, type[tf.keras.layers.Layer]] = {
+    "full": FullEmbedding,
+    "hashing": HashingEmbedding,
+    "qr": QREmbedding,
+    "bh": BinaryHashEmbedding,
+    "amtl": AMTLEmbedding,
+}
 
 
 def takes_counts(cls: type) -> bool:

@@ -10,7 +10,9 @@ A layer turns the flat ids (:func:`flat_ids`) into one vector per id, then hands
 to :func:`pool_and_regularize`, which restores the input's shape or pools the ragged rows and
 adds the L2 penalty ``l2 * sum(square(components)) / n`` (``n`` = number of ids looked up, the
 batch size for dense ``[batch]`` ids; ``components`` = every table row read, e.g. both the
-quotient and the remainder rows of QR), exactly as ``FullEmbedding`` does.
+quotient and the remainder rows of QR), as ``FullEmbedding`` does for ``[batch]`` and ragged
+ids (for a dense ``[batch, k]`` input ``n`` counts all ``batch * k`` ids). The ragged mean is
+``sum / max(row_length, 1)``, so an empty row gives zeros without a NaN to mask.
 """
 
 from __future__ import annotations

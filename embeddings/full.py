@@ -18,7 +18,7 @@ from typing import Any
 
 import tensorflow as tf
 
-_COMBINERS = ("mean", "sum")
+from embeddings.common import check_common_args, flat_ids, pool_and_regularize
 
 
 def oov_safe(ids: tf.Tensor, num_rows: int) -> tf.Tensor:
@@ -50,14 +50,7 @@ class FullEmbedding(tf.keras.layers.Layer):
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
-        if not isinstance(num_rows, int) or num_rows < 1:
-            raise ValueError(f"num_rows must be an integer >= 1, got {num_rows!r}")
-        if not isinstance(dim, int) or dim < 1:
-            raise ValueError(f"dim must be an integer >= 1, got {dim!r}")
-        if combiner not in _COMBINERS:
-            raise ValueError(f"combiner must be one of {_COMBINERS}, got {combiner!r}")
-        if l2 < 0:
-            raise ValueError(f"l2 must be >= 0, got {l2!r}")
+        check_common_args(num_rows, dim, combiner, l2)
         self.num_rows = num_rows
         self.dim = dim
         self.combiner = combiner
@@ -74,27 +67,8 @@ class FullEmbedding(tf.keras.layers.Layer):
         super().build(input_shape)
 
     def call(self, ids: tf.Tensor | tf.RaggedTensor) -> tf.Tensor:
-        if isinstance(ids, tf.RaggedTensor):
-            flat = oov_safe(ids.flat_values, self.num_rows)
-            vectors = tf.gather(self.table, flat)
-            rows = ids.with_flat_values(vectors)
-            out = (
-                tf.reduce_mean(rows, axis=1)
-                if self.combiner == "mean"
-                else tf.reduce_sum(rows, axis=1)
-            )
-            out = tf.where(tf.math.is_finite(out), out, tf.zeros_like(out))
-            looked_up = vectors
-        else:
-            out = tf.gather(self.table, oov_safe(ids, self.num_rows))
-            looked_up = out
-        if self.l2 > 0:
-            self.add_loss(
-                self.l2
-                * tf.reduce_sum(tf.square(looked_up))
-                / tf.cast(tf.maximum(tf.shape(looked_up)[0], 1), tf.float32)
-            )
-        return out
+        vectors = tf.gather(self.table, oov_safe(flat_ids(ids), self.num_rows))
+        return pool_and_regularize(self, ids, vectors)
 
     def memory_bytes(self) -> dict[str, int]:
         """Bytes of parameters training holds and serving must hold (float32 table)."""

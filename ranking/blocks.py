@@ -21,8 +21,6 @@ from typing import Any
 import tensorflow as tf
 import tensorflow_recommenders as tfrs
 
-from embeddings.full import FullEmbedding
-
 
 @tf.keras.utils.register_keras_serializable(package="stitchrec")
 class MLP(tf.keras.layers.Layer):
@@ -154,25 +152,26 @@ class CrossInteraction(tf.keras.layers.Layer):
 
 @tf.keras.utils.register_keras_serializable(package="stitchrec")
 class LinearTerm(tf.keras.layers.Layer):
-    """The wide term ``sum_f w_f[id_f] + <w_dense, dense>``: ``[batch]``.
+    """The wide term ``sum_f w_f(id_f) + <w_dense, dense>``: ``[batch]``.
 
-    Logistic regression on one-hot ids and numeric features is this term plus a bias.
+    ``w_f`` is a one-dimensional embedding per field (any embeddings/ method: a full table is
+    logistic regression on one-hot ids; a hashed or binary-code table compresses it too).
+    Logistic regression on ids and numeric features is this term plus a bias.
 
     Args:
-      num_rows: ``{field: rows}`` of the embedded fields.
+      weights: an ``EmbeddingCollection`` of dimension-1 tables, one per embedded field (or
+        None when there are none).
       num_dense: numeric features.
-      l2: L2 penalty on the looked-up weights.
     """
 
-    def __init__(self, num_rows: dict[str, int], num_dense: int, l2: float = 0.0, **kwargs: Any):
+    def __init__(self, weights: tf.keras.layers.Layer | None, num_dense: int, **kwargs: Any):
         super().__init__(**kwargs)
-        self.num_rows = {str(k): int(v) for k, v in num_rows.items()}
+        if weights is not None and any(d != 1 for d in weights.dims):
+            raise ValueError(f"the wide term's tables must have dimension 1, got {weights.dims}")
+        if weights is None and num_dense < 1:
+            raise ValueError("a wide term needs embedded fields or numeric features")
+        self.field_weights = weights
         self.num_dense = int(num_dense)
-        self.l2 = float(l2)
-        self._weights = {
-            name: FullEmbedding(n, 1, combiner="sum", l2=l2, initializer="zeros", name=f"w_{i:03d}")
-            for i, (name, n) in enumerate(self.num_rows.items())
-        }
         self._dense = (
             tf.keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros", name="w_dense")
             if self.num_dense
@@ -180,15 +179,24 @@ class LinearTerm(tf.keras.layers.Layer):
         )
 
     def call(self, ids: dict[str, tf.Tensor], dense: tf.Tensor | None = None) -> tf.Tensor:
-        terms = [layer(ids[name])[:, 0] for name, layer in self._weights.items()]
+        terms = []
+        if self.field_weights is not None:
+            terms += [w[:, 0] for w in self.field_weights(ids).values()]
         if self._dense is not None and dense is not None:
             terms.append(self._dense(dense)[:, 0])
         return tf.add_n(terms)
 
     def get_config(self) -> dict[str, Any]:
+        ser = tf.keras.layers.serialize
         return {
             **super().get_config(),
-            "num_rows": self.num_rows,
+            "weights": ser(self.field_weights) if self.field_weights is not None else None,
             "num_dense": self.num_dense,
-            "l2": self.l2,
         }
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> LinearTerm:
+        config = dict(config)
+        if config.get("weights") is not None:
+            config["weights"] = tf.keras.layers.deserialize(config["weights"])
+        return cls(**config)

@@ -20,6 +20,7 @@ standard models from a ``ModelConfig``:
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import tensorflow as tf
@@ -148,9 +149,17 @@ def _sized_options(
     cls = EMBEDDING_METHODS[method]
     sizer = getattr(cls, "options_for_ratio", None)
     if config.embedding_compression > 1 and num_rows >= config.compress_min_rows and sizer:
-        return {**sizer(num_rows, dim, config.embedding_compression), **explicit}
-    if sizer is not None and not explicit:
-        return None  # a sized method with nothing to size it by: full table
+        # explicit options that change the size (split, fusion, operation, ...) size it too
+        accepted = inspect.signature(sizer).parameters
+        given = {k: v for k, v in explicit.items() if k in accepted}
+        return {**sizer(num_rows, dim, config.embedding_compression, **given), **explicit}
+    required = [
+        name
+        for name, p in inspect.signature(cls.__init__).parameters.items()
+        if p.kind == p.KEYWORD_ONLY and p.default is p.empty
+    ]
+    if any(name not in explicit for name in required):
+        return None  # nothing to size it by (a small field, or no compression): full table
     return explicit
 
 
@@ -159,12 +168,19 @@ def embedding_tables(
     preprocessor: tf.keras.layers.Layer,
     dim_of: Any,
     combiners: dict[str, str],
+    wide: bool = False,
 ) -> list[dict[str, Any]]:
-    """One table spec per embedded field: method, options and size (see ``ModelConfig``)."""
+    """One table spec per embedded field: method, options and size (see ``ModelConfig``).
+
+    ``wide``: the dimension-1 weights of the linear term, where a learned length is moot, so
+    ``amtl`` fields get full weight tables there.
+    """
     categorical = set(preprocessor.categorical_fields)
     tables = []
     for name, rows in preprocessor.embedded_fields.items():
         method = config.method_of(name) if name in categorical else "full"
+        if wide and method == "amtl":
+            method = "full"
         dim = dim_of(name)
         options = _sized_options(config, method, rows, dim)
         if options is None:
@@ -211,7 +227,13 @@ def build_model(
             f"embedding_methods names fields {unknown} that are not categorical embedded fields; "
             f"those are: {preprocessor.categorical_fields}"
         )
-    wide = LinearTerm(rows, num_dense, l2=config.l2, name="wide")
+    sum_all = {name: "sum" for name in rows}
+    wide_tables = embedding_tables(config, preprocessor, lambda _: 1, sum_all, wide=True)
+    wide = LinearTerm(
+        EmbeddingCollection(wide_tables, name="wide_weights") if wide_tables else None,
+        num_dense,
+        name="wide",
+    )
     common = {"preprocessor": preprocessor, "label": label, "initial_bias": initial_bias}
     if config.type == "lr":
         return RankingModel(**common, wide=wide, name="lr")

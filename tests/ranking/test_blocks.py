@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from embeddings.collection import EmbeddingCollection
 from ranking.blocks import MLP, ConcatInteraction, CrossInteraction, FMInteraction, LinearTerm
 
 
@@ -49,14 +50,19 @@ def test_concat_and_mlp_shapes_and_validation():
 
 
 def test_linear_term_is_sum_of_weights():
-    lin = LinearTerm({"a": 3, "b": 2}, num_dense=1)
+    weights = EmbeddingCollection(
+        [{"name": "a", "num_rows": 3, "dim": 1}, {"name": "b", "num_rows": 2, "dim": 1}]
+    )
+    lin = LinearTerm(weights, num_dense=1)
     ids = {"a": tf.constant([0, 2], tf.int64), "b": tf.constant([1, 1], tf.int64)}
     lin(ids, tf.zeros((2, 1)))
-    lin._weights["a"].table.assign([[1.0], [2.0], [3.0]])
-    lin._weights["b"].table.assign([[10.0], [20.0]])
+    weights.layers_by_field["a"].table.assign([[1.0], [2.0], [3.0]])
+    weights.layers_by_field["b"].table.assign([[10.0], [20.0]])
     lin._dense.kernel.assign([[0.5]])
     out = lin(ids, tf.constant([[2.0], [4.0]])).numpy()
     np.testing.assert_allclose(out, [1 + 20 + 1, 3 + 20 + 2])
+    with pytest.raises(ValueError, match="dimension 1"):
+        LinearTerm(EmbeddingCollection([{"name": "a", "num_rows": 3, "dim": 2}]), 0)
 
 
 @pytest.mark.parametrize(
@@ -65,7 +71,7 @@ def test_linear_term_is_sum_of_weights():
         MLP([4, 2], dropout=0.1),
         FMInteraction(2, 3),
         CrossInteraction(2, projection_dim=2),
-        LinearTerm({"a": 3}, 2, l2=0.1),
+        LinearTerm(EmbeddingCollection([{"name": "a", "num_rows": 3, "dim": 1}]), 2),
         ConcatInteraction(),
     ],
     ids=lambda layer: type(layer).__name__,
