@@ -168,16 +168,19 @@ class FeaturePreprocessor(tf.keras.layers.Layer):
             x = tf.strings.split(x, sep=plan["separator"])
         return tf.cast(self._lookups[plan["name"]](x), tf.int64)
 
-    def _codes(self, plan: dict[str, Any], x: tf.Tensor) -> tf.Tensor:
+    def _codes(self, plan: dict[str, Any], x: tf.Tensor) -> tf.Tensor | tf.RaggedTensor:
         """Unique non-negative int64 codes: 0 for a missing value; with ``vocabulary`` the
         vocabulary id (1..V) of a known value and ``2^62 | fingerprint`` of an unseen one; with
         ``fingerprint`` a 63-bit fingerprint of every value (no vocabulary held at all)."""
         if x.dtype != tf.string:
             x = tf.strings.as_string(x)
         if plan["multi"]:
-            x = tf.strings.split(x, sep=plan["separator"])
+            values = tf.strings.split(x, sep=plan["separator"])
+            return values.with_flat_values(self._value_codes(plan, values.flat_values))
+        return self._value_codes(plan, x)
+
+    def _value_codes(self, plan: dict[str, Any], x: tf.Tensor) -> tf.Tensor:
         fingerprint = tf.strings.to_hash_bucket_fast(x, 2**63 - 1)
-        missing = tf.equal(x, "")
         if plan["codes"] == "fingerprint":
             codes = fingerprint
         else:
@@ -187,7 +190,7 @@ class FeaturePreprocessor(tf.keras.layers.Layer):
                 tf.constant(1 << UNSEEN_BIT, tf.int64),
             )
             codes = tf.where(ids > 0, ids, unseen)
-        return tf.where(missing, tf.zeros_like(codes), codes)
+        return tf.where(tf.equal(x, ""), tf.zeros_like(codes), codes)
 
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "plans": self.plans}

@@ -90,6 +90,8 @@ class TrainConfig:
       max_steps: stop after this many steps in total (0: no limit).
       shuffle_buffer: rows shuffled together.
       deterministic: ``tf.config.experimental.enable_op_determinism`` (bitwise-repeatable runs).
+      warm_start: a finished training run whose weights start this one (same fields and
+        architecture; an embedding method may change, e.g. AMTL behind the trained full tables).
     """
 
     batch_size: int = 1024
@@ -102,6 +104,7 @@ class TrainConfig:
     max_steps: int = 0
     shuffle_buffer: int = 262_144
     deterministic: bool = False
+    warm_start: str = ""
 
     def __post_init__(self) -> None:
         for key in ("batch_size", "epochs", "checkpoint_every", "log_every", "shuffle_buffer"):
@@ -206,11 +209,14 @@ def config_from_dict(
     model = dict(data.get("model", {}))
     if "mlp" in model:
         model["mlp"] = tuple(model["mlp"])
+    train = dict(data.get("train", {}))
+    if train.get("warm_start"):
+        train["warm_start"] = resolve(str(train["warm_start"]))
     return PipelineConfig(
         output_dir=resolve(str(data["output_dir"])),
         data=_build(DataConfig, "data", d, where),
         model=_build(ModelConfig, "model", model, where),
-        train=_build(TrainConfig, "train", dict(data.get("train", {})), where),
+        train=_build(TrainConfig, "train", train, where),
     )
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import tensorflow as tf
+from tf_keras.src.saving.legacy.saved_model.utils import keras_option_scope
 
 from features.dataset import field_tf_dtype, input_signature
 from features.schema import FeatureSpec, Schema, load_schema
@@ -91,7 +92,10 @@ def export_saved_model(
         shutil.rmtree(out)
     fields = list(schema.model_inputs)
     module = ServingModule(model, fields)
-    tf.saved_model.save(module, str(out), signatures={"serving_default": module.serve})
+    # Only the serving signature is traced: Keras would also trace every layer's call for
+    # `load_model`, hundreds of functions that a serving process would load and never run.
+    with keras_option_scope(save_traces=False, in_tf_saved_model_scope=True):
+        tf.saved_model.save(module, str(out), signatures={"serving_default": module.serve})
     assets = out / ASSETS_EXTRA
     assets.mkdir(exist_ok=True)
     schema.select([f.name for f in fields]).save(assets / "schema.toml")

@@ -47,7 +47,7 @@ from features.schema import FeatureKind, Schema, load_schema
 from features.stats import DatasetStats, compute_stats
 from pipelines import metrics
 from pipelines.config import ConfigError, PipelineConfig, load_config
-from ranking.models import RankingModel, build_model
+from ranking.models import RankingModel, build_model, planned_method
 
 Log = Callable[[str], None]
 
@@ -173,7 +173,12 @@ def build_run_model(cfg: PipelineConfig, schema: Schema, stats: DatasetStats) ->
         for f in schema.model_inputs
         if f.kind in (FeatureKind.CATEGORICAL, FeatureKind.MULTI_CATEGORICAL)
     ]
-    codes = {n: cfg.model.bh_codes() for n in categorical if cfg.model.method_of(n) == "bh"}
+    dims = {f.name: f.embedding_dim or cfg.model.embedding_dim for f in schema.model_inputs}
+    codes = {
+        n: cfg.model.bh_codes()
+        for n in categorical
+        if planned_method(cfg.model, n, stats[n].vocab_size + 1, dims[n], True) == "bh"
+    }
     # count per id: row 0 gathers the OOV and missing cells, rows 1.. the vocabulary
     counts = {
         n: [stats[n].oov_count + stats[n].missing, *stats[n].vocab_counts] for n in categorical
@@ -191,6 +196,56 @@ def build_run_model(cfg: PipelineConfig, schema: Schema, stats: DatasetStats) ->
         counts=counts,
         initial_bias=math.log(p / (1 - p)),
     )
+
+
+def warm_start(model: RankingModel, run_dir: str, log: Log) -> None:
+    """Copies a trained run's weights into ``model`` (built, same fields and architecture).
+
+    Embedding layers of the same class copy all their weights; an AMTL layer replacing a full
+    table takes the trained table (``warm_start_from``) and starts at full length, so training
+    continues from the trained model's behaviour (AMTL's warm start).
+    """
+    from pipelines.export import load_trained_model
+
+    source, _, ckpt = load_trained_model(run_dir)
+    for part in ("interaction", "tower", "head", "wide"):
+        dst, src = getattr(model, part), getattr(source, part)
+        if (dst is None) != (src is None):
+            raise ValueError(f"warm_start {run_dir}: the models differ in their {part!r} block")
+        if dst is not None and part != "wide":
+            if type(dst) is not type(src):
+                raise ValueError(
+                    f"warm_start {run_dir}: {part!r} is a {type(src).__name__} there, a "
+                    f"{type(dst).__name__} here"
+                )
+            try:
+                dst.set_weights(src.get_weights())
+            except ValueError as e:
+                raise ValueError(f"warm_start {run_dir}: {part!r} differs: {e}") from None
+    if model.wide is not None:
+        _copy_embeddings(model.wide.field_weights, source.wide.field_weights, run_dir)
+    if model.embedding is not None:
+        _copy_embeddings(model.embedding, source.embedding, run_dir)
+    model.bias.assign(source.bias)
+    log(f"warm start from {ckpt}")
+
+
+def _copy_embeddings(dst: Any, src: Any, run_dir: str) -> None:
+    if dst is None or src is None:
+        return
+    for name, layer in dst.layers_by_field.items():
+        if name not in src.layers_by_field:
+            raise ValueError(f"warm_start {run_dir}: the trained model has no field {name!r}")
+        other = src.layers_by_field[name]
+        if type(layer) is type(other):
+            layer.set_weights(other.get_weights())
+        elif hasattr(layer, "warm_start_from") and hasattr(other, "table"):
+            layer.warm_start_from(other.table.numpy())
+        else:
+            raise ValueError(
+                f"warm_start {run_dir}: field {name!r} cannot go from {type(other).__name__} "
+                f"to {type(layer).__name__}"
+            )
 
 
 def make_optimizer(name: str, lr: float) -> tf.keras.optimizers.Optimizer:
@@ -287,6 +342,8 @@ def train(cfg: PipelineConfig, log: Log = print) -> dict[str, Any]:
 
     sample = next(iter(make_dataset(schema, train_files, batch_size=2)))
     model(sample)
+    if tc.warm_start:
+        warm_start(model, tc.warm_start, log)
     optimizer.build(model.trainable_variables)
     paths.model_json.write_text(json.dumps(tf.keras.layers.serialize(model)))
 

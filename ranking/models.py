@@ -163,6 +163,15 @@ def _sized_options(
     return explicit
 
 
+def planned_method(
+    config: ModelConfig, name: str, num_rows: int, dim: int, categorical: bool
+) -> str:
+    """The method a field's table ends up with: numeric buckets and fields a sized method
+    cannot size (too small, no compression, no explicit size) use ``full``."""
+    method = config.method_of(name) if categorical else "full"
+    return method if _sized_options(config, method, num_rows, dim) is not None else "full"
+
+
 def embedding_tables(
     config: ModelConfig,
     preprocessor: tf.keras.layers.Layer,
@@ -178,13 +187,11 @@ def embedding_tables(
     categorical = set(preprocessor.categorical_fields)
     tables = []
     for name, rows in preprocessor.embedded_fields.items():
-        method = config.method_of(name) if name in categorical else "full"
+        dim = dim_of(name)
+        method = planned_method(config, name, rows, dim, name in categorical)
         if wide and method == "amtl":
             method = "full"
-        dim = dim_of(name)
         options = _sized_options(config, method, rows, dim)
-        if options is None:
-            method, options = "full", {}
         tables.append(
             {
                 "name": name,

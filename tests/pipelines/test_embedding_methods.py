@@ -128,3 +128,30 @@ def test_config_names_every_registered_method_and_sizes_with_explicit_options(ti
     assert tables["user"]["options"]["fusion"] == "concat"
     assert tables["tags"]["method"] == "full"  # 5 rows < compress_min_rows
     del cfg
+
+
+def test_warm_start_puts_amtl_behind_the_trained_full_tables(tiny_data):
+    full = _cfg(tiny_data, "full", name="warm-source")
+    train(full, log=lambda _: None)
+    cfg = _cfg(tiny_data, "amtl", name="warm-amtl")
+    cfg = dataclasses.replace(
+        cfg,
+        train=dataclasses.replace(
+            cfg.train, warm_start=full.output_dir, learning_rate=1e-12, max_steps=1
+        ),
+    )
+    lines: list[str] = []
+    train(cfg, log=lines.append)
+    assert any(line.startswith("warm start from") for line in lines)
+    source, schema, _ = load_trained_model(full.output_dir)
+    amtl, _, _ = load_trained_model(cfg.output_dir)
+    assert {t["method"] for t in amtl.embedding.tables} == {"amtl", "full"}
+    files = list_parquet(tiny_data["test"])
+    _, a = predict(make_scorer(source, schema), schema, files)
+    _, b = predict(make_scorer(amtl, schema), schema, files)
+    # AMTL starts at full length on the trained tables: the same model, before it learns
+    np.testing.assert_allclose(a, b, atol=1e-4)
+    bad = dataclasses.replace(cfg, output_dir=str(tiny_data["root"] / "warm-bad"))
+    bad = dataclasses.replace(bad, model=dataclasses.replace(bad.model, type="dnn"))
+    with pytest.raises(ValueError, match="warm_start"):
+        train(bad, log=lambda _: None)
