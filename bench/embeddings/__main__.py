@@ -85,13 +85,14 @@ def movielens(work: Path, shared: Path) -> tuple[DataConfig, ModelConfig, TrainC
         test_fraction=0.2,
         split_seed=0,
     )
+    # only movieId (8,959 rows) is compressed; userId (611), genres and time buckets stay full
     model = ModelConfig(
         type="dcn_v2",
         embedding_dim=24,
         mlp=(128, 64),
         cross_layers=3,
         l2=1e-4,
-        compress_min_rows=100,
+        compress_min_rows=1000,
     )
     return data, model, TrainConfig(batch_size=256, epochs=3, learning_rate=1e-3, log_every=10**6)
 
@@ -144,6 +145,15 @@ def run_one(
     }
     (out / "bench.json").write_text(json.dumps(result, indent=1))
     return result
+
+
+def field_serve_bytes(run: Path) -> dict[str, int]:
+    """Serving bytes of each field's embedding in a finished run (its serving form)."""
+    model, _, _ = load_trained_model(run)
+    return {
+        name: b["serve"]
+        for name, b in model.embedding.serving_form().memory_bytes_by_field().items()
+    }
 
 
 def plan(
@@ -234,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
             )
 
     full_serve = statistics.mean(r["embedding_serve_bytes"] for r in results[("full", "1")])
+    full_fields = field_serve_bytes(work / "runs" / results[("full", "1")][0]["tag"])
+    largest = max(full_fields, key=full_fields.get)
     full_auc = statistics.mean(r["auc"] for r in results[("full", "1")])
     test_dir = (
         Path(data.test[0])
@@ -256,20 +268,28 @@ def main(argv: list[str] | None = None) -> int:
                 "auc_vs_full": statistics.mean(aucs) / full_auc,
                 "serve_bytes": serve,
                 "ratio": full_serve / serve,
+                "largest_field": largest,
+                "largest_field_ratio": full_fields[largest]
+                / field_serve_bytes(work / "runs" / rs[0]["tag"])[largest],
                 "train_bytes": statistics.mean(r["embedding_train_bytes"] for r in rs),
                 "saved_model_variable_bytes": rs[0]["saved_model_variable_bytes"],
                 "serving_rss_mb": serving_rss_mb(export, test_dir) - rss_base,
             }
         )
     header = (
-        f"{'method':8s} {'target':>7s} {'ratio':>8s} {'AUC mean':>9s} {'± std':>7s} "
+        f"{'method':8s} {'target':>7s} {'ratio':>8s} {largest + ' ratio':>14s} "
+        f"{'AUC mean':>9s} {'± std':>7s} "
         f"{'vs full':>8s} {'serve B':>13s} {'SavedModel var B':>17s} {'RSS MB':>8s}"
     )
-    print(f"\n{args.dataset}: seeds {args.seeds}; ratios against the full table of the same run")
+    print(
+        f"\n{args.dataset}: seeds {args.seeds}; ratio: all embedding bytes serving holds, "
+        f"against full; {largest} ratio: that field's table alone"
+    )
     print(header)
     for r in rows:
         print(
-            f"{r['method']:8s} {r['target_ratio']:>7s} {r['ratio']:8.1f} {r['auc_mean']:9.4f} "
+            f"{r['method']:8s} {r['target_ratio']:>7s} {r['ratio']:8.1f} "
+            f"{r['largest_field_ratio']:14.1f} {r['auc_mean']:9.4f} "
             f"{r['auc_std']:7.4f} {r['auc_vs_full']:8.4f} {r['serve_bytes']:13,.0f} "
             f"{r['saved_model_variable_bytes']:17,d} {r['serving_rss_mb']:8.1f}"
         )
