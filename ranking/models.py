@@ -145,10 +145,12 @@ def _sized_options(
     """The layer options of ``method`` for one field, or None to keep the field full."""
     if method == "full":
         return {}
+    if num_rows < config.compress_min_rows:
+        return None  # a small field: a full table costs little and loses nothing
     explicit = {k: v for k, v in config.embedding_options.get(method, {}).items() if k != "codes"}
     cls = EMBEDDING_METHODS[method]
     sizer = getattr(cls, "options_for_ratio", None)
-    if config.embedding_compression > 1 and num_rows >= config.compress_min_rows and sizer:
+    if config.embedding_compression > 1 and sizer:
         # explicit options that change the size (split, fusion, operation, ...) size it too
         accepted = inspect.signature(sizer).parameters
         given = {k: v for k, v in explicit.items() if k in accepted}
@@ -159,7 +161,7 @@ def _sized_options(
         if p.kind == p.KEYWORD_ONLY and p.default is p.empty
     ]
     if any(name not in explicit for name in required):
-        return None  # nothing to size it by (a small field, or no compression): full table
+        return None  # nothing to size it by (no compression, no explicit size): full table
     return explicit
 
 
