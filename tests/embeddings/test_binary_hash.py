@@ -6,6 +6,7 @@ import tensorflow as tf
 
 from embeddings.binary_hash import BinaryHashEmbedding
 from embeddings.common import bits_for
+from tests.embeddings.roundtrip import assert_saved_model_round_trip
 
 
 def bh(num_rows: int, dim: int, **kwargs):
@@ -261,24 +262,4 @@ def test_saved_model_round_trip(tmp_path):
     layer = bh(100, 4, block_bits=2, split="skip", code_bits=10)
     dense = tf.constant([0, 3, 99, 100, -2, 2**62 + 9], tf.int64)
     ragged = tf.ragged.constant([[1, 2], [], [5, 500, 7]], dtype=tf.int64)
-    before = (layer(dense).numpy(), layer(ragged).numpy())
-
-    class M(tf.Module):
-        def __init__(self, layer):
-            self.layer = layer
-
-        @tf.function(
-            input_signature=[
-                tf.TensorSpec([None], tf.int64),
-                tf.TensorSpec([None], tf.int64),
-                tf.TensorSpec([None], tf.int64),
-            ]
-        )
-        def f(self, ids, values, lengths):
-            return self.layer(ids), self.layer(tf.RaggedTensor.from_row_lengths(values, lengths))
-
-    tf.saved_model.save(M(layer), str(tmp_path / "sm"))
-    loaded = tf.saved_model.load(str(tmp_path / "sm"))
-    after = loaded.f(dense, ragged.flat_values, ragged.row_lengths())
-    for b, a in zip(before, after, strict=True):
-        np.testing.assert_allclose(b, a.numpy())
+    assert_saved_model_round_trip(layer, dense, ragged, tmp_path)
