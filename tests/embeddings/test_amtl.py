@@ -6,6 +6,7 @@ import tensorflow as tf
 
 from embeddings.amtl import AMTLEmbedding, AMTLServingEmbedding
 from embeddings.full import FullEmbedding
+from tests.embeddings.roundtrip import layer_module
 
 ROWS, DIM = 50, 8
 
@@ -299,26 +300,6 @@ def test_from_full_warm_start_equals_full_layer_before_training():
 # ------------------------------------------------------------------ serving form, memory
 
 
-def _serving_module(layer: tf.keras.layers.Layer) -> tf.Module:
-    class M(tf.Module):
-        def __init__(self, layer):
-            super().__init__()
-            self.layer = layer
-
-        @tf.function(
-            input_signature=[
-                tf.TensorSpec([None], tf.int64),
-                tf.TensorSpec([None], tf.int64),
-                tf.TensorSpec([None], tf.int64),
-            ]
-        )
-        def f(self, ids, values, lengths):
-            ragged = tf.RaggedTensor.from_row_lengths(values, lengths)
-            return {"dense": self.layer(ids), "ragged": self.layer(ragged)}
-
-    return M(layer)
-
-
 _IDS = tf.constant([0, 1, 2, 17, 49, -1, 50, 10**6, 1], tf.int64)
 _RAGGED = tf.ragged.constant([[1, 30], [], [-2, 49, 5, 5], [7]], dtype=tf.int64)
 
@@ -386,7 +367,7 @@ def test_saved_model_round_trip_of_both_layers(tmp_path):
     _mixed_lengths(layer)
     lengths = _RAGGED.row_lengths()
     for name, lyr in (("train", layer), ("serve", layer.serving_form())):
-        module = _serving_module(lyr)
+        module = layer_module(lyr)
         before = module.f(_IDS, _RAGGED.flat_values, lengths)
         tf.saved_model.save(module, str(tmp_path / name))
         loaded = tf.saved_model.load(str(tmp_path / name))
@@ -414,8 +395,8 @@ def test_saved_model_of_serving_form_is_small_on_disk(tmp_path):
     total = int(k.sum())
     assert set(np.unique(k).tolist()) == {1, dim} and total < 0.1 * rows * dim
     serving = amtl.serving_form()
-    tf.saved_model.save(_serving_module(full), str(tmp_path / "full"))
-    tf.saved_model.save(_serving_module(serving), str(tmp_path / "amtl"))
+    tf.saved_model.save(layer_module(full), str(tmp_path / "full"))
+    tf.saved_model.save(layer_module(serving), str(tmp_path / "amtl"))
     full_bytes = _dir_bytes(tmp_path / "full" / "variables")
     amtl_bytes = _dir_bytes(tmp_path / "amtl" / "variables")
     compact = total * 4 + (rows + 1) * 4
