@@ -15,10 +15,14 @@ was expected, and exit with status 2.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 import time
 from pathlib import Path
+
+# Commands whose flags live in their own module: each exposes ``register(subparsers)``.
+_COMMAND_MODULES = ("pipelines.crosses", "pipelines.ab", "pipelines.serve")
 
 
 def _print(msg: str) -> None:
@@ -200,6 +204,9 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--schema", help="schema of raw --data files (default: Parquet shards)")
     v.add_argument("--max-bad-rows", type=int, default=0)
     v.set_defaults(func=cmd_evaluate)
+
+    for module in _COMMAND_MODULES:
+        importlib.import_module(module).register(sub)
     return p
 
 
