@@ -1,0 +1,504 @@
+"""Orchestration of an offline A/B comparison.
+
+``compare_scores`` compares two score vectors on the same labelled rows (point metrics, per-slice
+metrics, one paired bootstrap pass for every metric of every scope); ``run_ab`` reads the logs
+and both score sources, adds off-policy estimates when the logs carry propensities, and writes
+``ab.json`` and ``ab.html``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipelines.abtest import bootstrap, metrics, offpolicy, sources
+
+MODELS = ("control", "treatment")
+
+
+def _slice_codes(
+    values: np.ndarray, max_values: int, numeric_bins: int
+) -> tuple[np.ndarray, list[str], str]:
+    """(``[n]`` slice code, slice labels, how the slices were formed) of one field's values."""
+    v = np.asarray(values)
+    if v.dtype.kind == "f":
+        uniq = np.unique(v)
+        if uniq.size > max_values:
+            edges = np.unique(np.quantile(v, np.linspace(0, 1, numeric_bins + 1)))
+            codes = np.clip(np.searchsorted(edges, v, side="right") - 1, 0, edges.size - 2)
+            labels = [
+                f"[{edges[i]:.4g}, {edges[i + 1]:.4g}{']' if i == edges.size - 2 else ')'}"
+                for i in range(edges.size - 1)
+            ]
+            return codes, labels, f"{edges.size - 1} quantile bins"
+    codes, uniq = metrics.factorize(v)
+    counts = np.bincount(codes, minlength=uniq.size)
+    labels = [str(u) for u in uniq]
+    if uniq.size <= max_values:
+        return codes, labels, "one slice per value"
+    keep = np.argsort(-counts, kind="stable")[: max_values - 1]
+    remap = np.full(uniq.size, max_values - 1)
+    remap[keep] = np.arange(keep.size)
+    labels = [labels[k] for k in keep] + [f"(other: {uniq.size - keep.size} values)"]
+    return (
+        remap[codes],
+        labels,
+        f"the {keep.size} most frequent of {uniq.size} values, the rest pooled in '(other)'",
+    )
+
+
+def _finite(x: float) -> float | None:
+    return float(x) if x is not None and math.isfinite(x) else None
+
+
+def clean_json(obj: Any) -> Any:
+    """NaN / inf -> None, numpy scalars -> Python, recursively (strict JSON)."""
+    if isinstance(obj, dict):
+        return {str(k): clean_json(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [clean_json(v) for v in obj]
+    if isinstance(obj, np.generic):
+        obj = obj.item()
+    if isinstance(obj, float):
+        return _finite(obj)
+    return obj
+
+
+@dataclass
+class _Scope:
+    """One set of rows (all, or one slice) and its metrics' kernels and point values."""
+
+    name: str
+    points: dict[str, dict[str, float]] = field(default_factory=lambda: {m: {} for m in MODELS})
+    metrics: list[str] = field(default_factory=list)
+
+
+def _grouped(
+    cell: np.ndarray, n_cells: int, y: np.ndarray, s: np.ndarray, ks: Sequence[int]
+) -> dict[str, metrics.GroupValues]:
+    out = {"gauc": metrics.per_group_auc(cell, n_cells, y, s)}
+    out.update(metrics.per_group_topk(cell, n_cells, y, s, ks))
+    return out
+
+
+def compare_scores(
+    labels: np.ndarray,
+    control: np.ndarray,
+    treatment: np.ndarray,
+    *,
+    groups: np.ndarray | None = None,
+    slices: Mapping[str, np.ndarray] | None = None,
+    ks: Sequence[int] = (5, 10),
+    resamples: int = 1000,
+    seed: int = 0,
+    unit: str = "rows",
+    bins: int = 10,
+    min_slice_rows: int = 100,
+    max_slice_values: int = 20,
+    numeric_slice_bins: int = 4,
+    level: float = 0.95,
+    workers: int | None = 1,
+) -> dict[str, Any]:
+    """Paired comparison of two models' scores on the same rows (every number of the report).
+
+    Args:
+      labels: ``[n]`` 0/1 clicks. control, treatment: ``[n]`` click probabilities.
+      groups: ``[n]`` user or request ids (enables GAUC, NDCG@k, recall@k).
+      slices: ``{field: [n] values}``; every value (or quantile bin of a numeric field) is a
+        slice. Slices with fewer than ``min_slice_rows`` rows or a single class are flagged.
+      resamples: bootstrap resamples B (0: point estimates only).
+      workers: threads for the bootstrap kernels (None: one per CPU, at most 8).
+    """
+    t0 = time.perf_counter()
+    y, sc = metrics.check_labels_scores(labels, control, "control scores")
+    _, st = metrics.check_labels_scores(labels, treatment, "treatment scores")
+    n = y.size
+    if any(k < 1 for k in ks):
+        raise ValueError(f"k for NDCG@k / recall@k must be >= 1, got {list(ks)}")
+    scores = {"control": sc, "treatment": st}
+    gidx, n_groups = (None, 0)
+    if groups is not None:
+        if len(groups) != n:
+            raise ValueError(f"group field has {len(groups)} values for {n} rows")
+        gidx, n_groups = metrics.group_index(groups)
+
+    kernels: dict[tuple[str, str, str], bootstrap.Kernel] = {}
+    scopes: list[_Scope] = []
+
+    def add_row_scope(scope: _Scope, rows: np.ndarray | None, both_classes: bool) -> None:
+        yy = y if rows is None else y[rows]
+        for m in MODELS:
+            s = scores[m] if rows is None else scores[m][rows]
+            cal = metrics.calibration(yy, s, bins)
+            scope.points[m].update(
+                {
+                    "auc": metrics.auc(yy, s) if both_classes else float("nan"),
+                    "logloss": metrics.logloss(yy, s),
+                    "ece": cal.ece,
+                    "calibration_ratio": cal.ratio,
+                    "mean_score": float(s.mean()),
+                }
+            )
+            scope.points[m]["_calibration"] = cal.to_dict()  # type: ignore[assignment]
+            if resamples:
+                kernels[(scope.name, "*rows", m)] = bootstrap.RowKernel(
+                    y, scores[m], bins, rows, auc=both_classes
+                )
+        scope.metrics += ["auc", "logloss", "ece", "calibration_ratio", "mean_score"]
+
+    def add_group_scope(
+        scope: _Scope,
+        per_model: dict[str, dict[str, metrics.GroupValues]],
+        sel: np.ndarray | None,
+        cell_group: np.ndarray | None,
+    ) -> dict[str, int]:
+        counts = {}
+        for m in MODELS:
+            for name, gv in per_model[m].items():
+                if sel is not None:
+                    gv = metrics.GroupValues(gv.values[sel], gv.weights[sel], gv.valid[sel])
+                scope.points[m][name] = gv.mean()
+                counts[name] = int(gv.valid.sum())
+                if resamples:
+                    cg = None if cell_group is None else cell_group[sel]
+                    kernels[(scope.name, name, m)] = bootstrap.GroupKernel(gv, cg)
+        scope.metrics += list(per_model["control"])
+        return counts
+
+    overall = _Scope("overall")
+    add_row_scope(overall, None, bool(0 < y.sum() < n))
+    group_info: dict[str, Any] = {}
+    if gidx is not None:
+        per_model = {m: _grouped(gidx, n_groups, y, scores[m], ks) for m in MODELS}
+        counts = add_group_scope(overall, per_model, None, None)
+        group_info = {"groups": n_groups, "scored_groups": counts}
+    scopes.append(overall)
+
+    slice_out: dict[str, Any] = {}
+    slice_scopes: dict[str, list[tuple[_Scope, dict[str, Any]]]] = {}
+    for fname, values in (slices or {}).items():
+        if len(values) != n:
+            raise ValueError(f"slice field {fname!r} has {len(values)} values for {n} rows")
+        codes, labels_, how = _slice_codes(values, max_slice_values, numeric_slice_bins)
+        cells = cell_group = None
+        per_model_cells = None
+        if gidx is not None:
+            pair = gidx * len(labels_) + codes
+            uniq_pairs, cells = np.unique(pair, return_inverse=True)
+            cells = cells.ravel()
+            cell_group = uniq_pairs // len(labels_)
+            cell_code = uniq_pairs % len(labels_)
+            per_model_cells = {
+                m: _grouped(cells, uniq_pairs.size, y, scores[m], ks) for m in MODELS
+            }
+        slice_scopes[fname] = []
+        slice_out[fname] = {"how": how, "slices": []}
+        for code, lab in enumerate(labels_):
+            rows = np.flatnonzero(codes == code)
+            pos = int(y[rows].sum())
+            flags = []
+            if rows.size < min_slice_rows:
+                flags.append(f"too few rows ({rows.size} < {min_slice_rows})")
+            if pos == 0 or pos == rows.size:
+                flags.append(
+                    f"single class ({'all clicks' if pos else 'no clicks'}): AUC undefined"
+                )
+            scope = _Scope(f"slice:{fname}={lab}")
+            if rows.size:
+                add_row_scope(scope, rows, 0 < pos < rows.size)
+                if per_model_cells is not None:
+                    add_group_scope(scope, per_model_cells, cell_code == code, cell_group)
+            info = {"value": lab, "rows": int(rows.size), "positives": pos, "flags": flags}
+            slice_scopes[fname].append((scope, info))
+            scopes.append(scope)
+    t_points = time.perf_counter() - t0
+
+    boot: dict[tuple[str, str, str], np.ndarray] = {}
+    if resamples:
+        res = bootstrap.Resampler(n, resamples, seed, gidx, n_groups, unit)
+        for key, val in bootstrap.run(kernels, res, workers).items():
+            if isinstance(val, dict):
+                for sub, v in val.items():
+                    boot[(key[0], sub, key[2])] = v
+            else:
+                boot[key] = val
+    t_boot = time.perf_counter() - t0 - t_points
+
+    def diffs(scope: _Scope) -> dict[str, Any]:
+        out = {}
+        for name in scope.metrics:
+            c, t = scope.points["control"][name], scope.points["treatment"][name]
+            bc = boot.get((scope.name, name, "control"))
+            bt = boot.get((scope.name, name, "treatment"))
+            if bc is None or bt is None:
+                out[name] = {
+                    "control": c,
+                    "treatment": t,
+                    "delta": t - c,
+                    "ci_low": None,
+                    "ci_high": None,
+                    "p_value": None,
+                    "verdict": "undefined" if not math.isfinite(t - c) else "not bootstrapped",
+                    "resamples": 0,
+                }
+            else:
+                out[name] = bootstrap.difference(name, c, t, bc, bt, level).to_dict()
+        return out
+
+    result: dict[str, Any] = {
+        "rows": n,
+        "positives": int(y.sum()),
+        "settings": {
+            "resamples": resamples,
+            "seed": seed,
+            "unit": unit,
+            "level": level,
+            "calibration_bins": bins,
+            "k": list(ks),
+            "min_slice_rows": min_slice_rows,
+        },
+        "overall": {
+            "metrics": diffs(overall),
+            "calibration": {m: overall.points[m]["_calibration"] for m in MODELS},
+            "reliability": {m: metrics.reliability(y, scores[m], bins) for m in MODELS},
+        },
+        "groups": group_info or None,
+        "slices": {},
+    }
+    for fname, items in slice_scopes.items():
+        entries = []
+        for scope, info in items:
+            info = dict(info)
+            info["metrics"] = diffs(scope) if info["rows"] else {}
+            entries.append(info)
+        result["slices"][fname] = {
+            "how": slice_out[fname]["how"],
+            "flagged": sum(1 for e in entries if e["flags"]),
+            "slices": entries,
+        }
+    result["timing_s"] = {"points": t_points, "bootstrap": t_boot}
+    return result
+
+
+def verdict(result: Mapping[str, Any], primary: str) -> dict[str, Any]:
+    m = result["overall"]["metrics"]
+    if primary not in m:
+        raise ValueError(f"primary metric {primary!r} was not computed; computed: {sorted(m)}")
+    d = m[primary]
+    return {"primary_metric": primary, "verdict": d["verdict"], **{k: d[k] for k in d}}
+
+
+# --------------------------------------------------------------------------------------------
+# off-policy
+
+
+def off_policy(
+    logs: sources.Logs,
+    policies: Mapping[str, sources.ScoreSource],
+    *,
+    action: str,
+    propensity: str,
+    temperature: float = 1.0,
+    reward_folds: int = 2,
+    resamples: int = 1000,
+    seed: int = 0,
+    level: float = 0.95,
+    log: Callable[[str], None] = lambda _m: None,
+) -> dict[str, Any]:
+    """IPS / SNIPS / DM / DR estimates (with CIs) of each policy, and treatment - control."""
+    bl = offpolicy.bandit_logs(logs, action, propensity)
+    build = offpolicy.candidate_builder(logs, bl)
+    rm = None
+    if reward_folds:
+        log(f"off-policy: {bl.actions.size} candidate actions; fitting the reward model")
+        rm = offpolicy.fit_reward_model(logs, bl, build, reward_folds, seed)
+    rows: dict[str, offpolicy.PolicyRows] = {}
+    skipped: dict[str, str] = {}
+    for name, src in policies.items():
+        try:
+            cand = src.candidate_scores(logs, action, bl.actions, build)
+        except sources.SourceError as e:
+            skipped[name] = str(e)
+            continue
+        metrics.check_labels_scores(np.zeros(cand.size), cand.ravel(), f"{name} candidate scores")
+        pi = offpolicy.policy(cand, temperature)
+        rows[name] = offpolicy.policy_rows(pi, bl, None if rm is None else rm.q)
+        log(f"off-policy: scored {cand.size:,} (row, candidate) pairs for {name}")
+    kernels: dict[tuple[str, str], bootstrap.Kernel] = {
+        ("logged", "observed"): bootstrap.RatioKernel(bl.reward)
+    }
+    for name, pr in rows.items():
+        for est, k in pr.kernels().items():
+            kernels[(name, est)] = k
+    boot = bootstrap.run(kernels, bootstrap.Resampler(logs.n, resamples, seed + 1))
+    out: dict[str, Any] = {
+        "action": action,
+        "propensity": propensity,
+        "candidates": int(bl.actions.size),
+        "policy": f"softmax over candidates of logit(score) / {temperature}"
+        if temperature
+        else "greedy (argmax score)",
+        "reward_model": rm.description if rm else "none (--reward-folds 0): no DM / DR",
+        "logged": {
+            "observed_ctr": float(bl.reward.mean()),
+            "ci": bootstrap.interval(boot[("logged", "observed")], level),
+        },
+        "policies": {},
+        "skipped": skipped,
+    }
+    for name, pr in rows.items():
+        point = pr.point()
+        out["policies"][name] = {
+            "estimates": {
+                est: {"value": point[est], "ci": bootstrap.interval(boot[(name, est)], level)}
+                for est in offpolicy.ESTIMATORS
+            },
+            "diagnostics": pr.diagnostics(),
+        }
+    if "control" in rows and "treatment" in rows:
+        out["difference"] = {
+            est: bootstrap.difference(
+                est,
+                rows["control"].point()[est],
+                rows["treatment"].point()[est],
+                boot[("control", est)],
+                boot[("treatment", est)],
+                level,
+            ).to_dict()
+            for est in offpolicy.ESTIMATORS
+        }
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# the command
+
+
+@dataclass
+class ABOptions:
+    control: str
+    treatment: str
+    data: list[str]
+    schema: str | None = None
+    output: str | None = None
+    row_id: str | None = None
+    id_column: str = "row_id"
+    score_column: str = "score"
+    group: str | None = None
+    k: list[int] = field(default_factory=lambda: [5, 10])
+    slices: list[str] = field(default_factory=list)
+    resamples: int = 1000
+    seed: int = 0
+    unit: str = "rows"
+    bins: int = 10
+    min_slice_rows: int = 100
+    max_slice_values: int = 20
+    primary: str = "auc"
+    action: str | None = None
+    propensity: str | None = None
+    temperature: float = 1.0
+    reward_folds: int = 2
+    policies: list[str] = field(default_factory=lambda: ["uniform"])
+    max_bad_rows: int = 0
+    grpc_timeout_s: float = 60.0
+    html: bool = True
+    workers: int = 1
+
+
+def run_ab(opts: ABOptions, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Reads the logs and both sources, compares, writes ab.json / ab.html under ``output``."""
+    from pipelines.abtest import report
+
+    t0 = time.perf_counter()
+    logs = sources.load_logs(
+        opts.data,
+        opts.schema,
+        row_id=opts.row_id,
+        sources=[opts.control, opts.treatment],
+        max_bad_rows=opts.max_bad_rows,
+    )
+    log(f"logs: {logs.n:,} rows, {int(logs.labels.sum()):,} clicks from {logs.description}")
+    srcs = {
+        m: sources.open_source(
+            spec,
+            id_column=opts.id_column,
+            score_column=opts.score_column,
+            action=opts.action,
+            grpc_timeout_s=opts.grpc_timeout_s,
+        )
+        for m, spec in (("control", opts.control), ("treatment", opts.treatment))
+    }
+    scores = {}
+    for m, src in srcs.items():
+        s = src.scores(logs)
+        if s.shape != (logs.n,):
+            raise sources.SourceError(
+                f"{m} source {src.name} returned {s.size} scores for {logs.n} logged rows"
+            )
+        scores[m] = s
+    t_scores = time.perf_counter() - t0
+    for name in [opts.group, *opts.slices]:
+        if name is not None and name not in logs.table.column_names:
+            raise KeyError(
+                f"field {name!r} is not in the logs; fields: {logs.table.column_names[:40]}"
+            )
+    result = compare_scores(
+        logs.labels,
+        scores["control"],
+        scores["treatment"],
+        groups=logs.column(opts.group) if opts.group else None,
+        slices={f: logs.column(f) for f in opts.slices},
+        ks=opts.k,
+        resamples=opts.resamples,
+        seed=opts.seed,
+        unit=opts.unit,
+        bins=opts.bins,
+        min_slice_rows=opts.min_slice_rows,
+        max_slice_values=opts.max_slice_values,
+        workers=opts.workers,
+    )
+    result["control"] = {"source": srcs["control"].name}
+    result["treatment"] = {"source": srcs["treatment"].name}
+    result["data"] = {
+        "files": opts.data,
+        "schema": logs.schema.name,
+        "bad_rows_skipped": logs.bad_rows,
+    }
+    result["group_field"] = opts.group
+    result["verdict"] = verdict(result, opts.primary)
+    result["timing_s"]["scoring"] = t_scores
+    if opts.propensity:
+        if not opts.action:
+            raise ValueError("off-policy estimates need --action (the logged action field)")
+        policies = dict(srcs)
+        for p in opts.policies:
+            policies[p] = sources.open_source(p, action=opts.action)
+        t1 = time.perf_counter()
+        result["off_policy"] = off_policy(
+            logs,
+            policies,
+            action=opts.action,
+            propensity=opts.propensity,
+            temperature=opts.temperature,
+            reward_folds=opts.reward_folds,
+            resamples=max(opts.resamples, 200),
+            seed=opts.seed,
+            log=log,
+        )
+        result["timing_s"]["off_policy"] = time.perf_counter() - t1
+    result["timing_s"]["total"] = time.perf_counter() - t0
+    result = clean_json(result)
+    if opts.output:
+        out = Path(opts.output)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "ab.json").write_text(json.dumps(result, indent=1))
+        if opts.html:
+            (out / "ab.html").write_text(report.html(result))
+    return result
