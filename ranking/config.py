@@ -94,3 +94,85 @@ class ModelConfig:
 
     def bh_codes(self) -> str:
         return self.embedding_options.get("bh", {}).get("codes", "vocabulary")
+
+
+PRERANK_METHODS = ("fscd", "two_tower")
+BUDGET_KINDS = ("fields", "flops", "latency")
+
+
+@dataclasses.dataclass(frozen=True)
+class PrerankConfig:
+    """The ``[preranking]`` section: what ``stitchrec train`` builds instead of a ranking model.
+
+    Attributes:
+      method: ``fscd`` (the three FSCD stages: train with feature selection, select by budget,
+        fine-tune the interaction-focused pre-ranking model on the kept fields) or
+        ``two_tower`` (the vector-product anchor).
+      budget: ``fields`` (at most ``budget_value`` fields), ``flops`` (the pre-ranking model's
+        multiply-adds x 2 per candidate at most ``budget_value``) or ``latency`` (the summed
+        measured feature latency of the kept fields, microseconds per candidate).
+      budget_value: the budget in the unit of ``budget``.
+      g1, g2, g3: complexity weights: c_j = g1 * cost_j + g2 * embedding_dim_j +
+        g3 * cardinality_j (FSCD, SIGIR'21; EasyRec's defaults 1, 1e-2, 1e-7).
+      temperature: of the relaxed-Bernoulli keep variables.
+      reg_weight: weight of the complexity penalty sum_j alpha_j * theta_j on the mean loss
+        (the paper's 1/N with N the rows; larger values select harder).
+      init_keep: starting keep probability of every field (the paper's 0.5).
+      selection_learning_rate: learning rate of the keep logits (their own Adam; the model's
+        weights use ``[train] learning_rate``), so the gates settle within a few epochs.
+      fscd_epochs, finetune_epochs: epochs of stage 1 and stage 3.
+      mlp: hidden sizes of the pre-ranking model's MLP (empty: the ``[model]`` ones).
+      tower_dim, tower_mlp: two-tower output dimension and tower hidden sizes.
+      require_costs: every model input must state ``cost`` in the schema file.
+      cascade_keep: candidates the pre-ranking passes to ranking in an exported cascade (M).
+    """
+
+    method: str = "fscd"
+    budget: str = "fields"
+    budget_value: float = 2.0
+    g1: float = 1.0
+    g2: float = 1e-2
+    g3: float = 1e-7
+    temperature: float = 0.1
+    reg_weight: float = 0.01
+    init_keep: float = 0.5
+    selection_learning_rate: float = 0.02
+    fscd_epochs: int = 1
+    finetune_epochs: int = 1
+    mlp: tuple[int, ...] = ()
+    tower_dim: int = 32
+    tower_mlp: tuple[int, ...] = (64,)
+    require_costs: bool = True
+    cascade_keep: int = 50
+
+    def __post_init__(self) -> None:
+        if self.method not in PRERANK_METHODS:
+            raise ValueError(f"method {self.method!r} is not one of {list(PRERANK_METHODS)}")
+        if self.budget not in BUDGET_KINDS:
+            raise ValueError(f"budget {self.budget!r} is not one of {list(BUDGET_KINDS)}")
+        if not self.budget_value > 0:
+            raise ValueError(f"budget_value must be > 0, got {self.budget_value!r}")
+        if self.budget == "fields" and float(self.budget_value) != int(self.budget_value):
+            raise ValueError(
+                f"budget = 'fields' needs a whole budget_value, got {self.budget_value}"
+            )
+        for key in ("g1", "g2", "g3", "reg_weight"):
+            if not getattr(self, key) >= 0:
+                raise ValueError(f"{key} must be >= 0, got {getattr(self, key)!r}")
+        if not self.selection_learning_rate > 0:
+            raise ValueError(
+                f"selection_learning_rate must be > 0, got {self.selection_learning_rate!r}"
+            )
+        if not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature!r}")
+        if not 0 < self.init_keep < 1:
+            raise ValueError(f"init_keep must be in (0, 1), got {self.init_keep!r}")
+        for key in ("fscd_epochs", "finetune_epochs", "tower_dim", "cascade_keep"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
+        object.__setattr__(self, "mlp", tuple(int(u) for u in self.mlp))
+        object.__setattr__(self, "tower_mlp", tuple(int(u) for u in self.tower_mlp))
+        if any(u < 1 for u in self.mlp + self.tower_mlp):
+            raise ValueError(
+                f"mlp and tower_mlp sizes must be >= 1, got {self.mlp}, {self.tower_mlp}"
+            )

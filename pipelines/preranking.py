@@ -1,0 +1,487 @@
+"""``stitchrec train`` with a ``[preranking]`` section: FSCD's three stages, or the two-tower anchor.
+
+::
+
+    [model]                       # the ranking architecture the pre-ranking model inherits
+    type = "dcn_v2"               # FSCD needs dnn or dcn_v2
+
+    [preranking]                  # ranking.config.PrerankConfig
+    method = "fscd"               # or "two_tower"
+    budget = "fields"             # fields | flops | latency
+    budget_value = 2
+    g1 = 1.0                      # c_j = g1 * cost_j + g2 * embedding_dim_j + g3 * cardinality_j
+    g2 = 0.01
+    g3 = 1e-7
+    temperature = 0.1
+    fscd_epochs = 1
+    finetune_epochs = 1
+
+FSCD (``method = "fscd"``), ``ranking.fscd``:
+
+1. train the pre-ranking model (``[model]``, with ``preranking.mlp`` if given) on every field,
+   with a relaxed-Bernoulli keep gate per field and the complexity-weighted penalty;
+2. rank the fields by learned keep probability and keep the top ones within the budget;
+   ``selection.json`` records every field's keep probability, complexity, cost, dimension,
+   cardinality, FLOPs and measured latency, and why it was kept or dropped;
+3. fine-tune the same architecture on the kept fields, initialized from the stage-1 weights
+   (``ranking.fscd.transfer_weights``), with the plain loss.
+
+The run folder is laid out as ``pipelines.train.RunPaths`` with the stage-3 (or two-tower) model
+at its root, so ``stitchrec export --run DIR`` exports the pre-ranking model; the stage-1 model
+sits in ``fscd_stage1/``. Every field needs an explicit ``cost`` in the schema file
+(``require_costs``). A preranking run does not resume: it retrains from its converted data and
+statistics. ``export_cascade_runs`` joins a pre-ranking run and a ranking run in one SavedModel
+(``ranking.cascade``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import shutil
+import time
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from features.dataset import count_rows, input_signature, iter_batches, make_dataset
+from features.preprocessing import FeaturePreprocessor, plan_fields
+from features.schema import (
+    FeatureKind,
+    Schema,
+    SchemaError,
+    expand_names,
+    load_schema,
+    shipped_schemas,
+)
+from features.stats import DatasetStats
+from pipelines.config import ConfigError, PipelineConfig, load_config
+from pipelines.train import (
+    RunPaths,
+    build_run_model,
+    evaluate_model,
+    make_optimizer,
+    make_scorer,
+    prepare_data,
+    prepare_stats,
+    use_gpus_if_present,
+)
+from ranking.config import PrerankConfig
+from ranking.fscd import (
+    FSCDRankingModel,
+    add_field_selection,
+    complexity_alpha,
+    field_complexity,
+    model_flops,
+    select_fields,
+    selection_fields,
+    transfer_weights,
+)
+from ranking.models import RankingModel
+from ranking.two_tower import build_two_tower, tower_fields
+
+Log = Callable[[str], None]
+_INPUT_KINDS = ("categorical", "multi_categorical", "numeric")
+
+
+def schema_file(schema: str) -> Path:
+    """The file of a config's ``[data] schema`` (a path or a shipped schema's name)."""
+    p = Path(schema)
+    if p.exists():
+        return p
+    shipped = shipped_schemas()
+    if schema in shipped:
+        return shipped[schema]
+    raise SchemaError(f"schema file {schema!r} does not exist")
+
+
+def check_costs(schema: str) -> None:
+    """Every model input of the schema file states its ``cost`` (FSCD's complexity term).
+
+    Raises:
+      SchemaError: naming the file and the fields without one.
+    """
+    p = schema_file(schema)
+    load_schema(p)  # a clear SchemaError for a file that is not a valid schema
+    if p.suffix == ".toml":
+        data = tomllib.loads(p.read_text())
+    else:
+        import yaml
+
+        data = yaml.safe_load(p.read_text())
+    missing = []
+    for entry in data.get("fields") or []:
+        if entry.get("kind") in _INPUT_KINDS and "cost" not in entry:
+            missing += expand_names(entry.get("names") or entry.get("name") or "?")
+    if missing:
+        raise SchemaError(
+            f"schema file {str(p)!r}: FSCD needs a `cost` (relative serving cost, >= 0) on every "
+            f"model input; fields {missing} have none (or set preranking.require_costs = false "
+            f"to use 1.0)"
+        )
+
+
+def field_groups(schema: Schema) -> dict[str, str | None]:
+    """``{model input: group}`` in schema order (what the two-tower model and the cascade
+    split request-side from candidate fields by)."""
+    return {f.name: f.group for f in schema.model_inputs}
+
+
+def build_run_two_tower(cfg: PipelineConfig, schema: Schema, stats: DatasetStats) -> tf.keras.Model:
+    """The two-tower anchor over ``schema``'s groups (``ranking.two_tower``)."""
+    request, items = tower_fields(field_groups(schema))
+    multi = FeatureKind.MULTI_CATEGORICAL
+    return build_two_tower(
+        FeaturePreprocessor(plan_fields(schema.select(request), stats), name="user_preprocessor"),
+        FeaturePreprocessor(plan_fields(schema.select(items), stats), name="item_preprocessor"),
+        schema.label.name,
+        cfg.model,
+        cfg.preranking or PrerankConfig(),
+        field_dims={f.name: f.embedding_dim for f in schema.model_inputs if f.embedding_dim},
+        field_combiners={f.name: f.combiner for f in schema.model_inputs if f.kind == multi},
+        initial_bias=initial_bias(stats),
+    )
+
+
+def prerank_model_config(cfg: PipelineConfig) -> PipelineConfig:
+    """``cfg`` with ``[model]`` turned into the pre-ranking architecture."""
+    pr = cfg.preranking or PrerankConfig()
+    model = cfg.model
+    if pr.method == "fscd" and model.type not in ("dnn", "dcn_v2"):
+        raise ConfigError(
+            f"[preranking] method = 'fscd' needs [model] type dnn or dcn_v2 (an interaction-"
+            f"focused model), got {model.type!r}"
+        )
+    if pr.mlp:
+        model = dataclasses.replace(model, mlp=pr.mlp)
+    return dataclasses.replace(cfg, model=model)
+
+
+def initial_bias(stats: DatasetStats) -> float:
+    p = min(max(stats.label_mean, 1e-6), 1 - 1e-6)
+    return math.log(p / (1 - p))
+
+
+def build_on_sample(model: tf.keras.Model, schema: Schema, files: list[Path]) -> None:
+    model(next(iter(make_dataset(schema, files, batch_size=2))))
+
+
+def fit(
+    model: tf.keras.Model,
+    schema: Schema,
+    files: list[Path],
+    cfg: PipelineConfig,
+    epochs: int,
+    log: Log,
+    stage: str,
+) -> dict[str, Any]:
+    """Trains ``model`` for ``epochs`` (``[train]`` batch size, optimizer, seed, max_steps).
+
+    The loss is the task's mean binary cross-entropy plus the model's added losses (FSCD's
+    penalty, embedding L2). Returns steps, seconds and the last epoch's mean loss.
+    """
+    tc = cfg.train
+    pr = cfg.preranking or PrerankConfig()
+    optimizer = make_optimizer(tc.optimizer, tc.learning_rate)
+    gate_optimizer = tf.keras.optimizers.Adam(pr.selection_learning_rate)
+    label = schema.label.name
+    spec = make_dataset(schema, files, batch_size=tc.batch_size).element_spec
+    gates = model.selection.trainable_variables if isinstance(model, FSCDRankingModel) else []
+    gate_ids = {id(v) for v in gates}
+    weights = [v for v in model.trainable_variables if id(v) not in gate_ids]
+
+    @tf.function(input_signature=[spec])
+    def step(features: dict[str, tf.Tensor]) -> tf.Tensor:
+        with tf.GradientTape() as tape:
+            logits = model(features, training=True)
+            loss = model.task(labels=features[label], predictions=logits, compute_metrics=False)
+            total = loss + tf.add_n(model.losses) if model.losses else loss
+        grads = tape.gradient(total, weights + gates)
+        optimizer.apply_gradients(zip(grads[: len(weights)], weights, strict=True))
+        if gates:
+            gate_optimizer.apply_gradients(zip(grads[len(weights) :], gates, strict=True))
+        return loss
+
+    t0, steps, last = time.time(), 0, float("nan")
+    for epoch in range(epochs):
+        total, n = tf.constant(0.0), 0
+        ds = make_dataset(
+            schema,
+            files,
+            batch_size=tc.batch_size,
+            shuffle=True,
+            seed=tc.seed,
+            epoch=epoch,
+            shuffle_buffer=tc.shuffle_buffer,
+        )
+        for features in ds:
+            total += step(features)
+            n += 1
+            steps += 1
+            if tc.max_steps and steps >= tc.max_steps:
+                break
+        last = float(total) / max(n, 1)
+        log(f"{stage}: epoch {epoch + 1}/{epochs} {n} steps, mean loss {last:.4f}")
+        if tc.max_steps and steps >= tc.max_steps:
+            break
+    return {"steps": steps, "seconds": round(time.time() - t0, 2), "loss": last}
+
+
+def save_model(model: tf.keras.Model, schema: Schema, root: Path) -> str:
+    """``model.json``, ``schema.toml`` and one checkpoint under ``root`` (what
+    ``pipelines.export.load_trained_model`` reads)."""
+    paths = RunPaths(root)
+    root.mkdir(parents=True, exist_ok=True)
+    if paths.checkpoints.exists():
+        shutil.rmtree(paths.checkpoints)
+    paths.model_json.write_text(json.dumps(tf.keras.layers.serialize(model)))
+    schema.save(paths.schema)
+    manager = tf.train.CheckpointManager(
+        tf.train.Checkpoint(model=model), paths.checkpoints, max_to_keep=1
+    )
+    return manager.save()
+
+
+# ---- FSCD stages -------------------------------------------------------------------------------
+
+
+def field_table(model: RankingModel, schema: Schema, pr: PrerankConfig) -> list[dict]:
+    """Per gated field: cost, embedding dimension, cardinality, complexity and alpha."""
+    rows = model.preprocessor.embedded_fields
+    dims = dict(zip(model.embedding.field_names, model.embedding.dims, strict=True))
+    names = selection_fields(model)
+    cost = [schema.field(n).cost for n in names]
+    dim = [dims.get(n, 1) for n in names]
+    card = [rows.get(n, 1) for n in names]
+    c = field_complexity(cost, dim, card, pr.g1, pr.g2, pr.g3)
+    alpha = complexity_alpha(c)
+    return [
+        {
+            "name": n,
+            "cost": float(cost[i]),
+            "embedding_dim": int(dim[i]),
+            "cardinality": int(card[i]),
+            "complexity": float(c[i]),
+            "alpha": float(alpha[i]),
+        }
+        for i, n in enumerate(names)
+    ]
+
+
+def build_fscd(cfg: PipelineConfig, schema: Schema, stats: DatasetStats) -> FSCDRankingModel:
+    """The stage-1 model: the pre-ranking architecture over every field, with selection."""
+    pcfg = prerank_model_config(cfg)
+    pr = pcfg.preranking or PrerankConfig()
+    base = build_run_model(pcfg, schema, stats)
+    alpha = {r["name"]: r["alpha"] for r in field_table(base, schema, pr)}
+    return add_field_selection(
+        base,
+        alpha,
+        temperature=pr.temperature,
+        reg_weight=pr.reg_weight,
+        init_keep=pr.init_keep,
+    )
+
+
+def measure_field_latency(
+    model: FSCDRankingModel, schema: Schema, files: list[Path], rows: int = 1000, repeats: int = 20
+) -> dict[str, float]:
+    """Microseconds per candidate to compute each field alone (preprocess + embedding lookup)
+    on ``rows`` training rows: the median of ``repeats`` timed calls of one tf.function."""
+    batch = next(iter_batches(schema, files, batch_size=rows, shuffle=False))
+    out = {}
+    plans = {p["name"]: p for p in model.preprocessor.plans}
+    for name in selection_fields(model):
+        pre = FeaturePreprocessor([plans[name]], name="probe")
+        layer = model.embedding.layers_by_field.get(name)
+        spec = input_signature([schema.field(name)])
+
+        def one(features: dict[str, tf.Tensor], pre=pre, layer=layer, name=name) -> tf.Tensor:
+            ids, dense = pre(features)
+            return layer(ids[name]) if layer is not None else dense
+
+        fn = tf.function(one, input_signature=[spec])
+        x = {name: tf.constant(batch[name])}
+        fn(x)
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn(x)
+            times.append(time.perf_counter() - t0)
+        out[name] = float(np.median(times)) / len(batch[name]) * 1e6
+    return out
+
+
+def select_stage(
+    model: FSCDRankingModel,
+    schema: Schema,
+    cfg: PipelineConfig,
+    files: list[Path],
+    budget: str | None = None,
+    budget_value: float | None = None,
+) -> dict[str, Any]:
+    """Stage 2: the selection document (what ``selection.json`` holds); ``budget`` and
+    ``budget_value`` override the config's."""
+    pcfg = prerank_model_config(cfg)
+    pr = pcfg.preranking or PrerankConfig()
+    budget = budget or pr.budget
+    value = float(budget_value if budget_value is not None else pr.budget_value)
+    table = {r["name"]: r for r in field_table(model, schema, pr)}
+    theta = model.selection.keep_probability().numpy()
+    names = selection_fields(model)
+    latency = measure_field_latency(model, schema, files)
+    m = pcfg.model
+
+    def flops(kept: list[str]) -> float:
+        width = sum(table[n]["embedding_dim"] for n in kept)
+        return model_flops(m.type, width, m.mlp, m.cross_layers, m.cross_rank)
+
+    def usage(kept: list[str]) -> float:
+        return flops(kept) if budget == "flops" else sum(latency[n] for n in kept)
+
+    kept, decisions = select_fields(names, theta, budget, value, usage)
+    for d in decisions:
+        d.update(table[d["name"]])
+        d["flops_alone"] = flops([d["name"]])
+        d["latency_us_per_candidate"] = round(latency[d["name"]], 4)
+    return {
+        "method": "fscd",
+        "budget": {"kind": budget, "value": value},
+        "complexity_weights": {"g1": pr.g1, "g2": pr.g2, "g3": pr.g3},
+        "temperature": pr.temperature,
+        "reg_weight": pr.reg_weight,
+        "kept": kept,
+        "dropped": [n for n in names if n not in kept],
+        "flops_per_candidate": {"all_fields": flops(names), "kept": flops(kept)},
+        "fields": decisions,
+    }
+
+
+def finetune_stage(
+    cfg: PipelineConfig,
+    schema: Schema,
+    stats: DatasetStats,
+    files: list[Path],
+    stage1: FSCDRankingModel,
+    kept: list[str],
+    log: Log,
+) -> tuple[tf.keras.Model, Schema, dict[str, Any]]:
+    """Stage 3: the pre-ranking model over ``kept``, initialized from stage 1, trained with
+    the plain loss. Returns (model, its schema, training summary)."""
+    pcfg = prerank_model_config(cfg)
+    pr = pcfg.preranking or PrerankConfig()
+    sub = schema.select(kept)
+    model = build_run_model(pcfg, sub, stats)
+    build_on_sample(model, sub, files)
+    counts = transfer_weights(stage1, model)
+    log(f"fscd stage 3: {kept}, initialized from stage 1 ({counts})")
+    summary = fit(model, sub, files, cfg, pr.finetune_epochs, log, "fscd stage 3")
+    return model, sub, summary
+
+
+def run_preranking(cfg: PipelineConfig, log: Log = print) -> dict[str, Any]:
+    """Trains the ``[preranking]`` model of ``cfg`` into ``cfg.output_dir``; returns the report
+    (also ``train_report.json``)."""
+    pr = cfg.preranking
+    if pr is None:
+        raise ConfigError("the config has no [preranking] section")
+    prerank_model_config(cfg)  # validates [model] for FSCD before any work
+    if pr.method == "fscd" and pr.require_costs:
+        check_costs(cfg.data.schema)
+    paths = RunPaths(Path(cfg.output_dir))
+    if paths.config.exists() and tf.train.latest_checkpoint(str(paths.checkpoints)):
+        previous = load_config(paths.config).preranking
+        if previous is None or previous.method != pr.method:
+            raise ConfigError(
+                f"{paths.root} holds a {'ranking' if previous is None else previous.method} run; "
+                f"train the {pr.method} pre-ranking model into a new output_dir"
+            )
+    paths.root.mkdir(parents=True, exist_ok=True)
+    paths.config.write_text(cfg.to_toml())
+    gpus = use_gpus_if_present(log)
+    tf.keras.utils.set_random_seed(cfg.train.seed)
+    schema, train_files, test_files = prepare_data(cfg, paths, log)
+    stats = prepare_stats(schema, train_files, paths, log)
+    report: dict[str, Any] = {"method": pr.method, "seed": cfg.train.seed}
+    t0 = time.time()
+    if pr.method == "two_tower":
+        model = build_run_two_tower(cfg, schema, stats)
+        build_on_sample(model, schema, train_files)
+        report["train"] = fit(model, schema, train_files, cfg, cfg.train.epochs, log, "two_tower")
+        final_schema = schema
+    else:
+        stage1 = build_fscd(cfg, schema, stats)
+        build_on_sample(stage1, schema, train_files)
+        report["stage1"] = fit(
+            stage1, schema, train_files, cfg, pr.fscd_epochs, log, "fscd stage 1"
+        )
+        save_model(stage1, schema, paths.root / "fscd_stage1")
+        selection = select_stage(stage1, schema, cfg, train_files)
+        groups = {schema.field(n).group for n in selection["kept"]}
+        if None not in groups and "item" not in groups:
+            selection["warning"] = (
+                "no item field kept: the model scores every candidate of a request alike, so "
+                "it cannot pre-rank; raise the budget"
+            )
+            log(f"fscd stage 2: warning: {selection['warning']}")
+        (paths.root / "selection.json").write_text(json.dumps(selection, indent=1))
+        for d in selection["fields"]:
+            log(
+                f"fscd stage 2: {d['name']}: keep prob {d['keep_prob']:.3f}, complexity "
+                f"{d['complexity']:.3f} -> {'kept' if d['kept'] else 'dropped'} ({d['reason']})"
+            )
+        if test_files:
+            report["stage1"]["test"] = evaluate_model(
+                make_scorer(stage1, schema), schema, test_files
+            )
+        model, final_schema, report["stage3"] = finetune_stage(
+            cfg, schema, stats, train_files, stage1, selection["kept"], log
+        )
+        report["selection"] = {k: selection[k] for k in ("budget", "kept", "dropped")}
+    ckpt = save_model(model, final_schema, paths.root)
+    test = (
+        evaluate_model(make_scorer(model, final_schema), final_schema, test_files)
+        if test_files
+        else None
+    )
+    report.update(
+        {
+            "model": model.name,
+            "train_rows": count_rows(train_files),
+            "train_seconds": round(time.time() - t0, 2),
+            "parameters": int(model.count_params()),
+            "test": test,
+            "checkpoint": ckpt,
+            "devices": [g.name for g in gpus] or ["CPU"],
+        }
+    )
+    paths.report.write_text(json.dumps(report, indent=1))
+    return report
+
+
+def export_cascade_runs(
+    prerank_run: str | Path, rank_run: str | Path, output: str | Path, keep: int = 50
+) -> Path:
+    """One SavedModel chaining a pre-ranking run (FSCD stage 3 or two-tower) and a ranking run
+    (``ranking.cascade.export_cascade``; the ranking run's schema gives the groups)."""
+    from pipelines.export import load_trained_model
+    from ranking.cascade import export_cascade
+
+    prerank, _, pre_ckpt = load_trained_model(prerank_run)
+    rank, schema, rank_ckpt = load_trained_model(rank_run)
+    out = export_cascade(
+        prerank,
+        rank,
+        field_groups(schema),
+        output,
+        keep,
+        extra={"prerank_checkpoint": pre_ckpt, "rank_checkpoint": rank_ckpt},
+    )
+    inputs = json.loads((out / "assets.extra" / "stitchrec.json").read_text())["inputs"]
+    schema.select(inputs).save(out / "assets.extra" / "schema.toml")
+    return out

@@ -1,0 +1,312 @@
+"""A pre-ranking -> ranking cascade for one request: one user, N candidates.
+
+::
+
+    p      = prerank(user, candidates)            # [N] pre-ranking logits
+    top    = top_k(p, M)                          # the M = min(keep, N) best candidates
+    r      = rank(user, candidates[top])          # [M] ranking logits
+    score  = -1 everywhere, sigmoid(r) at top     # [N]
+
+Request-side fields (schema ``group`` ``user`` or ``context``) come ONCE per request, as
+``[1]`` tensors; item fields come as ``[N]`` tensors. Each model computes the request side
+once: the two-tower model runs its user tower on the one row, a ``RankingModel`` looks up the
+request fields' embeddings (and dense features) on the one row and repeats the vectors for the
+candidates (``RequestScorer``). Dropped candidates get ``score = DROPPED_SCORE`` (-1, below
+every probability), so sorting by ``score`` puts them after every kept one.
+
+``CascadeModule`` exports both models as one SavedModel with two signatures:
+
+* ``rank_request``: every field by name, request fields ``[1]``, item fields ``[N]`` -> ``score``
+  ``[N]`` (float32), ``prerank_score`` ``[N]`` (the pre-ranking click probability of every
+  candidate), ``kept`` ``[N]`` (bool: passed to ranking). An empty candidate list fails with
+  ``InvalidArgumentError`` naming the problem.
+* ``serving_default``: the ranking model alone on flat ``[batch]`` features (``score``,
+  ``logit``), for a client that tiles request features itself.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+from tf_keras.src.saving.legacy.saved_model.utils import keras_option_scope
+
+from ranking.fscd import FSCDRankingModel
+from ranking.models import RankingModel
+from ranking.two_tower import REQUEST_GROUPS, TwoTowerModel
+
+DROPPED_SCORE = -1.0
+_TF_DTYPES = {"string": tf.string, "int64": tf.int64, "float32": tf.float32}
+
+
+def _plans(model: tf.keras.Model) -> list[dict[str, Any]]:
+    if isinstance(model, TwoTowerModel):
+        return [*model.user_tower.preprocessor.plans, *model.item_tower.preprocessor.plans]
+    return list(model.preprocessor.plans)
+
+
+def model_inputs(model: tf.keras.Model) -> list[str]:
+    """The raw fields a RankingModel or TwoTowerModel reads."""
+    return [p["name"] for p in _plans(model)]
+
+
+def input_dtypes(model: tf.keras.Model) -> dict[str, tf.DType]:
+    """The raw dtype of each field the model reads (from its preprocessor plans)."""
+    return {p["name"]: _TF_DTYPES[p["dtype"]] for p in _plans(model)}
+
+
+def request_and_item_fields(
+    groups: Mapping[str, str | None], names: list[str]
+) -> tuple[list[str], list[str]]:
+    """Splits ``names`` by their schema groups: (user and context fields, item fields)."""
+    request, items = [], []
+    for name in names:
+        if name not in groups:
+            raise ValueError(f"no group given for field {name!r}; groups: {sorted(groups)}")
+        if groups[name] is None:
+            raise ValueError(
+                f"field {name!r} has no `group`; a ranking request needs group = 'user', "
+                f"'item' or 'context' on every model input"
+            )
+        (request if groups[name] in REQUEST_GROUPS else items).append(name)
+    return request, items
+
+
+class RequestScorer(tf.Module):
+    """Logits ``[N]`` of one request's ``N`` candidates, request-side fields computed once.
+
+    Args:
+      model: a ``RankingModel`` (not the FSCD stage-1 model) or a ``TwoTowerModel``.
+      groups: ``{field: schema group}`` of (at least) the fields the model reads.
+    """
+
+    def __init__(
+        self, model: tf.keras.Model, groups: Mapping[str, str | None], name: str = "scorer"
+    ):
+        super().__init__(name=name)
+        if isinstance(model, FSCDRankingModel):
+            raise ValueError("score requests with the fine-tuned pre-ranking model, not stage 1")
+        if not isinstance(model, RankingModel | TwoTowerModel):
+            raise ValueError(f"cannot score requests with a {type(model).__name__}")
+        self.model = model
+        self.request_names, self.item_names = request_and_item_fields(groups, model_inputs(model))
+        if not self.item_names:
+            raise ValueError(f"model {model.name!r} reads no item field; it cannot rank candidates")
+        if isinstance(model, RankingModel):
+            if getattr(model, "dense_blocks", None):
+                raise ValueError(
+                    f"model {model.name!r} has dense_blocks (features computed from several raw "
+                    f"fields); the cascade does not split those into request and candidate parts"
+                )
+            plans = model.preprocessor.plans
+            # same plans (vocabularies, boundaries, moments) as the model's own preprocessor
+            preprocessor_class = type(model.preprocessor)
+            self.request_pre = (
+                preprocessor_class(
+                    [p for p in plans if p["name"] in self.request_names],
+                    name=f"{name}_request_preprocessor",
+                )
+                if self.request_names
+                else None
+            )
+            self.item_pre = preprocessor_class(
+                [p for p in plans if p["name"] in self.item_names],
+                name=f"{name}_item_preprocessor",
+            )
+
+    def __call__(self, request: dict[str, tf.Tensor], items: dict[str, tf.Tensor]) -> tf.Tensor:
+        """``request``: ``{field: [1]}``; ``items``: ``{field: [N]}`` -> logits ``[N]``."""
+        if isinstance(self.model, TwoTowerModel):
+            u = self.model.user_vectors(request)
+            v = self.model.item_vectors(items)
+            return self.model.score_candidates(u, v)
+        return self._ranking_logits(request, items)
+
+    def _ranking_logits(self, request: dict[str, tf.Tensor], items: dict[str, tf.Tensor]):
+        m = self.model
+        n = tf.shape(items[self.item_names[0]])[0]
+        repeat = tf.zeros([n], tf.int32)  # gather row 0 N times: [1, ...] -> [N, ...]
+        ids_r, dense_r = ({}, None)
+        if self.request_pre is not None:
+            ids_r, dense_r = self.request_pre({k: request[k] for k in self.request_names})
+        ids_c, dense_c = self.item_pre({k: items[k] for k in self.item_names})
+        dense_cols: dict[str, tf.Tensor] = {}
+        for pre, dense, tile in (
+            (self.request_pre, dense_r, True),
+            (self.item_pre, dense_c, False),
+        ):
+            if pre is None or dense is None:
+                continue
+            for i, name in enumerate(pre.dense_fields):
+                col = dense[:, i : i + 1]
+                dense_cols[name] = tf.gather(col, repeat) if tile else col
+        order = m.preprocessor.dense_fields
+        dense_all = tf.concat([dense_cols[k] for k in order], axis=1) if order else None
+        logit = m.bias
+        if m.interaction is not None:
+            vectors = []
+            for name in m.embedding.field_names:
+                layer = m.embedding.layers_by_field[name]
+                if name in ids_r:
+                    vectors.append(tf.gather(layer(ids_r[name]), repeat))
+                else:
+                    vectors.append(layer(ids_c[name]))
+            z = m.interaction(vectors, dense_all)
+            if m.tower is not None:
+                z = m.tower(z, training=False)
+            logit = logit + m.head(z)[:, 0]
+        if m.wide is not None:
+            ids = {**{k: tf.gather(v, repeat) for k, v in ids_r.items()}, **ids_c}
+            logit = logit + m.wide(ids, dense_all)
+        return logit + tf.zeros([n])
+
+
+class CascadeModule(tf.Module):
+    """Pre-ranking keeps the top ``keep`` of N candidates; ranking scores those.
+
+    Args:
+      prerank: ``TwoTowerModel`` or (fine-tuned FSCD) ``RankingModel``.
+      rank: the ranking ``RankingModel``.
+      groups: ``{field: schema group}`` in schema order, for every field either model reads
+        (the order of the signature's inputs).
+      keep: M, the candidates passed to ranking (fewer when N < M).
+    """
+
+    def __init__(
+        self,
+        prerank: tf.keras.Model,
+        rank: RankingModel,
+        groups: Mapping[str, str | None],
+        keep: int,
+    ):
+        super().__init__(name="stitchrec_cascade")
+        if int(keep) < 1:
+            raise ValueError(f"keep must be >= 1, got {keep}")
+        self.keep = int(keep)
+        self.prerank_scorer = RequestScorer(prerank, groups, name="prerank")
+        self.rank_scorer = RequestScorer(rank, groups, name="rank")
+        self.rank_model = rank
+        self.dtypes = {**input_dtypes(prerank), **input_dtypes(rank)}
+        self.fields = [n for n in groups if n in self.dtypes]
+        self.request_names, self.item_names = request_and_item_fields(groups, self.fields)
+        spec = {
+            f: tf.TensorSpec([1] if f in self.request_names else [None], self.dtypes[f], name=f)
+            for f in self.fields
+        }
+        self.rank_request = tf.function(self._rank_request, input_signature=[spec])
+        rank_spec = {
+            f: tf.TensorSpec([None], self.dtypes[f], name=f)
+            for f in self.fields
+            if f in set(model_inputs(rank))
+        }
+        self.serve = tf.function(self._serve, input_signature=[rank_spec])
+
+    def _serve(self, features: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        logits = self.rank_model(features, training=False)
+        return {"score": tf.sigmoid(logits), "logit": logits}
+
+    def _rank_request(self, features: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        request = {k: features[k] for k in self.request_names}
+        items = {k: features[k] for k in self.item_names}
+        n = tf.shape(items[self.item_names[0]])[0]
+        checks = [
+            tf.debugging.assert_positive(
+                n, message="rank_request: the candidate list is empty (item fields have 0 rows)"
+            )
+        ]
+        for k in self.item_names[1:]:
+            checks.append(
+                tf.debugging.assert_equal(
+                    tf.shape(items[k])[0],
+                    n,
+                    message=f"rank_request: item field {k!r} has a different number of rows "
+                    f"than {self.item_names[0]!r}",
+                )
+            )
+        with tf.control_dependencies(checks):
+            n = tf.identity(n)
+        pre_logit = self.prerank_scorer(
+            {k: request[k] for k in self.prerank_scorer.request_names},
+            {k: items[k] for k in self.prerank_scorer.item_names},
+        )
+        m = tf.minimum(self.keep, n)
+        top = tf.math.top_k(pre_logit, k=m, sorted=True).indices
+        chosen = {k: tf.gather(v, top) for k, v in items.items()}
+        rank_logit = self.rank_scorer(
+            {k: request[k] for k in self.rank_scorer.request_names},
+            {k: chosen[k] for k in self.rank_scorer.item_names},
+        )
+        where = top[:, None]
+        score = tf.tensor_scatter_nd_update(
+            tf.fill([n], tf.constant(DROPPED_SCORE, tf.float32)), where, tf.sigmoid(rank_logit)
+        )
+        kept = tf.scatter_nd(where, tf.ones([m], tf.int32), [n]) > 0
+        return {"score": score, "prerank_score": tf.sigmoid(pre_logit), "kept": kept}
+
+    def rank_candidates(
+        self, request: dict[str, Any], candidates: dict[str, Any]
+    ) -> dict[str, np.ndarray]:
+        """Eager entry point with Python errors: ``request`` one value per request field,
+        ``candidates`` a list/array per item field."""
+        missing = [k for k in self.request_names if k not in request]
+        missing += [k for k in self.item_names if k not in candidates]
+        if missing:
+            raise KeyError(f"the request lacks fields {missing}")
+        sizes = {k: len(np.atleast_1d(candidates[k])) for k in self.item_names}
+        if len(set(sizes.values())) != 1:
+            raise ValueError(f"candidate fields differ in length: {sizes}")
+        if not next(iter(sizes.values())):
+            raise ValueError("the candidate list is empty: give at least one candidate")
+        feats = {}
+        for f in self.fields:
+            src = request if f in self.request_names else candidates
+            value = np.atleast_1d(np.asarray(src[f]))
+            if f in self.request_names and value.shape != (1,):
+                raise ValueError(f"request field {f!r} needs one value, got shape {value.shape}")
+            feats[f] = tf.constant(value, dtype=self.dtypes[f])
+        return {k: v.numpy() for k, v in self.rank_request(feats).items()}
+
+
+def export_cascade(
+    prerank: tf.keras.Model,
+    rank: RankingModel,
+    groups: Mapping[str, str | None],
+    output: str | Path,
+    keep: int,
+    extra: dict[str, Any] | None = None,
+) -> Path:
+    """Writes the cascade SavedModel (signatures ``rank_request`` and ``serving_default``).
+
+    ``assets.extra/stitchrec.json`` lists the request/candidate inputs, ``keep`` and the dropped
+    score (``pipelines.preranking.export_cascade_runs`` adds ``schema.toml``).
+    """
+    module = CascadeModule(prerank, rank, groups, keep)
+    out = Path(output)
+    if out.exists():
+        shutil.rmtree(out)
+    with keras_option_scope(save_traces=False, in_tf_saved_model_scope=True):
+        tf.saved_model.save(
+            module,
+            str(out),
+            signatures={"serving_default": module.serve, "rank_request": module.rank_request},
+        )
+    assets = out / "assets.extra"
+    assets.mkdir(exist_ok=True)
+    meta = {
+        "model": "cascade",
+        "prerank": prerank.name,
+        "rank": rank.name,
+        "keep": module.keep,
+        "dropped_score": DROPPED_SCORE,
+        "inputs": module.fields,
+        "request_inputs": module.request_names,
+        "candidate_inputs": module.item_names,
+        **(extra or {}),
+    }
+    (assets / "stitchrec.json").write_text(json.dumps(meta, indent=1))
+    return out

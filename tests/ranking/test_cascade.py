@@ -1,0 +1,143 @@
+"""The pre-ranking -> ranking cascade: request features once, top-M hand-off, SavedModel."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import pipelines  # noqa: F401
+from features.dataset import iter_batches, list_parquet
+from features.preprocessing import build_preprocessor
+from pipelines.preranking import field_groups
+from ranking.cascade import DROPPED_SCORE, CascadeModule, RequestScorer, export_cascade
+from ranking.config import ModelConfig
+from ranking.models import build_model
+from tests.ranking.prerank_data import grouped_stats, write_grouped
+from tests.ranking.test_two_tower import _model as two_tower
+
+REQUEST = ("user", "age")
+ITEMS = ("item", "tags", "price")
+
+
+@pytest.fixture()
+def setup(tmp_path):
+    paths = write_grouped(tmp_path / "data", rows=800)
+    schema, stats = grouped_stats(paths)
+    tf.keras.utils.set_random_seed(0)
+    rank = build_model(
+        ModelConfig(type="dcn_v2", embedding_dim=4, mlp=(8,), cross_layers=1),
+        build_preprocessor(schema, stats),
+        "label",
+    )
+    prerank = two_tower(schema, stats, tower_dim=4)
+    batch = next(iter_batches(schema, list_parquet(paths["test"]), batch_size=12, shuffle=False))
+    feats = {k: tf.constant(v) for k, v in batch.items() if k != "label"}
+    rank(feats)
+    prerank(feats)
+    request = {k: feats[k][3:4] for k in REQUEST}
+    cands = {k: feats[k] for k in ITEMS}
+    return field_groups(schema), stats, rank, prerank, request, cands
+
+
+def _tiled(request, cands):
+    n = int(next(iter(cands.values())).shape[0])
+    return {**{k: tf.repeat(v, n) for k, v in request.items()}, **cands}
+
+
+def test_request_scorer_equals_the_model_on_tiled_rows(setup):
+    groups, _, rank, prerank, request, cands = setup
+    for model in (rank, prerank):
+        scorer = RequestScorer(model, groups)
+        assert scorer.request_names == ["user", "age"]
+        got = scorer(request, cands).numpy()
+        np.testing.assert_allclose(got, model(_tiled(request, cands)).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_cascade_keeps_the_prerank_top_m_and_ranks_them(setup):
+    groups, _, rank, prerank, request, cands = setup
+    module = CascadeModule(prerank, rank, groups, keep=5)
+    out = module.rank_request({**request, **cands})
+    flat_pre = tf.sigmoid(prerank(_tiled(request, cands))).numpy()
+    flat_rank = tf.sigmoid(rank(_tiled(request, cands))).numpy()
+    np.testing.assert_allclose(out["prerank_score"].numpy(), flat_pre, rtol=1e-5, atol=1e-6)
+    kept = out["kept"].numpy()
+    assert kept.dtype == bool and kept.sum() == 5
+    assert set(np.flatnonzero(kept)) == set(np.argsort(-flat_pre)[:5])
+    score = out["score"].numpy()
+    np.testing.assert_allclose(score[kept], flat_rank[kept], rtol=1e-5, atol=1e-6)
+    assert (score[~kept] == DROPPED_SCORE).all()
+    # fewer candidates than M: all are kept and ranked
+    small = module.rank_request({**request, **{k: v[:3] for k, v in cands.items()}})
+    assert small["kept"].numpy().all()
+
+
+def test_cascade_saved_model_signatures(setup, tmp_path):
+    groups, _, rank, prerank, request, cands = setup
+    out = export_cascade(prerank, rank, groups, tmp_path / "cascade", keep=4)
+    meta = json.loads((out / "assets.extra" / "stitchrec.json").read_text())
+    assert meta["request_inputs"] == ["user", "age"] and meta["keep"] == 4
+    assert meta["dropped_score"] == DROPPED_SCORE
+    loaded = tf.saved_model.load(str(out))
+    sig = loaded.signatures["rank_request"]
+    specs = sig.structured_input_signature[1]
+    assert specs["user"].shape == [1] and specs["item"].shape.as_list() == [None]
+    got = sig(**request, **cands)
+    want = CascadeModule(prerank, rank, groups, keep=4).rank_request({**request, **cands})
+    for key in ("score", "prerank_score", "kept"):
+        np.testing.assert_allclose(got[key].numpy(), want[key].numpy(), rtol=1e-5, atol=1e-6)
+    flat = loaded.signatures["serving_default"](**_tiled(request, cands))["score"].numpy()
+    np.testing.assert_allclose(flat, tf.sigmoid(rank(_tiled(request, cands))).numpy(), rtol=1e-5)
+    # an empty candidate list fails inside the SavedModel with a clear message
+    empty = {k: v[:0] for k, v in cands.items()}
+    with pytest.raises(tf.errors.InvalidArgumentError, match="candidate list is empty"):
+        sig(**request, **empty)
+
+
+def test_bad_requests_are_clear_errors(setup):
+    groups, _, rank, prerank, request, cands = setup
+    module = CascadeModule(prerank, rank, groups, keep=4)
+    req = {k: v.numpy() for k, v in request.items()}
+    with pytest.raises(ValueError, match="candidate list is empty"):
+        module.rank_candidates(req, {k: v.numpy()[:0] for k, v in cands.items()})
+    with pytest.raises(KeyError, match="lacks fields"):
+        module.rank_candidates({"user": req["user"]}, {k: v.numpy() for k, v in cands.items()})
+    with pytest.raises(ValueError, match="differ in length"):
+        module.rank_candidates(req, {**{k: v.numpy() for k, v in cands.items()}, "item": [1]})
+    with pytest.raises(ValueError, match="needs one value"):
+        module.rank_candidates(
+            {**req, "user": ["u1", "u2"]}, {k: v.numpy() for k, v in cands.items()}
+        )
+    got = module.rank_candidates(req, {k: v.numpy() for k, v in cands.items()})
+    assert got["kept"].sum() == 4
+    with pytest.raises(ValueError, match="no `group`"):
+        CascadeModule(prerank, rank, {**groups, "tags": None}, keep=4)
+    with pytest.raises(ValueError, match="keep must be >= 1"):
+        CascadeModule(prerank, rank, groups, keep=0)
+
+
+@pytest.mark.parametrize("model_type", ["dcn_v2", "fm", "lr"])
+def test_request_side_dense_and_multi_valued_fields(tmp_path, model_type):
+    """A dense (price) and a multi-valued (tags) request-side field are computed on the one row
+    and repeated; the wide term of fm/lr gets the repeated ragged ids."""
+    schema, stats = grouped_stats(write_grouped(tmp_path / "data", rows=800))
+    moved = schema.replace_field("price", group="context").replace_field("tags", group="user")
+    model = build_model(
+        ModelConfig(type=model_type, embedding_dim=4, mlp=(8,), cross_layers=1),
+        build_preprocessor(moved, stats),
+        "label",
+    )
+    request = {"user": ["u2"], "age": [41.0], "price": [12.5], "tags": ["c|a"]}
+    cands = {"item": [1, 3, 5, 7, 3]}
+    tiled = {k: tf.constant(np.repeat(v, 5)) for k, v in request.items()}
+    tiled["item"] = tf.constant(cands["item"], tf.int64)
+    want = model(tiled).numpy()
+    scorer = RequestScorer(model, field_groups(moved))
+    assert scorer.request_names == ["user", "tags", "price", "age"]
+    got = scorer(
+        {k: tf.constant(v) for k, v in request.items()},
+        {"item": tf.constant(cands["item"], tf.int64)},
+    ).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
