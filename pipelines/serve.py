@@ -1,9 +1,201 @@
-"""Placeholder: the helper building this command replaces this module."""
+"""``stitchrec serve --repo DIR``: the gRPC inference server (see ``serving/``).
+
+    stitchrec serve --repo models/ [--host H] [--port P] [--metrics-port M] [--workers N]
+                    [--version-policy [NAME=]latest|latest:N|all|specific:V,..]...
+                    [--poll-seconds S] [--max-batch-size B] [--max-queue-delay-us U]
+                    [--preferred-batch-sizes 256,1024] [--max-queue-size Q] [--no-batching]
+                    [--token T]... [--tls-cert F --tls-key F [--tls-client-ca F]]
+                    [--max-message-mb M] [--grace-seconds G] [--access-log] [--log-level L]
+
+With ``--workers N > 1`` the command reserves the port, starts N server processes that bind it
+with SO_REUSEPORT (worker i serves metrics on ``--metrics-port + i``), forwards SIGTERM/SIGINT
+to them and waits.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+from serving.config import BatchingConfig, Limits, ServerOptions, VersionPolicy
+
+
+def _batch_sizes(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(s) for s in text.split(",") if s.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    del sub
+    p = sub.add_parser("serve", help="serve a model repository over gRPC")
+    p.add_argument("--repo", required=True, help="model repository: <repo>/<name>/<version>/")
+    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--port", type=int, default=8500)
+    p.add_argument("--metrics-port", type=int, default=None, help="Prometheus /metrics port")
+    p.add_argument("--metrics-host", default=None, help="default: --host")
+    p.add_argument("--workers", type=int, default=1, help="server processes on one port")
+    p.add_argument(
+        "--version-policy",
+        action="append",
+        default=[],
+        metavar="[NAME=]POLICY",
+        help="latest (default), latest:N, all or specific:V1,V2; NAME= for one model",
+    )
+    p.add_argument("--poll-seconds", type=float, default=5.0, help="0: load once, no polling")
+    p.add_argument("--max-batch-size", type=int, default=4096, help="examples per batch")
+    p.add_argument("--max-queue-delay-us", type=int, default=500)
+    p.add_argument("--preferred-batch-sizes", type=_batch_sizes, default=())
+    p.add_argument("--max-queue-size", type=int, default=2048, help="requests waiting")
+    p.add_argument("--batch-concurrency", type=int, default=1, help="batches at once per device")
+    p.add_argument("--no-batching", action="store_true", help="run each request alone")
+    p.add_argument("--max-request-rows", type=int, default=100_000)
+    p.add_argument("--max-message-mb", type=float, default=64.0)
+    p.add_argument("--token", action="append", default=[], help="accepted bearer token")
+    p.add_argument("--tls-cert")
+    p.add_argument("--tls-key")
+    p.add_argument("--tls-client-ca")
+    p.add_argument("--grace-seconds", type=float, default=10.0)
+    p.add_argument("--access-log", action="store_true", help="one JSON log line per call")
+    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--intra-op-threads", type=int, default=0, help="TensorFlow; 0: default")
+    p.add_argument("--inter-op-threads", type=int, default=0, help="TensorFlow; 0: default")
+    p.set_defaults(func=cmd_serve)
+
+
+def _options(args: argparse.Namespace) -> ServerOptions:
+
+    policy = "latest"
+    per_model: list[tuple[str, str]] = []
+    for text in args.version_policy:
+        name, eq, pol = text.rpartition("=")
+        VersionPolicy.parse(pol)  # raises ValueError with the expected forms
+        if eq:
+            per_model.append((name, pol))
+        else:
+            policy = pol
+    tokens = list(args.token)
+    env_token = os.environ.get("STITCHREC_SERVE_TOKEN")
+    if env_token:
+        tokens.append(env_token)
+    return ServerOptions(
+        batching=BatchingConfig(
+            enabled=not args.no_batching,
+            max_batch_size=args.max_batch_size,
+            max_queue_delay_us=args.max_queue_delay_us,
+            preferred_batch_sizes=args.preferred_batch_sizes,
+            max_queue_size=args.max_queue_size,
+            concurrency=args.batch_concurrency,
+        ),
+        limits=Limits(max_request_rows=args.max_request_rows),
+        policy=policy,
+        policies=tuple(per_model),
+        poll_interval_s=args.poll_seconds,
+        metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host or args.host,
+        max_message_bytes=int(args.max_message_mb * 1024 * 1024),
+        tokens=tuple(tokens),
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        tls_client_ca=args.tls_client_ca,
+        access_log=args.access_log,
+        reuse_port=args.workers > 1 or os.environ.get("STITCHREC_WORKER_INDEX") is not None,
+    )
+
+
+def _reserve_port(host: str, port: int) -> socket.socket:
+    """Binds (without listening) with SO_REUSEPORT, so workers can bind the same port."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    s = socket.socket(family, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    s.bind((host, port))
+    return s
+
+
+def _run_workers(args: argparse.Namespace) -> int:
+    reserved = _reserve_port(args.host, args.port)
+    port = reserved.getsockname()[1]
+    procs = []
+    for i in range(args.workers):
+        cmd = [sys.executable, "-m", "pipelines.cli", *_worker_argv(args, port, i)]
+        env = {**os.environ, "STITCHREC_WORKER_INDEX": str(i)}
+        procs.append(subprocess.Popen(cmd, env=env))
+    print(json.dumps({"serving": args.host, "port": port, "workers": args.workers}), flush=True)
+
+    def forward(signum: int, _frame: object) -> None:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    codes = [p.wait() for p in procs]
+    reserved.close()
+    return max(codes, default=0)
+
+
+def _worker_argv(args: argparse.Namespace, port: int, index: int) -> list[str]:
+    """The ``serve`` command line of worker ``index``: the same flags, one worker, one port."""
+    out = ["serve", "--repo", args.repo, "--host", args.host, "--port", str(port)]
+    if args.metrics_port is not None:
+        out += ["--metrics-port", str(args.metrics_port + index if args.metrics_port else 0)]
+    if args.metrics_host:
+        out += ["--metrics-host", args.metrics_host]
+    for pol in args.version_policy:
+        out += ["--version-policy", pol]
+    for tok in args.token:
+        out += ["--token", tok]
+    if args.preferred_batch_sizes:
+        out += ["--preferred-batch-sizes", ",".join(map(str, args.preferred_batch_sizes))]
+    for flag in (
+        "poll_seconds",
+        "max_batch_size",
+        "max_queue_delay_us",
+        "max_queue_size",
+        "batch_concurrency",
+        "max_request_rows",
+        "max_message_mb",
+        "grace_seconds",
+        "log_level",
+        "intra_op_threads",
+        "inter_op_threads",
+        "tls_cert",
+        "tls_key",
+        "tls_client_ca",
+    ):
+        value = getattr(args, flag)
+        if value is not None:
+            out += ["--" + flag.replace("_", "-"), str(value)]
+    for flag in ("no_batching", "access_log"):
+        if getattr(args, flag):
+            out.append("--" + flag.replace("_", "-"))
+    return out
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    if args.workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {args.workers}")
+    options = _options(args)  # validate before starting anything
+    if args.workers > 1:
+        return _run_workers(args)
+    import asyncio
+
+    from serving.server import configure_logging, serve_forever
+
+    configure_logging(args.log_level)
+    if args.intra_op_threads or args.inter_op_threads:
+        import tensorflow as tf
+
+        if args.intra_op_threads:
+            tf.config.threading.set_intra_op_parallelism_threads(args.intra_op_threads)
+        if args.inter_op_threads:
+            tf.config.threading.set_inter_op_parallelism_threads(args.inter_op_threads)
+    address = f"[{args.host}]:{args.port}" if ":" in args.host else f"{args.host}:{args.port}"
+    return asyncio.run(serve_forever(address, args.repo, options, grace=args.grace_seconds))

@@ -1,0 +1,136 @@
+"""A closed-loop gRPC load generator (grpc.aio), run as its own process.
+
+    python -m bench.serving.loadgen --target 127.0.0.1:8500 --method /pkg.Svc/Method \\
+        --requests reqs.bin --concurrency 64 --channels 4 --warmup 1 --seconds 5 [--rank-versions]
+
+``--requests``: a file of pre-serialized request messages (each preceded by a 4-byte
+little-endian length) sent round robin as raw bytes, so the generator spends no time encoding.
+``concurrency`` streams each send a request, wait for the answer, and send the next one. Prints
+one JSON object: requests/s, p50/p90/p99/max latency (ms) over the measured window, failures
+by status code, and (with ``--rank-versions``) how many answers each model version gave.
+
+It imports no TensorFlow and no project protos (only with ``--rank-versions``), so it can load
+StitchRec and Triton servers alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import struct
+import sys
+import time
+from collections import Counter
+
+import grpc
+import numpy as np
+
+
+def read_requests(path: str) -> list[bytes]:
+    with open(path, "rb") as f:
+        data = f.read()
+    out = []
+    pos = 0
+    while pos < len(data):
+        (n,) = struct.unpack_from("<I", data, pos)
+        out.append(data[pos + 4 : pos + 4 + n])
+        pos += 4 + n
+    return out
+
+
+def write_requests(path: str, messages: list[bytes]) -> None:
+    with open(path, "wb") as f:
+        for m in messages:
+            f.write(struct.pack("<I", len(m)) + m)
+
+
+def summarize(latencies: list[float], seconds: float, failures: Counter) -> dict:
+    lat = np.array(latencies) * 1e3 if latencies else np.zeros(1)
+    return {
+        "requests": len(latencies),
+        "seconds": round(seconds, 3),
+        "qps": round(len(latencies) / seconds, 1) if seconds > 0 else 0.0,
+        "p50_ms": round(float(np.percentile(lat, 50)), 3),
+        "p90_ms": round(float(np.percentile(lat, 90)), 3),
+        "p99_ms": round(float(np.percentile(lat, 99)), 3),
+        "max_ms": round(float(lat.max()), 3),
+        "failures": sum(failures.values()),
+        "failures_by_code": dict(failures),
+    }
+
+
+async def run(args: argparse.Namespace) -> dict:
+    requests = read_requests(args.requests)
+    opts = [
+        ("grpc.max_receive_message_length", 64 << 20),
+        ("grpc.max_send_message_length", 64 << 20),
+    ]
+    # distinct channel args give distinct connections (spread over SO_REUSEPORT workers)
+    channels = [
+        grpc.aio.insecure_channel(args.target, options=[*opts, ("stitchrec.bench.channel", i)])
+        for i in range(args.channels)
+    ]
+    calls = [ch.unary_unary(args.method) for ch in channels]
+    decode = None
+    if args.rank_versions:
+        from protos import ranking_service_pb2
+
+        decode = ranking_service_pb2.RankResponse.FromString
+    loop_start = time.perf_counter()
+    measure_from = loop_start + args.warmup
+    end = measure_from + args.seconds
+    latencies: list[float] = []
+    failures: Counter = Counter()
+    versions: Counter = Counter()
+
+    async def stream(i: int) -> None:
+        call = calls[i % len(calls)]
+        k = i
+        while True:
+            t0 = time.perf_counter()
+            if t0 >= end:
+                return
+            msg = requests[k % len(requests)]
+            k += 1
+            try:
+                resp = await call(msg, timeout=args.timeout)
+                t1 = time.perf_counter()
+                if decode is not None:
+                    versions[decode(resp).model_version] += 1
+                if t0 >= measure_from:
+                    latencies.append(t1 - t0)
+            except grpc.aio.AioRpcError as e:
+                if t0 >= measure_from or args.rank_versions:
+                    failures[e.code().name] += 1
+
+    await asyncio.gather(*[stream(i) for i in range(args.concurrency)])
+    for ch in channels:
+        await ch.close()
+    # requests started in the measured window, over the window's length
+    out = summarize(latencies, args.seconds, failures)
+    out["concurrency"] = args.concurrency
+    if decode is not None:
+        out["versions"] = {str(k): v for k, v in sorted(versions.items())}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--target", required=True)
+    p.add_argument("--method", required=True, help="full method path, e.g. /pkg.Service/Method")
+    p.add_argument("--requests", required=True, help="file of length-prefixed request messages")
+    p.add_argument("--concurrency", type=int, default=64)
+    p.add_argument("--channels", type=int, default=4)
+    p.add_argument("--warmup", type=float, default=1.0)
+    p.add_argument("--seconds", type=float, default=5.0)
+    p.add_argument("--timeout", type=float, default=10.0)
+    p.add_argument("--rank-versions", action="store_true")
+    args = p.parse_args(argv)
+    out = asyncio.run(run(args))
+    print(json.dumps(out), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,259 @@
+"""Dynamic batching: requests that arrive close together run as one model call.
+
+Each request carries ``rows`` examples (one feature array of shape ``[rows]`` per input). The
+batcher keeps a bounded FIFO queue of requests and one scheduler per model version; when a model
+instance is free it takes requests from the head of the queue, concatenates their feature arrays
+into one batch of ``B = sum(rows)`` examples, runs the model once on a worker thread (TensorFlow
+releases the GIL), and slices the outputs back per request.
+
+When to dispatch (the same rules as Triton's dynamic batcher):
+
+- at once when the queued rows reach ``max_batch_size`` or exactly one of
+  ``preferred_batch_sizes`` (the largest such prefix of the queue is taken);
+- otherwise when the oldest queued request has waited ``max_queue_delay_us``;
+- a request whose deadline has passed before its batch is formed is answered
+  ``DeadlineExceeded`` and never computed; a request whose caller went away is dropped.
+
+A full queue fails fast (``QueueFull``, mapped to RESOURCE_EXHAUSTED): a server that cannot keep
+up answers at once instead of letting latency grow without bound. With ``enabled = False`` each
+request runs alone (the "no batching" baseline), ``concurrency`` at a time per instance.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import contextlib
+import dataclasses
+import itertools
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from serving.config import BatchingConfig
+
+RunFn = Callable[[int, dict[str, np.ndarray]], dict[str, np.ndarray]]
+
+
+class QueueFull(Exception):
+    """The batch queue is full: the server is overloaded (RESOURCE_EXHAUSTED)."""
+
+
+class DeadlineExceeded(Exception):
+    """The request's deadline passed while it waited in the queue (DEADLINE_EXCEEDED)."""
+
+
+class BatcherClosed(Exception):
+    """The batcher has been closed (the model version was unloaded)."""
+
+
+@dataclasses.dataclass(eq=False)
+class _Item:
+    features: dict[str, np.ndarray]
+    rows: int
+    deadline: float | None  # time.monotonic() seconds
+    future: asyncio.Future
+    enqueued: float
+
+
+def merge_features(items: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Concatenates per-request feature arrays ``[rows_i]`` into ``[sum(rows_i)]``."""
+    if len(items) == 1:
+        return items[0]
+    return {name: np.concatenate([f[name] for f in items]) for name in items[0]}
+
+
+def split_outputs(
+    outputs: dict[str, np.ndarray], rows: Sequence[int]
+) -> list[dict[str, np.ndarray]]:
+    """The inverse of ``merge_features`` on the outputs: slices ``[B, ...]`` back per request."""
+    if len(rows) == 1:
+        return [outputs]
+    bounds = np.cumsum([0, *rows])
+    return [{k: v[bounds[i] : bounds[i + 1]] for k, v in outputs.items()} for i in range(len(rows))]
+
+
+def take_batch(
+    rows: Sequence[int], max_batch_size: int, preferred: Sequence[int], expired: bool
+) -> int | None:
+    """How many queued requests (a prefix of ``rows``) to dispatch now; None: keep waiting.
+
+    A plain function of the queue so the policy can be tested by hand: dispatch the largest
+    prefix that fits ``max_batch_size`` once the queue holds that many rows or the wait expired,
+    or the largest prefix whose row count is a preferred size.
+    """
+    if not rows:
+        return None
+    total = 0
+    fit = 0
+    best_preferred = 0
+    for i, r in enumerate(rows):
+        if total + r > max_batch_size and i > 0:
+            break
+        total += r
+        fit = i + 1
+        if total in preferred:
+            best_preferred = fit
+        if total >= max_batch_size:
+            break
+    full = total >= max_batch_size or fit < len(rows)
+    if full or expired:
+        return fit
+    if best_preferred:
+        return best_preferred
+    return None
+
+
+class DynamicBatcher:
+    """Batches the requests of one model version over its model instances.
+
+    ``run(instance_index, features) -> outputs`` runs one batch on one instance (a worker
+    thread; one per concurrent batch). Instances are used round robin. Create and use it from
+    one event loop.
+    """
+
+    def __init__(
+        self,
+        run: RunFn,
+        instances: int,
+        config: BatchingConfig,
+        *,
+        on_batch: Callable[[int, int, list[float]], None] | None = None,
+        name: str = "model",
+    ):
+        if instances < 1:
+            raise ValueError(f"batcher: instances must be >= 1, got {instances}")
+        self._run = run
+        self.config = config
+        self._on_batch = on_batch
+        self._queue: collections.deque[_Item] = collections.deque()
+        self._queued_rows = 0
+        slots = instances * config.concurrency
+        self._pool = concurrent.futures.ThreadPoolExecutor(slots, thread_name_prefix=name)
+        self._free = asyncio.Semaphore(slots)
+        self._instances = itertools.cycle(range(instances))
+        self._wakeup = asyncio.Event()
+        self._running: set[asyncio.Task] = set()
+        self._closed = False
+        self._scheduler = asyncio.get_running_loop().create_task(self._schedule())
+        self.batches = 0  # batches run (for tests and stats)
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    async def submit(
+        self, features: dict[str, np.ndarray], rows: int, deadline: float | None = None
+    ) -> dict[str, np.ndarray]:
+        """Queues one request of ``rows`` examples; returns its outputs ``{name: [rows, ...]}``."""
+        if self._closed:
+            raise BatcherClosed("the model version is being unloaded")
+        if len(self._queue) >= self.config.max_queue_size:
+            raise QueueFull(
+                f"the batch queue is full ({self.config.max_queue_size} requests waiting); "
+                f"retry later or add capacity"
+            )
+        fut = asyncio.get_running_loop().create_future()
+        self._queue.append(_Item(features, rows, deadline, fut, time.monotonic()))
+        self._queued_rows += rows
+        self._wakeup.set()
+        return await fut
+
+    def _drop_dead(self, now: float) -> None:
+        """Removes cancelled and expired requests from the head of the queue."""
+        q = self._queue
+        while q:
+            it = q[0]
+            if it.future.done():
+                pass
+            elif it.deadline is not None and it.deadline <= now:
+                it.future.set_exception(
+                    DeadlineExceeded(
+                        f"deadline exceeded after {1e3 * (now - it.enqueued):.1f} ms in the "
+                        f"batch queue"
+                    )
+                )
+            else:
+                return
+            q.popleft()
+            self._queued_rows -= it.rows
+
+    async def _schedule(self) -> None:
+        cfg = self.config
+        delay = cfg.max_queue_delay_us / 1e6
+        while True:
+            await self._free.acquire()
+            items: list[_Item] = []
+            while not items:
+                now = time.monotonic()
+                self._drop_dead(now)
+                if not self._queue:
+                    if self._closed:
+                        self._free.release()
+                        return
+                    self._wakeup.clear()
+                    await self._wakeup.wait()
+                    continue
+                if not cfg.enabled:
+                    n = 1
+                else:
+                    expired = now >= self._queue[0].enqueued + delay
+                    n = take_batch(
+                        [it.rows for it in self._queue],
+                        cfg.max_batch_size,
+                        cfg.preferred_batch_sizes,
+                        expired or self._closed,
+                    )
+                if n is None:
+                    self._wakeup.clear()
+                    timeout = self._queue[0].enqueued + delay - now
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wakeup.wait(), max(timeout, 0.0))
+                    continue
+                for _ in range(n):
+                    it = self._queue.popleft()
+                    self._queued_rows -= it.rows
+                    if not it.future.done():
+                        items.append(it)
+            task = asyncio.get_running_loop().create_task(self._execute(items))
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
+
+    async def _execute(self, items: list[_Item]) -> None:
+        try:
+            start = time.monotonic()
+            rows = [it.rows for it in items]
+            features = merge_features([it.features for it in items])
+            instance = next(self._instances)
+            loop = asyncio.get_running_loop()
+            try:
+                outputs = await loop.run_in_executor(self._pool, self._run, instance, features)
+                parts = split_outputs(outputs, rows)
+            except Exception as e:  # a failed batch fails its requests, never the server
+                for it in items:
+                    if not it.future.done():
+                        it.future.set_exception(e)
+                return
+            self.batches += 1
+            for it, part in zip(items, parts, strict=True):
+                if not it.future.done():
+                    it.future.set_result(part)
+            if self._on_batch is not None:
+                self._on_batch(sum(rows), len(items), [start - it.enqueued for it in items])
+        finally:
+            self._free.release()
+
+    async def drain(self) -> None:
+        """Stops taking requests and waits until every queued and running batch has finished."""
+        self._closed = True
+        self._wakeup.set()
+        await self._scheduler
+        while self._running:
+            await asyncio.gather(*list(self._running), return_exceptions=True)
+
+    async def close(self) -> None:
+        """Drains, then releases the worker threads."""
+        await self.drain()
+        self._pool.shutdown(wait=True)

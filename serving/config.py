@@ -1,0 +1,154 @@
+"""Serving configuration: plain dataclasses, no TensorFlow (the CLI validates flags with them).
+
+- ``BatchingConfig``: the dynamic batcher of each model version;
+- ``VersionPolicy``: which versions of a model on disk are served;
+- ``Limits``: per-request limits;
+- ``ServerOptions``: everything ``create_server`` and ``stitchrec serve`` take.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchingConfig:
+    """Dynamic batching settings of one model version.
+
+    enabled: False runs each request alone (no batching).
+    max_batch_size: most examples (rows) in one batch; a single larger request runs alone.
+    max_queue_delay_us: longest the oldest queued request waits for others to join it.
+    preferred_batch_sizes: batch sizes (rows) dispatched at once when the queue reaches them.
+    max_queue_size: most requests waiting; one more fails with RESOURCE_EXHAUSTED.
+    concurrency: batches run at the same time on each model instance.
+    """
+
+    enabled: bool = True
+    max_batch_size: int = 4096
+    max_queue_delay_us: int = 500
+    preferred_batch_sizes: tuple[int, ...] = ()
+    max_queue_size: int = 2048
+    concurrency: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("max_batch_size", "max_queue_size", "concurrency"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"batching: {name} must be an integer >= 1, got {value!r}")
+        delay = self.max_queue_delay_us
+        if isinstance(delay, bool) or not isinstance(delay, int) or delay < 0:
+            raise ValueError(f"batching: max_queue_delay_us must be an integer >= 0, got {delay!r}")
+        sizes = tuple(self.preferred_batch_sizes)
+        for s in sizes:
+            if isinstance(s, bool) or not isinstance(s, int) or not 1 <= s <= self.max_batch_size:
+                raise ValueError(
+                    f"batching: preferred_batch_sizes must be integers in [1, max_batch_size="
+                    f"{self.max_batch_size}], got {s!r}"
+                )
+        object.__setattr__(self, "preferred_batch_sizes", tuple(sorted(set(sizes))))
+
+
+@dataclasses.dataclass(frozen=True)
+class VersionPolicy:
+    """Which versions on disk are served: ``latest[:N]``, ``all`` or ``specific:V1,V2``."""
+
+    kind: str = "latest"
+    count: int = 1
+    versions: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("latest", "all", "specific"):
+            raise ValueError(
+                f"version policy: kind must be latest, all or specific, got {self.kind!r}"
+            )
+        if self.kind == "latest" and self.count < 1:
+            raise ValueError(f"version policy: latest:N needs N >= 1, got {self.count}")
+        if self.kind == "specific" and (not self.versions or any(v < 1 for v in self.versions)):
+            raise ValueError(
+                f"version policy: specific needs versions >= 1, got {list(self.versions)}"
+            )
+
+    @classmethod
+    def parse(cls, text: str) -> VersionPolicy:
+        """``"latest"``, ``"latest:2"``, ``"all"`` or ``"specific:1,3"``."""
+        kind, _, arg = text.strip().partition(":")
+        try:
+            if kind == "latest":
+                return cls("latest", int(arg) if arg else 1)
+            if kind == "specific":
+                return cls("specific", versions=tuple(int(v) for v in arg.split(",") if v))
+        except ValueError:
+            raise ValueError(
+                f"version policy {text!r}: expected latest[:N], all or specific:V1,V2,... "
+                f"with integer N and V"
+            ) from None
+        if kind == "all" and not arg:
+            return cls("all")
+        raise ValueError(f"version policy {text!r}: expected latest[:N], all or specific:V1,V2,...")
+
+    def select(self, available: Iterable[int]) -> list[int]:
+        """The versions to serve out of those ``available`` on disk (ascending)."""
+        avail = sorted(set(available))
+        if self.kind == "latest":
+            return avail[-self.count :]
+        if self.kind == "all":
+            return avail
+        return [v for v in avail if v in self.versions]
+
+    def __str__(self) -> str:
+        if self.kind == "latest":
+            return "latest" if self.count == 1 else f"latest:{self.count}"
+        if self.kind == "all":
+            return "all"
+        return "specific:" + ",".join(str(v) for v in self.versions)
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """Per-request limits: examples in one request (rows), candidates in one rank request."""
+
+    max_request_rows: int = 100_000
+
+    def __post_init__(self) -> None:
+        if self.max_request_rows < 1:
+            raise ValueError(f"max_request_rows must be >= 1, got {self.max_request_rows}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerOptions:
+    """How a server is run (the ``stitchrec serve`` flags).
+
+    policy / policies: version policy of every model / per model name.
+    poll_interval_s: seconds between repository scans (0: load once).
+    metrics_port: Prometheus ``/metrics`` HTTP port (None: off; 0: any free port).
+    max_message_bytes: largest request or response (bigger: RESOURCE_EXHAUSTED).
+    tokens: accepted bearer tokens (empty: no auth). tls_*: PEM files (cert+key: TLS on;
+    client_ca: clients must present a certificate it signed).
+    reuse_port: bind with SO_REUSEPORT so several processes share the port.
+    """
+
+    batching: BatchingConfig = BatchingConfig()
+    limits: Limits = Limits()
+    policy: str = "latest"
+    policies: tuple[tuple[str, str], ...] = ()
+    poll_interval_s: float = 0.0
+    warmup_sizes: tuple[int, ...] = (1, 100)
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
+    max_message_bytes: int = 64 * 1024 * 1024
+    tokens: tuple[str, ...] = ()
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_client_ca: str | None = None
+    access_log: bool = False
+    reuse_port: bool = False
+    devices: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_message_bytes < 1024:
+            raise ValueError(f"max_message_bytes must be >= 1024, got {self.max_message_bytes}")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("TLS needs both a certificate and a key (tls_cert and tls_key)")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise ValueError("tls_client_ca needs tls_cert and tls_key")

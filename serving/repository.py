@@ -1,0 +1,476 @@
+"""The model repository: ``<root>/<name>/<version>/`` SavedModels, loaded, warmed and swapped.
+
+Layout (the same as TF Serving and Triton)::
+
+    models/
+      ctr/                 # model name
+        1/                 # version: a positive integer, a SavedModel folder
+          saved_model.pb
+          variables/...
+          assets.extra/schema.toml, stitchrec.json   # written by `stitchrec export`
+        2/
+
+Version policies (per model, default ``latest``):
+
+- ``latest`` / ``latest:N``: the N highest versions on disk;
+- ``all``: every version on disk;
+- ``specific:1,3``: exactly these versions.
+
+A version is served only once it is loaded on every model instance (one per GPU, round robin,
+or one on the CPU) and warmed up (the serving signature has run on dummy batches). The
+repository polls the root every ``poll_interval_s``: a new version is loaded and warmed while the
+old one keeps serving, then the live set is swapped in one step (requests already queued on the
+old version finish on it: its batcher is drained before it is released), so a hot swap fails no
+request. Rollback: a version that fails to load or warm up is marked failed (state END with the
+error) and the previous version keeps serving; deleting the newest version folder (or pinning
+``specific:N``) reloads the previous one before the newer one is unloaded. A failed version is
+retried when its folder changes. Write a new version under a temporary name and rename it into
+place so the poller never sees half a SavedModel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import itertools
+import json
+import logging
+import time
+import tomllib
+from collections.abc import Awaitable, Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from serving.batching import DynamicBatcher
+from serving.config import BatchingConfig, VersionPolicy
+
+log = logging.getLogger("stitchrec.serving.repository")
+
+SERVING_SIGNATURE = "serving_default"
+RANK_SIGNATURE = "rank_request"
+
+# TF Serving's ModelVersionStatus.State values.
+STATE_START = "START"
+STATE_LOADING = "LOADING"
+STATE_AVAILABLE = "AVAILABLE"
+STATE_UNLOADING = "UNLOADING"
+STATE_END = "END"
+
+_NP_DTYPES = {tf.string: np.object_, tf.int64: np.int64, tf.float32: np.float32}
+
+
+class ModelNotFound(KeyError):
+    """Unknown model or version (NOT_FOUND)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+@dataclasses.dataclass(frozen=True)
+class InputSpec:
+    """One signature input: name, numpy dtype (object for strings) and static shape."""
+
+    name: str
+    dtype: np.dtype
+    tf_dtype: tf.DType
+    shape: tuple[int | None, ...]
+
+
+@dataclasses.dataclass
+class VersionStatus:
+    state: str
+    error: str = ""
+
+
+def available_devices() -> list[str]:
+    """One model instance per GPU when GPUs exist, else one on the CPU."""
+    gpus = tf.config.list_logical_devices("GPU")
+    return [d.name for d in gpus] if gpus else ["/device:CPU:0"]
+
+
+def _signature_inputs(fn: Any) -> dict[str, InputSpec]:
+    _, kwargs = fn.structured_input_signature
+    out = {}
+    for name, spec in kwargs.items():
+        if spec.dtype not in _NP_DTYPES:
+            np_dtype = np.dtype(spec.dtype.as_numpy_dtype)
+        else:
+            np_dtype = np.dtype(_NP_DTYPES[spec.dtype])
+        out[name] = InputSpec(name, np_dtype, spec.dtype, tuple(spec.shape.as_list()))
+    return out
+
+
+def _dummy(spec: InputSpec, rows: int) -> np.ndarray:
+    if spec.dtype == np.object_:
+        return np.array([b""] * rows, dtype=object)
+    return np.zeros(rows, dtype=spec.dtype)
+
+
+def version_dirs(model_dir: Path) -> dict[int, Path]:
+    """The version folders of one model: positive-integer names holding a SavedModel."""
+    out = {}
+    if not model_dir.is_dir():
+        return out
+    for p in model_dir.iterdir():
+        is_version = p.is_dir() and p.name.isdigit() and int(p.name) > 0
+        if is_version and ((p / "saved_model.pb").exists() or (p / "saved_model.pbtxt").exists()):
+            out[int(p.name)] = p
+    return out
+
+
+def _fingerprint(path: Path) -> float:
+    """Changes when a version folder is rewritten: newest mtime of its top-level entries."""
+    stamps = [path.stat().st_mtime]
+    for p in (path / "saved_model.pb", path / "variables"):
+        if p.exists():
+            stamps.append(p.stat().st_mtime)
+    return max(stamps)
+
+
+class ModelVersion:
+    """One loaded version: an instance per device, its signatures and its batcher."""
+
+    def __init__(self, name: str, version: int, path: Path, devices: list[str]):
+        self.name = name
+        self.version = version
+        self.path = path
+        self.devices = devices
+        self.instances = []
+        for dev in devices:
+            with tf.device(dev):
+                self.instances.append(tf.saved_model.load(str(path)))
+        sigs = self.instances[0].signatures
+        if SERVING_SIGNATURE not in sigs:
+            raise ValueError(
+                f"{path}: the SavedModel has no {SERVING_SIGNATURE!r} signature "
+                f"(it has {sorted(sigs)})"
+            )
+        self.signature_names = sorted(sigs)
+        self.inputs = _signature_inputs(sigs[SERVING_SIGNATURE])
+        self.outputs = {
+            k: v for k, v in sigs[SERVING_SIGNATURE].structured_outputs.items()
+        }  # name -> TensorSpec
+        self.rank_inputs = (
+            _signature_inputs(sigs[RANK_SIGNATURE]) if RANK_SIGNATURE in sigs else None
+        )
+        self.signature_inputs = {n: _signature_inputs(sigs[n]) for n in sigs}
+        self.groups = self._read_groups()
+        self.batcher: DynamicBatcher | None = None
+        self._round_robin = itertools.cycle(range(len(self.instances)))
+        self.inflight = 0
+        self._idle: asyncio.Event | None = None
+
+    def _read_groups(self) -> dict[str, str]:
+        schema = self.path / "assets.extra" / "schema.toml"
+        if not schema.exists():
+            return {}
+        try:
+            fields = tomllib.loads(schema.read_text()).get("fields", [])
+        except tomllib.TOMLDecodeError as e:
+            log.warning("%s: unreadable schema (%s); feature groups unknown", schema, e)
+            return {}
+        return {f["name"]: f["group"] for f in fields if "name" in f and f.get("group")}
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        meta = self.path / "assets.extra" / "stitchrec.json"
+        try:
+            return json.loads(meta.read_text()) if meta.exists() else {}
+        except json.JSONDecodeError:
+            return {}
+
+    def next_instance(self) -> int:
+        """The instance for a call outside the batcher (round robin)."""
+        return next(self._round_robin)
+
+    def run(self, instance: int, features: dict[str, np.ndarray], signature: str = "") -> dict:
+        """Runs one signature on one instance: ``{name: [B]}`` -> ``{output: [B, ...]}``."""
+        model = self.instances[instance]
+        fn = model.signatures[signature or SERVING_SIGNATURE]
+        with tf.device(self.devices[instance]):
+            out = fn(**{k: tf.constant(v) for k, v in features.items()})
+        return {k: v.numpy() for k, v in out.items()}
+
+    def warmup(self, sizes: Iterable[int]) -> None:
+        """Runs every instance on dummy batches so the first real request pays no tracing."""
+        for i in range(len(self.instances)):
+            for rows in sizes:
+                out = self.run(i, {n: _dummy(s, rows) for n, s in self.inputs.items()})
+                for k, v in out.items():
+                    if v.shape[:1] != (rows,):
+                        raise ValueError(
+                            f"{self.path}: output {k!r} has shape {v.shape} for a batch of "
+                            f"{rows}; expected [{rows}, ...]"
+                        )
+            if self.rank_inputs is not None:
+                feats = {
+                    n: _dummy(s, 1 if s.shape == (1,) else 2) for n, s in self.rank_inputs.items()
+                }
+                self.run(i, feats, RANK_SIGNATURE)
+
+    def start(self, config: BatchingConfig, on_batch: Callable | None) -> None:
+        """Creates the batcher (on the running event loop)."""
+        self.batcher = DynamicBatcher(
+            self.run,
+            len(self.instances),
+            config,
+            on_batch=on_batch,
+            name=f"{self.name}-v{self.version}",
+        )
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    async def call(self, fn: Callable[[], Any]) -> Any:
+        """Runs ``fn`` (a coroutine factory) counting it as in flight, for draining."""
+        if self._idle is None:
+            raise RuntimeError(f"model {self.name!r} version {self.version} is not started")
+        self.inflight += 1
+        self._idle.clear()
+        try:
+            return await fn()
+        finally:
+            self.inflight -= 1
+            if self.inflight == 0:
+                self._idle.set()
+
+    async def close(self) -> None:
+        """Waits for every in-flight request, then stops the batcher."""
+        if self._idle is not None:
+            await self._idle.wait()
+        if self.batcher is not None:
+            await self.batcher.close()
+
+
+class ModelRepository:
+    """Loads ``<root>/<name>/<version>/`` SavedModels and keeps the served set up to date."""
+
+    def __init__(
+        self,
+        root: str | Path,
+        *,
+        policy: VersionPolicy | str = "latest",
+        policies: dict[str, VersionPolicy | str] | None = None,
+        batching: BatchingConfig | None = None,
+        poll_interval_s: float = 0.0,
+        warmup_sizes: Iterable[int] = (1, 100),
+        devices: list[str] | None = None,
+        on_batch: Callable[[str, int, int, list[float]], None] | None = None,
+        on_change: Callable[[str, int, str], None] | None = None,
+    ):
+        self.root = Path(root)
+        if not self.root.is_dir():
+            raise FileNotFoundError(f"model repository {str(self.root)!r} is not a directory")
+        self.policy = VersionPolicy.parse(policy) if isinstance(policy, str) else policy
+        self.policies = {
+            k: VersionPolicy.parse(v) if isinstance(v, str) else v
+            for k, v in (policies or {}).items()
+        }
+        self.batching = batching or BatchingConfig()
+        if poll_interval_s < 0:
+            raise ValueError(f"poll_interval_s must be >= 0, got {poll_interval_s}")
+        self.poll_interval_s = poll_interval_s
+        self.warmup_sizes = tuple(
+            sorted(set(warmup_sizes) | set(self.batching.preferred_batch_sizes))
+        )
+        self.devices = devices or available_devices()
+        self._on_batch = on_batch
+        self._on_change = on_change
+        self._live: dict[str, dict[int, ModelVersion]] = {}
+        self._status: dict[str, dict[int, VersionStatus]] = {}
+        self._failed: dict[tuple[str, int], float] = {}
+        self._lock = asyncio.Lock()
+        self._poller: asyncio.Task | None = None
+        self.loaded_once = False
+        # called after every scan (the server updates grpc.health.v1 from ``ready()``)
+        self.after_poll: Callable[[], Awaitable[None]] | None = None
+
+    # --- queries (no await: a request reads the live set and submits in one step) ---
+
+    def model_names(self) -> list[str]:
+        return sorted(set(self._live) | set(self._status))
+
+    def policy_of(self, name: str) -> VersionPolicy:
+        return self.policies.get(name, self.policy)
+
+    def get(self, name: str, version: int | None = None) -> ModelVersion:
+        """The live version ``version`` of ``name`` (None or 0: the highest live version)."""
+        live = self._live.get(name)
+        if not live:
+            if name in self._status:
+                raise ModelNotFound(
+                    f"model {name!r} has no ready version (versions: {self._describe(name)})"
+                )
+            raise ModelNotFound(
+                f"unknown model {name!r}; the repository {str(self.root)!r} serves "
+                f"{sorted(self._live) or 'no models'}"
+            )
+        if not version:
+            return live[max(live)]
+        mv = live.get(version)
+        if mv is None:
+            raise ModelNotFound(
+                f"model {name!r} has no ready version {version}; ready versions: "
+                f"{sorted(live)} (version policy {self.policy_of(name)})"
+            )
+        return mv
+
+    def ready(self, name: str | None = None, version: int | None = None) -> bool:
+        if name is None:
+            return self.loaded_once and all(self._live.get(n) for n in self.model_names())
+        try:
+            self.get(name, version)
+        except ModelNotFound:
+            return False
+        return True
+
+    def live_versions(self, name: str) -> list[int]:
+        return sorted(self._live.get(name, {}))
+
+    def status(self, name: str) -> dict[int, VersionStatus]:
+        if name not in self._status:
+            raise ModelNotFound(
+                f"unknown model {name!r}; the repository {str(self.root)!r} has "
+                f"{self.model_names() or 'no models'}"
+            )
+        return dict(self._status[name])
+
+    def _describe(self, name: str) -> str:
+        return ", ".join(
+            f"{v}: {s.state}{' (' + s.error + ')' if s.error else ''}"
+            for v, s in sorted(self._status.get(name, {}).items())
+        )
+
+    # --- lifecycle ---
+
+    async def start(self) -> None:
+        """Loads what the policies select, then polls for changes if ``poll_interval_s > 0``."""
+        await self.poll()
+        self.loaded_once = True
+        if self.poll_interval_s > 0:
+            self._poller = asyncio.get_running_loop().create_task(self._poll_loop())
+
+    async def _poll_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.poll_interval_s)
+            try:
+                await self.poll()
+            except Exception:  # keep polling: one bad folder must not stop the server
+                log.exception("model repository poll failed")
+
+    async def stop_polling(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
+            self._poller = None
+
+    async def close(self) -> None:
+        """Stops polling and unloads every version after its in-flight requests finish."""
+        await self.stop_polling()
+        async with self._lock:
+            for name in list(self._live):
+                old = self._live.pop(name)
+                for mv in old.values():
+                    await self._unload(mv)
+
+    async def poll(self) -> None:
+        """One scan of the root: load new versions, swap, unload the ones no longer selected."""
+        async with self._lock:
+            disk = {
+                p.name: version_dirs(p)
+                for p in sorted(self.root.iterdir())
+                if p.is_dir() and not p.name.startswith(".")
+            }
+            for name in sorted(set(disk) | set(self._live)):
+                await self._sync(name, disk.get(name, {}))
+        if self.after_poll is not None and self.loaded_once:
+            await self.after_poll()
+
+    def _set_status(self, name: str, version: int, state: str, error: str = "") -> None:
+        self._status.setdefault(name, {})[version] = VersionStatus(state, error)
+        if self._on_change is not None:
+            self._on_change(name, version, state)
+
+    async def _sync(self, name: str, on_disk: dict[int, Path]) -> None:
+        policy = self.policy_of(name)
+        live = dict(self._live.get(name, {}))
+        loop = asyncio.get_running_loop()
+        # forget failures of folders that changed (a fixed version is retried)
+        for v, path in on_disk.items():
+            stamp = self._failed.get((name, v))
+            if stamp is not None and stamp != _fingerprint(path):
+                del self._failed[(name, v)]
+        for n, v in list(self._failed):
+            if n == name and v not in on_disk:
+                del self._failed[(n, v)]
+                self._status.get(name, {}).pop(v, None)
+        while True:
+            candidates = [v for v in on_disk if (name, v) not in self._failed]
+            desired = policy.select(candidates)
+            todo = [v for v in desired if v not in live]
+            if not todo:
+                break
+            for v in sorted(todo, reverse=True):
+                self._set_status(name, v, STATE_LOADING)
+                t0 = time.monotonic()
+                try:
+                    mv = await loop.run_in_executor(None, self._load, name, v, on_disk[v])
+                except Exception as e:  # rollback: keep serving what is live
+                    self._failed[(name, v)] = _fingerprint(on_disk[v])
+                    msg = f"{type(e).__name__}: {e}".splitlines()[0][:500]
+                    self._set_status(name, v, STATE_END, msg)
+                    log.error(
+                        json.dumps(
+                            {"event": "load_failed", "model": name, "version": v, "error": msg}
+                        )
+                    )
+                    continue
+                mv.start(self.batching, self._batch_callback(name))
+                live[v] = mv
+                self._set_status(name, v, STATE_AVAILABLE)
+                log.info(
+                    json.dumps(
+                        {
+                            "event": "loaded",
+                            "model": name,
+                            "version": v,
+                            "seconds": round(time.monotonic() - t0, 3),
+                            "devices": self.devices,
+                        }
+                    )
+                )
+        keep = {v: mv for v, mv in live.items() if v in desired}
+        gone = [mv for v, mv in live.items() if v not in desired]
+        if keep:
+            self._live[name] = keep
+        else:
+            self._live.pop(name, None)
+        for mv in gone:
+            await self._unload(mv)
+        if not on_disk and not keep:
+            self._status.pop(name, None)
+
+    def _batch_callback(self, name: str) -> Callable | None:
+        if self._on_batch is None:
+            return None
+        cb = self._on_batch
+
+        def on_batch(rows: int, requests: int, waits: list[float]) -> None:
+            cb(name, rows, requests, waits)
+
+        return on_batch
+
+    def _load(self, name: str, version: int, path: Path) -> ModelVersion:
+        mv = ModelVersion(name, version, path, self.devices)
+        mv.warmup(self.warmup_sizes)
+        return mv
+
+    async def _unload(self, mv: ModelVersion) -> None:
+        self._set_status(mv.name, mv.version, STATE_UNLOADING)
+        await mv.close()
+        self._set_status(mv.name, mv.version, STATE_END)
+        log.info(json.dumps({"event": "unloaded", "model": mv.name, "version": mv.version}))
