@@ -1,9 +1,185 @@
-"""Placeholder: the helper building this command replaces this module."""
+"""``stitchrec crosses pcf-gnn --config FILE``: build the pair graph and pre-train PCF-GNN.
+
+The config is a training config (``pipelines.config``) with a ``[pair_stats]`` section::
+
+    [pair_stats]
+    source = "pcf_gnn"                     # or "table": the explicit statistics baseline
+    pairs = [["userId", "movieId"], ["userId", "genres"]]
+    # artifact = "runs/movielens/pcf_gnn"  # default: <output_dir>/pcf_gnn
+    # graph_data = ["logs/earlier"]        # default: the training split
+    min_count = 1
+    steps = 300
+
+The command converts the config's data like ``stitchrec train`` does (into the same run folder,
+so training reuses it), builds the graph (``features.pcf_graph.build_graph``) from the training
+split or ``graph_data``, pre-trains (``features.pcf_gnn.pretrain``) and writes the artifact:
+``pcf_gnn.json`` + ``pcf_gnn.npz`` (vocabularies, cached node vectors, relation vectors, head),
+``graph/`` (the pair counts; the table baseline reads them) and ``report.json``.
+``stitchrec train`` with the same config then adds the pair statistics as dense model inputs
+(``pair_stats_layer``), computed inside the exported SavedModel from raw features.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+REPORT_FILE = "report.json"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    del sub
+    p = sub.add_parser(
+        "pcf-gnn",
+        help="build the pair graph and pre-train PCF-GNN (config section [pair_stats])",
+    )
+    p.add_argument("--config", required=True, help="training config with a [pair_stats] section")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value, e.g. --set pair_stats.steps=100",
+    )
+    p.set_defaults(func=cmd_pcf_gnn)
+
+
+def _print(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def cmd_pcf_gnn(args: argparse.Namespace) -> int:
+    from pipelines.config import load_config
+
+    cfg = load_config(args.config, list(args.set))
+    report = run_pcf_gnn(cfg, log=_print)
+    _print(
+        f"pcf-gnn artifact: {report['artifact']} ({report['nodes']:,} nodes, "
+        f"{report['edges']:,} edges, graph {report['graph_seconds']:.1f}s, "
+        f"pre-training {report['pretrain_seconds']:.1f}s)"
+    )
+    return 0
+
+
+def run_pcf_gnn(cfg: Any, log: Any = _print) -> dict[str, Any]:
+    """Builds the graph and pre-trains PCF-GNN for ``cfg`` (a ``PipelineConfig``); returns the
+    report also written to ``<artifact>/report.json``."""
+    from features.dataset import list_parquet
+    from features.pcf_gnn import PCFGNNConfig, pretrain
+    from features.pcf_graph import build_graph
+    from pipelines.config import ConfigError
+    from pipelines.train import RunPaths, prepare_data
+
+    ps = cfg.pair_stats
+    if ps is None:
+        raise ConfigError(
+            'the config has no [pair_stats] section; add one with `pairs = [["a", "b"]]`'
+        )
+    paths = RunPaths(Path(cfg.output_dir))
+    paths.root.mkdir(parents=True, exist_ok=True)
+    schema, train_files, _ = prepare_data(cfg, paths, log)
+    files = list_parquet(list(ps.graph_data)) if ps.graph_data else train_files
+    for p in ps.pairs:
+        for f in p:
+            if f not in schema.names:
+                raise ConfigError(
+                    f"[pair_stats] pairs: {f!r} is not a field of schema {schema.name!r}; "
+                    f"fields: {schema.names}"
+                )
+    t0 = time.time()
+    graph = build_graph(
+        schema,
+        files,
+        [tuple(p) for p in ps.pairs],
+        min_count=ps.min_count,
+        max_nodes=ps.max_nodes or None,
+        alpha=float(ps.alpha),
+        min_impressions=ps.min_impressions,
+        log=log,
+    )
+    graph_seconds = time.time() - t0
+    gnn = PCFGNNConfig(
+        dim=ps.dim,
+        layers=ps.layers,
+        head=tuple(ps.head),
+        relation_dim=ps.relation_dim,
+        steps=ps.steps,
+        batch_edges=ps.batch_edges,
+        learning_rate=float(ps.learning_rate),
+        l2=float(ps.l2),
+        seed=ps.seed,
+        log_every=ps.log_every,
+    )
+    t1 = time.time()
+    artifact = pretrain(graph, gnn, log=log)
+    pretrain_seconds = time.time() - t1
+    out = Path(ps.artifact_dir(cfg.output_dir))
+    artifact.save(out, graph)
+    report = {
+        "artifact": str(out),
+        "rows": graph.rows,
+        "nodes": graph.num_nodes,
+        "edges": graph.num_edges,
+        "edges_per_pair": {r.name: len(r) for r in graph.relations},
+        "prior": graph.prior,
+        "graph": graph.report,
+        "graph_seconds": round(graph_seconds, 2),
+        "pretrain_seconds": round(pretrain_seconds, 2),
+        "config": dataclasses.asdict(gnn),
+        "history": artifact.history,
+        "serving_bytes": artifact.serving_bytes(),
+    }
+    (out / REPORT_FILE).write_text(json.dumps(report, indent=1))
+    return report
+
+
+def table_layer(graph: Any, pairs: list[tuple[str, str]], output: str = "logit") -> Any:
+    """The explicit statistics table (``ranking.pair_stats.PairStatsTable``) of a pair graph:
+    every seen pair of two known values -> its smoothed CTR; the prior otherwise."""
+    from ranking.pair_stats import PairStatsTable
+
+    known = graph.pairs
+    entries, oriented = [], []
+    for p in pairs:
+        if tuple(p) in known:
+            r = known.index(tuple(p))
+        elif (p[1], p[0]) in known:
+            r = known.index((p[1], p[0]))
+        else:
+            raise ValueError(f"pair {list(p)} is not in the pair graph; it has {known}")
+        rel = graph.relations[r]
+        keep = (rel.u > 0) & (rel.v > 0)
+        va, vb = graph.vocab[rel.pair[0]], graph.vocab[rel.pair[1]]
+        entries.append(
+            (
+                [va[i - 1] for i in rel.u[keep]],
+                [vb[i - 1] for i in rel.v[keep]],
+                graph.statistic(r)[keep],
+            )
+        )
+        oriented.append(rel.pair)
+    used = {f for p in oriented for f in p}
+    return PairStatsTable.from_pairs(
+        oriented,
+        entries,
+        prior=graph.prior,
+        separators={f: s for f, s in graph.multi.items() if f in used},
+        output=output,
+    )
+
+
+def pair_stats_layer(ps: Any, output_dir: str) -> Any:
+    """The dense input block of a ``[pair_stats]`` config (``PairStatsConfig``): PCF-GNN's
+    ``PairStatsGNN`` or the explicit ``PairStatsTable``, from the artifact folder."""
+    from features.pcf_gnn import GRAPH_DIR, PCFArtifact
+    from features.pcf_graph import PairGraph
+    from ranking.pair_stats import PairStatsGNN
+
+    directory = Path(ps.artifact_dir(output_dir))
+    pairs = [tuple(p) for p in ps.pairs]
+    if ps.source == "table":
+        return table_layer(PairGraph.load(directory / GRAPH_DIR), pairs, ps.output)
+    return PairStatsGNN.from_artifact(PCFArtifact.load(directory), pairs, output=ps.output)

@@ -57,6 +57,8 @@ class RankingModel(tfrs.models.Model):
       tower: ``[batch, k] -> [batch, h]`` (e.g. ``MLP``).
       wide: (ids, dense) -> ``[batch]`` linear term.
       initial_bias: starting value of the logit bias (log-odds of the base rate).
+      dense_blocks: layers ``raw features -> [batch, k]`` floats (e.g. ``ranking.pair_stats``)
+        whose outputs are appended to the preprocessor's dense matrix, inside the model.
     """
 
     def __init__(
@@ -68,9 +70,11 @@ class RankingModel(tfrs.models.Model):
         tower: tf.keras.layers.Layer | None = None,
         wide: tf.keras.layers.Layer | None = None,
         initial_bias: float = 0.0,
+        dense_blocks: list[tf.keras.layers.Layer] | None = None,
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
+        self.dense_blocks = list(dense_blocks or [])
         if interaction is not None and embedding is None:
             raise ValueError("an interaction needs an embedding block")
         if interaction is None and wide is None:
@@ -97,6 +101,9 @@ class RankingModel(tfrs.models.Model):
     def call(self, features: dict[str, tf.Tensor], training: bool | None = None) -> tf.Tensor:
         """Raw features ``{field: [batch]}`` -> logits ``[batch]``."""
         ids, dense = self.preprocessor(features)
+        if self.dense_blocks:
+            extra = [block(features) for block in self.dense_blocks]
+            dense = tf.concat(([dense] if dense is not None else []) + extra, axis=1)
         logit = self.bias
         if self.interaction is not None:
             vectors = self.embedding(ids)
@@ -128,6 +135,7 @@ class RankingModel(tfrs.models.Model):
             "interaction": ser(self.interaction) if self.interaction is not None else None,
             "tower": ser(self.tower) if self.tower is not None else None,
             "wide": ser(self.wide) if self.wide is not None else None,
+            "dense_blocks": [ser(b) for b in self.dense_blocks],
         }
 
     @classmethod
@@ -136,6 +144,9 @@ class RankingModel(tfrs.models.Model):
         for key in ("preprocessor", "embedding", "interaction", "tower", "wide"):
             if config.get(key) is not None:
                 config[key] = tf.keras.layers.deserialize(config[key])
+        config["dense_blocks"] = [
+            tf.keras.layers.deserialize(b) for b in config.get("dense_blocks") or []
+        ]
         return cls(**config)
 
 
@@ -217,6 +228,7 @@ def build_model(
     field_combiners: dict[str, str] | None = None,
     counts: dict[str, list[int]] | None = None,
     initial_bias: float = 0.0,
+    dense_blocks: list[tf.keras.layers.Layer] | None = None,
 ) -> RankingModel:
     """Builds ``config.type`` around ``preprocessor`` (a ``FeaturePreprocessor``).
 
@@ -225,9 +237,12 @@ def build_model(
       field_combiners: pooling per multi-valued field (``mean``/``sum``).
       counts: training count per id of each looked-up field (AMTL's frequency features).
       initial_bias: starting logit bias, e.g. log(p / (1 - p)) of the training click rate.
+      dense_blocks: extra dense inputs computed from raw features (``RankingModel``); each has
+        ``output_dim`` columns, fed wherever the numeric features go.
     """
     rows = preprocessor.embedded_fields
-    num_dense = len(preprocessor.dense_fields)
+    dense_blocks = list(dense_blocks or [])
+    num_dense = len(preprocessor.dense_fields) + sum(int(b.output_dim) for b in dense_blocks)
     field_dims = field_dims or {}
     combiners = field_combiners or {}
     unknown = sorted(set(config.embedding_methods) - set(preprocessor.categorical_fields))
@@ -243,7 +258,12 @@ def build_model(
         num_dense,
         name="wide",
     )
-    common = {"preprocessor": preprocessor, "label": label, "initial_bias": initial_bias}
+    common = {
+        "preprocessor": preprocessor,
+        "label": label,
+        "initial_bias": initial_bias,
+        "dense_blocks": dense_blocks,
+    }
     if config.type == "lr":
         return RankingModel(**common, wide=wide, name="lr")
     if not rows:
