@@ -10,6 +10,14 @@ statistics and returns a ``FeaturePreprocessor``; its ``call`` maps the raw batc
 * ``dense``: float32 ``[batch, n_dense]`` for numeric fields that are not bucketized
   (``None`` when there are none).
 
+Cross fields (schema kind ``cross``, e.g. from a FIVES search) are computed here from the RAW
+values of their fields, so a SavedModel computes them at serving time: each crossed field gives
+a string (categorical and multi-categorical: the cell as it is; numeric: its bucket index under
+the cross's ``boundaries``, else under the field's own ``num_buckets`` boundaries, else the
+value itself), the strings are joined with ``\x1f`` and fingerprint-hashed into rows
+``1 .. hash_buckets - 1``; a row with any crossed field missing (``""``, ``-1``, non-finite) gets
+row 0. ``cross_ids`` is the same computation in NumPy, for tests and offline features.
+
 Row 0 of every looked-up field is the OOV row: missing (``""`` / ``-1``), rare (under
 ``min_count``) and never-seen values all land there. Hashed fields use ``hash_buckets`` rows of a
 fingerprint hash. Numeric values: non-finite -> ``default``; then ``log1p`` (of max(x, 0)) or
@@ -87,7 +95,66 @@ def plan_fields(
                 "std": 1.0 if spec.transform == "none" else fs.std,
             }
         plans.append(plan)
+    for spec in schema.crosses:
+        plans.append(plan_cross(schema, spec, stats))
     return plans
+
+
+CROSS_SEPARATOR = "\x1f"
+
+
+def plan_cross(schema: Schema, spec: Any, stats: DatasetStats | None = None) -> dict[str, Any]:
+    """The plan of one ``cross`` field: its parts (name, dtype, kind, boundaries) and rows."""
+    given = dict(spec.boundaries)
+    parts = []
+    for name in spec.fields:
+        f = schema.field(name)
+        part: dict[str, Any] = {"name": name, "dtype": f.dtype, "numeric": False}
+        if f.kind == FeatureKind.NUMERIC:
+            bounds = given.get(name)
+            if bounds is None and stats is not None and f.num_buckets > 0:
+                bounds = stats[name].boundaries
+            part.update(numeric=True, boundaries=[float(b) for b in bounds or ()])
+        parts.append(part)
+    return {
+        "name": spec.name,
+        "dtype": "int64",
+        "op": "cross",
+        "parts": parts,
+        "num_rows": spec.hash_buckets,
+    }
+
+
+def cross_ids(plan: dict[str, Any], columns: dict[str, Any]) -> Any:
+    """NumPy reference of the in-model cross: raw columns -> int64 ids ``[rows]``.
+
+    Uses TensorFlow's fingerprint hash on the joined strings, so the ids equal the model's.
+    """
+    import numpy as np
+
+    strings, missing = [], None
+    for part in plan["parts"]:
+        x = np.asarray(columns[part["name"]])
+        if part["numeric"]:
+            v = x.astype(np.float32)
+            bad = ~np.isfinite(v)
+            if part["boundaries"]:
+                b = np.asarray(part["boundaries"], np.float32)
+                s = np.searchsorted(b, v, side="right").astype(str)
+            else:
+                s = tf.strings.as_string(tf.constant(v)).numpy().astype(str)
+        elif x.dtype.kind in "iu":
+            bad, s = x == -1, x.astype(str)
+        else:
+            s = x.astype(str)
+            bad = s == ""
+        strings.append(s)
+        missing = bad if missing is None else missing | bad
+    joined = strings[0]
+    for s in strings[1:]:
+        joined = np.char.add(np.char.add(joined, CROSS_SEPARATOR), s)
+    h = tf.strings.to_hash_bucket_fast(tf.constant(joined), plan["num_rows"] - 1).numpy() + 1
+    return np.where(missing, 0, h).astype(np.int64)
 
 
 @tf.keras.utils.register_keras_serializable(package="stitchrec")
@@ -104,7 +171,7 @@ class FeaturePreprocessor(tf.keras.layers.Layer):
         if not plans:
             raise ValueError("plans must name at least one field")
         for p in plans:
-            if p.get("op") not in ("lookup", "code", "hash", "bucketize", "dense"):
+            if p.get("op") not in ("lookup", "code", "hash", "bucketize", "dense", "cross"):
                 raise ValueError(f"field {p.get('name')!r}: unknown op {p.get('op')!r}")
         self.plans = [dict(p) for p in plans]
         self._lookups: dict[str, tf.keras.layers.Layer] = {}
@@ -140,18 +207,26 @@ class FeaturePreprocessor(tf.keras.layers.Layer):
         return [p["name"] for p in self.plans if p["op"] == "dense"]
 
     @property
+    def cross_fields(self) -> list[str]:
+        """Fields computed by crossing other fields' raw values (not read from the input)."""
+        return [p["name"] for p in self.plans if p["op"] == "cross"]
+
+    @property
     def input_names(self) -> list[str]:
-        return [p["name"] for p in self.plans]
+        """The raw features ``call`` reads."""
+        return [p["name"] for p in self.plans if p["op"] != "cross"]
 
     def call(self, features: dict[str, tf.Tensor]) -> tuple[dict[str, tf.Tensor], tf.Tensor | None]:
         ids: dict[str, tf.Tensor] = {}
         dense: list[tf.Tensor] = []
         for p in self.plans:
-            x = features[p["name"]]
+            x = features[p["name"]] if p["op"] != "cross" else None
             if p["op"] in ("lookup", "hash"):
                 ids[p["name"]] = self._ids(p, x)
             elif p["op"] == "code":
                 ids[p["name"]] = self._codes(p, x)
+            elif p["op"] == "cross":
+                ids[p["name"]] = _cross(p, features)
             elif p["op"] == "bucketize":
                 v = _numeric(x, p)
                 b = tf.constant(p["boundaries"], tf.float32)
@@ -202,6 +277,30 @@ def _numeric(x: tf.Tensor, plan: dict[str, Any]) -> tf.Tensor:
     if plan["transform"] == "log1p":
         x = tf.math.log1p(tf.maximum(x, 0.0))
     return x
+
+
+def _cross(plan: dict[str, Any], features: dict[str, tf.Tensor]) -> tf.Tensor:
+    """The cross id of every row (see the module docstring): int64 ``[batch]``."""
+    strings, missing = [], None
+    for part in plan["parts"]:
+        x = features[part["name"]]
+        if part["numeric"]:
+            v = tf.cast(x, tf.float32)
+            bad = tf.logical_not(tf.math.is_finite(v))
+            if part["boundaries"]:
+                b = tf.constant(part["boundaries"], tf.float32)
+                s = tf.strings.as_string(tf.searchsorted(b, v, side="right"))
+            else:
+                s = tf.strings.as_string(v)
+        elif x.dtype != tf.string:
+            bad, s = tf.equal(x, -1), tf.strings.as_string(x)
+        else:
+            bad, s = tf.equal(x, ""), x
+        strings.append(s)
+        missing = bad if missing is None else tf.logical_or(missing, bad)
+    joined = tf.strings.join(strings, separator=CROSS_SEPARATOR)
+    h = tf.strings.to_hash_bucket_fast(joined, plan["num_rows"] - 1) + 1
+    return tf.where(missing, tf.zeros_like(h), h)
 
 
 def _safe(name: str) -> str:

@@ -39,6 +39,11 @@ Kinds (``FeatureKind``):
 * ``timestamp``: seconds since the epoch (``time_format = "unix"``) or ISO-8601 text
   (``time_format = "iso"``); kept for splits and later features, not fed to models.
 * ``meta``: carried through (row ids, propensities) but not fed to models.
+* ``cross``: an explicit feature cross of ``fields`` (two or more categorical, multi-categorical
+  or numeric model inputs), computed inside the model from the raw values of its fields (there
+  is no data column): numeric fields are bucketized by ``boundaries`` (``[[name, [b1, ...]], ...]``),
+  the values are joined and fingerprint-hashed into ``hash_buckets`` rows (row 0: a field
+  missing). Written by ``features.crosses.add_crosses`` from a FIVES search (docs/fives.md).
 
 Every field also has a ``cost`` (its serving cost, used by FSCD pre-ranking), an optional
 ``embedding_dim`` overriding the model's default, and an optional ``group`` (``user``, ``item``,
@@ -67,6 +72,7 @@ class FeatureKind(enum.StrEnum):
     LABEL = "label"
     TIMESTAMP = "timestamp"
     META = "meta"
+    CROSS = "cross"
 
 
 MODEL_INPUT_KINDS = (FeatureKind.CATEGORICAL, FeatureKind.MULTI_CATEGORICAL, FeatureKind.NUMERIC)
@@ -120,6 +126,9 @@ class FeatureSpec:
       time_format: timestamp only: ``unix`` seconds or ``iso`` text.
       cost: relative serving cost of computing this field (FSCD's complexity term).
       group: ``user``, ``item`` or ``context`` (None: unassigned).
+      fields: cross only: the crossed fields (two or more model inputs), in order.
+      boundaries: cross only: ``((numeric field, (b1, b2, ...)), ...)``: the bucket boundaries of
+        the crossed numeric fields (bucket = number of boundaries <= value).
     """
 
     name: str
@@ -140,6 +149,8 @@ class FeatureSpec:
     time_format: str = "unix"
     cost: float = 1.0
     group: str | None = None
+    fields: tuple[str, ...] = ()
+    boundaries: tuple[tuple[str, tuple[float, ...]], ...] = ()
 
     def __post_init__(self) -> None:
         try:
@@ -162,6 +173,7 @@ class FeatureSpec:
                 FeatureKind.LABEL: "float32",
                 FeatureKind.TIMESTAMP: "int64",
                 FeatureKind.META: "string",
+                FeatureKind.CROSS: "int64",
             }[kind]
             object.__setattr__(self, "dtype", default_dtype)
         self._check_choice("dtype", self.dtype, _DTYPES)
@@ -191,10 +203,49 @@ class FeatureSpec:
         self._check_min("num_buckets", self.num_buckets, 0)
         if self.num_buckets == 1:
             raise SchemaError(f"field {self.name!r}: num_buckets must be 0 (off) or >= 2, got 1")
+        self._check_cross(kind)
         if not (self.cost >= 0):
             raise SchemaError(f"field {self.name!r}: cost must be >= 0, got {self.cost!r}")
         if kind == FeatureKind.MULTI_CATEGORICAL and not self.separator:
             raise SchemaError(f"field {self.name!r}: separator must be a non-empty string")
+
+    def _check_cross(self, kind: FeatureKind) -> None:
+        """``fields``/``boundaries`` belong to crosses; a cross needs >= 2 distinct fields."""
+        fields = (self.fields,) if isinstance(self.fields, str) else self.fields
+        object.__setattr__(self, "fields", tuple(str(f) for f in fields))
+        try:
+            bounds = tuple((str(n), tuple(float(b) for b in bs)) for n, bs in self.boundaries)
+        except (TypeError, ValueError):
+            raise SchemaError(
+                f"field {self.name!r}: boundaries must be [[numeric field, [b1, b2, ...]], ...], "
+                f"got {self.boundaries!r}"
+            ) from None
+        object.__setattr__(self, "boundaries", bounds)
+        if kind != FeatureKind.CROSS:
+            if self.fields or self.boundaries:
+                raise SchemaError(
+                    f"field {self.name!r}: `fields` and `boundaries` are for kind 'cross' only"
+                )
+            return
+        if len(self.fields) < 2 or len(set(self.fields)) != len(self.fields):
+            raise SchemaError(
+                f"field {self.name!r}: a cross needs `fields` = two or more distinct field "
+                f"names, got {list(self.fields)}"
+            )
+        if self.hash_buckets < 2:
+            raise SchemaError(
+                f"field {self.name!r}: a cross needs hash_buckets >= 2, got {self.hash_buckets}"
+            )
+        for n, bs in bounds:
+            if n not in self.fields:
+                raise SchemaError(
+                    f"field {self.name!r}: boundaries name {n!r}, which is not in its fields "
+                    f"{list(self.fields)}"
+                )
+            if list(bs) != sorted(set(bs)):
+                raise SchemaError(
+                    f"field {self.name!r}: boundaries of {n!r} must be strictly increasing"
+                )
 
     def _check_choice(self, key: str, value: Any, choices: tuple[str, ...]) -> None:
         if value not in choices:
@@ -214,21 +265,28 @@ class FeatureSpec:
 
     @property
     def is_embedded(self) -> bool:
-        """Categorical fields, and numeric fields bucketized into embedded buckets."""
-        return self.kind in (FeatureKind.CATEGORICAL, FeatureKind.MULTI_CATEGORICAL) or (
-            self.kind == FeatureKind.NUMERIC and self.num_buckets > 0
-        )
+        """Categorical fields, crosses, and numeric fields bucketized into embedded buckets."""
+        return self.kind in (
+            FeatureKind.CATEGORICAL,
+            FeatureKind.MULTI_CATEGORICAL,
+            FeatureKind.CROSS,
+        ) or (self.kind == FeatureKind.NUMERIC and self.num_buckets > 0)
 
     def to_dict(self) -> dict[str, Any]:
         """Only the keys that differ from the defaults, so saved schemas stay readable."""
         out: dict[str, Any] = {"name": self.name, "kind": self.kind.value}
-        defaults = FeatureSpec(name=self.name, kind=self.kind)
+        cross = {"fields": self.fields, "hash_buckets": 2} if self.kind == FeatureKind.CROSS else {}
+        defaults = FeatureSpec(name=self.name, kind=self.kind, **cross)
         for f in dataclasses.fields(self):
             if f.name in ("name", "kind"):
                 continue
             value = getattr(self, f.name)
-            if value != getattr(defaults, f.name):
+            if value != getattr(defaults, f.name) or (
+                self.kind == FeatureKind.CROSS and f.name in ("fields", "hash_buckets")
+            ):
                 out[f.name] = value
+        if "boundaries" in out:
+            out["boundaries"] = [[n, list(bs)] for n, bs in self.boundaries]
         return out
 
 
@@ -294,7 +352,11 @@ class Schema:
         if not any(f.is_model_input for f in self.fields):
             raise SchemaError(f"schema {self.name!r}: no categorical or numeric field to model")
         if self.source.columns is not None:
-            missing = [f.column for f in self.fields if f.column not in self.source.columns]
+            missing = [
+                f.column
+                for f in self.fields
+                if f.column not in self.source.columns and f.kind != FeatureKind.CROSS
+            ]
             joined = {c for j in self.source.joins for c in (j.columns or ())}
             missing = [c for c in missing if c not in joined]
             if missing and not any(j.columns is None for j in self.source.joins):
@@ -302,6 +364,20 @@ class Schema:
                     f"schema {self.name!r}: fields read columns {missing} that [source] columns "
                     f"does not name"
                 )
+        inputs = {f.name: f for f in self.fields if f.is_model_input}
+        for cross in self.crosses:
+            bad = [n for n in cross.fields if n not in inputs]
+            if bad:
+                raise SchemaError(
+                    f"schema {self.name!r}: cross {cross.name!r} crosses {bad}, which are not "
+                    f"categorical, multi_categorical or numeric fields of the schema"
+                )
+            for n, _ in cross.boundaries:
+                if inputs[n].kind != FeatureKind.NUMERIC:
+                    raise SchemaError(
+                        f"schema {self.name!r}: cross {cross.name!r} gives boundaries for {n!r}, "
+                        f"which is {inputs[n].kind.value}, not numeric"
+                    )
 
     @property
     def label(self) -> FeatureSpec:
@@ -309,7 +385,13 @@ class Schema:
 
     @property
     def model_inputs(self) -> tuple[FeatureSpec, ...]:
+        """The raw fields the model reads (crosses are computed from them, not read)."""
         return tuple(f for f in self.fields if f.is_model_input)
+
+    @property
+    def crosses(self) -> tuple[FeatureSpec, ...]:
+        """Fields of kind ``cross``: computed inside the model from their ``fields``."""
+        return tuple(f for f in self.fields if f.kind == FeatureKind.CROSS)
 
     def field(self, name: str) -> FeatureSpec:
         for f in self.fields:

@@ -5,7 +5,7 @@
     stitchrec convert   --schema S --input F... --output DIR [--test-fraction X] [--max-bad-rows N]
     stitchrec stats     --schema S --input F... --output DIR [--max-bad-rows N]
     stitchrec train     --config FILE [--set KEY=VALUE]... [--output DIR] [--max-bad-rows N]
-    stitchrec export    --run DIR [--output DIR]
+    stitchrec export    --run DIR [--output DIR] [--cascade-rank RUN --keep M]
     stitchrec evaluate  --model DIR --data F... [--schema S] [--max-bad-rows N]
 
 User errors (bad schema, config or data) print one ``error:`` line naming what, where and what
@@ -118,7 +118,14 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from pipelines.export import export_run, saved_model_bytes
 
-    out = export_run(args.run, args.output)
+    if args.cascade_rank:
+        from pipelines.preranking import export_cascade_runs
+
+        if not args.output:
+            raise ValueError("export --cascade-rank needs --output (the cascade's folder)")
+        out = export_cascade_runs(args.run, args.cascade_rank, args.output, keep=args.keep)
+    else:
+        out = export_run(args.run, args.output)
     size = saved_model_bytes(out)
     _print(f"exported {out} ({size['total']:,} bytes, variables {size['variables']:,})")
     return 0
@@ -196,6 +203,14 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("export", help="SavedModel of a training run's latest checkpoint")
     e.add_argument("--run", required=True)
     e.add_argument("--output")
+    e.add_argument(
+        "--cascade-rank",
+        metavar="RUN",
+        help="export one cascade SavedModel: --run is the pre-ranking run, RUN the ranking run",
+    )
+    e.add_argument(
+        "--keep", type=int, default=50, help="candidates the pre-ranking keeps (--cascade-rank)"
+    )
     e.set_defaults(func=cmd_export)
 
     v = sub.add_parser("evaluate", help="AUC and log loss of a SavedModel on held-out data")

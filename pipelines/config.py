@@ -36,7 +36,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ranking.config import ModelConfig
+from ranking.config import ModelConfig, PrerankConfig
 
 _OPTIMIZERS = ("adam", "adagrad", "sgd")
 
@@ -55,6 +55,11 @@ class DataConfig:
         ``data/`` folder, split into train and test by ``test_fraction``.
       train, test: Parquet shards whose columns are the schema's fields (used as they are).
       max_bad_rows: bad raw rows to skip and count before failing (0: fail on the first).
+      crosses: a cross artifact (``stitchrec crosses fives``) whose top ``cross_top_n`` crosses
+        become hashed categorical fields computed inside the model ("": none).
+      cross_top_n: how many of the artifact's ranked crosses to add.
+      cross_hash_buckets: rows of every cross's table (0: per cross, twice the distinct value
+        tuples the search saw, between 16 and 2^20).
     """
 
     schema: str
@@ -64,8 +69,17 @@ class DataConfig:
     test_fraction: float = 0.2
     split_seed: int = 0
     max_bad_rows: int = 0
+    crosses: str = ""
+    cross_top_n: int = 10
+    cross_hash_buckets: int = 0
 
     def __post_init__(self) -> None:
+        if self.cross_top_n < 1:
+            raise ConfigError(f"[data] cross_top_n must be >= 1, got {self.cross_top_n}")
+        if self.cross_hash_buckets < 0 or self.cross_hash_buckets == 1:
+            raise ConfigError(
+                f"[data] cross_hash_buckets must be 0 (auto) or >= 2, got {self.cross_hash_buckets}"
+            )
         for key in ("raw", "train", "test"):
             value = getattr(self, key)
             object.__setattr__(self, key, (value,) if isinstance(value, str) else tuple(value))
@@ -120,15 +134,102 @@ class TrainConfig:
             )
 
 
+_PAIR_SOURCES = ("pcf_gnn", "table")
+
+
+@dataclasses.dataclass(frozen=True)
+class PairStatsConfig:
+    """``[pair_stats]``: pair statistics as extra dense model inputs (docs/pcf_gnn.md).
+
+    ``stitchrec crosses pcf-gnn --config FILE`` builds the pair graph and pre-trains PCF-GNN into
+    ``artifact``; ``stitchrec train`` with the same config then adds one input per pair.
+
+    Attributes:
+      source: ``pcf_gnn`` (statistics predicted from cached node vectors) or ``table`` (the
+        explicit smoothed-CTR table of the same graph, the baseline).
+      artifact: the artifact folder (default: ``<output_dir>/pcf_gnn``).
+      pairs: field pairs, e.g. ``[["userId", "movieId"], ["userId", "genres"]]``.
+      output: ``logit`` or ``ctr`` scale of the inputs.
+      graph_data: Parquet shards the graph is built from (default: the training split). Logs
+        disjoint from the ranking model's training rows (e.g. an earlier period) avoid the
+        statistic leaking the row's own label.
+      min_count, max_nodes: the node cap per field (values under ``min_count`` or past the
+        ``max_nodes`` most frequent share the OOV node; ``max_nodes = 0``: no cap).
+      alpha: smoothing, ``(clicks + alpha * prior) / (impressions + alpha)``.
+      min_impressions: edges with fewer impressions are dropped.
+      dim, layers, head, relation_dim, steps, batch_edges, learning_rate, l2, seed, log_every:
+        ``features.pcf_gnn.PCFGNNConfig``.
+    """
+
+    pairs: tuple[tuple[str, str], ...] = ()
+    source: str = "pcf_gnn"
+    artifact: str = ""
+    output: str = "logit"
+    graph_data: tuple[str, ...] = ()
+    min_count: int = 1
+    max_nodes: int = 0
+    alpha: float = 10.0
+    min_impressions: int = 1
+    dim: int = 16
+    layers: int = 2
+    head: tuple[int, ...] = (32,)
+    relation_dim: int = 4
+    steps: int = 300
+    batch_edges: int = 8192
+    learning_rate: float = 0.01
+    l2: float = 1e-6
+    seed: int = 0
+    log_every: int = 50
+
+    def __post_init__(self) -> None:
+        if not self.pairs:
+            raise ConfigError('[pair_stats] pairs: give at least one pair, e.g. [["a", "b"]]')
+        for p in self.pairs:
+            if isinstance(p, str) or len(p) != 2 or not all(isinstance(f, str) for f in p):
+                raise ConfigError(f"[pair_stats] pairs: {p!r} is not a pair of field names")
+        if self.source not in _PAIR_SOURCES:
+            raise ConfigError(
+                f"[pair_stats] source = {self.source!r} is not one of {list(_PAIR_SOURCES)}"
+            )
+        if self.output not in ("logit", "ctr"):
+            raise ConfigError(f"[pair_stats] output = {self.output!r}: expected logit or ctr")
+        for key, lo in (
+            ("min_count", 1),
+            ("max_nodes", 0),
+            ("min_impressions", 1),
+            ("dim", 1),
+            ("layers", 0),
+            ("relation_dim", 1),
+            ("steps", 1),
+            ("batch_edges", 1),
+            ("log_every", 1),
+        ):
+            v = getattr(self, key)
+            if not isinstance(v, int) or isinstance(v, bool) or v < lo:
+                raise ConfigError(f"[pair_stats] {key} must be an integer >= {lo}, got {v!r}")
+        for key in ("alpha", "l2"):
+            if not (isinstance(getattr(self, key), int | float) and getattr(self, key) >= 0):
+                raise ConfigError(f"[pair_stats] {key} must be a number >= 0")
+        if not (isinstance(self.learning_rate, int | float) and self.learning_rate > 0):
+            raise ConfigError(f"[pair_stats] learning_rate must be > 0, got {self.learning_rate}")
+        if not self.head or any(not isinstance(h, int) or h < 1 for h in self.head):
+            raise ConfigError(f"[pair_stats] head must be positive integers, got {self.head!r}")
+
+    def artifact_dir(self, output_dir: str) -> str:
+        return self.artifact or str(Path(output_dir) / "pcf_gnn")
+
+
 @dataclasses.dataclass(frozen=True)
 class PipelineConfig:
     output_dir: str
     data: DataConfig
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    preranking: PrerankConfig | None = None  # [preranking]: FSCD / two-tower pre-ranking
+    pair_stats: PairStatsConfig | None = None  # [pair_stats]: PCF-GNN / table pair statistics
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
 
     def to_toml(self) -> str:
         from features.schema import _toml_value
@@ -185,7 +286,9 @@ def config_from_dict(
 ) -> PipelineConfig:
     """Builds a PipelineConfig; relative paths are resolved against ``base_dir``."""
     data = dict(data)
-    unknown = sorted(set(data) - {"output_dir", "data", "model", "train"})
+    unknown = sorted(
+        set(data) - {"output_dir", "data", "model", "train", "preranking", "pair_stats"}
+    )
     if unknown:
         raise ConfigError(f"{where}: unknown top-level keys {unknown}")
     if "output_dir" not in data:
@@ -206,6 +309,8 @@ def config_from_dict(
         if key in d:
             values = [d[key]] if isinstance(d[key], str) else list(d[key])
             d[key] = tuple(resolve(v) for v in values)
+    if d.get("crosses"):
+        d["crosses"] = resolve(str(d["crosses"]))
     model = dict(data.get("model", {}))
     if "mlp" in model:
         model["mlp"] = tuple(model["mlp"])
@@ -217,7 +322,40 @@ def config_from_dict(
         data=_build(DataConfig, "data", d, where),
         model=_build(ModelConfig, "model", model, where),
         train=_build(TrainConfig, "train", train, where),
+        preranking=_preranking(data.get("preranking"), where),
+        pair_stats=_pair_stats(data.get("pair_stats"), where, resolve),
     )
+
+
+def _preranking(values: Any, where: str) -> PrerankConfig | None:
+    """The optional ``[preranking]`` section (``PrerankConfig``)."""
+    if values is None:
+        return None
+    if not isinstance(values, Mapping):
+        raise ConfigError(f"{where}: [preranking] must be a table")
+    values = dict(values)
+    for key in ("mlp", "tower_mlp"):
+        if key in values:
+            values[key] = tuple(values[key])
+    return _build(PrerankConfig, "preranking", values, where)
+
+
+def _pair_stats(values: Any, where: str, resolve: Any) -> PairStatsConfig | None:
+    """The optional ``[pair_stats]`` section (``PairStatsConfig``); paths resolved."""
+    if values is None:
+        return None
+    if not isinstance(values, Mapping):
+        raise ConfigError(f"{where}: [pair_stats] must be a table")
+    values = dict(values)
+    if values.get("artifact"):
+        values["artifact"] = resolve(str(values["artifact"]))
+    if "graph_data" in values:
+        g = values["graph_data"]
+        values["graph_data"] = tuple(resolve(str(v)) for v in ([g] if isinstance(g, str) else g))
+    for key in ("pairs", "head"):
+        if key in values and isinstance(values[key], list):
+            values[key] = tuple(tuple(v) if isinstance(v, list) else v for v in values[key])
+    return _build(PairStatsConfig, "pair_stats", values, where)
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> PipelineConfig:

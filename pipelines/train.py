@@ -155,6 +155,19 @@ def prepare_data(cfg: PipelineConfig, paths: RunPaths, log: Log) -> tuple[Schema
     return schema.as_parquet(), train, test
 
 
+def add_configured_crosses(cfg: PipelineConfig, schema: Schema, log: Log) -> Schema:
+    """The schema plus the top crosses of the artifact ``[data] crosses`` names (if any)."""
+    if not cfg.data.crosses:
+        return schema
+    from features.crosses import add_crosses, load_crosses
+
+    artifact = load_crosses(cfg.data.crosses)
+    schema = add_crosses(schema, artifact, cfg.data.cross_top_n, cfg.data.cross_hash_buckets)
+    names = ", ".join(f"{c.name} ({c.hash_buckets} rows)" for c in schema.crosses)
+    log(f"crosses from {cfg.data.crosses}: {names}")
+    return schema
+
+
 def prepare_stats(schema: Schema, train: list[Path], paths: RunPaths, log: Log) -> DatasetStats:
     if (paths.stats / "stats.json").exists():
         return DatasetStats.load(paths.stats)
@@ -195,7 +208,17 @@ def build_run_model(cfg: PipelineConfig, schema: Schema, stats: DatasetStats) ->
         },
         counts=counts,
         initial_bias=math.log(p / (1 - p)),
+        dense_blocks=pair_stats_blocks(cfg),
     )
+
+
+def pair_stats_blocks(cfg: PipelineConfig) -> list[tf.keras.layers.Layer]:
+    """The ``[pair_stats]`` input block (PCF-GNN or the explicit table), or none."""
+    if cfg.pair_stats is None:
+        return []
+    from pipelines.crosses_pcf import pair_stats_layer
+
+    return [pair_stats_layer(cfg.pair_stats, cfg.output_dir)]
 
 
 def warm_start(model: RankingModel, run_dir: str, log: Log) -> None:
@@ -324,6 +347,10 @@ def use_gpus_if_present(log: Log) -> list:
 
 def train(cfg: PipelineConfig, log: Log = print) -> dict[str, Any]:
     """Runs (or resumes) the training of ``cfg``; returns the report also written to disk."""
+    if cfg.preranking is not None:  # FSCD's three stages or the two-tower anchor
+        from pipelines.preranking import run_preranking
+
+        return run_preranking(cfg, log)
     paths = RunPaths(Path(cfg.output_dir))
     paths.root.mkdir(parents=True, exist_ok=True)
     _check_same_run(cfg, paths)
@@ -335,6 +362,7 @@ def train(cfg: PipelineConfig, log: Log = print) -> dict[str, Any]:
         tf.config.experimental.enable_op_determinism()
 
     schema, train_files, test_files = prepare_data(cfg, paths, log)
+    schema = add_configured_crosses(cfg, schema, log)
     schema.save(paths.schema)
     stats = prepare_stats(schema, train_files, paths, log)
     model = build_run_model(cfg, schema, stats)

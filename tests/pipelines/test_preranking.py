@@ -19,7 +19,6 @@ from pipelines.preranking import (
     build_fscd,
     build_on_sample,
     check_costs,
-    export_cascade_runs,
     fit,
     select_stage,
 )
@@ -173,7 +172,7 @@ def test_fscd_needs_an_interaction_model(tmp_path):
         train(cfg, log=lambda _: None)
 
 
-def test_two_tower_run_and_cascade_export(tmp_path):
+def test_two_tower_run_and_cascade_export(tmp_path, capsys):
     data = write_grouped(tmp_path / "data", rows=3000)
     path = _config(tmp_path, data, "tt", '[preranking]\nmethod = "two_tower"\ntower_dim = 4')
     tt = load_config(path, ["train.epochs=3"])
@@ -185,7 +184,10 @@ def test_two_tower_run_and_cascade_export(tmp_path):
     into_rank = load_config(path, [f"output_dir={rank.output_dir}"])
     with pytest.raises(ConfigError, match="holds a ranking run"):
         train(into_rank, log=lambda _: None)
-    out = export_cascade_runs(tt.output_dir, rank.output_dir, tmp_path / "cascade", keep=2)
+    out = tmp_path / "cascade"
+    argv = ["export", "--run", tt.output_dir, "--cascade-rank", rank.output_dir, "--keep", "2"]
+    assert main([*argv, "--output", str(out)]) == 0
+    assert f"exported {out}" in capsys.readouterr().out
     loaded = tf.saved_model.load(str(out))
     got = loaded.signatures["rank_request"](
         user=tf.constant(["u1"]),

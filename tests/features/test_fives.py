@@ -1,0 +1,211 @@
+"""FIVES: the adjacency and propagation math against NumPy, the network's config and SavedModel
+round-trips, cross read-out, bad input, and a search that finds a planted pure pair."""
+
+from __future__ import annotations
+
+import tomllib
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import tensorflow as tf
+
+from features import fives
+from features.schema import schema_from_dict
+
+SCHEMA = """
+name = "xor"
+[source]
+format = "parquet"
+[[fields]]
+names = "c{1..4}"
+kind = "categorical"
+[[fields]]
+name = "n1"
+kind = "numeric"
+[[fields]]
+name = "label"
+kind = "label"
+"""
+
+
+def _sigmoid(x):
+    return 1 / (1 + np.exp(-x))
+
+
+def _ref_adjacency(h, tau):
+    """Eq. 7-8 in NumPy."""
+    f = h.shape[1]
+    off = 1 - np.eye(f)
+    out = [_sigmoid(h[0] / tau) * off]
+    for k in range(1, h.shape[0]):
+        prev = (out[-1] >= 0.5).astype(float)
+        deg = prev.sum(1, keepdims=True)
+        mean = prev @ _sigmoid(h[k]) / np.maximum(deg, 1)
+        mean = np.clip(mean, 1e-6, 1 - 1e-6)
+        out.append(_sigmoid(np.log(mean / (1 - mean)) / tau) * off * (deg > 0))
+    return out
+
+
+def test_adjacency_matches_numpy_and_binarizes_straight_through():
+    rng = np.random.default_rng(0)
+    h = rng.normal(0, 2, (2, 5, 5)).astype(np.float32)
+    for tau in (1.0, 0.1):
+        got = [a.numpy() for a in fives.adjacency(tf.constant(h), tau)]
+        for g, r in zip(got, _ref_adjacency(h.astype(np.float64), tau), strict=True):
+            np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5)
+    # binarization at 0.5 is the same at every temperature (a >= 0.5 iff logit >= 0)
+    hard = [(a >= 0.5) for a in _ref_adjacency(h.astype(np.float64), 1.0)]
+    cold = [(a >= 0.5) for a in _ref_adjacency(h.astype(np.float64), 0.02)]
+    for a, b in zip(hard, cold, strict=True):
+        np.testing.assert_array_equal(a, b)
+    x = tf.constant([0.2, 0.7])
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = fives.binarize(x)
+    np.testing.assert_array_equal(y.numpy(), [0.0, 1.0])
+    np.testing.assert_array_equal(tape.gradient(y, x).numpy(), [1.0, 1.0])
+
+
+def test_propagate_matches_numpy():
+    rng = np.random.default_rng(1)
+    b, f, d = 3, 4, 2
+    e = rng.normal(size=(b, f, d)).astype(np.float32)
+    w = rng.normal(size=(2, f, d, d)).astype(np.float32)
+    adj = [rng.uniform(0, 1, (f, f)).astype(np.float32) for _ in range(2)]
+    got = [s.numpy() for s in fives.propagate(tf.constant(e), [tf.constant(a) for a in adj], w)]
+    state = e
+    np.testing.assert_allclose(got[0], e)
+    for k, a in enumerate(adj):
+        we = np.einsum("bfd,fde->bfe", e, w[k])
+        active = np.maximum((a >= 0.5).sum(1), 1)
+        p = np.einsum("ij,bjd->bid", a, we) / active[None, :, None]
+        state = p * state
+        np.testing.assert_allclose(got[k + 1], state, rtol=1e-5, atol=1e-6)
+
+
+def test_extract_crosses_reads_paths_off_the_adjacency():
+    names = ["a", "b", "c", "d"]
+    a1 = np.full((4, 4), 0.1)
+    a1[0, 1] = 0.9  # a -> b at layer 1: the pair {a, b}
+    a2 = np.full((4, 4), 0.1)
+    a2[0, 2] = 0.8  # root a, then c at layer 2: the triple {a, b, c}
+    ranked = fives.extract_crosses([a1, a2], names)
+    assert ranked[0] == (("a", "b"), 0.9, True)
+    assert ranked[1][0] == ("a", "b", "c")
+    assert ranked[1][1] == pytest.approx(0.72) and ranked[1][2]
+    # every pair and triple is ranked once, by its best path
+    assert len({frozenset(c) for c, _, _ in ranked}) == len(ranked) == 6 + 4
+    assert all(s <= 0.1 + 1e-9 for c, s, _ in ranked[2:] if len(c) == 2)
+
+
+def test_network_config_and_saved_model_round_trip(tmp_path):
+    net = fives.FivesNetwork([5, 4, 3], embedding_dim=3, max_order=3, mlp=[8], name="fives")
+    ids = tf.constant([[0, 1, 2], [4, 3, 2], [1, 0, 0]], tf.int32)
+    before = net(ids).numpy()
+    again = fives.FivesNetwork.from_config(net.get_config())
+    again(ids)
+    again.set_weights(net.get_weights())
+    np.testing.assert_allclose(again(ids).numpy(), before, rtol=1e-6)
+
+    class Module(tf.Module):
+        def __init__(self, layer):
+            super().__init__()
+            self.layer = layer
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.int32)])
+        def f(self, x):
+            return self.layer(x)
+
+    tf.saved_model.save(Module(net), str(tmp_path / "sm"))
+    loaded = tf.saved_model.load(str(tmp_path / "sm"))
+    np.testing.assert_allclose(loaded.f(ids).numpy(), before, rtol=1e-6)
+    assert [v.name for v in net.arch_variables] == [net.h.name]
+    assert all(v is not net.h for v in net.weight_variables)
+    with pytest.raises(ValueError, match="two or more fields"):
+        fives.FivesNetwork([5])
+    with pytest.raises(ValueError, match="max_order"):
+        fives.FivesNetwork([5, 5], max_order=1)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"max_order": 1}, "max_order"),
+        ({"epochs": 2, "warmup_epochs": 2}, "warmup_epochs"),
+        ({"tau_start": 0.1, "tau_end": 0.5}, "tau_end"),
+        ({"validation_fraction": 1.0}, "validation_fraction"),
+        ({"mlp": (0,)}, "mlp"),
+    ],
+)
+def test_config_validation(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        fives.FivesConfig(**kwargs)
+
+
+def xor_table(rows: int, seed: int = 0) -> pa.Table:
+    """label ~ Bernoulli(sigmoid(2.5 * s)) with s = +-1 from the parity of (c1, c2): a pure
+    pair (no main effect of c1 or c2); c3, c4 and n1 are noise."""
+    rng = np.random.default_rng(seed)
+    c = rng.integers(0, 4, (rows, 4))
+    s = np.where((c[:, 0] + c[:, 1]) % 2 == 0, 1.0, -1.0)
+    y = (rng.random(rows) < _sigmoid(2.5 * s)).astype(np.float32)
+    cols = {f"c{i + 1}": pa.array([f"v{v}" for v in c[:, i]]) for i in range(4)}
+    cols["n1"] = pa.array(rng.exponential(3.0, rows).astype(np.float32))
+    cols["label"] = pa.array(y)
+    return pa.table(cols)
+
+
+def test_search_ranks_the_planted_pure_pair_first():
+    schema = schema_from_dict(tomllib.loads(SCHEMA))
+    lines = []
+    cfg = fives.FivesConfig(epochs=6, batch_size=256, max_order=2, seed=0)
+    result = fives.search(schema, xor_table(6000), cfg, log=lines.append)
+    assert result.crosses[0].fields == ("c1", "c2")
+    assert result.crosses[0].active and result.crosses[0].distinct == 16
+    assert sum(c.active for c in result.crosses) <= 3
+    assert len(lines) == 1 + cfg.epochs and "epoch 6/6" in lines[-1]
+    art = result.artifact("xor")
+    assert art.boundaries["n1"] and art.crosses[0].name == "c1_x_c2"
+    p = result.predict(result.encoder.transform(xor_table(2000, seed=1)))
+    y = xor_table(2000, seed=1).column("label").to_numpy()
+    assert fives.auc(y, p) > 0.75  # the pair explains the label: ~0.81 is the ceiling
+
+
+def test_useless_fields_are_skipped_and_reported():
+    schema = schema_from_dict(tomllib.loads(SCHEMA))
+    t = xor_table(400)
+    t = t.set_column(2, "c3", pa.array(["same"] * 400))
+    t = t.set_column(3, "c4", pa.array([None] * 400, pa.string()))
+    enc = fives.fit_encoder(schema, t)
+    assert enc.fields == ["c1", "c2", "n1"]
+    assert enc.skipped == [
+        {"field": "c3", "reason": "a single value"},
+        {"field": "c4", "reason": "all values missing"},
+    ]
+    t = t.set_column(4, "n1", pa.array([np.nan] * 400, pa.float32()))
+    lines = []
+    with pytest.raises(fives.FivesDataError, match="1 usable field"):
+        fives.search(
+            schema,
+            t.drop_columns(["c2"]).append_column("c2", pa.array([""] * 400)),
+            fives.FivesConfig(epochs=1, warmup_epochs=0),
+            log=lines.append,
+        )
+    assert any("skipping field 'n1': all values missing" in m for m in lines)
+
+
+def test_a_split_without_positives_is_an_error():
+    schema = schema_from_dict(tomllib.loads(SCHEMA))
+    t = xor_table(300)
+    y = np.zeros(300, np.float32)
+    train, _ = fives.split_rows(300, 0.2, 0)
+    y[train[:5]] = 1.0  # positives only in the training split
+    t = t.set_column(t.column_names.index("label"), "label", pa.array(y))
+    with pytest.raises(fives.FivesDataError, match=r"validation split .* has no positive"):
+        fives.search(schema, t, fives.FivesConfig(epochs=1, warmup_epochs=0))
+    with pytest.raises(fives.FivesDataError, match=r"training split .* has no negative"):
+        t1 = t.set_column(t.column_names.index("label"), "label", pa.array(np.ones(300, "f4")))
+        fives.search(schema, t1, fives.FivesConfig(epochs=1, warmup_epochs=0))
+    with pytest.raises(ValueError, match="only categorical, multi_categorical and numeric"):
+        fives.fit_encoder(schema, t, ["label"])
