@@ -72,6 +72,16 @@ def smoothed_ctr(
         return (clicks + alpha * prior) / (impressions + alpha)
 
 
+def field_offsets(fields: Sequence[str], vocab: dict[str, Any]) -> dict[str, int]:
+    """Global node id of each field's OOV node: fields in order, ``len(vocab[f]) + 1`` nodes
+    each (the OOV node, then the field's vocabulary)."""
+    out, n = {}, 0
+    for f in fields:
+        out[f] = n
+        n += len(vocab[f]) + 1
+    return out
+
+
 @dataclasses.dataclass
 class Relation:
     """The edges of one field pair ``(a, b)``: local node ids ``u`` of ``a``, ``v`` of ``b``."""
@@ -127,11 +137,7 @@ class PairGraph:
     @property
     def offsets(self) -> dict[str, int]:
         """Global id of each field's OOV node; the field's nodes follow it."""
-        out, n = {}, 0
-        for f in self.fields:
-            out[f] = n
-            n += len(self.vocab[f]) + 1
-        return out
+        return field_offsets(self.fields, self.vocab)
 
     @property
     def num_nodes(self) -> int:

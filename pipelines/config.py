@@ -36,6 +36,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from features.pcf_config import PCFGNNConfig
 from ranking.config import ModelConfig, PrerankConfig
 
 _OPTIMIZERS = ("adam", "adagrad", "sgd")
@@ -137,6 +138,10 @@ class TrainConfig:
 _PAIR_SOURCES = ("pcf_gnn", "table")
 
 
+_GNN = PCFGNNConfig()
+_GNN_FIELDS = dataclasses.fields(PCFGNNConfig)
+
+
 @dataclasses.dataclass(frozen=True)
 class PairStatsConfig:
     """``[pair_stats]``: pair statistics as extra dense model inputs (docs/pcf_gnn.md).
@@ -170,16 +175,21 @@ class PairStatsConfig:
     max_nodes: int = 0
     alpha: float = 10.0
     min_impressions: int = 1
-    dim: int = 16
-    layers: int = 2
-    head: tuple[int, ...] = (32,)
-    relation_dim: int = 4
-    steps: int = 300
-    batch_edges: int = 8192
-    learning_rate: float = 0.01
-    l2: float = 1e-6
-    seed: int = 0
-    log_every: int = 50
+    # PCF-GNN's hyper-parameters, flat in the section; defaults and checks: PCFGNNConfig.
+    dim: int = _GNN.dim
+    layers: int = _GNN.layers
+    head: tuple[int, ...] = _GNN.head
+    relation_dim: int = _GNN.relation_dim
+    steps: int = _GNN.steps
+    batch_edges: int = _GNN.batch_edges
+    learning_rate: float = _GNN.learning_rate
+    l2: float = _GNN.l2
+    seed: int = _GNN.seed
+    log_every: int = _GNN.log_every
+
+    def gnn(self) -> PCFGNNConfig:
+        """The pre-training hyper-parameters of this section."""
+        return PCFGNNConfig(**{f.name: getattr(self, f.name) for f in _GNN_FIELDS})
 
     def __post_init__(self) -> None:
         if not self.pairs:
@@ -193,27 +203,16 @@ class PairStatsConfig:
             )
         if self.output not in ("logit", "ctr"):
             raise ConfigError(f"[pair_stats] output = {self.output!r}: expected logit or ctr")
-        for key, lo in (
-            ("min_count", 1),
-            ("max_nodes", 0),
-            ("min_impressions", 1),
-            ("dim", 1),
-            ("layers", 0),
-            ("relation_dim", 1),
-            ("steps", 1),
-            ("batch_edges", 1),
-            ("log_every", 1),
-        ):
+        for key, lo in (("min_count", 1), ("max_nodes", 0), ("min_impressions", 1)):
             v = getattr(self, key)
             if not isinstance(v, int) or isinstance(v, bool) or v < lo:
                 raise ConfigError(f"[pair_stats] {key} must be an integer >= {lo}, got {v!r}")
-        for key in ("alpha", "l2"):
-            if not (isinstance(getattr(self, key), int | float) and getattr(self, key) >= 0):
-                raise ConfigError(f"[pair_stats] {key} must be a number >= 0")
-        if not (isinstance(self.learning_rate, int | float) and self.learning_rate > 0):
-            raise ConfigError(f"[pair_stats] learning_rate must be > 0, got {self.learning_rate}")
-        if not self.head or any(not isinstance(h, int) or h < 1 for h in self.head):
-            raise ConfigError(f"[pair_stats] head must be positive integers, got {self.head!r}")
+        if not (isinstance(self.alpha, int | float) and self.alpha >= 0):
+            raise ConfigError(f"[pair_stats] alpha must be a number >= 0, got {self.alpha!r}")
+        try:
+            self.gnn()
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"[pair_stats] {e}") from None
 
     def artifact_dir(self, output_dir: str) -> str:
         return self.artifact or str(Path(output_dir) / "pcf_gnn")

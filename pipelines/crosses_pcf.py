@@ -68,7 +68,7 @@ def run_pcf_gnn(cfg: Any, log: Any = _print) -> dict[str, Any]:
     """Builds the graph and pre-trains PCF-GNN for ``cfg`` (a ``PipelineConfig``); returns the
     report also written to ``<artifact>/report.json``."""
     from features.dataset import list_parquet
-    from features.pcf_gnn import PCFGNNConfig, pretrain
+    from features.pcf_gnn import pretrain
     from features.pcf_graph import build_graph
     from pipelines.config import ConfigError
     from pipelines.train import RunPaths, prepare_data
@@ -101,18 +101,7 @@ def run_pcf_gnn(cfg: Any, log: Any = _print) -> dict[str, Any]:
         log=log,
     )
     graph_seconds = time.time() - t0
-    gnn = PCFGNNConfig(
-        dim=ps.dim,
-        layers=ps.layers,
-        head=tuple(ps.head),
-        relation_dim=ps.relation_dim,
-        steps=ps.steps,
-        batch_edges=ps.batch_edges,
-        learning_rate=float(ps.learning_rate),
-        l2=float(ps.l2),
-        seed=ps.seed,
-        log_every=ps.log_every,
-    )
+    gnn = ps.gnn()
     t1 = time.time()
     artifact = pretrain(graph, gnn, log=log)
     pretrain_seconds = time.time() - t1

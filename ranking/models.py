@@ -33,7 +33,8 @@ from ranking.config import MODEL_TYPES, ModelConfig
 __all__ = ["MODEL_TYPES", "ModelConfig", "RankingModel", "build_model"]
 
 
-def _ranking_task() -> tfrs.tasks.Ranking:
+def ranking_task() -> tfrs.tasks.Ranking:
+    """Binary cross-entropy on logits, with AUC and log loss metrics."""
     return tfrs.tasks.Ranking(
         loss=tf.keras.losses.BinaryCrossentropy(
             from_logits=True, reduction=tf.keras.losses.Reduction.SUM_OVER_BATCH_SIZE
@@ -45,8 +46,26 @@ def _ranking_task() -> tfrs.tasks.Ranking:
     )
 
 
+class ClickModel(tfrs.models.Model):
+    """Base of the click models: ``call`` gives logits ``[batch]``; the tfrs task in
+    ``self.task`` owns the loss on ``features[self.label]`` and the metrics."""
+
+    label: str
+    task: tfrs.tasks.Ranking
+
+    def compute_loss(self, features: dict[str, tf.Tensor], training: bool = False) -> tf.Tensor:
+        logits = self(features, training=training)
+        return self.task(
+            labels=features[self.label], predictions=logits, compute_metrics=not training
+        )
+
+    def score(self, features: dict[str, tf.Tensor]) -> tf.Tensor:
+        """Click probabilities ``[batch]``."""
+        return tf.sigmoid(self(features, training=False))
+
+
 @tf.keras.utils.register_keras_serializable(package="stitchrec")
-class RankingModel(tfrs.models.Model):
+class RankingModel(ClickModel):
     """Click-logit model from blocks (see the module docstring).
 
     Args:
@@ -96,7 +115,7 @@ class RankingModel(tfrs.models.Model):
             shape=(),
             initializer=tf.keras.initializers.Constant(self.initial_bias),
         )
-        self.task = _ranking_task()
+        self.task = ranking_task()
 
     def call(self, features: dict[str, tf.Tensor], training: bool | None = None) -> tf.Tensor:
         """Raw features ``{field: [batch]}`` -> logits ``[batch]``."""
@@ -114,15 +133,6 @@ class RankingModel(tfrs.models.Model):
         if self.wide is not None:
             logit = logit + self.wide(ids, dense)
         return logit
-
-    def compute_loss(self, features: dict[str, tf.Tensor], training: bool = False) -> tf.Tensor:
-        labels = features[self.label]
-        logits = self(features, training=training)
-        return self.task(labels=labels, predictions=logits, compute_metrics=not training)
-
-    def score(self, features: dict[str, tf.Tensor]) -> tf.Tensor:
-        """Click probabilities ``[batch]``."""
-        return tf.sigmoid(self(features, training=False))
 
     def get_config(self) -> dict[str, Any]:
         ser = tf.keras.layers.serialize

@@ -23,12 +23,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import tensorflow as tf
-import tensorflow_recommenders as tfrs
 
 from embeddings.collection import EmbeddingCollection
 from ranking.blocks import MLP, ConcatInteraction
 from ranking.config import ModelConfig, PrerankConfig
-from ranking.models import _ranking_task, embedding_tables
+from ranking.models import ClickModel, embedding_tables, ranking_task
 
 REQUEST_GROUPS = ("user", "context")
 
@@ -120,7 +119,7 @@ class Tower(tf.keras.layers.Layer):
 
 
 @tf.keras.utils.register_keras_serializable(package="stitchrec")
-class TwoTowerModel(tfrs.models.Model):
+class TwoTowerModel(ClickModel):
     """``logit = <user_tower(x_user), item_tower(x_item)> + b`` (see the module docstring)."""
 
     def __init__(
@@ -141,7 +140,7 @@ class TwoTowerModel(tfrs.models.Model):
         self.bias = self.add_weight(
             name="bias", shape=(), initializer=tf.keras.initializers.Constant(self.initial_bias)
         )
-        self.task = _ranking_task()
+        self.task = ranking_task()
 
     def user_vectors(self, features: dict[str, tf.Tensor]) -> tf.Tensor:
         """``[batch, dim]`` from the request-side fields."""
@@ -164,16 +163,6 @@ class TwoTowerModel(tfrs.models.Model):
             {k: features[k] for k in self.item_tower.input_names}, training=training
         )
         return tf.reduce_sum(u * v, axis=1) + self.bias
-
-    def compute_loss(self, features: dict[str, tf.Tensor], training: bool = False) -> tf.Tensor:
-        logits = self(features, training=training)
-        return self.task(
-            labels=features[self.label], predictions=logits, compute_metrics=not training
-        )
-
-    def score(self, features: dict[str, tf.Tensor]) -> tf.Tensor:
-        """Click probabilities ``[batch]``."""
-        return tf.sigmoid(self(features, training=False))
 
     def get_config(self) -> dict[str, Any]:
         ser = tf.keras.layers.serialize

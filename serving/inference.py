@@ -16,6 +16,7 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import Mapping
+from typing import Any
 
 import grpc
 import numpy as np
@@ -115,6 +116,19 @@ def coerce(
     )
 
 
+def _check_names(specs: Mapping[str, Any], features: Mapping[str, Any], where: str) -> None:
+    """INVALID_ARGUMENT naming the missing and the unknown features, if any."""
+    missing = sorted(set(specs) - set(features))
+    extra = sorted(set(features) - set(specs))
+    if missing or extra:
+        parts = []
+        if missing:
+            parts.append(f"missing feature(s) {missing}")
+        if extra:
+            parts.append(f"unknown feature(s) {extra}")
+        raise invalid(f"{where}: {'; '.join(parts)}; the model expects {sorted(specs)}")
+
+
 def check_features(
     features: Mapping[str, np.ndarray],
     specs: Mapping[str, InputSpec],
@@ -127,15 +141,7 @@ def check_features(
     Every feature must be a 1-D array (``[rows, 1]`` is accepted as ``[rows]``) of the same
     length ``rows`` with ``1 <= rows <= limits.max_request_rows``.
     """
-    missing = sorted(set(specs) - set(features))
-    extra = sorted(set(features) - set(specs))
-    if missing or extra:
-        parts = []
-        if missing:
-            parts.append(f"missing feature(s) {missing}")
-        if extra:
-            parts.append(f"unknown feature(s) {extra}")
-        raise invalid(f"{where}: {'; '.join(parts)}; the model expects {sorted(specs)}")
+    _check_names(specs, features, where)
     out: dict[str, np.ndarray] = {}
     rows = None
     first = ""
@@ -232,15 +238,7 @@ def _check_shapes_free(
     inputs with static shape ``[1]`` take exactly one value; the others ``[n]`` values, the
     same ``n >= 1`` for all of them.
     """
-    missing = sorted(set(specs) - set(features))
-    extra = sorted(set(features) - set(specs))
-    if missing or extra:
-        parts = []
-        if missing:
-            parts.append(f"missing feature(s) {missing}")
-        if extra:
-            parts.append(f"unknown feature(s) {extra}")
-        raise invalid(f"{where}: {'; '.join(parts)}; the model expects {sorted(specs)}")
+    _check_names(specs, features, where)
     once = {n for n, s in specs.items() if s.shape == (1,)}
     per_row = {n: features[n] for n in specs if n not in once}
     single = {n: features[n] for n in once}

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 TINY_SCHEMA = """
 name = "tiny"
@@ -63,3 +68,67 @@ def make_tiny_table(rows: int, seed: int = 0) -> pa.Table:
             "label": pa.array(label),
         }
     )
+
+
+def write_tiny_dataset(
+    root: Path, rows: int = 5000, train_rows: int = 4000, train_shards: int = 1
+) -> dict[str, Path]:
+    """``TINY_SCHEMA`` as ``root/schema.toml`` plus ``root/train`` (the first ``train_rows`` rows
+    of ``make_tiny_table(rows)`` in ``train_shards`` equal shards) and ``root/test`` (the rest)."""
+    root = Path(root)
+    (root / "schema.toml").write_text(TINY_SCHEMA)
+    (root / "train").mkdir(parents=True)
+    (root / "test").mkdir()
+    t = make_tiny_table(rows)
+    per_shard = train_rows // train_shards
+    for i in range(train_shards):
+        pq.write_table(t.slice(i * per_shard, per_shard), root / "train" / f"part-{i:05d}.parquet")
+    pq.write_table(t.slice(train_rows), root / "test" / "part-00000.parquet")
+    return {
+        "schema": root / "schema.toml",
+        "train": root / "train",
+        "test": root / "test",
+        "root": root,
+    }
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    if isinstance(value, (str, Path)):
+        return json.dumps(str(value))
+    return repr(value)
+
+
+def write_run_config(
+    path: Path,
+    data: dict[str, Path],
+    out: Path,
+    model: dict[str, Any],
+    train: dict[str, Any],
+    extra: str = "",
+    data_extra: str = "",
+) -> Path:
+    """A training config over ``data`` (``write_tiny_dataset``'s dict) writing to ``out``:
+    ``[model]`` and ``[train]`` from the dicts, ``data_extra`` appended to ``[data]`` and
+    ``extra`` (more sections) at the end."""
+
+    def section(name: str, values: dict[str, Any]) -> str:
+        return f"[{name}]\n" + "".join(f"{k} = {_toml(v)}\n" for k, v in values.items())
+
+    files = {"schema": data["schema"], "train": [data["train"]], "test": [data["test"]]}
+    text = (
+        f"output_dir = {_toml(out)}\n\n"
+        + section("data", files)
+        + (data_extra.strip() + "\n" if data_extra.strip() else "")
+        + "\n"
+        + section("model", model)
+        + "\n"
+        + section("train", train)
+        + (f"\n{extra.strip()}\n" if extra.strip() else "")
+    )
+    path = Path(path)
+    path.write_text(text)
+    return path

@@ -16,41 +16,21 @@ from pipelines import cli
 from pipelines.config import ConfigError, load_config
 from pipelines.export import export_run, load_trained_model
 from pipelines.train import train
-
-CONFIG = """
-output_dir = "{out}"
-
-[data]
-schema = "{schema}"
-train = ["{train}"]
-test = ["{test}"]
-{extra}
-
-[model]
-type = "lr"
-
-[train]
-batch_size = 256
-epochs = 2
-learning_rate = 0.05
-log_every = 50
-"""
+from tests.testdata import write_run_config
 
 INPUTS = ("user", "item", "tags", "price", "age")
 
 
 def _config(data, name: str, extra: str = "") -> Path:
-    path = data["root"] / f"{name}.toml"
-    path.write_text(
-        CONFIG.format(
-            out=data["root"] / name,
-            schema=data["schema"],
-            train=data["train"],
-            test=data["test"],
-            extra=extra,
-        )
+    train = {"batch_size": 256, "epochs": 2, "learning_rate": 0.05, "log_every": 50}
+    return write_run_config(
+        data["root"] / f"{name}.toml",
+        data,
+        data["root"] / name,
+        {"type": "lr"},
+        train,
+        data_extra=extra,
     )
-    return path
 
 
 def _tensors(columns: dict[str, np.ndarray]) -> dict[str, tf.Tensor]:

@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 import pytest
 import tensorflow as tf
 
@@ -18,47 +17,20 @@ from features.schema import load_schema
 from pipelines.cli import main
 from pipelines.config import load_config
 from pipelines.export import export_run, load_trained_model
-from tests.testdata import TINY_SCHEMA, make_tiny_table
+from tests.testdata import write_run_config, write_tiny_dataset
 
 
 @pytest.fixture(scope="module")
 def pretrained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Tiny data (as the ``tiny_data`` fixture) and the config of a ``crosses pcf-gnn`` run."""
     root = tmp_path_factory.mktemp("pcf")
-    (root / "schema.toml").write_text(TINY_SCHEMA)
-    (root / "train").mkdir()
-    (root / "test").mkdir()
-    t = make_tiny_table(5000)
-    pq.write_table(t.slice(0, 4000), root / "train" / "part-00000.parquet")
-    pq.write_table(t.slice(4000), root / "test" / "part-00000.parquet")
-    data = {"schema": root / "schema.toml", "train": root / "train", "test": root / "test"}
-    data["root"] = root
+    data = write_tiny_dataset(root)
     data["config"] = _config(data, root / "run")
     return data
 
 
 def _config(tiny_data: dict[str, Path], out: Path, source: str = "pcf_gnn") -> Path:
-    cfg = out.parent / f"{out.name}.toml"
-    cfg.write_text(
-        f"""
-output_dir = "{out}"
-
-[data]
-schema = "{tiny_data["schema"]}"
-train = ["{tiny_data["train"]}"]
-test = ["{tiny_data["test"]}"]
-
-[model]
-type = "dnn"
-embedding_dim = 4
-mlp = [8]
-
-[train]
-batch_size = 256
-epochs = 1
-seed = 0
-log_every = 10
-
+    pair_stats = f"""
 [pair_stats]
 source = "{source}"
 pairs = [["user", "item"], ["user", "tags"]]
@@ -67,8 +39,10 @@ steps = 10
 batch_edges = 256
 log_every = 10
 """
-    )
-    return cfg
+    model = {"type": "dnn", "embedding_dim": 4, "mlp": [8]}
+    train = {"batch_size": 256, "epochs": 1, "seed": 0, "log_every": 10}
+    cfg = out.parent / f"{out.name}.toml"
+    return write_run_config(cfg, tiny_data, out, model, train, extra=pair_stats)
 
 
 def _raw_batch(tiny_data: dict[str, Path], n: int = 64) -> dict[str, tf.Tensor]:

@@ -14,43 +14,26 @@ from features.dataset import list_parquet
 from pipelines.config import load_config
 from pipelines.export import export_run, load_trained_model
 from pipelines.train import make_scorer, predict, train
-
-CONFIG = """
-output_dir = "{out}"
-
-[data]
-schema = "{schema}"
-train = ["{train}"]
-test = ["{test}"]
-
-[model]
-type = "{model}"
-embedding_dim = 4
-mlp = [16]
-cross_layers = 1
-embedding_method = "{method}"
-embedding_compression = {ratio}
-compress_min_rows = 10
-
-[train]
-batch_size = 256
-epochs = 2
-learning_rate = 0.02
-"""
+from tests.testdata import write_run_config
 
 
 def _cfg(data, method, model="dcn_v2", ratio=2.0, name=None):
-    path = data["root"] / f"{name or method + model}.toml"
-    path.write_text(
-        CONFIG.format(
-            out=data["root"] / (name or f"run-{method}-{model}"),
-            schema=data["schema"],
-            train=data["train"],
-            test=data["test"],
-            model=model,
-            method=method,
-            ratio=ratio,
-        )
+    model_section = {
+        "type": model,
+        "embedding_dim": 4,
+        "mlp": [16],
+        "cross_layers": 1,
+        "embedding_method": method,
+        "embedding_compression": ratio,
+        "compress_min_rows": 10,
+    }
+    train = {"batch_size": 256, "epochs": 2, "learning_rate": 0.02}
+    path = write_run_config(
+        data["root"] / f"{name or method + model}.toml",
+        data,
+        data["root"] / (name or f"run-{method}-{model}"),
+        model_section,
+        train,
     )
     return load_config(path)
 

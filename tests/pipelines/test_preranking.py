@@ -24,33 +24,15 @@ from pipelines.preranking import (
 )
 from pipelines.train import RunPaths, prepare_data, prepare_stats, train
 from tests.ranking.prerank_data import GROUPED_SCHEMA, write_grouped
+from tests.testdata import write_run_config
 
 
 def _config(tmp_path: Path, data: dict[str, Path], name: str, preranking: str, **model) -> Path:
-    model_lines = "\n".join(f"{k} = {v}" for k, v in {"type": '"dnn"', **model}.items())
-    text = f"""
-output_dir = "{tmp_path / name}"
-
-[data]
-schema = "{data["schema"]}"
-train = ["{data["train"]}"]
-test = ["{data["test"]}"]
-
-[model]
-embedding_dim = 4
-mlp = [16]
-{model_lines}
-
-[train]
-batch_size = 128
-epochs = 1
-learning_rate = 0.01
-seed = 0
-{preranking}
-"""
-    path = tmp_path / f"{name}.toml"
-    path.write_text(text)
-    return path
+    model_section = {"embedding_dim": 4, "mlp": [16], "type": "dnn", **model}
+    train = {"batch_size": 128, "epochs": 1, "learning_rate": 0.01, "seed": 0}
+    return write_run_config(
+        tmp_path / f"{name}.toml", data, tmp_path / name, model_section, train, extra=preranking
+    )
 
 
 FSCD = """
@@ -167,7 +149,7 @@ def test_preranking_config_errors_name_file_and_section(tmp_path, section, match
 
 def test_fscd_needs_an_interaction_model(tmp_path):
     data = write_grouped(tmp_path / "data", rows=100)
-    cfg = load_config(_config(tmp_path, data, "fm", FSCD, type='"fm"'))
+    cfg = load_config(_config(tmp_path, data, "fm", FSCD, type="fm"))
     with pytest.raises(ConfigError, match="needs \\[model\\] type dnn or dcn_v2"):
         train(cfg, log=lambda _: None)
 

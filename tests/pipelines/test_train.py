@@ -20,46 +20,20 @@ import tensorflow as tf
 from pipelines.config import ConfigError, load_config
 from pipelines.export import export_run, load_trained_model
 from pipelines.train import RunPaths, make_scorer, predict, train
-from tests.testdata import TINY_SCHEMA, make_tiny_table
-
-CONFIG = """
-output_dir = "{out}"
-
-[data]
-schema = "{schema}"
-train = ["{train}"]
-test = ["{test}"]
-
-[model]
-type = "dcn_v2"
-embedding_dim = 4
-mlp = [32, 16]
-cross_layers = 2
-
-[train]
-batch_size = {batch}
-epochs = {epochs}
-learning_rate = 0.01
-checkpoint_every = {ckpt}
-log_every = 20
-deterministic = true
-"""
+from tests.testdata import TINY_SCHEMA, make_tiny_table, write_run_config
 
 
 def _config(data, out, batch=256, epochs=2, ckpt=5) -> Path:
-    path = data["root"] / f"{Path(out).name}.toml"
-    path.write_text(
-        CONFIG.format(
-            out=out,
-            schema=data["schema"],
-            train=data["train"],
-            test=data["test"],
-            batch=batch,
-            epochs=epochs,
-            ckpt=ckpt,
-        )
-    )
-    return path
+    model = {"type": "dcn_v2", "embedding_dim": 4, "mlp": [32, 16], "cross_layers": 2}
+    train = {
+        "batch_size": batch,
+        "epochs": epochs,
+        "learning_rate": 0.01,
+        "checkpoint_every": ckpt,
+        "log_every": 20,
+        "deterministic": True,
+    }
+    return write_run_config(data["root"] / f"{Path(out).name}.toml", data, out, model, train)
 
 
 def test_train_writes_run_and_learns(tiny_data):

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import grpc
 import numpy as np
-import pyarrow.parquet as pq
 import pytest
 import tensorflow as tf
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -24,47 +23,25 @@ from pipelines.config import load_config
 from pipelines.export import export_run
 from pipelines.train import train
 from serving.client import RankingClient
-from tests.testdata import TINY_SCHEMA, make_tiny_table
+from tests.testdata import write_run_config, write_tiny_dataset
 
 ROOT = Path(__file__).resolve().parents[2]
-
-CONFIG = """
-output_dir = "{out}"
-
-[data]
-schema = "{schema}"
-train = ["{train}"]
-test = ["{test}"]
-
-[model]
-type = "dcn_v2"
-embedding_dim = 4
-mlp = [16]
-cross_layers = 1
-
-[train]
-batch_size = 256
-epochs = 1
-learning_rate = 0.01
-checkpoint_every = 100
-deterministic = true
-"""
 
 
 @pytest.fixture(scope="module")
 def exported_repo(tmp_path_factory) -> Path:
     """A DCN-v2 trained for one epoch on 2,000 tiny rows, exported as models/ctr/1."""
     d = tmp_path_factory.mktemp("cli")
-    (d / "schema.toml").write_text(TINY_SCHEMA)
-    for split in ("train", "test"):
-        (d / split).mkdir()
-    t = make_tiny_table(2500)
-    pq.write_table(t.slice(0, 2000), d / "train" / "part-00000.parquet")
-    pq.write_table(t.slice(2000), d / "test" / "part-00000.parquet")
-    cfg_path = d / "run.toml"
-    cfg_path.write_text(
-        CONFIG.format(out=d / "run", schema=d / "schema.toml", train=d / "train", test=d / "test")
-    )
+    data = write_tiny_dataset(d, rows=2500, train_rows=2000)
+    model = {"type": "dcn_v2", "embedding_dim": 4, "mlp": [16], "cross_layers": 1}
+    train_section = {
+        "batch_size": 256,
+        "epochs": 1,
+        "learning_rate": 0.01,
+        "checkpoint_every": 100,
+        "deterministic": True,
+    }
+    cfg_path = write_run_config(d / "run.toml", data, d / "run", model, train_section)
     train(load_config(cfg_path), log=lambda _: None)
     repo = d / "models"
     export_run(d / "run", repo / "ctr" / "1")

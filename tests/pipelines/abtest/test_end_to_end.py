@@ -23,52 +23,21 @@ from pipelines.config import load_config
 from pipelines.evaluate import score_saved_model
 from pipelines.export import export_run
 from pipelines.train import train
-from tests.testdata import TINY_SCHEMA, make_tiny_table
+from tests.testdata import write_run_config, write_tiny_dataset
 
 ROOT = Path(__file__).resolve().parents[3]
-
-CONFIG = """
-output_dir = "{out}"
-
-[data]
-schema = "{schema}"
-train = ["{train}"]
-test = ["{test}"]
-
-[model]
-type = "{model}"
-embedding_dim = 4
-mlp = [16]
-cross_layers = 1
-
-[train]
-batch_size = 256
-epochs = 1
-learning_rate = 0.02
-log_every = 100
-"""
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("ab")
-    (root / "schema.toml").write_text(TINY_SCHEMA)
-    (root / "train").mkdir()
-    (root / "test").mkdir()
-    t = make_tiny_table(5000)
-    pq.write_table(t.slice(0, 4000), root / "train" / "part-00000.parquet")
-    pq.write_table(t.slice(4000), root / "test" / "part-00000.parquet")
+    data = write_tiny_dataset(root)
     out = {"root": root, "test": root / "test"}
+    train_section = {"batch_size": 256, "epochs": 1, "learning_rate": 0.02, "log_every": 100}
     for name, model in (("control", "lr"), ("treatment", "dcn_v2")):
-        cfg_path = root / f"{name}.toml"
-        cfg_path.write_text(
-            CONFIG.format(
-                out=root / name,
-                schema=root / "schema.toml",
-                train=root / "train",
-                test=root / "test",
-                model=model,
-            )
+        model_section = {"type": model, "embedding_dim": 4, "mlp": [16], "cross_layers": 1}
+        cfg_path = write_run_config(
+            root / f"{name}.toml", data, root / name, model_section, train_section
         )
         train(load_config(cfg_path), log=lambda _: None)
         out[name] = export_run(root / name)
