@@ -135,6 +135,40 @@ class TrainConfig:
             )
 
 
+_STRATEGIES = ("auto", "none", "multi_worker_mirrored", "parameter_server")
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributeConfig:
+    """``[distribute]``: how ``stitchrec train`` spreads over machines (docs/distributed.md).
+
+    Attributes:
+      strategy: ``auto`` (TF_CONFIG decides: no TF_CONFIG or a one-task cluster trains in one
+        process, a cluster of workers uses ``multi_worker_mirrored``, one with ``ps`` tasks
+        ``parameter_server``), ``none`` (one process, TF_CONFIG ignored),
+        ``multi_worker_mirrored`` (synchronous data parallelism, tf.distribute
+        MultiWorkerMirroredStrategy; needs TF_CONFIG) or ``parameter_server`` (not implemented
+        yet; rejected with an error naming docs/distributed.md).
+      timeout_seconds: how long a worker waits for the others of its cluster at startup.
+    """
+
+    strategy: str = "auto"
+    timeout_seconds: int = 120
+
+    def __post_init__(self) -> None:
+        if self.strategy not in _STRATEGIES:
+            raise ConfigError(
+                f"[distribute] strategy {self.strategy!r} is not one of {list(_STRATEGIES)}"
+            )
+        if isinstance(self.timeout_seconds, bool) or not (
+            isinstance(self.timeout_seconds, int) and self.timeout_seconds >= 1
+        ):
+            raise ConfigError(
+                f"[distribute] timeout_seconds must be an integer >= 1, got "
+                f"{self.timeout_seconds!r}"
+            )
+
+
 _PAIR_SOURCES = ("pcf_gnn", "table")
 
 
@@ -226,6 +260,7 @@ class PipelineConfig:
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     preranking: PrerankConfig | None = None  # [preranking]: FSCD / two-tower pre-ranking
     pair_stats: PairStatsConfig | None = None  # [pair_stats]: PCF-GNN / table pair statistics
+    distribute: DistributeConfig | None = None  # [distribute]: multi-worker training
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
@@ -286,7 +321,8 @@ def config_from_dict(
     """Builds a PipelineConfig; relative paths are resolved against ``base_dir``."""
     data = dict(data)
     unknown = sorted(
-        set(data) - {"output_dir", "data", "model", "train", "preranking", "pair_stats"}
+        set(data)
+        - {"output_dir", "data", "model", "train", "preranking", "pair_stats", "distribute"}
     )
     if unknown:
         raise ConfigError(f"{where}: unknown top-level keys {unknown}")
@@ -323,7 +359,17 @@ def config_from_dict(
         train=_build(TrainConfig, "train", train, where),
         preranking=_preranking(data.get("preranking"), where),
         pair_stats=_pair_stats(data.get("pair_stats"), where, resolve),
+        distribute=_distribute(data.get("distribute"), where),
     )
+
+
+def _distribute(values: Any, where: str) -> DistributeConfig | None:
+    """The optional ``[distribute]`` section (``DistributeConfig``)."""
+    if values is None:
+        return None
+    if not isinstance(values, Mapping):
+        raise ConfigError(f"{where}: [distribute] must be a table")
+    return _build(DistributeConfig, "distribute", values, where)
 
 
 def _preranking(values: Any, where: str) -> PrerankConfig | None:

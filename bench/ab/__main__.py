@@ -150,6 +150,7 @@ def bench_bootstrap(
     res["control"] = {"source": "synthetic control (noise 0.9)"}
     res["treatment"] = {"source": "synthetic treatment (noise 0.8)"}
     res["data"] = {"files": [f"synthetic logs, {rows:,} rows"]}
+    res["group_field"] = "user"
     (path / "ab.json").write_text(json.dumps(res, indent=1))
     (path / "ab.html").write_text(report.html(res))
     print(report.console(res))

@@ -292,7 +292,7 @@ def html(result: Mapping[str, Any]) -> str:
     if g:
         parts.append(
             f"<p class=small>Grouped metrics over {g['groups']:,} groups of "
-            f"<code>{_e(result.get('group_field'))}</code>; scored groups: "
+            f"<code>{_e(result.get('group_field') or 'the group column')}</code>; scored groups: "
             + ", ".join(f"{_e(k)} {n:,}" for k, n in g["scored_groups"].items())
             + " (GAUC needs both classes in a group, NDCG/recall a click).</p>"
         )
