@@ -149,23 +149,14 @@ class DistributeConfig:
         ``multi_worker_mirrored`` (synchronous data parallelism, tf.distribute
         MultiWorkerMirroredStrategy; needs TF_CONFIG) or ``parameter_server`` (not implemented
         yet; rejected with an error naming docs/distributed.md).
-      timeout_seconds: how long a worker waits for the others of its cluster at startup.
     """
 
     strategy: str = "auto"
-    timeout_seconds: int = 120
 
     def __post_init__(self) -> None:
         if self.strategy not in _STRATEGIES:
             raise ConfigError(
                 f"[distribute] strategy {self.strategy!r} is not one of {list(_STRATEGIES)}"
-            )
-        if isinstance(self.timeout_seconds, bool) or not (
-            isinstance(self.timeout_seconds, int) and self.timeout_seconds >= 1
-        ):
-            raise ConfigError(
-                f"[distribute] timeout_seconds must be an integer >= 1, got "
-                f"{self.timeout_seconds!r}"
             )
 
 

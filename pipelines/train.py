@@ -45,7 +45,7 @@ from features.dataset import (
 from features.preprocessing import build_preprocessor
 from features.schema import FeatureKind, Schema, load_schema
 from features.stats import DatasetStats, compute_stats
-from pipelines import metrics
+from pipelines import distribute, metrics
 from pipelines.config import ConfigError, PipelineConfig, load_config
 from ranking.models import RankingModel, build_model, planned_method
 
@@ -350,8 +350,10 @@ def train(cfg: PipelineConfig, log: Log = print) -> dict[str, Any]:
     if cfg.preranking is not None:  # FSCD's three stages or the two-tower anchor
         from pipelines.preranking import run_preranking
 
+        distribute.require_single_process(cfg.distribute, "[preranking]")
         return run_preranking(cfg, log)
-    paths = RunPaths(Path(cfg.output_dir))
+    dist = distribute.setup(cfg.distribute, log)  # first: it starts the cluster's servers
+    paths = RunPaths(dist.run_root(cfg.output_dir))
     paths.root.mkdir(parents=True, exist_ok=True)
     _check_same_run(cfg, paths)
     paths.config.write_text(cfg.to_toml())
@@ -365,14 +367,16 @@ def train(cfg: PipelineConfig, log: Log = print) -> dict[str, Any]:
     schema = add_configured_crosses(cfg, schema, log)
     schema.save(paths.schema)
     stats = prepare_stats(schema, train_files, paths, log)
-    model = build_run_model(cfg, schema, stats)
-    optimizer = make_optimizer(tc.optimizer, tc.learning_rate)
-
-    sample = next(iter(make_dataset(schema, train_files, batch_size=2)))
-    model(sample)
-    if tc.warm_start:
-        warm_start(model, tc.warm_start, log)
-    optimizer.build(model.trainable_variables)
+    if not dist.is_chief:
+        test_files = []  # the chief evaluates and reports
+    with dist.scope():
+        model = build_run_model(cfg, schema, stats)
+        optimizer = make_optimizer(tc.optimizer, tc.learning_rate)
+        sample = next(iter(make_dataset(schema, train_files, batch_size=2)))
+        model(sample)
+        if tc.warm_start:
+            warm_start(model, tc.warm_start, log)
+        optimizer.build(model.trainable_variables)
     paths.model_json.write_text(json.dumps(tf.keras.layers.serialize(model)))
 
     step = tf.Variable(0, dtype=tf.int64, name="step")
@@ -382,10 +386,11 @@ def train(cfg: PipelineConfig, log: Log = print) -> dict[str, Any]:
         model=model, optimizer=optimizer, step=step, epoch=epoch_var, batch=batch_var
     )
     manager = tf.train.CheckpointManager(ckpt, paths.checkpoints, max_to_keep=3)
-    if manager.latest_checkpoint:
-        ckpt.restore(manager.latest_checkpoint).assert_existing_objects_matched()
+    latest = dist.latest_checkpoint(manager.latest_checkpoint, Path(cfg.output_dir) / "checkpoints")
+    if latest:
+        ckpt.restore(latest).assert_existing_objects_matched()
         log(
-            f"resumed from {manager.latest_checkpoint} at step {int(step)} "
+            f"resumed from {latest} at step {int(step)} "
             f"(epoch {int(epoch_var) + 1}, batch {int(batch_var)})"
         )
 
@@ -399,8 +404,9 @@ def train(cfg: PipelineConfig, log: Log = print) -> dict[str, Any]:
         f"of {tc.batch_size}, {model.count_params():,} parameters"
     )
 
-    train_loss = tf.keras.metrics.Mean()
-    train_auc = tf.keras.metrics.AUC(num_thresholds=1000)
+    with dist.scope():
+        train_loss = tf.keras.metrics.Mean()
+        train_auc = tf.keras.metrics.AUC(num_thresholds=1000)
     label = schema.label.name
     element_spec = make_dataset(schema, train_files, batch_size=tc.batch_size).element_spec
 
@@ -416,6 +422,8 @@ def train(cfg: PipelineConfig, log: Log = print) -> dict[str, Any]:
         train_auc.update_state(features[label], tf.sigmoid(logits))
         return loss
 
+    if dist.active:  # the same step, one slice of the batch per worker, gradients all-reduced
+        train_step = dist.train_step(model, optimizer, label, train_loss, train_auc)
     scorer = make_scorer(model, schema)
     writer = tf.summary.create_file_writer(str(paths.tensorboard))
     t_start = time.time()
@@ -427,22 +435,25 @@ def train(cfg: PipelineConfig, log: Log = print) -> dict[str, Any]:
     done = int(step) >= total_steps
     while not done and int(epoch_var) < tc.epochs:
         epoch = int(epoch_var)
-        ds = make_dataset(
-            schema,
-            train_files,
-            batch_size=tc.batch_size,
-            shuffle=True,
-            seed=tc.seed,
-            epoch=epoch,
-            skip_batches=int(batch_var),
-            shuffle_buffer=tc.shuffle_buffer,
+        ds = dist.batches(
+            lambda epoch=epoch, skip=int(batch_var): make_dataset(
+                schema,
+                train_files,
+                batch_size=tc.batch_size,
+                shuffle=True,
+                seed=tc.seed,
+                epoch=epoch,
+                skip_batches=skip,
+                shuffle_buffer=tc.shuffle_buffer,
+            ),
+            label,
         )
         for features in ds:
             train_step(features)
             step.assign_add(1)
             batch_var.assign_add(1)
             trained_steps += 1
-            n = int(features[label].shape[0])
+            n = dist.rows(features, label)
             examples_window += n
             examples_trained += n
             s = int(step)
@@ -502,4 +513,5 @@ def train(cfg: PipelineConfig, log: Log = print) -> dict[str, Any]:
         "devices": [g.name for g in gpus] or ["CPU"],
     }
     paths.report.write_text(json.dumps(report, indent=1))
+    dist.finish()
     return report

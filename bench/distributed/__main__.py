@@ -1,0 +1,170 @@
+"""bench/distributed: one process vs a local multi-worker cluster, same config, same data.
+
+    .venv/bin/python -m bench.distributed --out runs/bench_distributed
+    .venv/bin/python -m bench.distributed --out runs/bench_distributed --rows 50000 --seeds 0
+
+For each seed: writes the synthetic set (``--rows`` rows, 20% test) once, then runs
+``stitchrec train`` (DCN-v2, batch ``--batch-size``, one epoch) as one process and as
+``--workers`` worker processes on 127.0.0.1 (TF_CONFIG per process, multi_worker_mirrored).
+Prints test AUC and log loss of both (mean ± std over seeds, and the largest per-seed gap: the
+mirrored cluster should follow the single-process run up to float rounding) and training
+examples/s of the cluster as a ratio to the single process measured in the same run, with the
+machine load. On one machine the workers share its cores and every worker reads every batch
+(docs/distributed.md), so the ratio measures overhead, not scaling. Writes ``results.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+
+CONFIG = """output_dir = "unused"
+
+[data]
+schema = "data/schema.toml"
+train = ["data/train"]
+test = ["data/test"]
+
+[model]
+type = "dcn_v2"
+embedding_dim = 16
+mlp = [256, 128]
+cross_layers = 3
+
+[train]
+batch_size = {batch_size}
+epochs = 1
+learning_rate = 0.001
+log_every = 10
+checkpoint_every = 1000
+"""
+
+
+def free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def run_train(config: Path, out: Path, seed: int, workers: int, timeout: float) -> dict[str, Any]:
+    """``stitchrec train`` as ``workers`` processes (1: no TF_CONFIG); the chief's report."""
+    cmd = [sys.executable, "-m", "pipelines.cli", "train", "--config", str(config)]
+    cmd += ["--output", str(out), "--set", f"train.seed={seed}"]
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    env.update(PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
+    hosts = [f"127.0.0.1:{p}" for p in free_ports(workers)]
+    procs: list[subprocess.Popen] = []
+    t0 = time.time()
+    try:
+        for i in range(workers):
+            e = dict(env)
+            if workers > 1:
+                task = {"type": "worker", "index": i}
+                e["TF_CONFIG"] = json.dumps({"cluster": {"worker": hosts}, "task": task})
+            log = (out.parent / f"{out.name}-{i}.log").open("w")
+            procs.append(
+                subprocess.Popen(cmd, cwd=ROOT, env=e, stdout=log, stderr=subprocess.STDOUT)
+            )
+        codes = [p.wait(timeout=max(1.0, timeout - (time.time() - t0))) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    if codes != [0] * workers:
+        raise RuntimeError(f"{out.name}: exit codes {codes}; see {out.parent}/{out.name}-*.log")
+    r = json.loads((out / "train_report.json").read_text())
+    return {
+        "workers": workers,
+        "seed": seed,
+        "auc": r["test"]["auc"],
+        "logloss": r["test"]["logloss"],
+        "examples_per_second": r["examples_per_second"],
+        "train_seconds": r["train_seconds"],
+        "wall_seconds": round(time.time() - t0, 1),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--rows", type=int, default=250_000)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--batch-size", type=int, default=4096)
+    ap.add_argument("--timeout", type=float, default=1200.0)
+    args = ap.parse_args()
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+
+    from features import synthetic
+
+    if not (out / "data" / "schema.toml").exists():
+        synthetic.write_dataset(synthetic.SyntheticConfig(rows=args.rows, seed=0), out / "data")
+    config = out / "run.toml"
+    config.write_text(CONFIG.format(batch_size=args.batch_size))
+    load = [os.getloadavg()]
+    rows: list[dict[str, Any]] = []
+    for seed in args.seeds:
+        for workers in (1, args.workers):
+            run = out / f"w{workers}-s{seed}"
+            r = run_train(config, run, seed, workers, args.timeout)
+            rows.append(r)
+            print(json.dumps(r), flush=True)
+    load.append(os.getloadavg())
+
+    def stat(workers: int, key: str) -> tuple[float, float]:
+        v = np.array([r[key] for r in rows if r["workers"] == workers])
+        return float(v.mean()), float(v.std(ddof=1)) if v.size > 1 else 0.0
+
+    single = {r["seed"]: r for r in rows if r["workers"] == 1}
+    cluster = {r["seed"]: r for r in rows if r["workers"] == args.workers}
+    gaps = [abs(cluster[s]["auc"] - single[s]["auc"]) for s in args.seeds]
+    ratios = [
+        cluster[s]["examples_per_second"] / single[s]["examples_per_second"] for s in args.seeds
+    ]
+    summary = {
+        "rows": args.rows,
+        "batch_size": args.batch_size,
+        "workers": args.workers,
+        "seeds": args.seeds,
+        "auc_single": stat(1, "auc"),
+        "auc_cluster": stat(args.workers, "auc"),
+        "logloss_single": stat(1, "logloss"),
+        "logloss_cluster": stat(args.workers, "logloss"),
+        "max_auc_gap": max(gaps),
+        "examples_per_second_single": stat(1, "examples_per_second"),
+        "examples_per_second_cluster": stat(args.workers, "examples_per_second"),
+        "throughput_ratio_cluster_over_single": ratios,
+        "cpus": os.cpu_count(),
+        "loadavg_before_after": load,
+        "runs": rows,
+    }
+    (out / "results.json").write_text(json.dumps(summary, indent=1))
+    for key in ("auc", "logloss", "examples_per_second"):
+        (m1, s1), (m2, s2) = stat(1, key), stat(args.workers, key)
+        print(f"{key:20s} single {m1:.5f} ± {s1:.5f}   {args.workers} workers {m2:.5f} ± {s2:.5f}")
+    print(f"largest per-seed AUC gap {max(gaps):.2e}")
+    print(f"examples/s {args.workers} workers / single: {', '.join(f'{r:.2f}' for r in ratios)}")
+    print(f"{os.cpu_count()} cpus, load average before {load[0]}, after {load[1]}")
+    print(f"wrote {out / 'results.json'}")
+
+
+if __name__ == "__main__":
+    main()

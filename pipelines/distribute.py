@@ -1,0 +1,295 @@
+"""Multi-worker training for ``stitchrec train``: strategy from TF_CONFIG, data split, chief I/O.
+
+``setup`` reads ``[distribute]`` and the ``TF_CONFIG`` environment variable (the cluster and this
+process's task, as tf.distribute defines it) and returns a ``Distribution``; ``pipelines.train``
+asks it for a scope, a training step, the batches of an epoch and the folder to write to. With no
+cluster the ``Distribution`` is inactive and training is the single-process loop, unchanged.
+
+Multi-worker mirrored (synchronous data parallelism, one replica per worker):
+
+* Every worker reads the same stream of global batches of ``[train] batch_size`` rows (the order
+  is the pure function of ``(seed, epoch)`` the single-process loop uses, so resume works the
+  same way) and keeps only its slice of rows ``[w * ceil(n / W), (w + 1) * ceil(n / W))`` of
+  each batch of ``n`` rows. The slices of the W workers are disjoint and together are the batch.
+* Each replica's loss is ``sum_i BCE(y_i, logit_i) / n + L2 / W`` over its slice; the optimizer
+  sums the replicas' gradients (an all-reduce), which is exactly the gradient of the mean loss
+  of the whole batch, so the model follows the single-process trajectory up to float rounding.
+* The chief (task ``chief``, or ``worker`` 0 when the cluster has no chief) writes the run
+  folder; the other workers write into a temporary folder that is deleted at the end, and restore
+  from the chief's checkpoints (so the run folder must be on storage every worker reads), as
+  TensorFlow's multi-worker guide prescribes.
+
+Every worker still reads and converts every batch and drops the other workers' rows, so the
+input pipeline does not scale with workers yet; splitting the Parquet files by worker is the next
+step (docs/distributed.md).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import tensorflow as tf
+
+from pipelines.config import ConfigError, DistributeConfig
+
+Log = Callable[[str], None]
+
+_DOCS = "docs/distributed.md"
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterSpec:
+    """The parsed ``TF_CONFIG``: ``{"cluster": {type: [host:port, ...]}, "task": {...}}``."""
+
+    cluster: dict[str, list[str]]
+    task_type: str
+    task_index: int
+
+    @property
+    def workers(self) -> int:
+        """Tasks that train (chief plus workers)."""
+        return len(self.cluster.get("chief", [])) + len(self.cluster.get("worker", []))
+
+    @property
+    def is_chief(self) -> bool:
+        if "chief" in self.cluster:
+            return self.task_type == "chief"
+        return self.task_type == "worker" and self.task_index == 0
+
+
+def parse_tf_config(text: str | None) -> ClusterSpec | None:
+    """The cluster of a ``TF_CONFIG`` value, or None for an unset or empty one.
+
+    Raises ConfigError naming the problem for malformed JSON, a missing task or a task that is
+    not in the cluster.
+    """
+    if text is None or not text.strip():
+        return None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"TF_CONFIG is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError("TF_CONFIG must be a JSON object with 'cluster' and 'task'")
+    cluster = data.get("cluster") or {}
+    if not cluster:
+        return None
+    if not isinstance(cluster, dict) or not all(
+        isinstance(v, list) and all(isinstance(a, str) for a in v) for v in cluster.values()
+    ):
+        raise ConfigError(
+            'TF_CONFIG cluster must map task types to lists of "host:port", e.g. '
+            '{"worker": ["h0:2222", "h1:2222"]}'
+        )
+    unknown = sorted(set(cluster) - {"chief", "worker", "ps", "evaluator"})
+    if unknown:
+        raise ConfigError(f"TF_CONFIG cluster: unknown task types {unknown}")
+    task = data.get("task")
+    if not isinstance(task, dict) or "type" not in task:
+        raise ConfigError('TF_CONFIG needs a task, e.g. "task": {"type": "worker", "index": 0}')
+    task_type, index = task["type"], task.get("index", 0)
+    if isinstance(index, bool) or not isinstance(index, int):
+        raise ConfigError(f"TF_CONFIG task index must be an integer, got {index!r}")
+    if task_type not in cluster or not 0 <= index < len(cluster[task_type]):
+        raise ConfigError(
+            f"TF_CONFIG task {task_type}:{index} is not in the cluster "
+            f"({ {k: len(v) for k, v in cluster.items()} })"
+        )
+    return ClusterSpec({k: list(v) for k, v in cluster.items()}, task_type, index)
+
+
+def resolve_strategy(cfg: DistributeConfig | None, spec: ClusterSpec | None) -> str:
+    """``none`` or ``multi_worker_mirrored``: what ``[distribute] strategy`` and TF_CONFIG ask for.
+
+    Raises ConfigError for ``parameter_server`` (not implemented; see docs/distributed.md) and
+    for ``multi_worker_mirrored`` without a cluster of workers.
+    """
+    name = (cfg or DistributeConfig()).strategy
+    if name == "none":
+        return "none"
+    if name == "auto":
+        if spec is None or (spec.workers <= 1 and "ps" not in spec.cluster):
+            return "none"
+        name = "parameter_server" if "ps" in spec.cluster else "multi_worker_mirrored"
+    if name == "parameter_server":
+        raise ConfigError(
+            "[distribute] strategy parameter_server is not implemented yet; use "
+            f"multi_worker_mirrored (a cluster of workers without ps tasks), see {_DOCS}"
+        )
+    if spec is None:
+        raise ConfigError(
+            "[distribute] strategy multi_worker_mirrored needs TF_CONFIG (the cluster and this "
+            f"process's task); see {_DOCS}"
+        )
+    if "ps" in spec.cluster:
+        raise ConfigError("multi_worker_mirrored: TF_CONFIG must not list ps tasks")
+    if spec.task_type not in ("chief", "worker"):
+        raise ConfigError(
+            f"multi_worker_mirrored: task type {spec.task_type!r} does not train; run only "
+            "chief and worker tasks"
+        )
+    return "multi_worker_mirrored"
+
+
+def require_single_process(cfg: DistributeConfig | None, what: str) -> None:
+    """Raises ConfigError when ``[distribute]`` and TF_CONFIG ask for a cluster: ``what``
+    trains in one process only."""
+    if resolve_strategy(cfg, parse_tf_config(os.environ.get("TF_CONFIG"))) != "none":
+        raise ConfigError(
+            f"{what} trains in one process only; unset TF_CONFIG or set [distribute] "
+            f'strategy = "none" (see {_DOCS})'
+        )
+
+
+def slice_bounds(rows: tf.Tensor, index: int, parts: int) -> tuple[tf.Tensor, tf.Tensor]:
+    """Rows ``[lo, hi)`` of part ``index`` of ``parts`` of a batch of ``rows`` rows.
+
+    ``per = ceil(rows / parts)``, ``lo = min(index * per, rows)``, ``hi = min(lo + per, rows)``:
+    disjoint, in order, covering the batch; trailing parts of a short batch may be empty.
+    """
+    per = (rows + parts - 1) // parts
+    lo = tf.minimum(index * per, rows)
+    return lo, tf.minimum(lo + per, rows)
+
+
+def slice_batch(
+    features: dict[str, tf.Tensor], label: str, index: int, parts: int
+) -> tuple[dict[str, tf.Tensor], tf.Tensor]:
+    """(this part's rows of every field, rows of the whole batch)."""
+    rows = tf.shape(features[label], out_type=tf.int64)[0]
+    lo, hi = slice_bounds(rows, index, parts)
+    return {k: v[lo:hi] for k, v in features.items()}, rows
+
+
+@dataclasses.dataclass
+class Distribution:
+    """How this process takes part in training; ``strategy`` None: one process, as before."""
+
+    strategy: tf.distribute.Strategy | None = None
+    spec: ClusterSpec | None = None
+    scratch: Path | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.strategy is not None
+
+    @property
+    def is_chief(self) -> bool:
+        return self.spec is None or self.spec.is_chief
+
+    @property
+    def workers(self) -> int:
+        return self.strategy.num_replicas_in_sync if self.strategy is not None else 1
+
+    def scope(self) -> contextlib.AbstractContextManager:
+        """The strategy's scope (variables become mirrored), or a no-op."""
+        return self.strategy.scope() if self.strategy is not None else contextlib.nullcontext()
+
+    def run_root(self, output_dir: str | Path) -> Path:
+        """Where this process writes: the run folder for the chief, a temporary one otherwise."""
+        if self.is_chief:
+            return Path(output_dir)
+        if self.scratch is None:
+            task = f"{self.spec.task_type}-{self.spec.task_index}"
+            self.scratch = Path(tempfile.mkdtemp(prefix=f"stitchrec-{task}-"))
+            atexit.register(shutil.rmtree, self.scratch, ignore_errors=True)  # also on errors
+        return self.scratch
+
+    def latest_checkpoint(self, own: str | None, chief_checkpoints: Path) -> str | None:
+        """The checkpoint to resume from: the chief's latest, which every worker restores."""
+        if self.is_chief:
+            return own
+        return tf.train.latest_checkpoint(str(chief_checkpoints))
+
+    def batches(self, make: Callable[[], tf.data.Dataset], label: str) -> Iterable[Any]:
+        """The epoch's input: ``make()`` as is, or per worker ``(its rows, batch rows)``."""
+        if self.strategy is None:
+            return make()
+
+        def per_worker(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
+            index, parts = ctx.input_pipeline_id, ctx.num_input_pipelines
+            return make().map(lambda f: slice_batch(f, label, index, parts))
+
+        return self.strategy.distribute_datasets_from_function(per_worker)
+
+    def rows(self, element: Any, label: str) -> int:
+        """Rows of the global batch ``element`` (one of ``batches``)."""
+        if self.strategy is None:
+            return int(element[label].shape[0])
+        return int(self.strategy.experimental_local_results(element[1])[0])
+
+    def train_step(
+        self,
+        model: tf.keras.Model,
+        optimizer: tf.keras.optimizers.Optimizer,
+        label: str,
+        loss_metric: tf.keras.metrics.Mean,
+        auc_metric: tf.keras.metrics.AUC,
+    ) -> Callable[[Any], tf.Tensor]:
+        """One synchronous step on an element of ``batches``; returns the batch's mean loss.
+
+        Replica loss ``sum(BCE over its rows) / batch rows + L2 / workers``; gradients are summed
+        over replicas by the optimizer, giving the gradient of the batch's mean loss.
+        """
+        strategy = self.strategy
+        replicas = float(self.workers)
+
+        def replica_step(features: dict[str, tf.Tensor], rows: tf.Tensor) -> tf.Tensor:
+            y = features[label]
+            with tf.GradientTape() as tape:
+                logits = model(features, training=True)
+                per_example = tf.nn.sigmoid_cross_entropy_with_logits(labels=y, logits=logits)
+                loss = tf.reduce_sum(per_example) / tf.cast(rows, per_example.dtype)
+                total = loss + tf.add_n(model.losses) / replicas if model.losses else loss
+            grads = tape.gradient(total, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+            loss_metric.update_state(per_example)
+            auc_metric.update_state(y, tf.sigmoid(logits))
+            return loss
+
+        @tf.function
+        def step(element: tuple[dict[str, tf.Tensor], tf.Tensor]) -> tf.Tensor:
+            per_replica = strategy.run(replica_step, args=element)
+            return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+        return step
+
+    def finish(self) -> None:
+        """Deletes a non-chief worker's temporary folder."""
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            self.scratch = None
+
+
+def setup(cfg: DistributeConfig | None, log: Log = print) -> Distribution:
+    """The ``Distribution`` of this process; create it before any other TensorFlow work.
+
+    Reads ``TF_CONFIG``; builds a MultiWorkerMirroredStrategy (which starts this task's gRPC
+    server and waits for the other workers) when the cluster asks for one.
+    """
+    spec = parse_tf_config(os.environ.get("TF_CONFIG"))
+    name = resolve_strategy(cfg, spec)
+    if name == "none":
+        return Distribution()
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
+    workers = spec.workers
+    if strategy.num_replicas_in_sync != workers:
+        raise ConfigError(
+            f"multi_worker_mirrored: {strategy.num_replicas_in_sync} replicas for {workers} "
+            "workers; give each worker one device (e.g. CUDA_VISIBLE_DEVICES=0)"
+        )
+    log(
+        f"distributed: multi_worker_mirrored, {workers} workers, this is "
+        f"{spec.task_type}:{spec.task_index}{' (chief)' if spec.is_chief else ''}"
+    )
+    return Distribution(strategy=strategy, spec=spec)
