@@ -32,6 +32,7 @@ import dataclasses
 import json
 import os
 import shutil
+import socket
 import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -64,6 +65,25 @@ class ClusterSpec:
         if "chief" in self.cluster:
             return self.task_type == "chief"
         return self.task_type == "worker" and self.task_index == 0
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """``n`` distinct ports free on ``host`` right now (bound to port 0 together, then closed)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for sock in socks:
+            sock.bind((host, 0))
+        return [sock.getsockname()[1] for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def worker_tf_config(ports: list[int], index: int, host: str = "127.0.0.1") -> str:
+    """TF_CONFIG of worker ``index`` in a cluster of workers on ``host``, one per port (a local
+    cluster for tests and benchmarks; on real hosts each task's address differs)."""
+    workers = [f"{host}:{port}" for port in ports]
+    return json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}})
 
 
 def parse_tf_config(text: str | None) -> ClusterSpec | None:

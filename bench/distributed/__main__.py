@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from pipelines.distribute import free_ports, worker_tf_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -51,32 +52,20 @@ checkpoint_every = 1000
 """
 
 
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def run_train(config: Path, out: Path, seed: int, workers: int, timeout: float) -> dict[str, Any]:
     """``stitchrec train`` as ``workers`` processes (1: no TF_CONFIG); the chief's report."""
     cmd = [sys.executable, "-m", "pipelines.cli", "train", "--config", str(config)]
     cmd += ["--output", str(out), "--set", f"train.seed={seed}"]
     env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
     env.update(PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
-    hosts = [f"127.0.0.1:{p}" for p in free_ports(workers)]
+    ports = free_ports(workers)
     procs: list[subprocess.Popen] = []
     t0 = time.time()
     try:
         for i in range(workers):
             e = dict(env)
             if workers > 1:
-                task = {"type": "worker", "index": i}
-                e["TF_CONFIG"] = json.dumps({"cluster": {"worker": hosts}, "task": task})
+                e["TF_CONFIG"] = worker_tf_config(ports, i)
             log = (out.parent / f"{out.name}-{i}.log").open("w")
             procs.append(
                 subprocess.Popen(cmd, cwd=ROOT, env=e, stdout=log, stderr=subprocess.STDOUT)

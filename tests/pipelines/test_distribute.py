@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -16,11 +15,13 @@ import tensorflow as tf
 
 from pipelines.config import ConfigError, DistributeConfig, load_config
 from pipelines.distribute import (
+    free_ports,
     parse_tf_config,
     require_single_process,
     resolve_strategy,
     slice_batch,
     slice_bounds,
+    worker_tf_config,
 )
 from pipelines.train import RunPaths, train
 from tests.testdata import write_run_config
@@ -37,28 +38,12 @@ AUC_TOLERANCE = 0.002
 LOGLOSS_TOLERANCE = 0.002
 
 
-def _tf_config(ports: list[int], index: int) -> str:
-    workers = [f"127.0.0.1:{p}" for p in ports]
-    return json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}})
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def test_parse_tf_config():
     assert parse_tf_config(None) is None and parse_tf_config("") is None
     assert parse_tf_config('{"cluster": {}}') is None
-    spec = parse_tf_config(_tf_config([1, 2], 1))
+    spec = parse_tf_config(worker_tf_config([1, 2], 1))
     assert (spec.workers, spec.task_type, spec.task_index, spec.is_chief) == (2, "worker", 1, False)
-    assert parse_tf_config(_tf_config([1, 2], 0)).is_chief
+    assert parse_tf_config(worker_tf_config([1, 2], 0)).is_chief
     chief = parse_tf_config(
         json.dumps({"cluster": {"chief": ["a:1"], "worker": ["b:1"]}, "task": {"type": "worker"}})
     )
@@ -75,8 +60,8 @@ def test_parse_tf_config():
 
 
 def test_resolve_strategy():
-    two = parse_tf_config(_tf_config([1, 2], 0))
-    one = parse_tf_config(_tf_config([1], 0))
+    two = parse_tf_config(worker_tf_config([1, 2], 0))
+    one = parse_tf_config(worker_tf_config([1], 0))
     ps = parse_tf_config(
         json.dumps({"cluster": {"worker": ["a:1"], "ps": ["b:1"]}, "task": {"type": "ps"}})
     )
@@ -95,7 +80,7 @@ def test_resolve_strategy():
 def test_require_single_process(monkeypatch):
     monkeypatch.delenv("TF_CONFIG", raising=False)
     require_single_process(None, "[preranking]")
-    monkeypatch.setenv("TF_CONFIG", _tf_config([1, 2], 0))
+    monkeypatch.setenv("TF_CONFIG", worker_tf_config([1, 2], 0))
     require_single_process(DistributeConfig("none"), "[preranking]")
     with pytest.raises(ConfigError, match=r"\[preranking\] trains in one process only"):
         require_single_process(None, "[preranking]")
@@ -156,7 +141,7 @@ def _run_config(data: dict[str, Path], out: Path) -> Path:
 def _run_cluster(config: Path, root: Path, name: str, *args: str) -> list[str]:
     """Runs ``stitchrec train --config config *args`` as 2 worker processes on 127.0.0.1;
     returns their logs after checking both exit 0 (killed after 120 s)."""
-    ports = _free_ports(2)
+    ports = free_ports(2)
     env_base = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
     env_base["PYTHONPATH"] = str(ROOT)
     env_base["TF_CPP_MIN_LOG_LEVEL"] = "2"
@@ -167,7 +152,7 @@ def _run_cluster(config: Path, root: Path, name: str, *args: str) -> list[str]:
         for i in range(2):
             scratch = root / f"{name}-tmp-{i}"  # where a worker's temporary folder goes
             scratch.mkdir()
-            env = dict(env_base, TF_CONFIG=_tf_config(ports, i), TMPDIR=str(scratch))
+            env = dict(env_base, TF_CONFIG=worker_tf_config(ports, i), TMPDIR=str(scratch))
             cmd = [sys.executable, "-m", "pipelines.cli", "train", "--config", str(config), *args]
             procs.append(
                 subprocess.Popen(
