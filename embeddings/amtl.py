@@ -234,7 +234,7 @@ class AMTLEmbedding(tf.keras.layers.Layer):
 
     def _features(self, ids: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         """``s`` ``[n, 2]`` and the gate ``a`` ``[n, 1]`` of in-range ids ``[n]`` (int64)."""
-        logq = tf.math.log1p(tf.gather(self.counts, ids))
+        logq = tf.math.log1p(tf.nn.embedding_lookup(self.counts, ids))
         z = (logq - self.count_stats[0]) / tf.maximum(self.count_stats[1], _STD_EPS)
         if self.num_rows > 1:
             pct = 1.0 - tf.cast(ids, tf.float32) / float(self.num_rows - 1)
@@ -274,7 +274,7 @@ class AMTLEmbedding(tf.keras.layers.Layer):
         flat = oov_safe(flat_ids(ids), self.num_rows)
         unique, where = tf.unique(flat)  # the MLPs run once per distinct id of the batch
         mask_u = self._mask(unique)
-        masked = tf.gather(self.table, flat) * tf.gather(mask_u, where)
+        masked = tf.nn.embedding_lookup(self.table, flat) * tf.gather(mask_u, where)
         out = pool_and_regularize(self, ids, masked)  # shape / pooling and the L2 loss
         if self.length_penalty > 0:
             mean_len = tf.reduce_sum(mask_u) / tf.cast(

@@ -199,7 +199,8 @@ class BinaryHashEmbedding(tf.keras.layers.Layer):
         return values + tf.constant(self.offsets, tf.int64)
 
     def call(self, ids: tf.Tensor | tf.RaggedTensor) -> tf.Tensor:
-        rows = tf.gather(self.table, self.block_indices(flat_ids(ids)))  # [n, n_blocks, bd]
+        # [n, n_blocks, bd]; embedding_lookup also reads a ShardedVariable shard by shard
+        rows = tf.nn.embedding_lookup(self.table, self.block_indices(flat_ids(ids)))
         if self.fusion == "sum":
             vectors = tf.reduce_sum(rows, axis=1)
         else:

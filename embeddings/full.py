@@ -67,7 +67,7 @@ class FullEmbedding(tf.keras.layers.Layer):
         super().build(input_shape)
 
     def call(self, ids: tf.Tensor | tf.RaggedTensor) -> tf.Tensor:
-        vectors = tf.gather(self.table, oov_safe(flat_ids(ids), self.num_rows))
+        vectors = tf.nn.embedding_lookup(self.table, oov_safe(flat_ids(ids), self.num_rows))
         return pool_and_regularize(self, ids, vectors)
 
     def memory_bytes(self) -> dict[str, int]:

@@ -120,7 +120,7 @@ class HashingEmbedding(tf.keras.layers.Layer):
         return tf.where(oov, tf.zeros_like(b), b)
 
     def call(self, ids: tf.Tensor | tf.RaggedTensor) -> tf.Tensor:
-        vectors = tf.gather(self.table, self.bucket(flat_ids(ids)))
+        vectors = tf.nn.embedding_lookup(self.table, self.bucket(flat_ids(ids)))
         return pool_and_regularize(self, ids, vectors)
 
     def memory_bytes(self) -> dict[str, int]:

@@ -139,8 +139,8 @@ class QREmbedding(tf.keras.layers.Layer):
 
     def call(self, ids: tf.Tensor | tf.RaggedTensor) -> tf.Tensor:
         q, r = self.indices(flat_ids(ids))
-        qv = tf.gather(self.quotient, q)
-        rv = tf.gather(self.remainder, r)
+        qv = tf.nn.embedding_lookup(self.quotient, q)
+        rv = tf.nn.embedding_lookup(self.remainder, r)
         if self.operation == "mult":
             vectors = qv * rv
         elif self.operation == "add":

@@ -118,35 +118,71 @@ def _check_batch(
             )
 
 
+def _open_parquet(path: Path) -> pq.ParquetFile:
+    try:
+        return pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as e:
+        raise DataError(f"{path}: not a readable Parquet file ({e})") from None
+
+
 def iter_record_batches(
     schema: Schema,
     files: Sequence[Path],
     fields: Sequence[FeatureSpec] | None = None,
     batch_rows: int = 65_536,
+    row_range: tuple[int, int] | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """Validated record batches of ``fields`` (default: model inputs and label) from Parquet.
+
+    ``row_range=(lo, hi)`` keeps rows ``lo <= r < hi`` of the concatenation of ``files`` (in the
+    order given): files and row groups outside the range are skipped from their footers, unread.
 
     Raises ``DataError`` naming the file, row and column for a missing column, a label that is
     not 0/1, a NaN or infinite numeric value, or a file that is not readable Parquet.
     """
     fields = list(fields) if fields is not None else input_fields(schema)
     columns = [f.name for f in fields]
+    lo, hi = row_range if row_range is not None else (0, None)
+    offset = 0  # row of the concatenation where the current file starts
     for path in files:
-        try:
-            pf = pq.ParquetFile(path)
-        except (pa.ArrowException, OSError) as e:
-            raise DataError(f"{path}: not a readable Parquet file ({e})") from None
+        if hi is not None and offset >= hi:
+            return
+        pf = _open_parquet(path)
+        rows = pf.metadata.num_rows
+        if row_range is not None and offset + rows <= lo:
+            offset += rows
+            continue
         missing = [c for c in columns if c not in pf.schema_arrow.names]
         if missing:
             raise DataError(
                 f"{path}: Parquet file lacks columns {missing} that schema {schema.name!r} needs; "
                 f"it has {pf.schema_arrow.names}"
             )
-        row = 0
-        for rb in pf.iter_batches(batch_size=batch_rows, columns=columns):
-            _check_batch(rb, fields, path, row)
-            row += rb.num_rows
-            yield rb
+        start = 0  # row of this file where the current row group starts
+        for group in range(pf.num_row_groups):
+            group_rows = pf.metadata.row_group(group).num_rows
+            first, start = start, start + group_rows
+            if offset + start <= lo or (hi is not None and offset + first >= hi):
+                continue  # the row group lies outside the range
+            row = first
+            for rb in pf.iter_batches(batch_size=batch_rows, columns=columns, row_groups=[group]):
+                a = max(lo - offset - row, 0)
+                b = rb.num_rows if hi is None else min(hi - offset - row, rb.num_rows)
+                if b > a:
+                    part = rb if (a, b) == (0, rb.num_rows) else rb.slice(a, b - a)
+                    _check_batch(part, fields, path, row + a)
+                    yield part
+                row += rb.num_rows
+        offset += rows
+
+
+def shard_range(total_rows: int, index: int, count: int) -> tuple[int, int]:
+    """Rows ``[index * q, (index + 1) * q)`` with ``q = total_rows // count``: equal, disjoint
+    ranges for ``count`` workers (the last ``total_rows % count`` rows go to nobody)."""
+    if not 0 <= index < count:
+        raise ValueError(f"shard index {index} is not in [0, {count})")
+    per = total_rows // count
+    return index * per, (index + 1) * per
 
 
 def iter_batches(
@@ -160,6 +196,7 @@ def iter_batches(
     skip_batches: int = 0,
     shuffle_buffer: int = 262_144,
     drop_remainder: bool = False,
+    shard: tuple[int, int] | None = None,
 ) -> Iterator[dict[str, np.ndarray]]:
     """Yields dicts of numpy arrays (the same content as ``make_dataset``'s elements)."""
     fields = input_fields(schema)
@@ -167,6 +204,10 @@ def iter_batches(
     order = list(files)
     if shuffle:
         order = [order[i] for i in rng.permutation(len(order))]
+    row_range = None
+    if shard is not None:  # the same file order on every worker, then each its own rows
+        row_range = shard_range(count_rows(order), *shard)
+        rng = np.random.default_rng([seed, epoch, *shard])
     buffer_rows = max(shuffle_buffer, batch_size) if shuffle else batch_size
     pending: list[pa.Table] = []
     pending_rows = 0
@@ -185,7 +226,7 @@ def iter_batches(
                 continue
             yield table_to_numpy(part, fields)
 
-    for rb in iter_record_batches(schema, order, fields):
+    for rb in iter_record_batches(schema, order, fields, row_range=row_range):
         pending.append(pa.Table.from_batches([rb]))
         pending_rows += rb.num_rows
         if pending_rows >= buffer_rows:
@@ -209,6 +250,7 @@ def make_dataset(
     skip_batches: int = 0,
     shuffle_buffer: int = 262_144,
     drop_remainder: bool = False,
+    shard: tuple[int, int] | None = None,
 ) -> tf.data.Dataset:
     """A ``tf.data.Dataset`` of ``{field: [batch]}`` raw tensors from Parquet shards.
 
@@ -218,6 +260,9 @@ def make_dataset(
       batch_size: rows per element (the last one may be smaller unless ``drop_remainder``).
       shuffle: shuffle files and rows, by ``(seed, epoch)``.
       skip_batches: drop this many leading batches (resume inside an epoch).
+      shard: ``(index, count)``: only worker ``index``'s equal share of the epoch's rows
+        (``shard_range`` over the epoch's file order, which every worker shares), shuffled by
+        ``(seed, epoch, index, count)``; files and row groups of other shares are not read.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -235,6 +280,7 @@ def make_dataset(
             skip_batches=skip_batches,
             shuffle_buffer=shuffle_buffer,
             drop_remainder=drop_remainder,
+            shard=shard,
         ),
         output_signature=signature,
     )
@@ -243,4 +289,4 @@ def make_dataset(
 
 def count_rows(paths: str | Path | Sequence[str | Path]) -> int:
     """Rows in Parquet shards, from their footers."""
-    return sum(pq.ParquetFile(p).metadata.num_rows for p in list_parquet(paths))
+    return sum(_open_parquet(p).metadata.num_rows for p in list_parquet(paths))

@@ -230,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     from features.readers import DataError
     from features.schema import SchemaError
     from pipelines.config import ConfigError
+    from pipelines.distribute import PeerLostError
 
     try:
         return args.func(args)
@@ -237,6 +238,9 @@ def main(argv: list[str] | None = None) -> int:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"error: {msg}", file=sys.stderr, flush=True)
         return 2
+    except PeerLostError as e:  # a supervisor (Kubernetes, a script) restarts the cluster
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 3
 
 
 if __name__ == "__main__":

@@ -136,6 +136,7 @@ class TrainConfig:
 
 
 _STRATEGIES = ("auto", "none", "multi_worker_mirrored", "parameter_server")
+_INPUTS = ("shard", "split")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,16 +148,39 @@ class DistributeConfig:
         process, a cluster of workers uses ``multi_worker_mirrored``, one with ``ps`` tasks
         ``parameter_server``), ``none`` (one process, TF_CONFIG ignored),
         ``multi_worker_mirrored`` (synchronous data parallelism, tf.distribute
-        MultiWorkerMirroredStrategy; needs TF_CONFIG) or ``parameter_server`` (not implemented
-        yet; rejected with an error naming docs/distributed.md).
+        MultiWorkerMirroredStrategy; needs TF_CONFIG) or ``parameter_server`` (asynchronous
+        training with tf.distribute ParameterServerStrategy: TF_CONFIG with one ``chief``, some
+        ``worker`` and some ``ps`` tasks; ``pipelines/distribute_ps.py``).
+      input: how multi-worker training splits the data. ``shard`` (the default): worker ``w``
+        of ``W`` reads only its own ``1/W`` of each epoch's rows (whole files and row groups of
+        the others are never read) in local batches of ``batch_size / W`` rows, so the input
+        pipeline scales with workers; ``batch_size`` must be divisible by ``W``, each worker
+        trains on whole batches only, and up to ``batch_size`` rows per epoch are left out.
+        ``split``: every worker reads every global batch and keeps its slice of rows, so the
+        run follows the single-process trajectory up to float rounding (for checks; the input
+        pipeline then runs ``W`` times). Not used by ``parameter_server``, where the chief reads
+        every batch and sends it with its step.
+      ps_min_shard_bytes: ``parameter_server`` only: a variable (embedding table, kernel) of
+        more bytes is split along its rows into ``min(ps tasks, ceil(bytes / this), rows)``
+        shards over the ps tasks (tf.distribute MinSizePartitioner); an integer >= 1, default
+        256 KiB.
     """
 
     strategy: str = "auto"
+    input: str = "shard"
+    ps_min_shard_bytes: int = 256 << 10
 
     def __post_init__(self) -> None:
         if self.strategy not in _STRATEGIES:
             raise ConfigError(
                 f"[distribute] strategy {self.strategy!r} is not one of {list(_STRATEGIES)}"
+            )
+        if self.input not in _INPUTS:
+            raise ConfigError(f"[distribute] input {self.input!r} is not one of {list(_INPUTS)}")
+        b = self.ps_min_shard_bytes
+        if isinstance(b, bool) or not isinstance(b, int) or b < 1:
+            raise ConfigError(
+                f"[distribute] ps_min_shard_bytes must be an integer >= 1 (bytes), got {b!r}"
             )
 
 

@@ -30,13 +30,14 @@ import atexit
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import shutil
 import socket
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import tensorflow as tf
 
@@ -44,7 +45,36 @@ from pipelines.config import ConfigError, DistributeConfig
 
 Log = Callable[[str], None]
 
+
+class MakeDataset(Protocol):
+    """``make(batch_size=, shard=None, drop_remainder=False)``: one epoch's tf.data input."""
+
+    def __call__(
+        self,
+        *,
+        batch_size: int,
+        shard: tuple[int, int] | None = None,
+        drop_remainder: bool = False,
+    ) -> tf.data.Dataset: ...
+
+
 _DOCS = "docs/distributed.md"
+
+
+class PeerLostError(RuntimeError):
+    """A task of the cluster stopped answering during a synchronous step (killed, crashed,
+    preempted or cut off). Every task must be started again; they resume from the chief's
+    last checkpoint. ``stitchrec train`` exits with status 3 on it."""
+
+
+# what a collective op raises when a peer is gone: "Socket closed", "Connection reset",
+# "failed to connect", an aborted or timed-out collective
+_PEER_ERRORS = (
+    tf.errors.UnavailableError,
+    tf.errors.AbortedError,
+    tf.errors.CancelledError,
+    tf.errors.DeadlineExceededError,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,10 +158,12 @@ def parse_tf_config(text: str | None) -> ClusterSpec | None:
 
 
 def resolve_strategy(cfg: DistributeConfig | None, spec: ClusterSpec | None) -> str:
-    """``none`` or ``multi_worker_mirrored``: what ``[distribute] strategy`` and TF_CONFIG ask for.
+    """``none``, ``multi_worker_mirrored`` or ``parameter_server``: what ``[distribute] strategy``
+    and TF_CONFIG ask for.
 
-    Raises ConfigError for ``parameter_server`` (not implemented; see docs/distributed.md) and
-    for ``multi_worker_mirrored`` without a cluster of workers.
+    Raises ConfigError for a cluster strategy without TF_CONFIG and for a cluster that does not
+    fit the strategy (ps tasks under multi_worker_mirrored; the parameter-server layout is checked
+    by ``distribute_ps.check_cluster``).
     """
     name = (cfg or DistributeConfig()).strategy
     if name == "none":
@@ -140,16 +172,16 @@ def resolve_strategy(cfg: DistributeConfig | None, spec: ClusterSpec | None) -> 
         if spec is None or (spec.workers <= 1 and "ps" not in spec.cluster):
             return "none"
         name = "parameter_server" if "ps" in spec.cluster else "multi_worker_mirrored"
-    if name == "parameter_server":
-        raise ConfigError(
-            "[distribute] strategy parameter_server is not implemented yet; use "
-            f"multi_worker_mirrored (a cluster of workers without ps tasks), see {_DOCS}"
-        )
     if spec is None:
         raise ConfigError(
-            "[distribute] strategy multi_worker_mirrored needs TF_CONFIG (the cluster and this "
+            f"[distribute] strategy {name} needs TF_CONFIG (the cluster and this "
             f"process's task); see {_DOCS}"
         )
+    if name == "parameter_server":
+        from pipelines.distribute_ps import check_cluster
+
+        check_cluster(spec)
+        return name
     if "ps" in spec.cluster:
         raise ConfigError("multi_worker_mirrored: TF_CONFIG must not list ps tasks")
     if spec.task_type not in ("chief", "worker"):
@@ -197,10 +229,19 @@ class Distribution:
     strategy: tf.distribute.Strategy | None = None
     spec: ClusterSpec | None = None
     scratch: Path | None = None
+    input: str = "shard"
 
     @property
     def active(self) -> bool:
         return self.strategy is not None
+
+    @property
+    def serves_only(self) -> bool:
+        """True for tasks that only serve (parameter_server's worker and ps tasks); never here."""
+        return False
+
+    def sync(self) -> None:
+        """Waits for pending steps (parameter_server); synchronous here, so nothing to do."""
 
     @property
     def is_chief(self) -> bool:
@@ -230,14 +271,37 @@ class Distribution:
             return own
         return tf.train.latest_checkpoint(str(chief_checkpoints))
 
-    def batches(self, make: Callable[[], tf.data.Dataset], label: str) -> Iterable[Any]:
-        """The epoch's input: ``make()`` as is, or per worker ``(its rows, batch rows)``."""
+    def check_batch_size(self, batch_size: int) -> None:
+        """Raises ConfigError when sharded input cannot split ``batch_size`` over the workers."""
+        if self.strategy is not None and self.input == "shard" and batch_size % self.workers:
+            raise ConfigError(
+                f"[train] batch_size {batch_size} is not divisible by the {self.workers} workers "
+                '(each reads batch_size / workers rows per step with [distribute] input = "shard")'
+            )
+
+    def steps_per_epoch(self, rows: int, batch_size: int) -> int:
+        """Global steps in an epoch of ``rows`` rows: every batch, the last one maybe short; or,
+        sharded, the full local batches of one worker's ``rows // W`` rows."""
+        if self.strategy is None or self.input == "split":
+            return math.ceil(rows / batch_size)
+        return (rows // self.workers) // (batch_size // self.workers)
+
+    def batches(self, make: MakeDataset, label: str, batch_size: int) -> Iterable[Any]:
+        """The epoch's input: ``make(batch_size)`` as is, or per worker ``(its rows, global batch
+        rows)``: its shard in local batches (``input = "shard"``) or its slice of each global
+        batch (``"split"``)."""
         if self.strategy is None:
-            return make()
+            return make(batch_size=batch_size)
 
         def per_worker(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
             index, parts = ctx.input_pipeline_id, ctx.num_input_pipelines
-            return make().map(lambda f: slice_batch(f, label, index, parts))
+            if self.input == "split":
+                return make(batch_size=batch_size).map(
+                    lambda f: slice_batch(f, label, index, parts)
+                )
+            rows = tf.constant(batch_size, tf.int64)
+            local = make(batch_size=batch_size // parts, shard=(index, parts), drop_remainder=True)
+            return local.map(lambda f: (f, rows))
 
         return self.strategy.distribute_datasets_from_function(per_worker)
 
@@ -290,16 +354,44 @@ class Distribution:
             self.scratch = None
 
 
+@contextlib.contextmanager
+def peers_guarded(cfg: DistributeConfig | None, output_dir: str | Path) -> Iterator[None]:
+    """Turns TensorFlow's errors of a lost peer (a failed collective in a step or in a
+    checkpoint save) into ``PeerLostError`` naming the checkpoint to resume from; a no-op when
+    this process trains alone."""
+    try:
+        yield
+    except _PEER_ERRORS as e:
+        if resolve_strategy(cfg, parse_tf_config(os.environ.get("TF_CONFIG"))) == "none":
+            raise
+        lines = str(e.message).splitlines()
+        cause = next(
+            (ln.split("aborted by:", 1)[1].strip() for ln in lines if "aborted by:" in ln), ""
+        )
+        reason = f"a collective op was aborted: {cause}" if cause else type(e).__name__
+        latest = tf.train.latest_checkpoint(str(Path(output_dir) / "checkpoints"))
+        raise PeerLostError(
+            f"lost a task of the cluster ({reason}); the last checkpoint is "
+            f"{latest or 'none yet (training starts over)'}: start every task again with the "
+            f"same config and TF_CONFIG to resume from it (see {_DOCS})"
+        ) from None
+
+
 def setup(cfg: DistributeConfig | None, log: Log = print) -> Distribution:
     """The ``Distribution`` of this process; create it before any other TensorFlow work.
 
     Reads ``TF_CONFIG``; builds a MultiWorkerMirroredStrategy (which starts this task's gRPC
-    server and waits for the other workers) when the cluster asks for one.
+    server and waits for the other workers) when the cluster asks for one; for
+    ``parameter_server`` returns ``distribute_ps.setup``'s ``PSDistribution`` (same interface).
     """
     spec = parse_tf_config(os.environ.get("TF_CONFIG"))
     name = resolve_strategy(cfg, spec)
     if name == "none":
         return Distribution()
+    if name == "parameter_server":
+        from pipelines import distribute_ps
+
+        return distribute_ps.setup(cfg, spec, log)
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
     workers = spec.workers
@@ -312,4 +404,4 @@ def setup(cfg: DistributeConfig | None, log: Log = print) -> Distribution:
         f"distributed: multi_worker_mirrored, {workers} workers, this is "
         f"{spec.task_type}:{spec.task_index}{' (chief)' if spec.is_chief else ''}"
     )
-    return Distribution(strategy=strategy, spec=spec)
+    return Distribution(strategy=strategy, spec=spec, input=(cfg or DistributeConfig()).input)

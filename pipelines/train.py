@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import math
 import time
@@ -326,6 +327,32 @@ def _check_same_run(cfg: PipelineConfig, paths: RunPaths) -> None:
         )
 
 
+def make_train_step(
+    model: RankingModel,
+    optimizer: tf.keras.optimizers.Optimizer,
+    label: str,
+    loss_metric: tf.keras.metrics.Mean,
+    auc_metric: tf.keras.metrics.AUC,
+    element_spec: dict[str, tf.TensorSpec],
+) -> Callable[[dict[str, tf.Tensor]], tf.Tensor]:
+    """One optimizer step on a batch ``{field: [batch]}`` as a tf.function (traced once);
+    returns the batch's mean loss (the L2 penalty is added to the gradient, not the result)."""
+
+    @tf.function(input_signature=[element_spec])
+    def train_step(features: dict[str, tf.Tensor]) -> tf.Tensor:
+        with tf.GradientTape() as tape:
+            logits = model(features, training=True)
+            loss = model.task(labels=features[label], predictions=logits, compute_metrics=False)
+            total = loss + tf.add_n(model.losses) if model.losses else loss
+        grads = tape.gradient(total, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        loss_metric.update_state(loss)
+        auc_metric.update_state(features[label], tf.sigmoid(logits))
+        return loss
+
+    return train_step
+
+
 def use_gpus_if_present(log: Log) -> list:
     """GPUs TensorFlow sees, with memory growth on (so a server or a second job can share them).
 
@@ -346,13 +373,23 @@ def use_gpus_if_present(log: Log) -> list:
 
 
 def train(cfg: PipelineConfig, log: Log = print) -> dict[str, Any]:
-    """Runs (or resumes) the training of ``cfg``; returns the report also written to disk."""
+    """Runs (or resumes) the training of ``cfg``; returns the report also written to disk.
+
+    In a cluster, the loss of a peer task raises ``distribute.PeerLostError``.
+    """
     if cfg.preranking is not None:  # FSCD's three stages or the two-tower anchor
         from pipelines.preranking import run_preranking
 
         distribute.require_single_process(cfg.distribute, "[preranking]")
         return run_preranking(cfg, log)
+    with distribute.peers_guarded(cfg.distribute, cfg.output_dir):
+        return _train(cfg, log)
+
+
+def _train(cfg: PipelineConfig, log: Log) -> dict[str, Any]:
     dist = distribute.setup(cfg.distribute, log)  # first: it starts the cluster's servers
+    if dist.serves_only:  # a parameter_server worker or ps task: serve until the chief is done
+        return dist.serve(cfg.output_dir)
     paths = RunPaths(dist.run_root(cfg.output_dir))
     paths.root.mkdir(parents=True, exist_ok=True)
     _check_same_run(cfg, paths)
@@ -395,7 +432,8 @@ def train(cfg: PipelineConfig, log: Log = print) -> dict[str, Any]:
         )
 
     rows = count_rows(train_files)
-    steps_per_epoch = math.ceil(rows / tc.batch_size)
+    dist.check_batch_size(tc.batch_size)
+    steps_per_epoch = dist.steps_per_epoch(rows, tc.batch_size)
     total_steps = steps_per_epoch * tc.epochs
     if tc.max_steps:
         total_steps = min(total_steps, tc.max_steps)
@@ -410,18 +448,7 @@ def train(cfg: PipelineConfig, log: Log = print) -> dict[str, Any]:
     label = schema.label.name
     element_spec = make_dataset(schema, train_files, batch_size=tc.batch_size).element_spec
 
-    @tf.function(input_signature=[element_spec])
-    def train_step(features: dict[str, tf.Tensor]) -> tf.Tensor:
-        with tf.GradientTape() as tape:
-            logits = model(features, training=True)
-            loss = model.task(labels=features[label], predictions=logits, compute_metrics=False)
-            total = loss + tf.add_n(model.losses) if model.losses else loss
-        grads = tape.gradient(total, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
-        train_loss.update_state(loss)
-        train_auc.update_state(features[label], tf.sigmoid(logits))
-        return loss
-
+    train_step = make_train_step(model, optimizer, label, train_loss, train_auc, element_spec)
     if dist.active:  # the same step, one slice of the batch per worker, gradients all-reduced
         train_step = dist.train_step(model, optimizer, label, train_loss, train_auc)
     scorer = make_scorer(model, schema)
@@ -435,19 +462,17 @@ def train(cfg: PipelineConfig, log: Log = print) -> dict[str, Any]:
     done = int(step) >= total_steps
     while not done and int(epoch_var) < tc.epochs:
         epoch = int(epoch_var)
-        ds = dist.batches(
-            lambda epoch=epoch, skip=int(batch_var): make_dataset(
-                schema,
-                train_files,
-                batch_size=tc.batch_size,
-                shuffle=True,
-                seed=tc.seed,
-                epoch=epoch,
-                skip_batches=skip,
-                shuffle_buffer=tc.shuffle_buffer,
-            ),
-            label,
+        make = functools.partial(
+            make_dataset,
+            schema,
+            train_files,
+            shuffle=True,
+            seed=tc.seed,
+            epoch=epoch,
+            skip_batches=int(batch_var),
+            shuffle_buffer=tc.shuffle_buffer,
         )
+        ds = dist.batches(make, label, tc.batch_size)
         for features in ds:
             train_step(features)
             step.assign_add(1)
@@ -458,6 +483,7 @@ def train(cfg: PipelineConfig, log: Log = print) -> dict[str, Any]:
             examples_trained += n
             s = int(step)
             if s % tc.log_every == 0 or s == total_steps:
+                dist.sync()  # parameter_server: wait for the scheduled steps
                 rate = examples_window / max(time.time() - t_window, 1e-9)
                 loss_v, auc_v = float(train_loss.result()), float(train_auc.result())
                 log(
@@ -472,10 +498,12 @@ def train(cfg: PipelineConfig, log: Log = print) -> dict[str, Any]:
                 train_auc.reset_state()
                 t_window, examples_window = time.time(), 0
             if s % tc.checkpoint_every == 0:
+                dist.sync()  # the checkpoint holds exactly the first s steps
                 manager.save(checkpoint_number=s)
             if s >= total_steps:
                 done = True
                 break
+        dist.sync()
         if int(batch_var) >= steps_per_epoch or not done:
             epoch_var.assign_add(1)
             batch_var.assign(0)

@@ -4,7 +4,14 @@ import pyarrow.parquet as pq
 import pytest
 import tensorflow as tf
 
-from features.dataset import count_rows, iter_batches, list_parquet, make_dataset
+from features.dataset import (
+    count_rows,
+    iter_batches,
+    iter_record_batches,
+    list_parquet,
+    make_dataset,
+    shard_range,
+)
 from features.readers import DataError
 from features.schema import load_schema
 from tests.testdata import make_tiny_table
@@ -48,6 +55,53 @@ def test_skip_batches_resumes_at_the_same_batch(tiny_data):
     assert len(rest) == len(full) - 5
     for x, y in zip(full[5:], rest, strict=True):
         np.testing.assert_array_equal(x["price"], y["price"])
+
+
+def test_row_range_reads_only_those_rows_across_files_and_row_groups(tmp_path, tiny_data):
+    """Rows [lo, hi) of the concatenated files, checked against slicing the whole table, for
+    ranges inside one row group, across row groups and across files."""
+    schema = load_schema(tiny_data["schema"])
+    t = make_tiny_table(1000)
+    files = []
+    for i, (a, b) in enumerate([(0, 300), (300, 300), (600, 400)]):  # row groups of 64 rows
+        files.append(tmp_path / f"p{i}.parquet")
+        pq.write_table(t.slice(a, b), files[-1], row_group_size=64)
+    whole = t.column("price").to_pylist()
+    for lo, hi in [(0, 1000), (0, 10), (70, 100), (250, 350), (299, 301), (10, 999), (5, 5)]:
+        got = [
+            v
+            for rb in iter_record_batches(schema, files, batch_rows=50, row_range=(lo, hi))
+            for v in rb.column("price").to_pylist()
+        ]
+        assert got == whole[lo:hi], (lo, hi)
+
+
+def test_shards_are_equal_disjoint_shares_of_the_epoch(tiny_data):
+    """W workers' shards of one epoch: equal sizes, disjoint, together the epoch's rows but
+    for at most W - 1; each shuffled by its own seed, and fixed by (seed, epoch)."""
+    assert shard_range(10, 0, 3) == (0, 3) and shard_range(10, 2, 3) == (6, 9)
+    with pytest.raises(ValueError, match="shard index 3"):
+        shard_range(10, 3, 3)
+    schema = load_schema(tiny_data["schema"])
+    files = list_parquet(tiny_data["train"])
+    kw = {"batch_size": 128, "shuffle": True, "seed": 1, "epoch": 0, "shuffle_buffer": 500}
+    for workers in (1, 2, 3):
+        parts = [
+            _all_rows(schema, files, shard=(w, workers), drop_remainder=True, **kw)[1]
+            for w in range(workers)
+        ]
+        steps = {len(p) for p in parts}
+        assert steps == {4000 // workers // 128}  # the same number of full batches everywhere
+        _, unsharded = _all_rows(schema, files, shard=(0, 1), **kw)
+        prices = [np.concatenate([b["price"] for b in p]) for p in parts]
+        seen = np.concatenate(prices)
+        assert len(np.unique(seen)) == len(seen)  # disjoint (prices are distinct floats)
+        assert set(seen.tolist()) <= set(np.concatenate([b["price"] for b in unsharded]).tolist())
+    one = _all_rows(schema, files, shard=(1, 2), drop_remainder=True, **kw)[0]["price"]
+    again = _all_rows(schema, files, shard=(1, 2), drop_remainder=True, **kw)[0]["price"]
+    other_epoch = _all_rows(schema, files, shard=(1, 2), drop_remainder=True, **{**kw, "epoch": 1})
+    assert one.tolist() == again.tolist()
+    assert one.tolist() != other_epoch[0]["price"].tolist()
 
 
 def test_missing_cells_are_filled_not_nan(tmp_path, tiny_data):

@@ -1,0 +1,362 @@
+"""bench/train: where training time goes, and peak memory as the dataset grows.
+
+    .venv/bin/python -m bench.train --out runs/bench-train
+    .venv/bin/python -m bench.train --out runs/bench-train --rows 100000 --processes 1 --no-rss
+
+Throughput (DCN-v2 on the synthetic set, batch ``--batch-size``, ``--rows`` rows of which 20%
+test): in each of ``--processes`` fresh processes, one after the other on the same data,
+
+* ``parquet read``: pyarrow record batches of the training files, nothing else;
+* ``batches (numpy)``: the same plus the (seed, epoch) shuffle buffer and slicing into batches;
+* ``input pipeline``: the tf.data dataset training consumes (``features.dataset.make_dataset``:
+  the above plus conversion to tensors), one full epoch;
+* ``input, one worker's shard``: the same for worker 0 of 2 (``[distribute] input = "shard"``);
+* ``step alone``: the training step (``pipelines.train.make_train_step``) on ``--cached``
+  batches held in memory, cycled;
+* ``training loop``: input pipeline and step together, as ``stitchrec train`` runs them.
+
+All in examples/s; the ratio input pipeline / step alone is the issue's target (>= 3: training is
+never input-bound). Then ``stitchrec train`` end to end as one process and as a local cluster of
+``--workers`` workers (sharded input), the cluster's rate as a ratio to the one process's.
+
+Peak memory: ``stitchrec train`` (one epoch, shuffle buffer ``--rss-buffer`` rows) on synthetic
+sets of ``--rss-rows`` x 1, 4 and 16 rows (with the default vocabularies, and with ``--rss-vocab``
+values per field, which fixes the model size), peak RSS of the process (VmHWM), beside the
+dataset's size on disk. Writes ``results.json`` and prints tables with the machine load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+
+CONFIG = """output_dir = "unused"
+
+[data]
+schema = "{data}/schema.toml"
+train = ["{data}/train"]
+test = ["{data}/test"]
+
+[model]
+type = "dcn_v2"
+embedding_dim = 16
+mlp = [256, 128]
+cross_layers = 3
+
+[train]
+batch_size = {batch_size}
+epochs = 1
+learning_rate = 0.001
+log_every = 20
+checkpoint_every = 100000
+shuffle_buffer = {buffer}
+"""
+
+STAGES = (
+    "parquet read",
+    "batches (numpy)",
+    "input pipeline",
+    "input, one worker's shard",
+    "step alone",
+    "training loop",
+)
+
+
+def write_data(root: Path, rows: int, vocab: int | None = None) -> Path:
+    """The synthetic set of ``rows`` rows in shards of 100,000 rows (row groups of 65,536: the
+    same file layout at every size), every categorical field with ``vocab`` values when given
+    (else the generator's default vocabularies)."""
+    from features import synthetic
+
+    data = root / (f"data-{rows}" if vocab is None else f"data-{rows}-vocab{vocab}")
+    if not (data / "schema.toml").exists():
+        extra = {} if vocab is None else {"vocab_sizes": vocab}
+        config = synthetic.SyntheticConfig(rows=rows, seed=0, **extra)
+        synthetic.write_dataset(config, data, rows_per_shard=100_000)
+    return data
+
+
+def _rate(rows: int, seconds: float) -> float:
+    return rows / max(seconds, 1e-9)
+
+
+def measure_stages(data: Path, batch_size: int, cached: int, steps: int) -> dict[str, float]:
+    """Examples/s of each stage of ``STAGES`` in this process (see the module docstring)."""
+    import tensorflow as tf
+
+    from features.dataset import iter_batches, iter_record_batches, list_parquet, make_dataset
+    from features.schema import load_schema
+    from pipelines.config import load_config
+    from pipelines.train import (
+        RunPaths,
+        build_run_model,
+        make_optimizer,
+        make_train_step,
+        prepare_stats,
+    )
+
+    schema = load_schema(data / "schema.toml").as_parquet()
+    files = list_parquet(data / "train")
+    out: dict[str, float] = {}
+
+    kw = {"batch_size": batch_size, "shuffle": True, "seed": 0, "epoch": 0}
+    local = {**kw, "batch_size": batch_size // 2, "shard": (0, 2), "drop_remainder": True}
+    label = schema.label.name
+    inputs = {
+        "parquet read": lambda: (rb.num_rows for rb in iter_record_batches(schema, files)),
+        "batches (numpy)": lambda: (len(b[label]) for b in iter_batches(schema, files, **kw)),
+        "input pipeline": lambda: (
+            int(b[label].shape[0]) for b in make_dataset(schema, files, **kw)
+        ),
+        "input, one worker's shard": lambda: (
+            int(b[label].shape[0]) for b in make_dataset(schema, files, **local)
+        ),
+    }
+    for stage, rows in inputs.items():
+        sum(rows())  # warm up: file system cache, tf.data tracing
+        t0 = time.perf_counter()
+        out[stage] = _rate(sum(rows()), time.perf_counter() - t0)
+
+    config = data.parent / "stages.toml"
+    config.write_text(CONFIG.format(data=data, batch_size=batch_size, buffer=262_144))
+    cfg = load_config(config)
+    paths = RunPaths(data.parent / "stages-run")
+    stats = prepare_stats(schema, files, paths, lambda _: None)
+    tf.keras.utils.set_random_seed(0)
+    model = build_run_model(cfg, schema, stats)
+    optimizer = make_optimizer("adam", 1e-3)
+    ds = make_dataset(schema, files, **kw)
+    batches = list(ds.take(cached))
+    model(batches[0])
+    loss, auc = tf.keras.metrics.Mean(), tf.keras.metrics.AUC(num_thresholds=1000)
+    step = make_train_step(model, optimizer, schema.label.name, loss, auc, ds.element_spec)
+    for b in batches[:2]:  # trace and warm up
+        step(b)
+    float(loss.result())
+    t0 = time.perf_counter()
+    for i in range(steps):
+        step(batches[i % len(batches)])
+    float(loss.result())  # waits for the last step
+    out["step alone"] = _rate(steps * batch_size, time.perf_counter() - t0)
+
+    t0, n = time.perf_counter(), 0
+    for b in make_dataset(schema, files, **{**kw, "epoch": 1}):
+        step(b)
+        n += int(b[schema.label.name].shape[0])
+    float(loss.result())
+    out["training loop"] = _rate(n, time.perf_counter() - t0)
+    return out
+
+
+def run_train(config: Path, out: Path, workers: int, timeout: float) -> dict[str, Any]:
+    """``stitchrec train`` as ``workers`` processes (1: no TF_CONFIG): the chief's report plus
+    the peak RSS of each process (bytes: its VmHWM, which counts from its exec, unlike the
+    ``ru_maxrss`` of ``wait4``, which keeps the forking parent's resident size)."""
+    from pipelines.distribute import free_ports, worker_tf_config
+
+    cmd = [sys.executable, "-m", "bench.train", "--out", str(out), "--train-child", str(config)]
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    env.update(PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
+    ports = free_ports(workers)
+    procs: list[subprocess.Popen] = []
+    logs = [out.parent / f"{out.name}-{i}.log" for i in range(workers)]
+    t0 = time.time()
+    try:
+        for i in range(workers):
+            e = dict(env)
+            if workers > 1:
+                e["TF_CONFIG"] = worker_tf_config(ports, i)
+            procs.append(
+                subprocess.Popen(
+                    cmd, cwd=ROOT, env=e, stdout=logs[i].open("w"), stderr=subprocess.STDOUT
+                )
+            )
+        codes = [p.wait(timeout=max(1.0, timeout - (time.time() - t0))) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    if codes != [0] * workers:
+        raise RuntimeError(f"{out.name}: exit codes {codes}; see {out.parent}/{out.name}-*.log")
+    rss = []
+    for log in logs:
+        line = [ln for ln in log.read_text().splitlines() if ln.startswith("PEAK_RSS ")]
+        rss.append(int(line[-1].split()[1]))
+    r = json.loads((out / "train_report.json").read_text())
+    return {
+        "workers": workers,
+        "examples_per_second": r["examples_per_second"],
+        "train_seconds": r["train_seconds"],
+        "auc": r["test"]["auc"],
+        "peak_rss_bytes": rss,
+        "parameters": r["parameters"],
+        "wall_seconds": round(time.time() - t0, 1),
+    }
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size since its exec (Linux ``VmHWM``)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status (peak RSS needs Linux)")
+
+
+def disk_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*.parquet"))
+
+
+def spread(values: list[float]) -> str:
+    med = statistics.median(values)
+    return f"{med:,.0f} [{min(values):,.0f}-{max(values):,.0f}]"
+
+
+def throughput(args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    """The stages in ``--processes`` fresh processes, then ``stitchrec train`` end to end as one
+    process and as a local cluster of ``--workers``."""
+    data = write_data(out, args.rows)
+    per_process: list[dict[str, float]] = []
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
+    env.pop("TF_CONFIG", None)
+    for _ in range(args.processes):
+        cmd = [sys.executable, "-m", "bench.train", "--out", str(out), "--stages-only", str(data)]
+        cmd += ["--batch-size", str(args.batch_size), "--cached", str(args.cached)]
+        cmd += ["--steps", str(args.steps)]
+        r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+        line = next((ln for ln in r.stdout.splitlines() if ln.startswith("STAGES ")), None)
+        if line is None:
+            raise RuntimeError(f"stage process failed:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}")
+        per_process.append(json.loads(line[len("STAGES ") :]))
+        print(json.dumps(per_process[-1]), flush=True)
+    config = out / "run.toml"
+    config.write_text(CONFIG.format(data=data, batch_size=args.batch_size, buffer=262_144))
+    single = run_train(config, out / "train-1", 1, args.timeout)
+    cluster = run_train(config, out / f"train-{args.workers}", args.workers, args.timeout)
+    return {
+        "rows": args.rows,
+        "stages": per_process,
+        "input_over_step": [p["input pipeline"] / p["step alone"] for p in per_process],
+        "end_to_end": [single, cluster],
+    }
+
+
+def rss_series(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
+    """Peak RSS of ``stitchrec train`` at 1x, 4x and 16x ``--rss-rows``, per ``--rss-vocab``."""
+    series = []
+    for vocab in args.rss_vocab:
+        for scale in (1, 4, 16):
+            rows = args.rss_rows * scale
+            data = write_data(out, rows, vocab or None)
+            config = out / f"rss-{data.name}.toml"
+            config.write_text(
+                CONFIG.format(data=data, batch_size=args.batch_size, buffer=args.rss_buffer)
+            )
+            r = run_train(config, out / f"rss-{data.name}", 1, args.timeout)
+            series.append(
+                {"vocab": vocab or "default", "scale": scale, "rows": rows,
+                 "disk_bytes": disk_bytes(data), **r}
+            )  # fmt: skip
+            print(json.dumps(series[-1]), flush=True)
+    return series
+
+
+def print_throughput(args: argparse.Namespace, results: dict[str, Any]) -> None:
+    per_process, ratios = results["stages"], results["input_over_step"]
+    single, cluster = results["end_to_end"]
+    print(
+        f"\nDCN-v2, {args.rows:,} synthetic rows, batch {args.batch_size}, "
+        f"{args.processes} processes: median [min-max] examples/s"
+    )
+    print("| stage | examples/s |\n|---|---|")
+    for stage in STAGES:
+        print(f"| {stage} | {spread([p[stage] for p in per_process])} |")
+    print(
+        f"\ninput pipeline / step alone: {statistics.median(ratios):.2f}x "
+        f"[{min(ratios):.2f}-{max(ratios):.2f}] (target >= 3)"
+    )
+    print(
+        f"\nstitchrec train end to end: 1 process {single['examples_per_second']:,} ex/s, "
+        f"{args.workers} workers (sharded input) {cluster['examples_per_second']:,} ex/s "
+        f"({cluster['examples_per_second'] / single['examples_per_second']:.2f}x); "
+        f"test AUC {single['auc']:.4f} / {cluster['auc']:.4f}"
+    )
+
+
+def print_rss(args: argparse.Namespace, series: list[dict[str, Any]]) -> None:
+    print(f"\npeak RSS of stitchrec train (shuffle buffer {args.rss_buffer:,} rows)")
+    print("| vocabulary | scale | rows | Parquet on disk | parameters | peak RSS |")
+    print("|---|---|---|---|---|---|")
+    for r in series:
+        print(
+            f"| {r['vocab']} | {r['scale']}x | {r['rows']:,} | {r['disk_bytes'] / 2**20:,.1f} MiB "
+            f"| {r['parameters']:,} | {r['peak_rss_bytes'][0] / 2**20:,.0f} MiB |"
+        )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--rows", type=int, default=250_000)
+    ap.add_argument("--batch-size", type=int, default=4096)
+    ap.add_argument("--processes", type=int, default=3)
+    ap.add_argument("--cached", type=int, default=8, help="batches held for 'step alone'")
+    ap.add_argument("--steps", type=int, default=30, help="steps timed for 'step alone'")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--rss-rows", type=int, default=100_000)
+    ap.add_argument("--rss-buffer", type=int, default=65_536)
+    ap.add_argument(
+        "--rss-vocab",
+        type=int,
+        nargs="+",
+        default=[0, 100],
+        help="vocabulary per categorical field of each RSS series (0: the generator's default, "
+        "whose distinct values, and so the model, grow with the rows; 100: a fixed model)",
+    )
+    ap.add_argument("--no-rss", action="store_true")
+    ap.add_argument("--no-throughput", action="store_true")
+    ap.add_argument("--timeout", type=float, default=1800.0)
+    ap.add_argument("--stages-only", help=argparse.SUPPRESS)  # child: data folder
+    ap.add_argument("--train-child", help=argparse.SUPPRESS)  # child: stitchrec train CONFIG
+    args = ap.parse_args()
+    if args.train_child:
+        from pipelines.cli import main as cli_main
+
+        code = cli_main(["train", "--config", args.train_child, "--output", args.out])
+        print(f"PEAK_RSS {peak_rss_bytes()}", flush=True)
+        sys.exit(code)
+    if args.stages_only:
+        rates = measure_stages(Path(args.stages_only), args.batch_size, args.cached, args.steps)
+        print("STAGES " + json.dumps(rates), flush=True)
+        return
+
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    load = [os.getloadavg()]
+    results: dict[str, Any] = {"batch_size": args.batch_size}
+    if not args.no_throughput:
+        results["throughput"] = throughput(args, out)
+    if not args.no_rss:
+        results["rss"] = rss_series(args, out)
+    load.append(os.getloadavg())
+    results["cpus"] = os.cpu_count()
+    results["loadavg_before_after"] = load
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    if not args.no_throughput:
+        print_throughput(args, results["throughput"])
+    if not args.no_rss:
+        print_rss(args, results["rss"])
+    print(f"\nload average before {load[0]}, after {load[1]} on {os.cpu_count()} CPUs")
+
+
+if __name__ == "__main__":
+    main()
