@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 # Commands whose flags live in their own module: each exposes ``register(subparsers)``.
-_COMMAND_MODULES = ("pipelines.crosses", "pipelines.ab", "pipelines.serve")
+_COMMAND_MODULES = ("pipelines.crosses", "pipelines.ab", "pipelines.serve", "pipelines.fuse")
 
 
 def _print(msg: str) -> None:

@@ -1,0 +1,293 @@
+"""bench/compiler: the baseline compiler_opt has to beat, measured on DCN-v2.
+
+    .venv/bin/python -m bench.compiler --out runs/bench-compiler
+    .venv/bin/python -m bench.compiler --out runs/bench-compiler --processes 1 --methods full
+
+For DCN-v2 (``bench/compiler/workload.py``) with ``full``, ``amtl`` and ``bh`` embeddings, at
+batch 256 and 4096, for the inference pass and the SGD training step:
+
+* ops in the IR of the traced function (``compiler_opt.ir``: nodes, kernels) and the ops /
+  XLA kernels one call executed (a profiler trace, ``bench/compiler/profile.py``; first
+  process only, largest batch);
+* cost-model bytes per example with every kernel alone and under the fusion plan, launches
+  before / after (``compiler_opt.planner`` with this machine's calibrated coefficients);
+* time per call of plain graph mode (``tf.function``) and of whole-function XLA
+  (``jit_compile=True``), interleaved in one process (rounds of plain, then XLA), in
+  ``--processes`` separate processes; the ratio plain / XLA of each process, then the median
+  and min-max over processes.
+
+Prints a table, writes ``results.json`` (every process's figures) and ``summary.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+BATCHES = (256, 4096)
+MODES = ("sparse", "inference", "train")
+WARMUP = 5
+
+
+def _time_block(fn: Any, args: tuple, calls: int) -> float:
+    t0 = time.perf_counter()
+    out = None
+    for _ in range(calls):
+        out = fn(*args)
+    float(out.numpy().ravel()[0]) if hasattr(out, "numpy") else None
+    return (time.perf_counter() - t0) / calls
+
+
+def _calls_for(seconds: float, target: float = 0.25) -> int:
+    return max(1, min(50, int(target / max(seconds, 1e-6))))
+
+
+def child(args: argparse.Namespace) -> dict[str, Any]:
+    """One process: every method, mode and batch; returns its figures."""
+    import tensorflow as tf
+
+    from bench.compiler import profile, workload
+    from compiler_opt import cost, ir, planner, realize
+
+    tf.keras.utils.set_random_seed(args.seed)
+    coefficients = cost.load_or_calibrate()
+    data_dir = workload.write_data(Path(args.out) / "work", args.rows)
+    results: dict[str, Any] = {
+        "process": args.process,
+        "coefficients": coefficients.to_json(),
+        "load_start": os.getloadavg(),
+        "rows": {},
+    }
+    for method in args.methods:
+        w = workload.build(data_dir, method, tuple(args.batches), seed=args.seed)
+        plain = workload.functions(w, jit=False)
+        xla = workload.functions(w, jit=True)
+        for mode in MODES:
+            big = max(args.batches)
+            spec = tf.nest.map_structure(
+                lambda t: tf.TensorSpec([None, *t.shape[1:]], t.dtype),
+                workload.call_args(w, mode, big),
+            )
+            graph = ir.from_concrete_function(plain[mode].get_concrete_function(*spec))
+            for batch in args.batches:
+                key = f"{method}/{mode}/{batch}"
+                row: dict[str, Any] = {
+                    "method": method,
+                    "mode": mode,
+                    "batch": batch,
+                    "ir_nodes": len(graph),
+                    "ir_kernels": graph.kernel_count(),
+                    "ir_classes": graph.class_counts(),
+                    "table_rows": w.table_rows,
+                }
+                if args.process == 0:
+                    row["plan"] = planner.plan(graph, coefficients, batch).summary()
+                call = workload.call_args(w, mode, batch)
+                variants: dict[str, tuple[Any, tuple]] = {
+                    "plain": (plain[mode], call),
+                    "xla": (xla[mode], call),
+                }
+                if mode != "train":  # serving graphs: the plan realized as XLA clusters
+                    r = realize.xla_clusters(
+                        plain[mode].get_concrete_function(*spec), coefficients, batch
+                    )
+                    flat = tuple(tf.nest.flatten(call, expand_composites=True))
+                    variants["frozen"] = (r.unfused, flat)
+                    variants["frozen_xla"] = (realize.single_cluster(r.frozen), flat)
+                    variants["clusters"] = (r.fused, flat)
+                    ref = plain[mode](*call).numpy()
+                    row["clusters"] = r.clusters
+                    row["clusters_max_abs_diff"] = float(abs(r.fused(*flat)[0].numpy() - ref).max())
+                    row["frozen_max_abs_diff"] = float(abs(r.unfused(*flat)[0].numpy() - ref).max())
+                t_first = {}
+                for name, (fn, a) in variants.items():
+                    t0 = time.perf_counter()
+                    fn(*a)
+                    t_first[name] = time.perf_counter() - t0
+                    for _ in range(WARMUP):  # XLA clusters compile lazily, after a few calls
+                        fn(*a)
+                row["first_call_s"] = t_first
+                calls = {n: _calls_for(_time_block(f, a, 1)) for n, (f, a) in variants.items()}
+                times: dict[str, list[float]] = {n: [] for n in variants}
+                for _ in range(args.rounds):
+                    for n, (f, a) in variants.items():
+                        times[n].append(_time_block(f, a, calls[n]))
+                row["times_s"] = times
+                for n in variants:
+                    row[f"{n}_s"] = statistics.median(times[n])
+                row["xla_speedup"] = row["plain_s"] / row["xla_s"]
+                if "clusters" in variants:
+                    row["clusters_over_frozen"] = row["frozen_s"] / row["clusters_s"]
+                    row["clusters_over_frozen_xla"] = row["frozen_xla_s"] / row["clusters_s"]
+                    row["clusters_over_xla"] = row["xla_s"] / row["clusters_s"]
+                if args.process == 0 and batch == big:
+                    # TensorFlow's executor stops tracing ops it has found cheap after some
+                    # calls: plain and frozen graphs are counted on fresh instances, on their
+                    # second call; XLA kernels are always traced (warm instances).
+                    fresh = {"plain": (workload.functions(w, jit=False)[mode], call)}
+                    if "frozen" in variants:
+                        fresh["frozen"] = (
+                            realize.load_graph_def(
+                                r.frozen.graph_def, r.frozen.inputs, r.frozen.outputs
+                            ),
+                            flat,
+                        )
+                    for n, (f, a) in variants.items():
+                        f, a = fresh.get(n, (f, a))
+                        row[f"executed_{n}"] = profile.executed_kernels(f, *a)
+                results["rows"][key] = row
+                print(
+                    f"[process {args.process}] {key}: "
+                    + ", ".join(f"{n} {row[n + '_s'] * 1e3:.2f} ms" for n in variants)
+                    + f" (xla {row['xla_speedup']:.2f}x over plain)",
+                    flush=True,
+                )
+    results["load_end"] = os.getloadavg()
+    return results
+
+
+def _spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f}x [{min(values):.2f}-{max(values):.2f}]"
+
+
+def _ms(values: list[float]) -> str:
+    return (
+        f"{statistics.median(values) * 1e3:.2f} [{min(values) * 1e3:.2f}-{max(values) * 1e3:.2f}]"
+    )
+
+
+def _col(procs: list[dict[str, Any]], key: str, field: str) -> list[float]:
+    return [p["rows"][key][field] for p in procs if field in p["rows"].get(key, {})]
+
+
+def summarize(procs: list[dict[str, Any]]) -> str:
+    """Two markdown tables: counts and bytes (first process), times and ratios (all)."""
+    first = procs[0]
+    keys = list(first["rows"])
+    lines = [
+        "| method | mode | batch | IR kernels | executed per call: plain ops / whole-function XLA "
+        "kernels / clusters run (their XLA kernels, + TF ops outside) | B/example alone -> planned | launches alone -> planned | groups |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for key in keys:
+        r0 = first["rows"][key]
+        plan = r0.get("plan", {})
+        executed = ""
+        if "executed_plain" in r0:
+            executed = f"{r0['executed_plain']['tf_ops']} / {r0['executed_xla']['xla_kernels']}"
+            if "executed_clusters" in r0:
+                ex = r0["executed_clusters"]
+                ran = ex["top_tf_ops"].get("_XlaRun", 0)
+                executed += (
+                    f" / {ran} ({ex['xla_kernels']} XLA kernels, +{ex['tf_ops_outside_xla']} ops)"
+                )
+        lines.append(
+            f"| {r0['method']} | {r0['mode']} | {r0['batch']} | {r0['ir_kernels']} | {executed} | "
+            f"{plan.get('bytes_per_example_before', 0):,.0f} -> "
+            f"{plan.get('bytes_per_example_after', 0):,.0f} | "
+            f"{plan.get('launches_before', '')} -> {plan.get('launches_after', '')} | "
+            f"{plan.get('groups', '')} |"
+        )
+    lines += [
+        "",
+        "| method | mode | batch | plain ms | XLA ms | XLA over plain | frozen ms | "
+        "frozen XLA ms | clusters ms | clusters over frozen | clusters over frozen XLA | "
+        "clusters over XLA | max abs diff |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for key in keys:
+        r0 = first["rows"][key]
+        cells = [
+            _ms(_col(procs, key, "plain_s")),
+            _ms(_col(procs, key, "xla_s")),
+            _spread(_col(procs, key, "xla_speedup")),
+        ]
+        if "clusters_s" in r0:
+            diff = max(_col(procs, key, "clusters_max_abs_diff"))
+            cells += [
+                _ms(_col(procs, key, "frozen_s")),
+                _ms(_col(procs, key, "frozen_xla_s")),
+                _ms(_col(procs, key, "clusters_s")),
+                _spread(_col(procs, key, "clusters_over_frozen")),
+                _spread(_col(procs, key, "clusters_over_frozen_xla")),
+                _spread(_col(procs, key, "clusters_over_xla")),
+                f"{diff:.1e}",
+            ]
+        else:
+            cells += [""] * 7
+        lines.append(
+            f"| {r0['method']} | {r0['mode']} | {r0['batch']} | " + " | ".join(cells) + " |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.compiler", description=__doc__.split("\n")[0])
+    p.add_argument("--out", default="runs/bench-compiler")
+    p.add_argument("--rows", type=int, default=200_000, help="synthetic rows (vocabularies)")
+    p.add_argument("--methods", nargs="+", default=["full", "amtl", "bh"])
+    p.add_argument("--batches", nargs="+", type=int, default=list(BATCHES))
+    p.add_argument("--processes", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds per process")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--process", type=int, default=0, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.child:
+        res = child(args)
+        (out / f"process-{args.process}.json").write_text(json.dumps(res, indent=1))
+        return 0
+    import tensorflow as tf
+
+    from bench.compiler import workload
+    from compiler_opt import cost
+
+    t0 = time.time()
+    workload.write_data(out / "work", args.rows)  # once, before the processes
+    coefficients = cost.load_or_calibrate()
+    print(f"coefficients: {coefficients.to_json()}", flush=True)
+    procs = []
+    for i in range(args.processes):
+        cmd = [sys.executable, "-m", "bench.compiler", "--child", "--process", str(i)]
+        cmd += ["--out", str(out), "--rows", str(args.rows), "--rounds", str(args.rounds)]
+        cmd += ["--seed", str(args.seed), "--methods", *args.methods]
+        cmd += ["--batches", *map(str, args.batches)]
+        subprocess.run(cmd, check=True, cwd=ROOT)
+        procs.append(json.loads((out / f"process-{i}.json").read_text()))
+    table = summarize(procs)
+    info = {
+        "tf_version": tf.__version__,
+        "cpus": os.cpu_count(),
+        "device": coefficients.device,
+        "rows": args.rows,
+        "processes": args.processes,
+        "rounds": args.rounds,
+        "seconds": round(time.time() - t0, 1),
+        "load": [p["load_start"] for p in procs],
+    }
+    (out / "results.json").write_text(json.dumps({"info": info, "processes": procs}, indent=1))
+    (out / "summary.md").write_text(
+        f"# bench/compiler\n\n{json.dumps(info)}\n\n{table}\n"
+        "\nTimes: median over processes [min-max] of each process's median of interleaved "
+        "rounds; ratios: per process, then median [min-max] over processes. frozen: the serving "
+        "graph with variables as constants, unfused; clusters: the same with the planned "
+        "groups compiled as XLA clusters (compiler_opt.realize); frozen XLA: the frozen graph as "
+        "one XLA cluster.\n"
+    )
+    print(table)
+    print(json.dumps(info))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

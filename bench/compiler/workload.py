@@ -1,0 +1,173 @@
+"""The models bench/compiler measures: DCN-v2 built by ranking/ on the synthetic Criteo layout.
+
+26 categorical fields (vocabularies from ``rows`` synthetic rows, Zipf; every field keeps the
+values seen at least once), 13 numeric fields, embedding dim 16, 3 cross layers, MLP 256-128,
+with every categorical field's embedding method ``full``, ``amtl`` or ``bh``
+(``ModelConfig.embedding_method``). The model takes RAW features (strings, counts) as the
+serving signature does: vocabulary lookups and numeric transforms run inside it.
+
+The timed functions start after the vocabulary lookups: XLA cannot compile string inputs nor
+hash-table ops, so ``preprocess`` (the model's ``FeaturePreprocessor``: raw features -> ids and
+dense inputs) runs once per batch, outside. ``inference(ids, dense)`` is the rest of
+``RankingModel.call`` (embeddings, cross network, MLP, head, wide term) with
+``training=False``; ``sparse(ids, dense)`` its memory-bound half (embedding lookups through the
+concat with the dense inputs); ``train_step(ids, dense, label)`` is one SGD step of the model's task loss
+(as ``stitchrec train`` does, without metrics). ``serving`` is the whole model on raw features
+(for the IR and plan of the serving graph).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from features import synthetic
+from features.dataset import input_signature, iter_batches, iter_record_batches, list_parquet
+from features.schema import load_schema
+from features.stats import compute_stats
+from pipelines.config import DataConfig, PipelineConfig
+from pipelines.train import build_run_model
+from ranking.config import ModelConfig
+
+METHODS = ("full", "amtl", "bh")
+
+
+@dataclasses.dataclass
+class Workload:
+    """A built model plus its input batches and traced functions."""
+
+    method: str
+    model: Any
+    schema: Any
+    label: str
+    batches: dict[int, dict[str, tf.Tensor]]  # raw features and label
+    inputs: dict[int, tuple]  # (ids, dense) per batch size: the preprocessed batch
+    labels: dict[int, tf.Tensor]
+    inference: Any  # python function (ids, dense) -> logits
+    sparse: Any  # python function (ids, dense) -> the concatenated embeddings and dense inputs
+    train_step: Any  # python function (ids, dense, label) -> loss
+    serving: Any  # tf.function(raw features) -> logits
+    table_rows: int
+
+
+def write_data(work: Path, rows: int, seed: int = 0) -> Path:
+    """Synthetic Criteo-layout data under ``work/data`` (reused when present)."""
+    data_dir = work / "data"
+    if not (data_dir / "ground_truth.json").exists():
+        synthetic.write_dataset(synthetic.SyntheticConfig(rows=rows, seed=seed), data_dir)
+    return data_dir
+
+
+def build(
+    data_dir: Path, method: str, batch_sizes: tuple[int, ...], seed: int = 0, lr: float = 0.01
+) -> Workload:
+    """DCN-v2 with ``method`` embeddings on the data in ``data_dir`` and one input batch per
+    size in ``batch_sizes`` (the first rows of the training split, repeated when fewer)."""
+    if method not in METHODS:
+        raise ValueError(f"method {method!r} is not one of {list(METHODS)}")
+    tf.keras.utils.set_random_seed(seed)
+    schema = load_schema(data_dir / "schema.toml")
+    files = list_parquet(data_dir / "train")
+    stats = compute_stats(schema, iter_record_batches(schema, files))
+    model_cfg = ModelConfig(
+        type="dcn_v2",
+        embedding_dim=16,
+        mlp=(256, 128),
+        cross_layers=3,
+        embedding_method=method,
+        # BH tables ~10x smaller than full ones for fields of >= 1,000 values (others stay full)
+        embedding_compression=10.0 if method == "bh" else 1.0,
+    )
+    cfg = PipelineConfig(
+        output_dir=str(data_dir.parent / "unused"),
+        data=DataConfig(schema=str(data_dir / "schema.toml"), train=(str(data_dir / "train"),)),
+        model=model_cfg,
+    )
+    model = build_run_model(cfg, schema, stats)
+    fields = list(schema.model_inputs)
+    label = schema.label.name
+    big = max(batch_sizes)
+    raw = next(iter_batches(schema, files, batch_size=big, shuffle=False))
+    n = len(raw[label])
+    batches = {}
+    for b in batch_sizes:
+        idx = np.arange(b) % n
+        batches[b] = {k: tf.constant(np.asarray(v)[idx]) for k, v in raw.items()}
+    model(batches[min(batch_sizes)])
+    optimizer = tf.keras.optimizers.SGD(lr)
+    optimizer.build(model.trainable_variables)
+    spec = input_signature(fields)
+
+    def core(ids: dict[str, tf.Tensor], dense: tf.Tensor | None, training: bool) -> tf.Tensor:
+        logit = model.bias
+        if model.interaction is not None:
+            vectors = model.embedding(ids)
+            z = model.interaction(list(vectors.values()), dense)
+            if model.tower is not None:
+                z = model.tower(z, training=training)
+            logit = logit + model.head(z)[:, 0]
+        if model.wide is not None:
+            logit = logit + model.wide(ids, dense)
+        return logit
+
+    def inference(ids: dict[str, tf.Tensor], dense: tf.Tensor | None) -> tf.Tensor:
+        return core(ids, dense, False)
+
+    def sparse(ids: dict[str, tf.Tensor], dense: tf.Tensor | None) -> tf.Tensor:
+        vectors = list(model.embedding(ids).values())
+        return tf.concat([*vectors, *([dense] if dense is not None else [])], axis=1)
+
+    def train_step(ids: dict[str, tf.Tensor], dense: tf.Tensor | None, y: tf.Tensor) -> tf.Tensor:
+        with tf.GradientTape() as tape:
+            logits = core(ids, dense, True)
+            loss = model.task(labels=y, predictions=logits, compute_metrics=False)
+            total = loss + tf.add_n(model.losses) if model.losses else loss
+        grads = tape.gradient(total, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        return loss
+
+    preprocess = tf.function(model.preprocessor)
+    inputs = {b: preprocess(batches[b]) for b in batch_sizes}
+    labels = {b: batches[b][label] for b in batch_sizes}
+    if model.dense_blocks:
+        raise ValueError("bench/compiler models have no dense blocks (pair statistics)")
+    table_rows = sum(
+        int(v.shape[0])
+        for v in model.trainable_variables
+        if len(v.shape) == 2 and ("emb" in v.name or "embedding" in v.name)
+    )
+    return Workload(
+        method=method,
+        model=model,
+        schema=schema,
+        label=label,
+        batches=batches,
+        inputs=inputs,
+        labels=labels,
+        inference=inference,
+        sparse=sparse,
+        train_step=train_step,
+        serving=tf.function(lambda f: model(f, training=False), input_signature=[spec]),
+        table_rows=table_rows,
+    )
+
+
+def functions(w: Workload, jit: bool) -> dict[str, Any]:
+    """``{"sparse": f, "inference": f, "train": f}``: tf.functions of the workload, XLA-compiled
+    as a whole when ``jit`` (``jit_compile=True``), plain graph mode otherwise. ``sparse`` is the
+    memory-bound half: lookups (mask, pool) through the concat with the dense inputs."""
+    return {
+        "sparse": tf.function(w.sparse, jit_compile=jit),
+        "inference": tf.function(w.inference, jit_compile=jit),
+        "train": tf.function(w.train_step, jit_compile=jit),
+    }
+
+
+def call_args(w: Workload, mode: str, batch: int) -> tuple:
+    """Arguments of the ``mode`` function at ``batch``."""
+    ids, dense = w.inputs[batch]
+    return (ids, dense) if mode != "train" else (ids, dense, w.labels[batch])

@@ -1,0 +1,59 @@
+"""``stitchrec fuse explain SAVED_MODEL``: the fusion plan of a SavedModel's signature.
+
+    stitchrec fuse explain SAVED_MODEL [--batch N] [--signature NAME] [--unknown-dim D]
+                           [--max-args A] [--max-groups G] [--json FILE] [--recalibrate]
+
+Reads the signature's graph (nested calls inlined, see ``compiler_opt.ir``), loads or measures
+the cost coefficients of this machine's device (``compiler_opt.cost``; cached under
+``~/.cache/stitchrec/compiler_opt/``, ``$STITCHREC_CACHE`` to move it) and prints the planned
+groups (kind, ops, launches, bytes before and after, estimated time saved) and the totals.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("fuse", help="fusion of memory-bound ops (compiler_opt)")
+    fsub = p.add_subparsers(dest="fuse_command", required=True)
+    e = fsub.add_parser("explain", help="print the fusion plan of a SavedModel signature")
+    e.add_argument("saved_model", help="SavedModel folder (e.g. <run>/export/1)")
+    e.add_argument("--batch", type=int, default=256, help="examples per call (unknown dim 0)")
+    e.add_argument("--signature", default="serving_default")
+    e.add_argument("--unknown-dim", type=int, default=1, help="value of later unknown dimensions")
+    e.add_argument("--max-args", type=int, default=64, help="kernel arguments per group")
+    e.add_argument("--max-groups", type=int, default=30, help="groups to list")
+    e.add_argument("--json", default=None, help="also write the full plan to this file")
+    e.add_argument("--recalibrate", action="store_true", help="measure the device again")
+    e.set_defaults(func=cmd_explain)
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    for flag in ("batch", "unknown_dim", "max_groups"):
+        if getattr(args, flag) < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    if args.max_args < 2:
+        raise ValueError(f"--max-args must be >= 2, got {args.max_args}")
+    import compiler_opt  # noqa: F401  (environment before TensorFlow loads)
+    from compiler_opt import cost, ir, planner
+
+    graph = ir.from_saved_model(args.saved_model, args.signature)
+    coefficients = cost.load_or_calibrate(recalibrate=args.recalibrate)
+    plan = planner.plan(
+        graph, coefficients, args.batch, unknown_dim=args.unknown_dim, max_args=args.max_args
+    )
+    print(f"{args.saved_model} [{args.signature}]", flush=True)
+    print(plan.to_text(max_groups=args.max_groups), flush=True)
+    c = coefficients
+    print(
+        f"coefficients: launch {c.launch_s * 1e6:.3f} us, bandwidth {c.bandwidth / 1e9:.1f} GB/s, "
+        f"gather {c.gather_row_s * 1e9:.1f} ns/row ({c.device}, {c.created})",
+        flush=True,
+    )
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(plan.to_dict(), indent=1))
+    return 0

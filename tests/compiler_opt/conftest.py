@@ -1,0 +1,53 @@
+"""Fixtures of the compiler_opt tests: fixed cost coefficients and a small exported DCN-v2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from compiler_opt.cost import Coefficients
+from tests.testdata import write_tiny_dataset
+
+# Round numbers so that costs can be checked by hand: 1 us per launch, 1 GB/s, 10 ns per row;
+# A 1-byte cache: every gather pays the row latency.
+HAND = Coefficients(
+    device="hand",
+    launch_s=1e-6,
+    bandwidth=1e9,
+    gather_row_s=1e-8,
+    matmul_flops=1e9,
+    cache_bytes=1,
+)
+
+
+@pytest.fixture()
+def hand() -> Coefficients:
+    return HAND
+
+
+@pytest.fixture(scope="session")
+def tiny_saved_model(tmp_path_factory) -> Path:
+    """An untrained DCN-v2 (dim 4, MLP 16, 1 cross layer) over the tiny dataset, exported with
+    ``stitchrec export``'s serving signature (raw features in, score out)."""
+    from features.dataset import iter_record_batches, list_parquet, make_dataset
+    from features.schema import load_schema
+    from features.stats import compute_stats
+    from pipelines.config import DataConfig, PipelineConfig
+    from pipelines.export import export_saved_model
+    from pipelines.train import build_run_model
+    from ranking.config import ModelConfig
+
+    d = tmp_path_factory.mktemp("fuse")
+    data = write_tiny_dataset(d, rows=600, train_rows=500)
+    schema = load_schema(data["schema"])
+    files = list_parquet(data["train"])
+    stats = compute_stats(schema, iter_record_batches(schema, files))
+    cfg = PipelineConfig(
+        output_dir=str(d / "run"),
+        data=DataConfig(schema=str(data["schema"]), train=(str(data["train"]),)),
+        model=ModelConfig(type="dcn_v2", embedding_dim=4, mlp=(16,), cross_layers=1),
+    )
+    model = build_run_model(cfg, schema, stats)
+    model(next(iter(make_dataset(schema, files, batch_size=2))))
+    return export_saved_model(model, schema, d / "saved_model")

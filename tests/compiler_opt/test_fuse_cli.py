@@ -1,0 +1,66 @@
+"""``stitchrec fuse explain`` on a real exported model, and its errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from compiler_opt import cost
+from pipelines import cli
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _seed_cache(tmp_path, monkeypatch, hand) -> None:
+    """A calibration file for this device with the hand coefficients (no measuring)."""
+    monkeypatch.setenv("STITCHREC_CACHE", str(tmp_path / "cache"))
+    key = cost.device_key()
+    cost.save(
+        cost.Coefficients(key, hand.launch_s, hand.bandwidth, hand.gather_row_s, 1e9),
+        cost.calibration_path(),
+    )
+
+
+def test_explain_prints_and_writes_the_plan(tiny_saved_model, tmp_path, monkeypatch, capsys, hand):
+    _seed_cache(tmp_path, monkeypatch, hand)
+    out = tmp_path / "plan.json"
+    rc = cli.main(["fuse", "explain", str(tiny_saved_model), "--batch", "512", "--json", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0
+    assert "[serving_default]" in text and "fusion plan at batch 512" in text
+    assert "kernel launches" in text and "bytes moved" in text and "B/example" in text
+    assert "concat" in text  # the lookups, pools and concat of the embeddings: one group
+    plan = json.loads(out.read_text())
+    s = plan["summary"]
+    assert s["batch"] == 512 and s["launches_after"] < s["launches_before"]
+    assert s["bytes_after"] < s["bytes_before"]
+    kinds = {g["kind"] for g in plan["groups"]}
+    assert "concat" in kinds and "loop" in kinds
+    for g in plan["groups"]:
+        assert g["launches_after"] == 1 and g["arguments"] <= 64
+
+
+def test_explain_errors_name_the_problem(tiny_saved_model, tmp_path, monkeypatch, capsys, hand):
+    _seed_cache(tmp_path, monkeypatch, hand)
+    assert cli.main(["fuse", "explain", str(tmp_path)]) == 2
+    assert "is not a SavedModel: it has no saved_model.pb" in capsys.readouterr().err
+    assert cli.main(["fuse", "explain", str(tiny_saved_model), "--signature", "rank"]) == 2
+    err = capsys.readouterr().err
+    assert "signature 'rank' is not in SavedModel" in err and "serving_default" in err
+    assert cli.main(["fuse", "explain", str(tiny_saved_model), "--batch", "0"]) == 2
+    assert "--batch must be >= 1, got 0" in capsys.readouterr().err
+
+
+def test_explain_runs_as_a_command(tiny_saved_model, tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", "fuse", "explain", str(tmp_path / "missing")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={"PATH": "/usr/bin:/bin", "STITCHREC_CACHE": str(tmp_path / "cache")},
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "error: SavedModel path" in proc.stderr and "is not a folder" in proc.stderr
