@@ -20,79 +20,28 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from bench.cluster import (
+    dcn_v2_config,
+    mean_std,
+    report,
+    run_tasks,
+    synthetic_data,
+    train_command,
+)
 from pipelines.distribute import free_ports, worker_tf_config
-
-ROOT = Path(__file__).resolve().parents[2]
-
-CONFIG = """output_dir = "unused"
-
-[data]
-schema = "data/schema.toml"
-train = ["data/train"]
-test = ["data/test"]
-
-[model]
-type = "dcn_v2"
-embedding_dim = 16
-mlp = [256, 128]
-cross_layers = 3
-
-[train]
-batch_size = {batch_size}
-epochs = 1
-learning_rate = 0.001
-log_every = 10
-checkpoint_every = 1000
-
-[distribute]
-input = "{input}"
-"""
 
 
 def run_train(config: Path, out: Path, seed: int, workers: int, timeout: float) -> dict[str, Any]:
     """``stitchrec train`` as ``workers`` processes (1: no TF_CONFIG); the chief's report."""
-    cmd = [sys.executable, "-m", "pipelines.cli", "train", "--config", str(config)]
-    cmd += ["--output", str(out), "--set", f"train.seed={seed}"]
-    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-    env.update(PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
     ports = free_ports(workers)
-    procs: list[subprocess.Popen] = []
+    tf_configs = [worker_tf_config(ports, i) if workers > 1 else None for i in range(workers)]
     t0 = time.time()
-    try:
-        for i in range(workers):
-            e = dict(env)
-            if workers > 1:
-                e["TF_CONFIG"] = worker_tf_config(ports, i)
-            log = (out.parent / f"{out.name}-{i}.log").open("w")
-            procs.append(
-                subprocess.Popen(cmd, cwd=ROOT, env=e, stdout=log, stderr=subprocess.STDOUT)
-            )
-        codes = [p.wait(timeout=max(1.0, timeout - (time.time() - t0))) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    if codes != [0] * workers:
-        raise RuntimeError(f"{out.name}: exit codes {codes}; see {out.parent}/{out.name}-*.log")
-    r = json.loads((out / "train_report.json").read_text())
-    return {
-        "workers": workers,
-        "seed": seed,
-        "auc": r["test"]["auc"],
-        "logloss": r["test"]["logloss"],
-        "examples_per_second": r["examples_per_second"],
-        "train_seconds": r["train_seconds"],
-        "wall_seconds": round(time.time() - t0, 1),
-    }
+    run_tasks(train_command(config, out, f"train.seed={seed}"), tf_configs, out, timeout)
+    return report(out, t0, workers=workers, seed=seed)
 
 
 def main() -> None:
@@ -108,12 +57,9 @@ def main() -> None:
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
 
-    from features import synthetic
-
-    if not (out / "data" / "schema.toml").exists():
-        synthetic.write_dataset(synthetic.SyntheticConfig(rows=args.rows, seed=0), out / "data")
-    config = out / "run.toml"
-    config.write_text(CONFIG.format(batch_size=args.batch_size, input=args.input))
+    data = synthetic_data(out / "data", args.rows)
+    extra = f'[distribute]\ninput = "{args.input}"'
+    config = dcn_v2_config(out / "run.toml", data, args.batch_size, extra=extra)
     load = [os.getloadavg()]
     rows: list[dict[str, Any]] = []
     for seed in args.seeds:
@@ -126,8 +72,7 @@ def main() -> None:
     load.append(os.getloadavg())
 
     def stat(workers: int, key: str) -> tuple[float, float]:
-        v = np.array([r[key] for r in rows if r["workers"] == workers])
-        return float(v.mean()), float(v.std(ddof=1)) if v.size > 1 else 0.0
+        return mean_std([r[key] for r in rows if r["workers"] == workers])
 
     single = {r["seed"]: r for r in rows if r["workers"] == 1}
     cluster = {r["seed"]: r for r in rows if r["workers"] == args.workers}

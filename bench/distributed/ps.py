@@ -20,87 +20,38 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from bench.cluster import (
+    dcn_v2_config,
+    mean_std,
+    report,
+    run_tasks,
+    synthetic_data,
+    train_command,
+)
 from pipelines.distribute import free_ports
 from pipelines.distribute_ps import local_cluster, ps_tf_config
-
-ROOT = Path(__file__).resolve().parents[2]
-
-CONFIG = """output_dir = "unused"
-
-[data]
-schema = "data/schema.toml"
-train = ["data/train"]
-test = ["data/test"]
-
-[model]
-type = "dcn_v2"
-embedding_dim = 16
-mlp = [256, 128]
-cross_layers = 3
-
-[train]
-batch_size = {batch_size}
-epochs = 1
-learning_rate = 0.001
-log_every = 10
-checkpoint_every = 1000
-
-[distribute]
-strategy = "{strategy}"
-ps_min_shard_bytes = {min_shard_bytes}
-"""
 
 
 def run_train(
     config: Path, out: Path, seed: int, workers: int, ps: int, timeout: float
 ) -> dict[str, Any]:
-    """``stitchrec train`` in one process (``ps == 0``) or as chief + workers + ps processes;
+    """``stitchrec train`` in one process (``ps == 0``) or as ps + workers + chief processes;
     the chief's report."""
-    cmd = [sys.executable, "-m", "pipelines.cli", "train", "--config", str(config)]
-    cmd += ["--output", str(out), "--set", f"train.seed={seed}"]
-    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-    env.update(PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
-    tasks: list[tuple[str, int]] = [("chief", 0)]
+    overrides = [f"train.seed={seed}"]
+    tf_configs: list[str | None] = [None]
     if ps:
         cluster = local_cluster(free_ports(1 + workers + ps), workers, ps)
-        tasks = [("ps", i) for i in range(ps)] + [("worker", i) for i in range(workers)] + tasks
+        tasks = [("ps", i) for i in range(ps)] + [("worker", i) for i in range(workers)]
+        tf_configs = [ps_tf_config(cluster, kind, i) for kind, i in [*tasks, ("chief", 0)]]
     else:
-        cmd += ["--set", "distribute.strategy=none"]
-    procs: list[subprocess.Popen] = []
+        overrides.append("distribute.strategy=none")
     t0 = time.time()
-    try:
-        for kind, i in tasks:
-            e = dict(env, TF_CONFIG=ps_tf_config(cluster, kind, i)) if ps else dict(env)
-            log = (out.parent / f"{out.name}-{kind}-{i}.log").open("w")
-            procs.append(
-                subprocess.Popen(cmd, cwd=ROOT, env=e, stdout=log, stderr=subprocess.STDOUT)
-            )
-        codes = [p.wait(timeout=max(1.0, timeout - (time.time() - t0))) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    if set(codes) != {0}:
-        raise RuntimeError(f"{out.name}: exit codes {codes}; see {out.parent}/{out.name}-*.log")
-    r = json.loads((out / "train_report.json").read_text())
-    return {
-        "ps": ps,
-        "seed": seed,
-        "auc": r["test"]["auc"],
-        "logloss": r["test"]["logloss"],
-        "examples_per_second": r["examples_per_second"],
-        "train_seconds": r["train_seconds"],
-        "wall_seconds": round(time.time() - t0, 1),
-    }
+    run_tasks(train_command(config, out, *overrides), tf_configs, out, timeout)
+    return report(out, t0, ps=ps, seed=seed)
 
 
 def main() -> None:
@@ -119,18 +70,11 @@ def main() -> None:
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
 
-    from features import synthetic
-
-    if not (out / "data" / "schema.toml").exists():
-        synthetic.write_dataset(synthetic.SyntheticConfig(rows=args.rows, seed=0), out / "data")
-    config = out / "run.toml"
-    config.write_text(
-        CONFIG.format(
-            batch_size=args.batch_size,
-            strategy="parameter_server",
-            min_shard_bytes=args.min_shard_bytes,
-        )
+    data = synthetic_data(out / "data", args.rows)
+    extra = (
+        f'[distribute]\nstrategy = "parameter_server"\nps_min_shard_bytes = {args.min_shard_bytes}'
     )
+    config = dcn_v2_config(out / "run.toml", data, args.batch_size, extra=extra)
     load = [os.getloadavg()]
     rows: list[dict[str, Any]] = []
     for seed in args.seeds:
@@ -143,8 +87,7 @@ def main() -> None:
     load.append(os.getloadavg())
 
     def stat(ps: int, key: str) -> tuple[float, float]:
-        v = np.array([r[key] for r in rows if r["ps"] == ps])
-        return float(v.mean()), float(v.std(ddof=1)) if v.size > 1 else 0.0
+        return mean_std([r[key] for r in rows if r["ps"] == ps])
 
     single = {r["seed"]: r for r in rows if r["ps"] == 0}
     cluster = {r["seed"]: r for r in rows if r["ps"] == args.ps}

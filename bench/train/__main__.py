@@ -37,29 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-
-CONFIG = """output_dir = "unused"
-
-[data]
-schema = "{data}/schema.toml"
-train = ["{data}/train"]
-test = ["{data}/test"]
-
-[model]
-type = "dcn_v2"
-embedding_dim = 16
-mlp = [256, 128]
-cross_layers = 3
-
-[train]
-batch_size = {batch_size}
-epochs = 1
-learning_rate = 0.001
-log_every = 20
-checkpoint_every = 100000
-shuffle_buffer = {buffer}
-"""
+from bench.cluster import ROOT, dcn_v2_config, report, run_tasks, synthetic_data
 
 STAGES = (
     "parquet read",
@@ -75,14 +53,9 @@ def write_data(root: Path, rows: int, vocab: int | None = None) -> Path:
     """The synthetic set of ``rows`` rows in shards of 100,000 rows (row groups of 65,536: the
     same file layout at every size), every categorical field with ``vocab`` values when given
     (else the generator's default vocabularies)."""
-    from features import synthetic
-
-    data = root / (f"data-{rows}" if vocab is None else f"data-{rows}-vocab{vocab}")
-    if not (data / "schema.toml").exists():
-        extra = {} if vocab is None else {"vocab_sizes": vocab}
-        config = synthetic.SyntheticConfig(rows=rows, seed=0, **extra)
-        synthetic.write_dataset(config, data, rows_per_shard=100_000)
-    return data
+    folder = root / (f"data-{rows}" if vocab is None else f"data-{rows}-vocab{vocab}")
+    extra = {} if vocab is None else {"vocab_sizes": vocab}
+    return synthetic_data(folder, rows, rows_per_shard=100_000, **extra)
 
 
 def _rate(rows: int, seconds: float) -> float:
@@ -126,9 +99,7 @@ def measure_stages(data: Path, batch_size: int, cached: int, steps: int) -> dict
         t0 = time.perf_counter()
         out[stage] = _rate(sum(rows()), time.perf_counter() - t0)
 
-    config = data.parent / "stages.toml"
-    config.write_text(CONFIG.format(data=data, batch_size=batch_size, buffer=262_144))
-    cfg = load_config(config)
+    cfg = load_config(dcn_v2_config(data.parent / "stages.toml", data, batch_size))
     paths = RunPaths(data.parent / "stages-run")
     stats = prepare_stats(schema, files, paths, lambda _: None)
     tf.keras.utils.set_random_seed(0)
@@ -163,45 +134,16 @@ def run_train(config: Path, out: Path, workers: int, timeout: float) -> dict[str
     ``ru_maxrss`` of ``wait4``, which keeps the forking parent's resident size)."""
     from pipelines.distribute import free_ports, worker_tf_config
 
-    cmd = [sys.executable, "-m", "bench.train", "--out", str(out), "--train-child", str(config)]
-    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-    env.update(PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
     ports = free_ports(workers)
-    procs: list[subprocess.Popen] = []
-    logs = [out.parent / f"{out.name}-{i}.log" for i in range(workers)]
+    tf_configs = [worker_tf_config(ports, i) if workers > 1 else None for i in range(workers)]
+    cmd = [sys.executable, "-m", "bench.train", "--out", str(out), "--train-child", str(config)]
     t0 = time.time()
-    try:
-        for i in range(workers):
-            e = dict(env)
-            if workers > 1:
-                e["TF_CONFIG"] = worker_tf_config(ports, i)
-            procs.append(
-                subprocess.Popen(
-                    cmd, cwd=ROOT, env=e, stdout=logs[i].open("w"), stderr=subprocess.STDOUT
-                )
-            )
-        codes = [p.wait(timeout=max(1.0, timeout - (time.time() - t0))) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    if codes != [0] * workers:
-        raise RuntimeError(f"{out.name}: exit codes {codes}; see {out.parent}/{out.name}-*.log")
+    logs = run_tasks(cmd, tf_configs, out, timeout)
     rss = []
     for log in logs:
         line = [ln for ln in log.read_text().splitlines() if ln.startswith("PEAK_RSS ")]
         rss.append(int(line[-1].split()[1]))
-    r = json.loads((out / "train_report.json").read_text())
-    return {
-        "workers": workers,
-        "examples_per_second": r["examples_per_second"],
-        "train_seconds": r["train_seconds"],
-        "auc": r["test"]["auc"],
-        "peak_rss_bytes": rss,
-        "parameters": r["parameters"],
-        "wall_seconds": round(time.time() - t0, 1),
-    }
+    return report(out, t0, workers=workers, peak_rss_bytes=rss)
 
 
 def peak_rss_bytes() -> int:
@@ -238,8 +180,7 @@ def throughput(args: argparse.Namespace, out: Path) -> dict[str, Any]:
             raise RuntimeError(f"stage process failed:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}")
         per_process.append(json.loads(line[len("STAGES ") :]))
         print(json.dumps(per_process[-1]), flush=True)
-    config = out / "run.toml"
-    config.write_text(CONFIG.format(data=data, batch_size=args.batch_size, buffer=262_144))
+    config = dcn_v2_config(out / "run.toml", data, args.batch_size)
     single = run_train(config, out / "train-1", 1, args.timeout)
     cluster = run_train(config, out / f"train-{args.workers}", args.workers, args.timeout)
     return {
@@ -257,9 +198,8 @@ def rss_series(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
         for scale in (1, 4, 16):
             rows = args.rss_rows * scale
             data = write_data(out, rows, vocab or None)
-            config = out / f"rss-{data.name}.toml"
-            config.write_text(
-                CONFIG.format(data=data, batch_size=args.batch_size, buffer=args.rss_buffer)
+            config = dcn_v2_config(
+                out / f"rss-{data.name}.toml", data, args.batch_size, args.rss_buffer
             )
             r = run_train(config, out / f"rss-{data.name}", 1, args.timeout)
             series.append(
