@@ -195,6 +195,10 @@ _REDUCE = [
     "Cumprod",
     "BiasAddGrad",
 ]
+#: reductions along segments of rows (pools of multi-valued fields): one result per segment
+SEGMENT_REDUCTIONS = frozenset(
+    op for op in _REDUCE if "Segment" in op and not op.endswith(("Grad", "GradV2"))
+)
 _BROADCAST = [
     "BroadcastTo",
     "Tile",
@@ -248,6 +252,8 @@ _FREE = [
     "EnsureShape",
     "CheckNumerics",
 ]
+#: ops that only rename or reshape a tensor: no kernel of their own, no bytes moved
+ALIAS_OPS = frozenset(_FREE) - {"NoOp"}
 _SOURCE = [
     "Placeholder",
     "PlaceholderWithDefault",

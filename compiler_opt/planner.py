@@ -38,31 +38,12 @@ from collections.abc import Iterable
 from typing import Any
 
 from compiler_opt.cost import Coefficients, CostModel, GroupCost
-from compiler_opt.ir import FUSIBLE_CLASSES, Graph, Node
+from compiler_opt.ir import FUSIBLE_CLASSES, SEGMENT_REDUCTIONS, Graph, Node
 
 _AXIS_REDUCTIONS = frozenset(
     {"Sum", "Mean", "Max", "Min", "Prod", "ArgMax", "ArgMin", "EuclideanNorm", "All", "Any"}
 )
-_ROW_REDUCTIONS = frozenset(
-    {
-        "Softmax",
-        "LogSoftmax",
-        "SegmentSum",
-        "SegmentMean",
-        "SegmentMax",
-        "SegmentMin",
-        "UnsortedSegmentSum",
-        "UnsortedSegmentMax",
-        "UnsortedSegmentMin",
-        "UnsortedSegmentProd",
-        "SparseSegmentSum",
-        "SparseSegmentMean",
-        "SparseSegmentSqrtN",
-        "SparseSegmentSumWithNumSegments",
-        "SparseSegmentMeanWithNumSegments",
-        "SparseSegmentSqrtNWithNumSegments",
-    }
-)
+_ROW_REDUCTIONS = frozenset({"Softmax", "LogSoftmax"}) | SEGMENT_REDUCTIONS
 GROUP_KINDS = ("loop", "input", "stitch", "horizontal-gather", "concat")
 
 
