@@ -9,6 +9,8 @@
     method = "fscd"               # or "two_tower"
     budget = "fields"             # fields | flops | latency
     budget_value = 2
+    request_fields = "free"       # request-side fields: kept, amortized, outside the budget
+    candidates_per_request = 500  # K: request-side complexity counts c_j / K
     g1 = 1.0                      # c_j = g1 * cost_j + g2 * embedding_dim_j + g3 * cardinality_j
     g2 = 0.01
     g3 = 1e-7
@@ -20,7 +22,9 @@ FSCD (``method = "fscd"``), ``ranking.fscd``:
 
 1. train the pre-ranking model (``[model]``, with ``preranking.mlp`` if given) on every field,
    with a relaxed-Bernoulli keep gate per field and the complexity-weighted penalty;
-2. rank the fields by learned keep probability and keep the top ones within the budget;
+2. rank the fields by learned keep probability and keep the top ones within the budget (with
+   ``request_fields = "free"``, request-side fields are always kept and only per-candidate
+   fields compete for the budget);
    ``selection.json`` records every field's keep probability, complexity, cost, dimension,
    cardinality, FLOPs and measured latency, and why it was kept or dropped;
 3. fine-tune the same architecture on the kept fields, initialized from the stage-1 weights
@@ -75,6 +79,7 @@ from ranking.config import PrerankConfig
 from ranking.fscd import (
     FSCDRankingModel,
     add_field_selection,
+    amortized_complexity,
     complexity_alpha,
     field_complexity,
     model_flops,
@@ -250,23 +255,41 @@ def save_model(model: tf.keras.Model, schema: Schema, root: Path) -> str:
 # ---- FSCD stages -------------------------------------------------------------------------------
 
 
+REQUEST_GROUPS = ("user", "context")
+
+
+def request_side(schema: Schema, names: list[str], pr: PrerankConfig) -> list[str]:
+    """The fields of ``names`` FSCD treats as request-side: group ``user`` or ``context``
+    under ``request_fields = "free"``, none under ``"budgeted"``. Ungrouped fields count as
+    per-candidate."""
+    if pr.request_fields != "free":
+        return []
+    return [n for n in names if schema.field(n).group in REQUEST_GROUPS]
+
+
 def field_table(model: RankingModel, schema: Schema, pr: PrerankConfig) -> list[dict]:
-    """Per gated field: cost, embedding dimension, cardinality, complexity and alpha."""
+    """Per gated field: cost, embedding dimension, cardinality, complexity c_j, the complexity
+    charged per candidate (``c_j / candidates_per_request`` for request-side fields under
+    ``request_fields = "free"``, else c_j) and alpha (of the charged complexity)."""
     rows = model.preprocessor.embedded_fields
     dims = dict(zip(model.embedding.field_names, model.embedding.dims, strict=True))
     names = selection_fields(model)
+    request = set(request_side(schema, names, pr))
     cost = [schema.field(n).cost for n in names]
     dim = [dims.get(n, 1) for n in names]
     card = [rows.get(n, 1) for n in names]
     c = field_complexity(cost, dim, card, pr.g1, pr.g2, pr.g3)
-    alpha = complexity_alpha(c)
+    charged = amortized_complexity(c, [n in request for n in names], pr.candidates_per_request)
+    alpha = complexity_alpha(charged)
     return [
         {
             "name": n,
+            "group": schema.field(n).group,
             "cost": float(cost[i]),
             "embedding_dim": int(dim[i]),
             "cardinality": int(card[i]),
             "complexity": float(c[i]),
+            "charged_complexity": float(charged[i]),
             "alpha": float(alpha[i]),
         }
         for i, n in enumerate(names)
@@ -335,16 +358,20 @@ def select_stage(
     theta = model.selection.keep_probability().numpy()
     names = selection_fields(model)
     latency = measure_field_latency(model, schema, files)
+    request = request_side(schema, names, pr)
     m = pcfg.model
 
     def flops(kept: list[str]) -> float:
+        # the interaction layers run per candidate over every kept field, request-side included
         width = sum(table[n]["embedding_dim"] for n in kept)
         return model_flops(m.type, width, m.mlp, m.cross_layers, m.cross_rank)
 
     def usage(kept: list[str]) -> float:
-        return flops(kept) if budget == "flops" else sum(latency[n] for n in kept)
+        if budget == "flops":
+            return flops(kept)
+        return sum(latency[n] for n in kept if n not in request)  # per-candidate latency
 
-    kept, decisions = select_fields(names, theta, budget, value, usage)
+    kept, decisions = select_fields(names, theta, budget, value, usage, request=request)
     for d in decisions:
         d.update(table[d["name"]])
         d["flops_alone"] = flops([d["name"]])
@@ -355,6 +382,11 @@ def select_stage(
         "complexity_weights": {"g1": pr.g1, "g2": pr.g2, "g3": pr.g3},
         "temperature": pr.temperature,
         "reg_weight": pr.reg_weight,
+        "request_fields": {
+            "mode": pr.request_fields,
+            "candidates_per_request": pr.candidates_per_request,
+            "fields": request,
+        },
         "kept": kept,
         "dropped": [n for n in names if n not in kept],
         "flops_per_candidate": {"all_fields": flops(names), "kept": flops(kept)},

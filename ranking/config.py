@@ -98,6 +98,7 @@ class ModelConfig:
 
 PRERANK_METHODS = ("fscd", "two_tower")
 BUDGET_KINDS = ("fields", "flops", "latency")
+REQUEST_FIELD_MODES = ("free", "budgeted")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,8 +111,19 @@ class PrerankConfig:
         ``two_tower`` (the vector-product anchor).
       budget: ``fields`` (at most ``budget_value`` fields), ``flops`` (the pre-ranking model's
         multiply-adds x 2 per candidate at most ``budget_value``) or ``latency`` (the summed
-        measured feature latency of the kept fields, microseconds per candidate).
+        measured feature latency of the kept fields, microseconds per candidate). With
+        ``request_fields = "free"`` only per-candidate cost counts (see there).
       budget_value: the budget in the unit of ``budget``.
+      request_fields: how FSCD charges request-side fields (schema ``group`` ``user`` or
+        ``context``), which a cascade computes once per request (``ranking.cascade``):
+        ``free`` (default): always kept; their complexity in the stage-1 penalty is amortized,
+        c_j / ``candidates_per_request``; the budget counts per-candidate cost only (``fields``:
+        kept item-side fields; ``latency``: the item-side fields' summed latency; ``flops``:
+        the model's FLOPs per candidate over all kept fields, since the interaction layers run
+        per candidate on the request fields' vectors too). ``budgeted``: every field is charged
+        per candidate and competes for the budget (the paper's row-level setting).
+      candidates_per_request: K, the candidates one request scores (amortizes request-side
+        complexity under ``request_fields = "free"``).
       g1, g2, g3: complexity weights: c_j = g1 * cost_j + g2 * embedding_dim_j +
         g3 * cardinality_j (FSCD, SIGIR'21; EasyRec's defaults 1, 1e-2, 1e-7).
       temperature: of the relaxed-Bernoulli keep variables.
@@ -130,6 +142,8 @@ class PrerankConfig:
     method: str = "fscd"
     budget: str = "fields"
     budget_value: float = 2.0
+    request_fields: str = "free"
+    candidates_per_request: int = 500
     g1: float = 1.0
     g2: float = 1e-2
     g3: float = 1e-7
@@ -150,6 +164,10 @@ class PrerankConfig:
             raise ValueError(f"method {self.method!r} is not one of {list(PRERANK_METHODS)}")
         if self.budget not in BUDGET_KINDS:
             raise ValueError(f"budget {self.budget!r} is not one of {list(BUDGET_KINDS)}")
+        if self.request_fields not in REQUEST_FIELD_MODES:
+            raise ValueError(
+                f"request_fields {self.request_fields!r} is not one of {list(REQUEST_FIELD_MODES)}"
+            )
         if not self.budget_value > 0:
             raise ValueError(f"budget_value must be > 0, got {self.budget_value!r}")
         if self.budget == "fields" and float(self.budget_value) != int(self.budget_value):
@@ -167,7 +185,13 @@ class PrerankConfig:
             raise ValueError(f"temperature must be > 0, got {self.temperature!r}")
         if not 0 < self.init_keep < 1:
             raise ValueError(f"init_keep must be in (0, 1), got {self.init_keep!r}")
-        for key in ("fscd_epochs", "finetune_epochs", "tower_dim", "cascade_keep"):
+        for key in (
+            "fscd_epochs",
+            "finetune_epochs",
+            "tower_dim",
+            "cascade_keep",
+            "candidates_per_request",
+        ):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
         object.__setattr__(self, "mlp", tuple(int(u) for u in self.mlp))

@@ -23,8 +23,14 @@ with the field's complexity::
 so an expensive field must earn more loss reduction to stay. The paper's weight is 1/N (N the
 training rows); ``reg_weight`` exposes it. Stage 2 ranks fields by theta_j and keeps the top ones
 within a budget (``select_fields``): a number of fields, FLOPs per candidate of the pre-ranking
-model (``model_flops``) or measured per-field latency. Stage 3 fine-tunes the pre-ranking model on
-the kept fields (``pipelines.preranking``).
+model (``model_flops``) or measured per-field latency.
+
+Request-side fields. In a cascade a request-side field (user, context) is computed once per
+request of K candidates, so ``PrerankConfig.request_fields = "free"`` (the default) charges it
+``c_j / K`` in the penalty (``amortized_complexity``), keeps it regardless of the budget, and
+lets only per-candidate fields compete for the budget (``select_fields(request=...)``).
+
+Stage 3 fine-tunes the pre-ranking model on the kept fields (``pipelines.preranking``).
 
 At inference the layer multiplies each field by theta_j (the expectation of z_j), so the trained
 stage-1 model is evaluated as it was trained on average.
@@ -115,12 +121,33 @@ def model_flops(
     return flops + 2 * width + 1  # head and bias
 
 
+def amortized_complexity(
+    complexity: Sequence[float], request: Sequence[bool], candidates_per_request: int
+) -> np.ndarray:
+    """Per-candidate complexity: ``c_j / K`` for request-side fields, ``c_j`` otherwise.
+
+    A cascade computes a request-side field (schema group ``user`` or ``context``) once per
+    request and shares it among the request's K = ``candidates_per_request`` candidates, so its
+    cost per candidate is ``c_j / K``. Shape ``[F]``.
+    """
+    c = np.asarray(complexity, dtype=np.float64)
+    mask = np.asarray(request, dtype=bool)
+    if mask.shape != c.shape:
+        raise ValueError(
+            f"request needs one flag per field: {mask.shape} flags for {c.shape} complexities"
+        )
+    if candidates_per_request < 1:
+        raise ValueError(f"candidates_per_request must be >= 1, got {candidates_per_request}")
+    return np.where(mask, c / float(candidates_per_request), c)
+
+
 def select_fields(
     names: Sequence[str],
     keep_prob: Sequence[float],
     budget: str,
     budget_value: float,
     usage: Any = None,
+    request: Sequence[str] = (),
 ) -> tuple[list[str], list[dict[str, Any]]]:
     """Stage 2: rank fields by keep probability, keep the top ones while the budget holds.
 
@@ -129,16 +156,21 @@ def select_fields(
       budget: ``fields``, ``flops`` or ``latency``.
       budget_value: the largest allowed usage.
       usage: for ``flops`` and ``latency``: a callable ``list of kept names -> usage`` (the
-        model's FLOPs per candidate over those fields, or their summed latency).
+        model's FLOPs per candidate over those fields, or their summed latency). It receives
+        every kept field, request-side ones included; it decides what they cost.
+      request: request-side fields (computed once per request in a cascade): always kept, not
+        ranked against the budget. ``fields`` then counts the other (per-candidate) fields only.
+        Empty: every field competes for the budget.
 
     Returns:
       (kept names in rank order, one decision per field in rank order: ``name``, ``rank``,
-      ``keep_prob``, ``kept``, ``usage`` (of the top fields up to this one) and ``reason``).
-      Ranking stops at the first field that does not fit: the kept set is a prefix of the
-      ranking.
+      ``keep_prob``, ``side`` (``request`` or ``candidate``), ``kept``, ``usage`` (of the kept
+      fields up to this one) and ``reason``). Among per-candidate fields, ranking stops at the
+      first one that does not fit: the kept per-candidate fields are a prefix of their ranking.
 
     Raises:
-      ValueError: the budget keeps no field (it names the top field and what it needs).
+      ValueError: the budget keeps no per-candidate field (it names the top one and what it
+        needs), or every field is request-side.
     """
     if budget not in BUDGET_KINDS:
         raise ValueError(f"budget {budget!r} is not one of {list(BUDGET_KINDS)}")
@@ -148,16 +180,50 @@ def select_fields(
         raise ValueError("no fields to select from")
     if budget != "fields" and usage is None:
         raise ValueError(f"budget {budget!r} needs a usage function")
+    unknown = sorted(set(request) - set(names))
+    if unknown:
+        raise ValueError(f"request fields {unknown} are not among the fields {list(names)}")
+    is_request = set(request)
+    if all(n in is_request for n in names):
+        raise ValueError(
+            f"every field {list(names)} is request-side: a pre-ranking model needs at least one "
+            f"per-candidate (item) field to order the candidates of a request"
+        )
     order = sorted(range(len(names)), key=lambda i: (-float(keep_prob[i]), i))
-    kept: list[str] = []
+    base = [names[i] for i in order if names[i] in is_request]
+
+    def used_by(fields: list[str]) -> float:
+        if budget == "fields":
+            return float(sum(1 for n in fields if n not in is_request))
+        return float(usage(fields))
+
+    base_used = used_by(base) if base else 0.0
+    kept: list[str] = list(base)
     decisions = []
     full = False
     for rank, i in enumerate(order, start=1):
-        trial = [*kept, names[i]]
-        used = float(len(trial)) if budget == "fields" else float(usage(trial))
+        name = names[i]
+        if name in is_request:
+            decisions.append(
+                {
+                    "name": name,
+                    "rank": rank,
+                    "keep_prob": float(keep_prob[i]),
+                    "side": "request",
+                    "kept": True,
+                    "usage": base_used,
+                    "reason": (
+                        f"request-side: computed once per request, so always kept; the "
+                        f"request-side fields together use {budget} {base_used:g}"
+                    ),
+                }
+            )
+            continue
+        trial = [*kept, name]
+        used = used_by(trial)
         fits = not full and used <= budget_value
         if fits:
-            kept.append(names[i])
+            kept.append(name)
             reason = (
                 f"rank {rank} by keep probability; {budget} {used:g} <= budget {budget_value:g}"
             )
@@ -168,20 +234,30 @@ def select_fields(
             reason = f"rank {rank}: keeping it needs {budget} {used:g} > budget {budget_value:g}"
         decisions.append(
             {
-                "name": names[i],
+                "name": name,
                 "rank": rank,
                 "keep_prob": float(keep_prob[i]),
+                "side": "candidate",
                 "kept": fits,
                 "usage": used,
                 "reason": reason,
             }
         )
-    if not kept:
+    if len(kept) == len(base):
+        top = next(d for d in decisions if d["side"] == "candidate")
+        if base:
+            raise ValueError(
+                f"the {budget} budget {budget_value:g} keeps no per-candidate field: the top "
+                f"one {top['name']!r} (keep probability {top['keep_prob']:.3f}) with the "
+                f"request-side fields {base} (always kept) needs {top['usage']:g}; raise "
+                f"budget_value"
+            )
         raise ValueError(
             f"the {budget} budget {budget_value:g} keeps no field: the top field "
-            f"{decisions[0]['name']!r} (keep probability {decisions[0]['keep_prob']:.3f}) alone "
-            f"needs {decisions[0]['usage']:g}; raise budget_value"
+            f"{top['name']!r} (keep probability {top['keep_prob']:.3f}) alone "
+            f"needs {top['usage']:g}; raise budget_value"
         )
+    kept = [d["name"] for d in decisions if d["kept"]]
     return kept, decisions
 
 

@@ -94,6 +94,7 @@ def movielens_config(out: Path, args: argparse.Namespace) -> PipelineConfig:
         finetune_epochs=args.finetune_epochs,
         mlp=tuple(args.prerank_mlp),
         reg_weight=args.reg_weight,
+        request_fields=args.request_fields,
     )
     train = dataclasses.replace(cfg.train, epochs=args.epochs, max_steps=args.max_steps)
     return dataclasses.replace(cfg, output_dir=str(out), train=train, preranking=pr)
@@ -127,6 +128,7 @@ def synthetic_config(out: Path, args: argparse.Namespace) -> PipelineConfig:
         finetune_epochs=args.finetune_epochs,
         mlp=tuple(args.prerank_mlp),
         reg_weight=args.reg_weight,
+        request_fields=args.request_fields,
     )
     return PipelineConfig(
         output_dir=str(out),
@@ -354,7 +356,11 @@ def run_dataset(name: str, args: argparse.Namespace, out: Path) -> dict[str, Any
                 scfg, schema, stats, train_files, stage1, sel["kept"], log
             )
             models[label] = (model, sub)
-            selections[label] = {"kept": sel["kept"], "flops": sel["flops_per_candidate"]["kept"]}
+            selections[label] = {
+                "kept": sel["kept"],
+                "flops": sel["flops_per_candidate"]["kept"],
+                "request_fields": sel["request_fields"]["fields"],
+            }
         run: dict[str, Any] = {
             "seed": seed,
             "keep_prob": theta,
@@ -495,6 +501,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--finetune-epochs", type=int, default=2)
     p.add_argument("--prerank-mlp", type=int, nargs="*", default=[])
     p.add_argument("--reg-weight", type=float, default=0.01)
+    p.add_argument(
+        "--request-fields",
+        choices=["free", "budgeted"],
+        default="free",
+        help="FSCD's PrerankConfig.request_fields: free (request-side fields kept, only "
+        "per-candidate cost budgeted) or budgeted (every field charged per candidate)",
+    )
     p.add_argument("--rows", type=int, default=200_000, help="synthetic rows")
     p.add_argument("--requests", type=int, default=100, help="requests for recall (>= 64)")
     p.add_argument("--repeats", type=int, default=200)

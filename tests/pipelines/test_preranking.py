@@ -4,6 +4,7 @@ the two-tower run and the cascade export of two runs."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -39,10 +40,13 @@ FSCD = """
 [preranking]
 method = "fscd"
 budget = "fields"
-budget_value = 3
+budget_value = 2
 fscd_epochs = 3
 finetune_epochs = 1
 """
+# GROUPED_SCHEMA: user and age are request-side (group user / context), item, tags and price
+# per-candidate (group item)
+REQUEST = {"user", "age"}
 
 
 def test_cli_train_runs_the_three_stages_and_writes_selection(tmp_path, capsys):
@@ -53,8 +57,15 @@ def test_cli_train_runs_the_three_stages_and_writes_selection(tmp_path, capsys):
     assert "fscd stage 1" in out and "fscd stage 2" in out and "fscd stage 3" in out
     run = tmp_path / "fscd"
     sel = json.loads((run / "selection.json").read_text())
-    assert sel["budget"] == {"kind": "fields", "value": 3.0}
-    assert len(sel["kept"]) == 3 and len(sel["dropped"]) == 2
+    assert sel["budget"] == {"kind": "fields", "value": 2.0}
+    # the default request_fields = "free": user and age are kept outside the budget of 2
+    assert sel["request_fields"] == {
+        "mode": "free",
+        "candidates_per_request": 500,
+        "fields": ["user", "age"],
+    }
+    assert set(sel["kept"]) >= REQUEST
+    assert len(sel["kept"]) == 4 and len(sel["dropped"]) == 1
     fields = sel["fields"]
     assert [f["rank"] for f in fields] == [1, 2, 3, 4, 5]
     probs = [f["keep_prob"] for f in fields]
@@ -62,9 +73,17 @@ def test_cli_train_runs_the_three_stages_and_writes_selection(tmp_path, capsys):
     assert [f["name"] for f in fields if f["kept"]] == sel["kept"]
     for f in fields:
         assert {"complexity", "alpha", "cost", "embedding_dim", "cardinality", "reason"} <= set(f)
-        assert f["complexity"] == pytest.approx(
-            f["cost"] + 0.01 * f["embedding_dim"] + 1e-7 * f["cardinality"]
-        )
+        c = f["cost"] + 0.01 * f["embedding_dim"] + 1e-7 * f["cardinality"]
+        assert f["complexity"] == pytest.approx(c)
+        # request-side complexity is amortized over the request's candidates: c_j / 500
+        request = f["name"] in REQUEST
+        assert f["side"] == ("request" if request else "candidate")
+        assert f["charged_complexity"] == pytest.approx(c / 500 if request else c)
+        assert f["alpha"] == pytest.approx(f["charged_complexity"], rel=1e-6)
+        if request:
+            assert f["kept"] and "request-side: computed once per request" in f["reason"]
+    # the budget counts per-candidate fields only: usage 1, 2 for the kept item fields
+    assert sorted(f["usage"] for f in fields if f["side"] == "candidate" and f["kept"]) == [1, 2]
     # the strongest signal of the tiny log (users u0..u9 click more) ranks first; the
     # pre-ranking model reads only the kept fields and exports as a normal run
     assert fields[0]["name"] == "user"
@@ -77,10 +96,13 @@ def test_cli_train_runs_the_three_stages_and_writes_selection(tmp_path, capsys):
     assert sorted(meta["inputs"]) == sorted(sel["kept"])
 
 
-def _stage1_keep(tmp_path: Path, name: str, schema_text: str) -> dict:
+def _stage1_keep(
+    tmp_path: Path, name: str, schema_text: str, budget_value: int, mode: str = "free"
+) -> dict:
     """Stages 1 and 2 only (stage 3 does not change the ranking of fields)."""
     data = write_grouped(tmp_path / name, text=schema_text, rows=4000)
-    pre = FSCD.replace("budget_value = 3", "budget_value = 4")
+    pre = FSCD.replace("budget_value = 2", f"budget_value = {budget_value}")
+    pre += f'request_fields = "{mode}"\n'
     cfg = load_config(_config(tmp_path, data, name, pre))
     quiet = lambda _: None  # noqa: E731
     paths = RunPaths(Path(cfg.output_dir))
@@ -93,19 +115,43 @@ def _stage1_keep(tmp_path: Path, name: str, schema_text: str) -> dict:
     return select_stage(stage1, schema, cfg, train_files)
 
 
-def test_raising_a_fields_cost_makes_fscd_drop_it_first(tmp_path):
-    base = _stage1_keep(tmp_path, "base", GROUPED_SCHEMA)
-    assert "user" in base["kept"]  # the strongest signal of the tiny log
-    costly = GROUPED_SCHEMA.replace(
-        'name = "user"\nkind = "categorical"\ngroup = "user"\ncost = 1.0',
-        'name = "user"\nkind = "categorical"\ngroup = "user"\ncost = 100.0',
+def _with_cost(name: str, cost: float) -> str:
+    text = re.sub(
+        rf'(name = "{name}"\n(?:[^\[]*?\n)?cost = )1\.0', rf"\g<1>{cost}", GROUPED_SCHEMA, count=1
     )
-    assert costly != GROUPED_SCHEMA
-    sel = _stage1_keep(tmp_path, "costly", costly)
-    assert sel["fields"][-1]["name"] == "user"  # ranked last
-    assert sel["dropped"] == ["user"]  # and the one field a budget of 4 drops
-    user = next(f for f in sel["fields"] if f["name"] == "user")
-    assert user["complexity"] > 100
+    assert text != GROUPED_SCHEMA
+    return text
+
+
+def test_raising_an_item_fields_cost_makes_fscd_drop_it_first(tmp_path):
+    base = _stage1_keep(tmp_path, "base", GROUPED_SCHEMA, budget_value=2)
+    item_side = [f["name"] for f in base["fields"] if f["side"] == "candidate"]
+    assert sorted(item_side) == ["item", "price", "tags"]
+    top = item_side[0]  # the per-candidate field stage 1 ranks first at equal costs
+    assert top in base["kept"]
+    sel = _stage1_keep(tmp_path, "costly", _with_cost(top, 100.0), budget_value=2)
+    assert sel["fields"][-1]["name"] == top  # ranked last
+    assert sel["dropped"] == [top]  # and the one field a budget of 2 item fields drops
+    costly = sel["fields"][-1]
+    assert costly["complexity"] > 100 and costly["charged_complexity"] == costly["complexity"]
+
+
+def test_request_fields_stay_whatever_they_cost_unless_budgeted(tmp_path):
+    costly = _with_cost("user", 100.0)
+    # free: user is computed once per request; 100 / 500 candidates = 0.2 per candidate, and
+    # it is kept outside a budget of one item field
+    free = _stage1_keep(tmp_path, "free", costly, budget_value=1)
+    user = next(f for f in free["fields"] if f["name"] == "user")
+    assert user["charged_complexity"] == pytest.approx(user["complexity"] / 500)
+    assert user["kept"] and user["side"] == "request"
+    kept_items = [f["name"] for f in free["fields"] if f["side"] == "candidate" and f["kept"]]
+    assert len(kept_items) == 1 and set(free["kept"]) == {"user", "age", *kept_items}
+    # budgeted (the paper's row-level cost): user is charged 100 per candidate and is the one
+    # field a budget of 4 (of 5) drops
+    budgeted = _stage1_keep(tmp_path, "budgeted", costly, budget_value=4, mode="budgeted")
+    assert budgeted["request_fields"]["fields"] == []
+    assert budgeted["fields"][-1]["name"] == "user"
+    assert budgeted["dropped"] == ["user"]
 
 
 def test_missing_costs_are_a_clear_error(tmp_path, capsys):
@@ -121,13 +167,25 @@ def test_missing_costs_are_a_clear_error(tmp_path, capsys):
     assert "error:" in err and "schema.toml" in err and "'tags'" in err and "cost" in err
 
 
-def test_a_budget_that_keeps_no_field_is_a_clear_error(tmp_path):
+@pytest.mark.parametrize(
+    "mode, match",
+    [
+        (
+            "free",
+            r"flops budget 10 keeps no per-candidate field: the top one '\w+' \(keep "
+            r"probability [0-9.]+\) with the request-side fields \['(user|age)', '(user|age)'\] \(always "
+            r"kept\) needs \d+",
+        ),
+        ("budgeted", r"flops budget 10 keeps no field: the top field '\w+'"),
+    ],
+)
+def test_a_budget_that_keeps_no_field_is_a_clear_error(tmp_path, mode, match):
     data = write_grouped(tmp_path / "data", rows=600)
     pre = FSCD.replace('budget = "fields"', 'budget = "flops"').replace(
-        "budget_value = 3", "budget_value = 10"
+        "budget_value = 2", "budget_value = 10"
     )
-    cfg = load_config(_config(tmp_path, data, "tiny_budget", pre))
-    with pytest.raises(ValueError, match=r"flops budget 10 keeps no field: the top field"):
+    cfg = load_config(_config(tmp_path, data, "tiny_budget", pre + f'request_fields = "{mode}"'))
+    with pytest.raises(ValueError, match=match):
         train(cfg, log=lambda _: None)
 
 
@@ -137,6 +195,14 @@ def test_a_budget_that_keeps_no_field_is_a_clear_error(tmp_path):
         ('[preranking]\nbudget = "bytes"', r"\[preranking\]: budget 'bytes' is not one of"),
         ("[preranking]\ncolour = 1", r"\[preranking\]: unknown keys \['colour'\]"),
         ("[preranking]\ntemperature = -1", r"\[preranking\]: temperature must be > 0"),
+        (
+            '[preranking]\nrequest_fields = "once"',
+            r"\[preranking\]: request_fields 'once' is not one of \['free', 'budgeted'\]",
+        ),
+        (
+            "[preranking]\ncandidates_per_request = 0",
+            r"\[preranking\]: candidates_per_request must be >= 1, got 0",
+        ),
     ],
 )
 def test_preranking_config_errors_name_file_and_section(tmp_path, section, match):

@@ -17,6 +17,7 @@ from ranking.fscd import (
     FieldSelection,
     FSCDRankingModel,
     add_field_selection,
+    amortized_complexity,
     complexity_alpha,
     field_complexity,
     input_slices,
@@ -87,6 +88,55 @@ def test_budget_that_keeps_no_field_is_a_clear_error():
         select_fields(["a"], [0.5], "bytes", 3)
     with pytest.raises(ValueError, match="needs a usage function"):
         select_fields(["a"], [0.5], "latency", 3)
+
+
+def test_request_fields_are_kept_outside_the_budget():
+    names = ["u", "a", "b", "ctx", "c"]
+    prob = [0.1, 0.9, 0.5, 0.05, 0.7]  # request-side u, ctx rank last by keep probability
+    kept, decisions = select_fields(names, prob, "fields", 1, request=["u", "ctx"])
+    assert kept == ["a", "u", "ctx"]  # the top item field, then the request fields (rank order)
+    by = {d["name"]: d for d in decisions}
+    assert [d["name"] for d in decisions] == ["a", "c", "b", "u", "ctx"]
+    assert by["u"]["side"] == by["ctx"]["side"] == "request"
+    assert by["u"]["kept"] and by["ctx"]["kept"] and by["u"]["usage"] == 0.0
+    assert "request-side: computed once per request" in by["u"]["reason"]
+    assert by["a"]["usage"] == 1.0 and by["c"]["usage"] == 2.0  # item fields only
+    assert not by["c"]["kept"] and "fields 2 > budget 1" in by["c"]["reason"]
+    # usage functions see every kept field and decide what request fields cost: here
+    # latency 3 per item field, request fields free (computed once per request)
+    lat = {"u": 50.0, "ctx": 50.0, "a": 3.0, "b": 3.0, "c": 3.0}
+
+    def per_candidate(k: list[str]) -> float:
+        return sum(lat[n] for n in k if n not in ("u", "ctx"))
+
+    kept, decisions = select_fields(names, prob, "latency", 6, per_candidate, request=["u", "ctx"])
+    assert kept == ["a", "c", "u", "ctx"] and [d["usage"] for d in decisions][:2] == [3.0, 6.0]
+    # the same fields, every one charged per candidate: u and ctx compete and lose
+    kept, _ = select_fields(names, prob, "latency", 6, lambda k: sum(lat[n] for n in k))
+    assert kept == ["a", "c"]
+
+
+def test_request_fields_errors():
+    with pytest.raises(
+        ValueError,
+        match=r"flops budget 3 keeps no per-candidate field: the top one 'b' \(keep probability "
+        r"0\.900\) with the request-side fields \['u'\] \(always kept\) needs 20",
+    ):
+        select_fields(["u", "a", "b"], [1.0, 0.1, 0.9], "flops", 3, lambda k: 10.0 * len(k), ["u"])
+    with pytest.raises(ValueError, match=r"every field \['u', 'v'\] is request-side"):
+        select_fields(["u", "v"], [0.5, 0.5], "fields", 1, request=["u", "v"])
+    with pytest.raises(ValueError, match=r"request fields \['x'\] are not among the fields"):
+        select_fields(["u", "v"], [0.5, 0.5], "fields", 1, request=["x"])
+
+
+def test_amortized_complexity_by_hand():
+    c = amortized_complexity([2.0, 1.5, 0.5], [True, False, True], 500)
+    np.testing.assert_allclose(c, [2.0 / 500, 1.5, 0.5 / 500])
+    np.testing.assert_allclose(complexity_alpha(c), c, rtol=1e-9)  # alpha_j = charged c_j
+    with pytest.raises(ValueError, match="candidates_per_request must be >= 1, got 0"):
+        amortized_complexity([1.0], [True], 0)
+    with pytest.raises(ValueError, match="one flag per field"):
+        amortized_complexity([1.0, 2.0], [True], 10)
 
 
 def test_field_selection_layer_gates_and_penalty():
