@@ -255,6 +255,10 @@ class Distribution:
         """The strategy's scope (variables become mirrored), or a no-op."""
         return self.strategy.scope() if self.strategy is not None else contextlib.nullcontext()
 
+    def check_supported(self, warm_start: str | None) -> None:
+        """Everything ``[train]`` offers runs under multi_worker_mirrored and in one process."""
+        del warm_start
+
     def run_root(self, output_dir: str | Path) -> Path:
         """Where this process writes: the run folder for the chief, a temporary one otherwise."""
         if self.is_chief:

@@ -251,6 +251,16 @@ class PSDistribution:
         with self.strategy.scope(), tf.variable_creator_scope(_whole_shape_init):
             yield
 
+    def check_supported(self, warm_start: str | None) -> None:
+        """Raises ConfigError for what parameter-server training does not support yet:
+        ``[train] warm_start`` (Keras ``set_weights`` sees the shards of a sharded table)."""
+        if warm_start:
+            raise ConfigError(
+                f"[train] warm_start = {warm_start!r} is not supported with the parameter_server "
+                f"strategy yet; warm-start in one process or under multi_worker_mirrored "
+                f"(see {_DOCS})"
+            )
+
     def run_root(self, output_dir: str | Path) -> Path:
         """The run folder: only the chief writes (workers and ps tasks write nothing)."""
         return Path(output_dir)

@@ -390,6 +390,7 @@ def _train(cfg: PipelineConfig, log: Log) -> dict[str, Any]:
     dist = distribute.setup(cfg.distribute, log)  # first: it starts the cluster's servers
     if dist.serves_only:  # a parameter_server worker or ps task: serve until the chief is done
         return dist.serve(cfg.output_dir)
+    dist.check_supported(cfg.train.warm_start)
     paths = RunPaths(dist.run_root(cfg.output_dir))
     paths.root.mkdir(parents=True, exist_ok=True)
     _check_same_run(cfg, paths)

@@ -90,6 +90,10 @@ def test_strategy_and_cluster_checks():
             check_cluster(_spec(bad, "chief" if "chief" in bad else "ps"))
     with pytest.raises(ValueError, match="ports must hold 1 \\+ 2 \\+ 1 ports"):
         local_cluster([1, 2], workers=2, ps=1)
+    chief = PSDistribution(spec=parse_tf_config(ps_tf_config(cluster, "chief")))
+    chief.check_supported(None)
+    with pytest.raises(ConfigError, match="warm_start = 'runs/a' is not supported"):
+        chief.check_supported("runs/a")
 
 
 def test_ps_min_shard_bytes_in_config(tmp_path):
