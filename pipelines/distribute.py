@@ -7,21 +7,26 @@ cluster the ``Distribution`` is inactive and training is the single-process loop
 
 Multi-worker mirrored (synchronous data parallelism, one replica per worker):
 
-* Every worker reads the same stream of global batches of ``[train] batch_size`` rows (the order
-  is the pure function of ``(seed, epoch)`` the single-process loop uses, so resume works the
-  same way) and keeps only its slice of rows ``[w * ceil(n / W), (w + 1) * ceil(n / W))`` of
-  each batch of ``n`` rows. The slices of the W workers are disjoint and together are the batch.
-* Each replica's loss is ``sum_i BCE(y_i, logit_i) / n + L2 / W`` over its slice; the optimizer
-  sums the replicas' gradients (an all-reduce), which is exactly the gradient of the mean loss
-  of the whole batch, so the model follows the single-process trajectory up to float rounding.
+* ``[distribute] input = "shard"`` (the default): every worker computes the same file order of
+  the epoch (a pure function of ``(seed, epoch)``) and reads only its own rows
+  ``[w * q, (w + 1) * q)``, ``q = rows // W``, of their concatenation
+  (``features.dataset.shard_range``), in local batches of ``batch_size / W`` rows, whole batches
+  only, so all workers take the same number of steps. The input pipeline scales with workers.
+* ``input = "split"``: every worker reads the same stream of global batches the single-process
+  loop reads and keeps only its slice of rows ``[w * ceil(n / W), (w + 1) * ceil(n / W))`` of
+  each batch of ``n`` rows (disjoint slices that together are the batch): the run follows the
+  single-process trajectory up to float rounding, at the cost of reading everything W times.
+* Each replica's loss is ``sum_i BCE(y_i, logit_i) / n + L2 / W`` over its rows, ``n`` the
+  global batch's rows; the optimizer sums the replicas' gradients (an all-reduce), which is
+  exactly the gradient of the mean loss of the whole batch.
 * The chief (task ``chief``, or ``worker`` 0 when the cluster has no chief) writes the run
   folder; the other workers write into a temporary folder that is deleted at the end, and restore
   from the chief's checkpoints (so the run folder must be on storage every worker reads), as
   TensorFlow's multi-worker guide prescribes.
+* A lost peer makes the collective ops fail; ``peers_guarded`` turns that into
+  ``PeerLostError`` (exit status 3 from the CLI) naming the checkpoint a restart resumes from.
 
-Every worker still reads and converts every batch and drops the other workers' rows, so the
-input pipeline does not scale with workers yet; splitting the Parquet files by worker is the next
-step (docs/distributed.md).
+Parameter servers (a cluster with ``ps`` tasks) are in ``pipelines.distribute_ps``.
 """
 
 from __future__ import annotations
