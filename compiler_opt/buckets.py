@@ -30,9 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import glob
-import shutil
-import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -40,10 +37,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-try:  # the proto moved between TensorFlow releases
-    from tsl.profiler.protobuf import xplane_pb2
-except ImportError:  # pragma: no cover
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2  # type: ignore
+from compiler_opt.trace import profiler_trace
 
 OVERSIZE = ("split", "error")
 # Profiler events of one XLA backend compilation (one executable built).
@@ -225,25 +219,7 @@ def count_compilations() -> Iterator[Compilations]:
     the block, from a TensorFlow profiler trace (host tracer level 1: the compiler's own
     trace events, not every op). Only one profiler session can run at a time in a process."""
     result = Compilations()
-    d = tempfile.mkdtemp(prefix="stitchrec-compiles-")
-    try:
-        options = tf.profiler.experimental.ProfilerOptions(host_tracer_level=1)
-        tf.profiler.experimental.start(d, options=options)
-        try:
-            yield result
-        finally:
-            tf.profiler.experimental.stop()
-        files = glob.glob(d + "/**/*.xplane.pb", recursive=True)
-        space = xplane_pb2.XSpace()
-        with open(files[0], "rb") as f:
-            space.ParseFromString(f.read())
-        for plane in space.planes:
-            md = plane.event_metadata
-            for line in plane.lines:
-                for e in line.events:
-                    name = md[e.metadata_id].name
-                    if name in COMPILE_EVENTS:
-                        result.events[name] += 1
-        result.count = sum(result.events.values())
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
+    with profiler_trace(host_tracer_level=1) as trace:
+        yield result
+    result.events.update(n for _, _, n in trace.event_names() if n in COMPILE_EVENTS)
+    result.count = sum(result.events.values())

@@ -8,38 +8,21 @@ have a matching ``end: X`` marker. On a GPU: the events on the device plane's st
 
 from __future__ import annotations
 
-import glob
-import shutil
-import tempfile
 from collections import Counter
 from typing import Any
 
 import tensorflow as tf
 
-try:  # the proto moved between TensorFlow releases
-    from tsl.profiler.protobuf import xplane_pb2
-except ImportError:  # pragma: no cover
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2  # type: ignore
+from compiler_opt.trace import profiler_trace
 
 
 def _space(fn: Any, args: tuple) -> Any:
+    """The profiler trace of one call of ``fn`` after a first, untraced one."""
     fn(*args)
-    d = tempfile.mkdtemp(prefix="stitchrec-prof-")
-    try:
-        options = tf.profiler.experimental.ProfilerOptions(host_tracer_level=3)
-        tf.profiler.experimental.start(d, options=options)
-        try:
-            out = fn(*args)
-            tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, out)
-        finally:
-            tf.profiler.experimental.stop()
-        files = glob.glob(d + "/**/*.xplane.pb", recursive=True)
-        space = xplane_pb2.XSpace()
-        with open(files[0], "rb") as f:
-            space.ParseFromString(f.read())
-        return space
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
+    with profiler_trace(host_tracer_level=3) as trace:
+        out = fn(*args)
+        tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, out)
+    return trace.space
 
 
 def executed_kernels(fn: Any, *args: Any) -> dict[str, Any]:
