@@ -49,6 +49,21 @@ def dcn_v2_config(
     return path
 
 
+def cluster_tf_configs(workers: int, ps: int = 0) -> list[str | None]:
+    """TF_CONFIG of every task of a local cluster on free ports: ``workers`` mirrored workers
+    (``ps == 0``; one worker: ``[None]``, no cluster), or ps tasks, workers and the chief (the
+    chief last)."""
+    from pipelines.distribute import free_ports, tf_config, worker_tf_config
+    from pipelines.distribute_ps import local_cluster
+
+    if not ps:
+        ports = free_ports(workers)
+        return [worker_tf_config(ports, i) if workers > 1 else None for i in range(workers)]
+    cluster = local_cluster(free_ports(1 + workers + ps), workers, ps)
+    tasks = [("ps", i) for i in range(ps)] + [("worker", i) for i in range(workers)]
+    return [tf_config(cluster, kind, i) for kind, i in [*tasks, ("chief", 0)]]
+
+
 def run_tasks(
     cmd: list[str], tf_configs: list[str | None], out: Path, timeout: float
 ) -> list[Path]:

@@ -114,11 +114,15 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
             sock.close()
 
 
+def tf_config(cluster: dict[str, list[str]], task_type: str, index: int = 0) -> str:
+    """The TF_CONFIG value of task ``task_type:index`` of ``cluster`` (``{type: [host:port]}``)."""
+    return json.dumps({"cluster": cluster, "task": {"type": task_type, "index": index}})
+
+
 def worker_tf_config(ports: list[int], index: int, host: str = "127.0.0.1") -> str:
     """TF_CONFIG of worker ``index`` in a cluster of workers on ``host``, one per port (a local
     cluster for tests and benchmarks; on real hosts each task's address differs)."""
-    workers = [f"{host}:{port}" for port in ports]
-    return json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}})
+    return tf_config({"worker": [f"{host}:{port}" for port in ports]}, "worker", index)
 
 
 def parse_tf_config(text: str | None) -> ClusterSpec | None:

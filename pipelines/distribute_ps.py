@@ -42,7 +42,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import json
 import math
 import os
 import socket
@@ -98,11 +97,6 @@ def local_cluster(ports: list[int], workers: int, ps: int, host: str = "127.0.0.
         raise ValueError(f"ports must hold 1 + {workers} + {ps} ports, got {len(ports)}")
     addr = [f"{host}:{p}" for p in ports]
     return {"chief": addr[:1], "worker": addr[1 : 1 + workers], "ps": addr[1 + workers :]}
-
-
-def ps_tf_config(cluster: dict[str, list[str]], task_type: str, index: int = 0) -> str:
-    """The TF_CONFIG of task ``task_type:index`` of ``cluster``."""
-    return json.dumps({"cluster": cluster, "task": {"type": task_type, "index": index}})
 
 
 def wait_for_tasks(

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.cluster import (
+    cluster_tf_configs,
     dcn_v2_config,
     mean_std,
     report,
@@ -40,19 +41,6 @@ from bench.cluster import (
     synthetic_data,
     train_command,
 )
-from pipelines.distribute import free_ports, worker_tf_config
-from pipelines.distribute_ps import local_cluster, ps_tf_config
-
-
-def cluster_tf_configs(workers: int, ps: int) -> list[str]:
-    """TF_CONFIG of every task of a local cluster: ``workers`` mirrored workers (``ps == 0``),
-    or ps tasks, workers and the chief (the chief last)."""
-    if not ps:
-        ports = free_ports(workers)
-        return [worker_tf_config(ports, i) for i in range(workers)]
-    cluster = local_cluster(free_ports(1 + workers + ps), workers, ps)
-    tasks = [("ps", i) for i in range(ps)] + [("worker", i) for i in range(workers)]
-    return [ps_tf_config(cluster, kind, i) for kind, i in [*tasks, ("chief", 0)]]
 
 
 def run_train(

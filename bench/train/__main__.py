@@ -37,7 +37,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.cluster import ROOT, dcn_v2_config, report, run_tasks, synthetic_data
+from bench.cluster import (
+    ROOT,
+    cluster_tf_configs,
+    dcn_v2_config,
+    report,
+    run_tasks,
+    synthetic_data,
+)
 
 STAGES = (
     "parquet read",
@@ -132,10 +139,7 @@ def run_train(config: Path, out: Path, workers: int, timeout: float) -> dict[str
     """``stitchrec train`` as ``workers`` processes (1: no TF_CONFIG): the chief's report plus
     the peak RSS of each process (bytes: its VmHWM, which counts from its exec, unlike the
     ``ru_maxrss`` of ``wait4``, which keeps the forking parent's resident size)."""
-    from pipelines.distribute import free_ports, worker_tf_config
-
-    ports = free_ports(workers)
-    tf_configs = [worker_tf_config(ports, i) if workers > 1 else None for i in range(workers)]
+    tf_configs = cluster_tf_configs(workers)
     cmd = [sys.executable, "-m", "bench.train", "--out", str(out), "--train-child", str(config)]
     t0 = time.time()
     logs = run_tasks(cmd, tf_configs, out, timeout)

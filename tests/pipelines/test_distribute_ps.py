@@ -25,12 +25,11 @@ import pytest
 
 import pipelines  # noqa: F401  (before TensorFlow: legacy Keras)
 from pipelines.config import ConfigError, DistributeConfig, load_config
-from pipelines.distribute import free_ports, parse_tf_config, resolve_strategy
+from pipelines.distribute import free_ports, parse_tf_config, resolve_strategy, tf_config
 from pipelines.distribute_ps import (
     PSDistribution,
     check_cluster,
     local_cluster,
-    ps_tf_config,
     report_stamp,
     wait_for_chief,
 )
@@ -71,7 +70,7 @@ def test_strategy_and_cluster_checks():
         "worker": ["127.0.0.1:2", "127.0.0.1:3"],
         "ps": ["127.0.0.1:4"],
     }
-    spec = parse_tf_config(ps_tf_config(cluster, "worker", 1))
+    spec = parse_tf_config(tf_config(cluster, "worker", 1))
     assert (spec.task_type, spec.task_index) == ("worker", 1)
     assert resolve_strategy(None, spec) == "parameter_server"  # auto: ps tasks listed
     assert resolve_strategy(DistributeConfig("parameter_server"), spec) == "parameter_server"
@@ -90,7 +89,7 @@ def test_strategy_and_cluster_checks():
             check_cluster(_spec(bad, "chief" if "chief" in bad else "ps"))
     with pytest.raises(ValueError, match="ports must hold 1 \\+ 2 \\+ 1 ports"):
         local_cluster([1, 2], workers=2, ps=1)
-    chief = PSDistribution(spec=parse_tf_config(ps_tf_config(cluster, "chief")))
+    chief = PSDistribution(spec=parse_tf_config(tf_config(cluster, "chief")))
     chief.check_supported(None)
     with pytest.raises(ConfigError, match="warm_start = 'runs/a' is not supported"):
         chief.check_supported("runs/a")
@@ -155,7 +154,7 @@ def _layers_check() -> None:
         ),
     )
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
-    chief = parse_tf_config(ps_tf_config(local_cluster(ports, workers=1, ps=2), "chief"))
+    chief = parse_tf_config(tf_config(local_cluster(ports, workers=1, ps=2), "chief"))
     dist = PSDistribution(spec=chief, strategy=strategy, coordinator=coordinator)
 
     # a sharded Glorot kernel starts as one process's (Keras alone would take the fans of a shard)
@@ -285,7 +284,7 @@ class _Cluster:
 
     def start(self, task: str) -> None:
         kind, index = task.rsplit("-", 1)
-        env = dict(self.env, TF_CONFIG=ps_tf_config(self.cluster, kind, int(index)))
+        env = dict(self.env, TF_CONFIG=tf_config(self.cluster, kind, int(index)))
         cmd = [sys.executable, "-m", "pipelines.cli", "train", "--config", str(self.config)]
         with self.log_path(task).open("a") as out:  # a restarted task appends
             self.procs[task] = subprocess.Popen(
