@@ -25,6 +25,16 @@ from pathlib import Path
 _COMMAND_MODULES = ("pipelines.crosses", "pipelines.ab", "pipelines.serve", "pipelines.fuse")
 
 
+def _int_list(text: str) -> tuple[int, ...]:
+    """``"8,16,32"`` -> ``(8, 16, 32)`` (argparse type)."""
+    try:
+        return tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected comma-separated integers, e.g. 8,16,32"
+        ) from None
+
+
 def _print(msg: str) -> None:
     print(msg, flush=True)
 
@@ -118,6 +128,11 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from pipelines.export import export_run, saved_model_bytes
 
+    spec = None
+    if args.fuse:  # checked before anything is written
+        from compiler_opt.fused_signature import FusionSpec
+
+        spec = FusionSpec(ladder=args.fuse_ladder, plan_batch=args.fuse_plan_batch)
     if args.cascade_rank:
         from pipelines.preranking import export_cascade_runs
 
@@ -128,6 +143,14 @@ def cmd_export(args: argparse.Namespace) -> int:
         out = export_run(args.run, args.output)
     size = saved_model_bytes(out)
     _print(f"exported {out} ({size['total']:,} bytes, variables {size['variables']:,})")
+    if spec is not None:
+        from compiler_opt.fused_signature import write_spec
+
+        path = write_spec(out, spec)
+        _print(
+            f"fusion: {path} (buckets {', '.join(map(str, spec.ladder))}; the server plans "
+            f"and compiles at load)"
+        )
     return 0
 
 
@@ -210,6 +233,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     e.add_argument(
         "--keep", type=int, default=50, help="candidates the pre-ranking keeps (--cascade-rank)"
+    )
+    e.add_argument(
+        "--fuse",
+        action="store_true",
+        help="ask the server to fuse the serving signature (planned XLA clusters, padded to "
+        "batch-size buckets, compiled at load): writes assets.extra/fusion.json",
+    )
+    e.add_argument(
+        "--fuse-ladder",
+        type=_int_list,
+        default=(8, 16, 32, 64, 128, 256, 512),
+        metavar="N,N,...",
+        help="batch-size buckets of --fuse (default 8,16,...,512)",
+    )
+    e.add_argument(
+        "--fuse-plan-batch", type=int, default=256, help="batch size the fusion plan is made at"
     )
     e.set_defaults(func=cmd_export)
 

@@ -64,6 +64,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tls-client-ca")
     p.add_argument("--grace-seconds", type=float, default=10.0)
     p.add_argument("--access-log", action="store_true", help="one JSON log line per call")
+    p.add_argument(
+        "--no-fusion",
+        action="store_true",
+        help="serve exports made with `stitchrec export --fuse` unfused",
+    )
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--intra-op-threads", type=int, default=0, help="TensorFlow; 0: default")
     p.add_argument("--inter-op-threads", type=int, default=0, help="TensorFlow; 0: default")
@@ -106,6 +111,7 @@ def _options(args: argparse.Namespace) -> ServerOptions:
         tls_key=args.tls_key,
         tls_client_ca=args.tls_client_ca,
         access_log=args.access_log,
+        fusion=not args.no_fusion,
         reuse_port=args.workers > 1 or os.environ.get("STITCHREC_WORKER_INDEX") is not None,
     )
 

@@ -126,6 +126,8 @@ class ServerOptions:
     tokens: accepted bearer tokens (empty: no auth). tls_*: PEM files (cert+key: TLS on;
     client_ca: clients must present a certificate it signed).
     reuse_port: bind with SO_REUSEPORT so several processes share the port.
+    fusion: honour an export's ``assets.extra/fusion.json`` (``stitchrec export --fuse``):
+    planned XLA clusters and batch-size buckets, compiled at load (False: serve it unfused).
     """
 
     batching: BatchingConfig = BatchingConfig()
@@ -144,6 +146,7 @@ class ServerOptions:
     access_log: bool = False
     reuse_port: bool = False
     devices: tuple[str, ...] | None = None
+    fusion: bool = True
 
     def __post_init__(self) -> None:
         if self.max_message_bytes < 1024:

@@ -45,6 +45,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from compiler_opt.cost import load_or_calibrate
+from compiler_opt.fused_signature import FusedSignature, read_spec
 from serving.batching import DynamicBatcher
 from serving.config import BatchingConfig, VersionPolicy
 
@@ -134,7 +136,9 @@ def _fingerprint(path: Path) -> float:
 class ModelVersion:
     """One loaded version: an instance per device, its signatures and its batcher."""
 
-    def __init__(self, name: str, version: int, path: Path, devices: list[str]):
+    def __init__(
+        self, name: str, version: int, path: Path, devices: list[str], fusion: bool = True
+    ):
         self.name = name
         self.version = version
         self.path = path
@@ -159,10 +163,30 @@ class ModelVersion:
         )
         self.signature_inputs = {n: _signature_inputs(sigs[n]) for n in sigs}
         self.groups = self._read_groups()
+        self.fused = self._fuse() if fusion else []
         self.batcher: DynamicBatcher | None = None
         self._round_robin = itertools.cycle(range(len(self.instances)))
         self.inflight = 0
         self._idle: asyncio.Event | None = None
+
+    def _fuse(self) -> list[FusedSignature]:
+        """One ``FusedSignature`` per instance when the export asks for fusion
+        (``assets.extra/fusion.json``, written by ``stitchrec export --fuse``); planned on each
+        instance's device with that device's calibrated cost coefficients."""
+        spec = read_spec(self.path)
+        if spec is None:
+            return []
+        if spec.signature not in self.signature_names:
+            raise ValueError(
+                f"{self.path}: fusion.json names signature {spec.signature!r}; the SavedModel "
+                f"has {self.signature_names}"
+            )
+        fused = []
+        for dev, model in zip(self.devices, self.instances, strict=True):
+            with tf.device(dev):
+                coefficients = load_or_calibrate(dev)
+                fused.append(FusedSignature(model.signatures[spec.signature], spec, coefficients))
+        return fused
 
     def _read_groups(self) -> dict[str, str]:
         schema = self.path / "assets.extra" / "schema.toml"
@@ -189,10 +213,13 @@ class ModelVersion:
 
     def run(self, instance: int, features: dict[str, np.ndarray], signature: str = "") -> dict:
         """Runs one signature on one instance: ``{name: [B]}`` -> ``{output: [B, ...]}``."""
-        model = self.instances[instance]
-        fn = model.signatures[signature or SERVING_SIGNATURE]
+        signature = signature or SERVING_SIGNATURE
         with tf.device(self.devices[instance]):
-            out = fn(**{k: tf.constant(v) for k, v in features.items()})
+            if self.fused and signature == self.fused[instance].spec.signature:
+                out = self.fused[instance](features)
+            else:
+                fn = self.instances[instance].signatures[signature]
+                out = fn(**{k: tf.constant(v) for k, v in features.items()})
         return {k: v.numpy() for k, v in out.items()}
 
     def warmup(self, sizes: Iterable[int]) -> None:
@@ -211,6 +238,22 @@ class ModelVersion:
                     n: _dummy(s, 1 if s.shape == (1,) else 2) for n, s in self.rank_inputs.items()
                 }
                 self.run(i, feats, RANK_SIGNATURE)
+            if self.fused:
+                fused = self.fused[i]
+                inputs = self.signature_inputs[fused.spec.signature]
+                with tf.device(self.devices[i]):
+                    fused.warmup({n: _dummy(s, 8) for n, s in inputs.items()})
+                log.info(
+                    json.dumps(
+                        {
+                            "event": "fused",
+                            "model": self.name,
+                            "version": self.version,
+                            "device": self.devices[i],
+                            **fused.describe(),
+                        }
+                    )
+                )
 
     def start(self, config: BatchingConfig, on_batch: Callable | None) -> None:
         """Creates the batcher (on the running event loop)."""
@@ -258,6 +301,7 @@ class ModelRepository:
         poll_interval_s: float = 0.0,
         warmup_sizes: Iterable[int] = (1, 100),
         devices: list[str] | None = None,
+        fusion: bool = True,
         on_batch: Callable[[str, int, int, list[float]], None] | None = None,
         on_change: Callable[[str, int, str], None] | None = None,
     ):
@@ -277,6 +321,7 @@ class ModelRepository:
             sorted(set(warmup_sizes) | set(self.batching.preferred_batch_sizes))
         )
         self.devices = devices or available_devices()
+        self.fusion = fusion
         self._on_batch = on_batch
         self._on_change = on_change
         self._live: dict[str, dict[int, ModelVersion]] = {}
@@ -465,7 +510,7 @@ class ModelRepository:
         return on_batch
 
     def _load(self, name: str, version: int, path: Path) -> ModelVersion:
-        mv = ModelVersion(name, version, path, self.devices)
+        mv = ModelVersion(name, version, path, self.devices, fusion=self.fusion)
         mv.warmup(self.warmup_sizes)
         return mv
 

@@ -121,6 +121,7 @@ async def create_server(
             poll_interval_s=options.poll_interval_s,
             warmup_sizes=options.warmup_sizes,
             devices=list(options.devices) if options.devices else None,
+            fusion=options.fusion,
             on_batch=metrics.record_batch,
             on_change=metrics.record_state,
         )

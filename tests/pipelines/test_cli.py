@@ -109,3 +109,12 @@ def test_train_from_raw_csv_skips_counted_bad_rows(tmp_path, capsys):
     assert rc == 2 and "log.csv" in err and "line 4" in err and "label" in err
     rc, out, _ = _run(capsys, "train", "--config", str(tmp_path / "c.toml"), "--max-bad-rows", "1")
     assert rc == 0 and "skipped 1 bad rows" in out and "test auc" in out
+    run = tmp_path / "run"
+    assert run.is_dir()
+    rc, _, err = _run(capsys, "export", "--run", str(run), "--fuse", "--fuse-ladder", "64,8")
+    assert rc == 2 and "ladder[1]=8 is not larger than ladder[0]=64" in err
+    assert not (run / "export").exists() or not any((run / "export").iterdir())
+    rc, out, _ = _run(capsys, "export", "--run", str(run), "--fuse", "--fuse-ladder", "8,64")
+    assert rc == 0 and "fusion:" in out
+    spec = json.loads(next(run.glob("export/*/assets.extra/fusion.json")).read_text())
+    assert spec["ladder"] == [8, 64] and spec["realization"] == "xla_clusters"

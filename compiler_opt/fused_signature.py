@@ -1,0 +1,195 @@
+"""A SavedModel's serving signature, fused and bucketed: what the gRPC server runs when an
+export asks for fusion.
+
+`stitchrec export --fuse` writes ``assets.extra/fusion.json`` (a ``FusionSpec``) beside the
+SavedModel. A server that loads the version and finds the spec builds a ``FusedSignature`` per
+model instance, on that instance's device:
+
+1. the serving signature is frozen, read into the IR and planned with the cost coefficients
+   calibrated on the serving machine's device (``cost.load_or_calibrate``): the plan is made
+   where it runs, not where the model was exported;
+2. every planned group becomes one XLA cluster (``realize.xla_clusters``);
+3. every batch is padded to the next size of the spec's ladder (``buckets.Bucketed``), so at
+   most ``len(ladder)`` shapes ever reach the clusters, and ``warmup`` compiles them all before
+   the version turns ready: no request pays a compilation.
+
+The export itself stays an ordinary SavedModel (TensorFlow drops ``_XlaCompile`` tags from a
+traced function, so a tagged graph cannot be saved as one); a server without fusion, or
+TF Serving, serves it unfused.
+
+Shapes: every input ``[n]`` (or ``[n, ...]``), every output ``[n, ...]``; ``n`` any batch size
+(batches larger than the top bucket run in chunks of it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from compiler_opt import realize
+from compiler_opt.buckets import Bucketed, count_compilations, powers_of_two, validate_ladder
+from compiler_opt.cost import Coefficients
+
+FUSION_FILE = "fusion.json"
+ASSETS_EXTRA = "assets.extra"
+REALIZATIONS = ("xla_clusters",)
+_PROFILER_LOCK = threading.Lock()
+
+
+class FusionSpecError(ValueError):
+    """A ``fusion.json`` that cannot be used; names the file, the key and what was expected."""
+
+
+@dataclasses.dataclass(frozen=True)
+class FusionSpec:
+    """What an export asks of the server.
+
+    realization: how planned groups run (``xla_clusters``: one XLA cluster per group).
+    ladder: batch-size buckets (strictly increasing); every batch is padded to the next one.
+    plan_batch: the batch size the cost model plans at.
+    signature: the signature that is fused (the others run unfused).
+    """
+
+    realization: str = "xla_clusters"
+    ladder: tuple[int, ...] = powers_of_two(8, 512)
+    plan_batch: int = 256
+    signature: str = "serving_default"
+
+    def __post_init__(self) -> None:
+        if self.realization not in REALIZATIONS:
+            raise FusionSpecError(
+                f"fusion: realization={self.realization!r}: expected one of {list(REALIZATIONS)}"
+            )
+        try:
+            ladder = validate_ladder(tuple(self.ladder))
+        except (TypeError, ValueError) as e:
+            raise FusionSpecError(f"fusion: {e}") from None
+        object.__setattr__(self, "ladder", ladder)
+        pb = self.plan_batch
+        if isinstance(pb, bool) or not isinstance(pb, int) or pb < 1:
+            raise FusionSpecError(f"fusion: plan_batch={pb!r}: expected an int >= 1")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "ladder": list(self.ladder)}
+
+
+def write_spec(saved_model: str | Path, spec: FusionSpec) -> Path:
+    """Writes ``<saved_model>/assets.extra/fusion.json``; returns its path."""
+    path = Path(saved_model) / ASSETS_EXTRA / FUSION_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(spec.to_dict(), indent=1) + "\n")
+    return path
+
+
+def read_spec(saved_model: str | Path) -> FusionSpec | None:
+    """The export's ``FusionSpec``, or None when it has no ``fusion.json``.
+
+    Raises:
+      FusionSpecError: the file is not JSON, not an object, has unknown keys or bad values.
+    """
+    path = Path(saved_model) / ASSETS_EXTRA / FUSION_FILE
+    if not path.exists():
+        return None
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise FusionSpecError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(raw, dict):
+        raise FusionSpecError(f"{path}: expected a JSON object, got {type(raw).__name__}")
+    known = {f.name for f in dataclasses.fields(FusionSpec)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise FusionSpecError(f"{path}: unknown key(s) {unknown}; expected some of {sorted(known)}")
+    try:
+        return FusionSpec(**{k: tuple(v) if k == "ladder" else v for k, v in raw.items()})
+    except FusionSpecError as e:
+        raise FusionSpecError(f"{path}: {e}") from None
+    except TypeError as e:
+        raise FusionSpecError(f"{path}: {e}") from None
+
+
+class FusedSignature:
+    """``features -> outputs`` (dicts of arrays) through the planned XLA clusters, bucketed.
+
+    Args:
+      signature_fn: a SavedModel signature (keyword inputs, a dict of outputs).
+      spec: the export's ``FusionSpec``.
+      coefficients: cost coefficients of the device it runs on.
+    """
+
+    def __init__(self, signature_fn: Any, spec: FusionSpec, coefficients: Coefficients):
+        kwargs = signature_fn.structured_input_signature[1]
+        if signature_fn.structured_input_signature[0] or not kwargs:
+            raise ValueError("fusion: the signature must take its inputs as named tensors")
+        # A signature's flat inputs are its keyword arguments in sorted order.
+        self.input_names = sorted(kwargs)
+        self.spec = spec
+        realized = realize.xla_clusters(signature_fn, coefficients, spec.plan_batch)
+        outputs = signature_fn.structured_outputs
+        if not isinstance(outputs, Mapping):
+            raise ValueError("fusion: the signature must return a dict of tensors")
+        self._outputs = outputs
+        self.clusters = realized.clusters
+        self.plan = realized.plan
+        # Freezing turns variables into constants but keeps resources it cannot fold (the
+        # vocabulary hash tables) as inputs after the arguments: pass the signature's own
+        # captured handles there, unpadded.
+        names = [t.name for t in signature_fn.inputs]
+        n_args = len(names) - len(signature_fn.captured_inputs)
+        frozen_inputs = realized.frozen.inputs
+        if frozen_inputs[:n_args] != names[:n_args]:
+            raise ValueError(
+                f"fusion: the frozen graph's inputs {frozen_inputs[:n_args]} do not start with "
+                f"the signature's arguments {names[:n_args]}"
+            )
+        captured = [
+            signature_fn.captured_inputs[names.index(n) - n_args] for n in frozen_inputs[n_args:]
+        ]
+        fused = realized.fused
+
+        def run(*args: tf.Tensor) -> list[tf.Tensor]:
+            return fused(*args, *captured)
+
+        self.bucketed = Bucketed(run, spec.ladder)
+        self.compilations_at_load: int | None = None
+
+    def __call__(self, features: Mapping[str, Any]) -> dict[str, tf.Tensor]:
+        missing = [n for n in self.input_names if n not in features]
+        if missing:
+            raise ValueError(f"fusion: missing input(s) {missing}; expected {self.input_names}")
+        flat = self.bucketed(*[features[n] for n in self.input_names])
+        return dict(tf.nest.pack_sequence_as(self._outputs, list(flat)))
+
+    def warmup(self, features: Mapping[str, np.ndarray], calls: int = 3) -> int | None:
+        """Runs every bucket ``calls`` times on rows of ``features`` (repeated) so that every
+        cluster is compiled for every bucket; returns the XLA compilations that took (None
+        when another profiler session of the process was running: then they are not
+        counted, and the warm-up runs all the same)."""
+        args = [tf.constant(features[n]) for n in self.input_names]
+        # One profiler session per process: warm-ups of several instances take turns.
+        with _PROFILER_LOCK:
+            try:
+                with count_compilations() as counter:
+                    self.bucketed.warmup(args, calls=calls)
+            except tf.errors.AlreadyExistsError:
+                self.bucketed.warmup(args, calls=calls)
+                self.compilations_at_load = None
+                return None
+        self.compilations_at_load = counter.count
+        return counter.count
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "realization": self.spec.realization,
+            "clusters": self.clusters,
+            "ladder": list(self.spec.ladder),
+            "plan_batch": self.spec.plan_batch,
+            "compilations_at_load": self.compilations_at_load,
+        }
