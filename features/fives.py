@@ -55,6 +55,21 @@ from features.crosses import Cross, CrossArtifact
 from features.schema import FeatureKind, Schema
 
 Log = Callable[[str], None]
+CONTRIBUTION_ROWS = 20_000  # validation rows that measure each cross's contribution
+# The settings under which the search can see pure triples (docs/fives.md, "Pure triples"):
+# a linear readout, cross strength by contribution, W^(k) starting at (F - 1) I, larger
+# embeddings at a larger scale, every edge firmly on at the start and no sparsity push.
+TRIPLE_SEARCH: dict[str, Any] = {
+    "mlp": (),
+    "strength": "contribution",
+    "w_init": "degree",
+    "embedding_dim": 16,
+    "embedding_stddev": 0.3,
+    "learning_rate": 0.01,
+    "init_logit": 3.0,
+    "sparsity": 0.0,
+    "weight_decay": 1e-4,
+}
 
 
 class FivesDataError(ValueError):
@@ -94,6 +109,7 @@ class FivesConfig:
     weight_decay: float = 1e-5
     epochs: int = 4
     warmup_epochs: int = 0
+    finetune_epochs: int = 0
     batch_size: int = 2048
     learning_rate: float = 3e-3
     arch_learning_rate: float = 3e-2
@@ -101,6 +117,10 @@ class FivesConfig:
     tau_end: float = 0.02
     init_logit: float = 0.5
     sparsity: float = 0.01
+    embedding_stddev: float = 0.05
+    strength: str = "adjacency"
+    w_init: str = "identity"
+    heredity: bool = True
     validation_fraction: float = 0.2
     numeric_bins: int = 10
     max_vocab: int = 1_000
@@ -132,6 +152,10 @@ class FivesConfig:
                 f"fives: warmup_epochs must be an integer in [0, epochs={self.epochs}), got "
                 f"{self.warmup_epochs!r}"
             )
+        if not isinstance(self.finetune_epochs, int) or self.finetune_epochs < 0:
+            raise ValueError(
+                f"fives: finetune_epochs must be an integer >= 0, got {self.finetune_epochs!r}"
+            )
         if self.tau_end > self.tau_start:
             raise ValueError(
                 f"fives: tau_end ({self.tau_end}) must be <= tau_start ({self.tau_start})"
@@ -140,6 +164,19 @@ class FivesConfig:
             raise ValueError(f"fives: dropout must be in [0, 1), got {self.dropout}")
         if self.weight_decay < 0 or self.sparsity < 0:
             raise ValueError("fives: weight_decay and sparsity must be >= 0")
+        if self.strength not in ("adjacency", "contribution"):
+            raise ValueError(
+                f"fives: strength must be 'adjacency' or 'contribution', got {self.strength!r}"
+            )
+        if self.strength == "contribution" and (self.mlp or self.max_order > 3):
+            raise ValueError(
+                f"fives: strength = 'contribution' needs a linear readout (mlp = []) and "
+                f"max_order <= 3, got mlp {list(self.mlp)} and max_order {self.max_order}"
+            )
+        if self.w_init not in ("identity", "degree"):
+            raise ValueError(f"fives: w_init must be 'identity' or 'degree', got {self.w_init!r}")
+        if not self.embedding_stddev > 0:
+            raise ValueError(f"fives: embedding_stddev must be > 0, got {self.embedding_stddev}")
         if not 0 < self.validation_fraction < 1:
             raise ValueError(
                 f"fives: validation_fraction must be in (0, 1), got {self.validation_fraction}"
@@ -301,12 +338,19 @@ def binarize(a: tf.Tensor) -> tf.Tensor:
     return a + tf.stop_gradient(hard - a)
 
 
-def adjacency(h: tf.Tensor, tau: tf.Tensor | float) -> list[tf.Tensor]:
-    """Eq. 7: soft adjacency per layer from the logits ``h`` [L, F, F]; diagonal masked."""
+def adjacency(h: tf.Tensor, tau: tf.Tensor | float, heredity: bool = True) -> list[tf.Tensor]:
+    """Eq. 7: soft adjacency per layer from the logits ``h`` [L, F, F]; diagonal masked.
+
+    ``heredity=False`` drops Eq. 7's dependence on the layer below: every layer is
+    ``sigma(H^(k) / tau)`` (each layer-k edge has its own logit).
+    """
     num_fields = tf.shape(h)[1]
     off_diag = 1.0 - tf.eye(num_fields, dtype=h.dtype)
     out = [tf.sigmoid(h[0] / tau) * off_diag]
     for k in range(1, h.shape[0]):
+        if not heredity:
+            out.append(tf.sigmoid(h[k] / tau) * off_diag)
+            continue
         prev = binarize(out[-1])
         degree = tf.reduce_sum(tf.stop_gradient(tf.round(prev)), axis=1, keepdims=True)
         mean = tf.matmul(prev, tf.sigmoid(h[k])) / tf.maximum(degree, 1.0)
@@ -348,6 +392,9 @@ class FivesNetwork(tf.keras.layers.Layer):
         dropout: float = 0.0,
         init_logit: float = 0.5,
         weight_decay: float = 0.0,
+        embedding_stddev: float = 0.05,
+        w_init: str = "identity",
+        heredity: bool = True,
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
@@ -370,6 +417,13 @@ class FivesNetwork(tf.keras.layers.Layer):
         self.dropout = float(dropout)
         self.init_logit = float(init_logit)
         self.weight_decay = float(weight_decay)
+        if not embedding_stddev > 0:
+            raise ValueError(f"embedding_stddev must be > 0, got {embedding_stddev}")
+        self.embedding_stddev = float(embedding_stddev)
+        if w_init not in ("identity", "degree"):
+            raise ValueError(f"w_init must be 'identity' or 'degree', got {w_init!r}")
+        self.w_init = w_init
+        self.heredity = bool(heredity)
         self.offsets = tf.constant(np.cumsum([0, *self.vocab_sizes[:-1]]), tf.int32)
         self.hidden = [tf.keras.layers.Dense(u, activation="relu") for u in self.mlp_sizes]
         self.drop = tf.keras.layers.Dropout(self.dropout)
@@ -384,9 +438,10 @@ class FivesNetwork(tf.keras.layers.Layer):
         self.table = self.add_weight(
             name="embeddings",
             shape=(sum(self.vocab_sizes), d),
-            initializer=tf.keras.initializers.RandomNormal(stddev=0.05),
+            initializer=tf.keras.initializers.RandomNormal(stddev=self.embedding_stddev),
         )
-        eye = np.tile(np.eye(d, dtype=np.float32), (layers, f, 1, 1))
+        scale = float(f - 1) if self.w_init == "degree" else 1.0
+        eye = np.tile(scale * np.eye(d, dtype=np.float32), (layers, f, 1, 1))
         self.w = self.add_weight(
             name="w",
             shape=(layers, f, d, d),
@@ -418,7 +473,7 @@ class FivesNetwork(tf.keras.layers.Layer):
     def call(self, ids: tf.Tensor, training: bool | None = None) -> tf.Tensor:
         ids = tf.cast(ids, tf.int32)
         e = tf.gather(self.table, ids + self.offsets)
-        adj = adjacency(self.h, self.tau)
+        adj = adjacency(self.h, self.tau, self.heredity)
         states = propagate(e, adj, self.w)
         z = tf.concat(
             [tf.reshape(s, (-1, self.num_fields * self.embedding_dim)) for s in states], 1
@@ -435,7 +490,7 @@ class FivesNetwork(tf.keras.layers.Layer):
     def adjacency_at(self, tau: float = 1.0) -> list[np.ndarray]:
         """Soft adjacencies [F, F] per layer at temperature ``tau`` (binarization is the same
         at every tau: a >= 0.5 iff its logit >= 0)."""
-        return [a.numpy() for a in adjacency(tf.convert_to_tensor(self.h), tau)]
+        return [a.numpy() for a in adjacency(tf.convert_to_tensor(self.h), tau, self.heredity)]
 
     def get_config(self) -> dict[str, Any]:
         return {
@@ -447,6 +502,9 @@ class FivesNetwork(tf.keras.layers.Layer):
             "dropout": self.dropout,
             "init_logit": self.init_logit,
             "weight_decay": self.weight_decay,
+            "embedding_stddev": self.embedding_stddev,
+            "w_init": self.w_init,
+            "heredity": self.heredity,
         }
 
 
@@ -482,6 +540,93 @@ def extract_crosses(
                     best[key] = (s, members, active)
     ranked = sorted(best.values(), key=lambda t: (-t[0], -len(t[1]), t[1]))
     return [(tuple(fields[m] for m in sorted(members)), s, act) for s, members, act in ranked]
+
+
+def contributions(
+    net: FivesNetwork, ids: np.ndarray, fields: Sequence[str], chunk: int = 128
+) -> list[tuple[tuple[str, ...], float, bool]]:
+    """Ranked ``(fields, strength, active)`` of pairs and triples by what they add to the logit.
+
+    Needs a linear readout (``mlp = ()``) and ``max_order <= 3``. The logit is then a sum of
+    product terms, each a function of the values of one field set::
+
+        logit = b + sum_i w0_i . e_i
+                  + sum_{i,l} w1_i . (e_i * a1_il W1_l e_l)                         pairs {i, l}
+                  + sum_{i,l,j} w2_i . (e_i * a1_il W1_l e_l * a2_ij W2_j e_j)    {i, l, j}
+
+    with ``a`` the network's adjacency divided by the node's active degree (as in ``propagate``).
+    Each term is measured on centered embeddings ``e_i - mean(e_i)`` (the mean over ``ids``):
+    with independent fields that is its pure interaction part (the ANOVA projection: its mean
+    over any one field's values is zero), so a cross's main effects and, for a triple, its pair
+    effects do not count towards it. A cross's contribution is the sum of its terms over every path that gives its field set
+    (a pair from nodes i and l; a triple from its 6 orderings; a layer-2 term with l = j belongs
+    to the pair {i, l}); its raw strength is that contribution's standard deviation over ``ids``
+    (logit units), and ``strength`` divides by the largest one, so the top cross has 1.
+    ``active``: every edge of some path is on after binarization.
+
+    Shapes: ``ids`` int32 [rows, F]; per chunk the layer-2 terms are [chunk, F, F, F].
+    """
+    if net.mlp_sizes or net.max_order > 3:
+        raise ValueError(
+            f"contributions need a linear readout (mlp = ()) and max_order <= 3, got mlp "
+            f"{net.mlp_sizes} and max_order {net.max_order}"
+        )
+    f, d, layers = net.num_fields, net.embedding_dim, net.max_order - 1
+    adj = adjacency(tf.convert_to_tensor(net.h), net.tau, net.heredity)
+    hard = [np.asarray(a.numpy() >= 0.5) for a in adj]
+    norm = []
+    for a in adj:
+        active = tf.reduce_sum(tf.round(binarize(a)), axis=1)
+        norm.append(a / tf.maximum(active, 1.0)[:, None])
+    kernel = tf.reshape(net.out.kernel[:, 0], (layers + 1, f, d))
+    s1 = np.zeros((f, f))
+    q1 = np.zeros((f, f))
+    s2 = np.zeros((f, f, f))
+    q2 = np.zeros((f, f, f))
+    rows = 0
+    mean = np.zeros((f, d))
+    for start in range(0, len(ids), chunk):
+        x = tf.cast(ids[start : start + chunk], tf.int32)
+        mean += tf.reduce_sum(tf.gather(net.table, x + net.offsets), 0).numpy()
+    mean = tf.constant(mean / max(len(ids), 1), net.table.dtype)
+    for start in range(0, len(ids), chunk):
+        x = tf.cast(ids[start : start + chunk], tf.int32)
+        e = tf.gather(net.table, x + net.offsets) - mean  # [b, F, d], centered
+        we1 = tf.einsum("bfd,fde->bfe", e, net.w[0])
+        # t1[b, i, l] = a1_il * w1_i . (e_i * W1_l e_l)
+        t1 = tf.einsum("il,bid,bld->bil", norm[0], e * kernel[1][None], we1)
+        pair = t1 + tf.transpose(t1, (0, 2, 1))
+        if layers == 2:
+            we2 = tf.einsum("bfd,fde->bfe", e, net.w[1])
+            # t2[b, i, l, j] = a1_il a2_ij w2_i . (e_i * W1_l e_l * W2_j e_j)
+            t2 = tf.einsum(
+                "il,ij,bid,bld,bjd->bilj", norm[0], norm[1], e * kernel[2][None], we1, we2
+            )
+            diag = tf.linalg.diag_part(t2)  # [b, i, l]: l = j, the pair {i, l}
+            pair += diag + tf.transpose(diag, (0, 2, 1))
+            t2 = t2 - tf.linalg.diag(diag)
+            sym = tf.add_n([tf.transpose(t2, (0, *p)) for p in itertools.permutations((1, 2, 3))])
+            s2 += tf.reduce_sum(sym, 0).numpy()
+            q2 += tf.reduce_sum(tf.square(sym), 0).numpy()
+        s1 += tf.reduce_sum(pair, 0).numpy()
+        q1 += tf.reduce_sum(tf.square(pair), 0).numpy()
+        rows += int(x.shape[0])
+    n = max(rows, 1)
+    std1 = np.sqrt(np.maximum(q1 / n - (s1 / n) ** 2, 0.0))
+    std2 = np.sqrt(np.maximum(q2 / n - (s2 / n) ** 2, 0.0))
+    out: list[tuple[float, tuple[int, ...], bool]] = []
+    for i, k in itertools.combinations(range(f), 2):
+        act = bool(hard[0][i, k] or hard[0][k, i])
+        out.append((float(std1[i, k]), (i, k), act))
+    if layers == 2:
+        for i, k, j in itertools.combinations(range(f), 3):
+            act = any(
+                hard[0][a, b] and hard[1][a, c] for a, b, c in itertools.permutations((i, k, j))
+            )
+            out.append((float(std2[i, k, j]), (i, k, j), act))
+    top = max((s for s, _, _ in out), default=0.0) or 1.0
+    ranked = sorted(out, key=lambda t: (-t[0], -len(t[1]), t[1]))
+    return [(tuple(fields[m] for m in members), s / top, act) for s, members, act in ranked]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -613,6 +758,9 @@ def search(
         dropout=config.dropout,
         init_logit=config.init_logit,
         weight_decay=config.weight_decay,
+        embedding_stddev=config.embedding_stddev,
+        w_init=config.w_init,
+        heredity=config.heredity,
         name="fives",
     )
     net(x_train[:2])
@@ -637,13 +785,18 @@ def search(
     def arch_step(xv: tf.Tensor, yv: tf.Tensor) -> tf.Tensor:
         with tf.GradientTape() as tape:
             val_loss = bce(yv, net(xv, training=False))
-            adj = adjacency(net.h, net.tau)
+            adj = adjacency(net.h, net.tau, net.heredity)
             density = tf.add_n([tf.reduce_sum(a * off_diag) for a in adj]) / (
                 len(adj) * tf.reduce_sum(off_diag)
             )
             arch_loss = val_loss + config.sparsity * density
         opt_h.apply_gradients(zip(tape.gradient(arch_loss, arch_vars), arch_vars, strict=True))
         return val_loss
+
+    def rank(net: FivesNetwork) -> list[tuple[tuple[str, ...], float, bool]]:
+        if config.strength == "contribution":
+            return contributions(net, x_val[:CONTRIBUTION_ROWS], encoder.fields)
+        return extract_crosses(net.adjacency_at(1.0), encoder.fields)
 
     bs = config.batch_size
     steps_per_epoch = max(1, math.ceil(len(x_train) / bs))
@@ -653,15 +806,17 @@ def search(
     global_step = 0
     val_pos = 0
     val_order = rng.permutation(len(x_val))
-    for epoch in range(config.epochs):
+    epochs = config.epochs + config.finetune_epochs
+    for epoch in range(epochs):
         t_epoch = time.time()
         order = rng.permutation(len(x_train))
         losses, val_losses = [], []
         warmup = epoch < config.warmup_epochs
+        finetune = epoch >= config.epochs
         for s in range(steps_per_epoch):
             idx = order[s * bs : (s + 1) * bs]
             losses.append(float(weight_step(tf.constant(x_train[idx]), tf.constant(y_train[idx]))))
-            if warmup:
+            if warmup or finetune:
                 continue
             frac = global_step / max(total_steps - 1, 1)
             net.tau.assign(config.tau_start * (config.tau_end / config.tau_start) ** frac)
@@ -674,7 +829,7 @@ def search(
         p_val = _predict(net, x_val)
         adj = net.adjacency_at(1.0)
         active = [int(np.sum(a >= 0.5)) for a in adj]
-        ranked = extract_crosses(adj, encoder.fields)
+        ranked = rank(net)
         entry = {
             "epoch": epoch + 1,
             "tau": round(float(net.tau.numpy()), 4),
@@ -687,13 +842,17 @@ def search(
         history.append(entry)
         top = ", ".join(f"{'x'.join(c)}:{s:.2f}" for c, s, _ in ranked[:top_k_log])
         log(
-            f"fives: epoch {epoch + 1}/{config.epochs} tau {entry['tau']:.3f} "
+            f"fives: epoch {epoch + 1}/{epochs} tau {entry['tau']:.3f} "
             f"loss {entry['train_loss']:.4f} "
-            + (f"val loss {entry['val_loss']:.4f} " if val_losses else "(warm-up) ")
+            + (
+                f"val loss {entry['val_loss']:.4f} "
+                if val_losses
+                else ("(fine-tune) " if finetune else "(warm-up) ")
+            )
             + f"val auc {entry['val_auc']:.4f} active edges {active} "
             f"({entry['seconds']:.1f}s); top: {top}"
         )
-    ranked = extract_crosses(net.adjacency_at(1.0), encoder.fields)
+    ranked = rank(net)
     crosses = _with_distinct(ranked, encoder, x_train)
     return FivesResult(
         network=net,

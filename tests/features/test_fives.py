@@ -209,3 +209,85 @@ def test_a_split_without_positives_is_an_error():
         fives.search(schema, t1, fives.FivesConfig(epochs=1, warmup_epochs=0))
     with pytest.raises(ValueError, match="only categorical, multi_categorical and numeric"):
         fives.fit_encoder(schema, t, ["label"])
+
+
+def _ref_contributions(net, ids):
+    """Every product term of a linear-readout network by plain loops over fields, on centered
+    embeddings, summed per field set; std over rows, divided by the largest."""
+    table = net.table.numpy()
+    offsets = net.offsets.numpy()
+    w = net.w.numpy()
+    f, d = net.num_fields, net.embedding_dim
+    kernel = net.out.kernel.numpy()[:, 0].reshape(net.max_order, f, d)
+    adj = [a for a in net.adjacency_at(float(net.tau.numpy()))]
+    norm = [a / np.maximum((a >= 0.5).sum(1), 1)[:, None] for a in adj]
+    e = table[ids + offsets]
+    e = e - e.mean(0)
+    terms: dict[frozenset, np.ndarray] = {}
+
+    def add(key, value):
+        terms[key] = terms.get(key, 0.0) + value
+
+    for i in range(f):
+        for k in range(f):
+            if i == k:
+                continue
+            we1 = e[:, k] @ w[0, k]
+            add(frozenset((i, k)), norm[0][i, k] * (kernel[1, i] * e[:, i] * we1).sum(1))
+            for j in range(f):
+                if j == i:
+                    continue
+                we2 = e[:, j] @ w[1, j]
+                t = norm[0][i, k] * norm[1][i, j] * (kernel[2, i] * e[:, i] * we1 * we2).sum(1)
+                add(frozenset((i, k, j)), t)
+    std = {key: float(np.std(v)) for key, v in terms.items()}
+    top = max(std.values())
+    return {key: s / top for key, s in std.items()}
+
+
+def test_contributions_match_plain_loops_over_the_product_terms():
+    tf.keras.utils.set_random_seed(3)
+    net = fives.FivesNetwork([3, 4, 2, 5], embedding_dim=2, max_order=3, mlp=[], name="fives")
+    ids = np.stack([np.random.default_rng(0).integers(0, v, 40) for v in [3, 4, 2, 5]], 1)
+    net(ids[:2])
+    net.h.assign(np.random.default_rng(1).normal(0, 2, net.h.shape))
+    net.w.assign(np.random.default_rng(2).normal(0, 1, net.w.shape))
+    net.out.kernel.assign(np.random.default_rng(4).normal(0, 1, net.out.kernel.shape))
+    names = ["a", "b", "c", "d"]
+    got = fives.contributions(net, ids.astype(np.int32), names, chunk=16)
+    ref = _ref_contributions(net, ids)
+    assert len(got) == 6 + 4
+    for fields, strength, _ in got:
+        key = frozenset(names.index(n) for n in fields)
+        assert strength == pytest.approx(ref.get(key, 0.0), rel=1e-4, abs=1e-6)
+    assert got[0][1] == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="linear readout"):
+        fives.contributions(fives.FivesNetwork([3, 3], mlp=[4]), ids[:, :2], names[:2])
+
+
+def test_adjacency_without_heredity_is_one_sigmoid_per_layer():
+    h = np.random.default_rng(5).normal(0, 2, (2, 4, 4)).astype(np.float32)
+    got = fives.adjacency(tf.constant(h), 0.5, heredity=False)
+    off = 1 - np.eye(4)
+    for k in range(2):
+        np.testing.assert_allclose(got[k].numpy(), _sigmoid(h[k] / 0.5) * off, rtol=1e-5)
+
+
+def test_contribution_search_ranks_a_pure_triple_first():
+    """label from the parity of (c1, c2, c3): a pure triple (no main or pair effect)."""
+    rng = np.random.default_rng(0)
+    rows = 8000
+    c = rng.integers(0, 4, (rows, 5))
+    s = np.where((c[:, 0] + c[:, 1] + c[:, 2]) % 2 == 0, 1.0, -1.0)
+    y = (rng.random(rows) < _sigmoid(2.5 * s)).astype(np.float32)
+    cols = {f"c{i + 1}": pa.array([f"v{v}" for v in c[:, i]]) for i in range(5)}
+    cols["label"] = pa.array(y)
+    schema = schema_from_dict(
+        tomllib.loads(SCHEMA.replace("c{1..4}", "c{1..5}").replace('name = "n1"', 'name = "n0"'))
+    )
+    table = pa.table(cols).append_column("n0", pa.array(np.zeros(rows, np.float32)))
+    cfg = fives.FivesConfig(**fives.TRIPLE_SEARCH, epochs=4, warmup_epochs=2, batch_size=256)
+    result = fives.search(schema, table, cfg, log=lambda _: None)
+    assert result.crosses[0].fields == ("c1", "c2", "c3")
+    assert result.crosses[0].strength == 1.0
+    assert all(c.strength < 0.5 for c in result.crosses[1:])
