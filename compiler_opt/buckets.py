@@ -116,6 +116,11 @@ class BucketStats:
         return len(self.per_bucket)
 
 
+def _host(a: Any) -> np.ndarray:
+    """``a`` as a NumPy array (a tensor is copied to the host)."""
+    return a if isinstance(a, np.ndarray) else a.numpy()
+
+
 class Bucketed:
     """``f(*flat_inputs) -> [outputs]`` with every batch padded to a bucket of ``ladder``.
 
@@ -147,7 +152,7 @@ class Bucketed:
         index = np.concatenate(
             [np.arange(start, stop), np.full(size - (stop - start), start, dtype=np.int64)]
         )
-        return [tf.constant(np.take(a.numpy(), index, axis=0)) for a in args]
+        return [tf.constant(np.take(_host(a), index, axis=0)) for a in args]
 
     def batch_size(self, args: Sequence[tf.Tensor]) -> int:
         """The common first dimension of ``args`` (raises when they disagree)."""
@@ -155,15 +160,18 @@ class Bucketed:
             raise ValueError("expected at least one input tensor")
         sizes = []
         for i, a in enumerate(args):
-            if a.shape.rank is None or a.shape.rank < 1:
-                raise ValueError(f"input {i} has shape {a.shape}: expected a batch dimension")
-            sizes.append(int(a.shape[0]))
+            shape = tf.TensorShape(a.shape)
+            if shape.rank is None or shape.rank < 1:
+                raise ValueError(f"input {i} has shape {shape}: expected a batch dimension")
+            sizes.append(int(shape[0]))
         if len(set(sizes)) != 1:
             raise ValueError(f"inputs disagree on the batch size (first dimensions {sizes})")
         return sizes[0]
 
     def __call__(self, *args: Any) -> list[tf.Tensor]:
-        tensors = [tf.convert_to_tensor(a) for a in args]
+        # NumPy inputs (a server's request arrays) stay on the host until they are padded:
+        # converted once, not to tensors, back to NumPy and again (costly for strings).
+        tensors = [a if isinstance(a, np.ndarray) else tf.convert_to_tensor(a) for a in args]
         n = self.batch_size(tensors)
         if n < 1:
             raise ValueError(f"batch size {n}: expected at least one row")
@@ -175,7 +183,11 @@ class Bucketed:
         parts = []
         for start, stop, b in chunks(n, self.ladder):
             exact = start == 0 and stop == n == b
-            padded = tensors if exact else self.pad(tensors, start, stop, b)
+            padded = (
+                [tf.convert_to_tensor(a) for a in tensors]
+                if exact
+                else self.pad(tensors, start, stop, b)
+            )
             out = self.fn(*padded)
             outs = list(out) if isinstance(out, (list, tuple)) else [out]
             for j, o in enumerate(outs):

@@ -119,7 +119,9 @@ class FusedSignature:
     """``features -> outputs`` (dicts of arrays) through the planned XLA clusters, bucketed.
 
     Args:
-      signature_fn: a SavedModel signature (keyword inputs, a dict of outputs).
+      signature_fn: a SavedModel signature (keyword inputs, a dict of outputs). The loaded
+        SavedModel must stay alive as long as this object: its tables and variables are
+        referenced, not owned.
       spec: the export's ``FusionSpec``.
       coefficients: cost coefficients of the device it runs on.
     """

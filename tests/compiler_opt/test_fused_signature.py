@@ -92,7 +92,8 @@ def test_server_serves_an_export_with_fusion_equal_to_unfused(
     repo = tmp_path / "repo"
     shutil.copytree(tiny_saved_model, repo / "ctr" / "1")
     write_spec(repo / "ctr" / "1", FusionSpec(ladder=LADDER, plan_batch=32))
-    sig = tf.saved_model.load(str(tiny_saved_model)).signatures["serving_default"]
+    loaded = tf.saved_model.load(str(tiny_saved_model))  # kept alive while ``sig`` is used
+    sig = loaded.signatures["serving_default"]
     options = ServerOptions(batching=BatchingConfig(enabled=False), warmup_sizes=(1,))
     caplog.set_level("INFO", logger="stitchrec.serving.repository")
     for fusion in (True, False):
