@@ -25,16 +25,6 @@ from pathlib import Path
 _COMMAND_MODULES = ("pipelines.crosses", "pipelines.ab", "pipelines.serve", "pipelines.fuse")
 
 
-def _int_list(text: str) -> tuple[int, ...]:
-    """``"8,16,32"`` -> ``(8, 16, 32)`` (argparse type)."""
-    try:
-        return tuple(int(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: expected comma-separated integers, e.g. 8,16,32"
-        ) from None
-
-
 def _print(msg: str) -> None:
     print(msg, flush=True)
 
@@ -170,6 +160,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from pipelines.serve import int_list
+
     p = argparse.ArgumentParser(
         prog="stitchrec", description="StitchRec: train, export and evaluate ranking models."
     )
@@ -242,7 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     e.add_argument(
         "--fuse-ladder",
-        type=_int_list,
+        type=int_list,
         default=(8, 16, 32, 64, 128, 256, 512),
         metavar="N,N,...",
         help="batch-size buckets of --fuse (default 8,16,...,512)",

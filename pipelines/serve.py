@@ -6,6 +6,7 @@
                     [--preferred-batch-sizes 256,1024] [--max-queue-size Q] [--no-batching]
                     [--token T]... [--tls-cert F --tls-key F [--tls-client-ca F]]
                     [--max-message-mb M] [--grace-seconds G] [--access-log] [--log-level L]
+                    [--no-fusion]
 
 With ``--workers N > 1`` the command reserves the port, starts N server processes that bind it
 with SO_REUSEPORT (worker i serves metrics on ``--metrics-port + i``), forwards SIGTERM/SIGINT
@@ -25,7 +26,8 @@ import sys
 from serving.config import BatchingConfig, Limits, ServerOptions, VersionPolicy
 
 
-def _batch_sizes(text: str) -> tuple[int, ...]:
+def int_list(text: str) -> tuple[int, ...]:
+    """``"8,16,32"`` -> ``(8, 16, 32)`` (an argparse type; also ``export --fuse-ladder``)."""
     try:
         return tuple(int(s) for s in text.split(",") if s.strip())
     except ValueError:
@@ -52,7 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--poll-seconds", type=float, default=5.0, help="0: load once, no polling")
     p.add_argument("--max-batch-size", type=int, default=4096, help="examples per batch")
     p.add_argument("--max-queue-delay-us", type=int, default=500)
-    p.add_argument("--preferred-batch-sizes", type=_batch_sizes, default=())
+    p.add_argument("--preferred-batch-sizes", type=int_list, default=())
     p.add_argument("--max-queue-size", type=int, default=2048, help="requests waiting")
     p.add_argument("--batch-concurrency", type=int, default=1, help="batches at once per device")
     p.add_argument("--no-batching", action="store_true", help="run each request alone")

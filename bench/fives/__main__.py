@@ -287,13 +287,21 @@ def planted_scores(crosses: list[Any], truth: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def run_synthetic(args: argparse.Namespace, seed: int, work: Path, log: Any) -> dict[str, Any]:
-    data = work / f"synthetic_{args.rows}_{seed}"
+def synthetic_split(
+    work: Path, rows: int, seed: int
+) -> tuple[Path, Schema, dict[str, Any], pa.Table]:
+    """The synthetic set of ``rows`` rows and ``seed`` under ``work`` (written once): its folder,
+    schema, ground truth and training split."""
+    data = work / f"synthetic_{rows}_{seed}"
     if not (data / "ground_truth.json").exists():
-        synthetic.write_dataset(synthetic.SyntheticConfig(rows=args.rows, seed=seed), data)
+        synthetic.write_dataset(synthetic.SyntheticConfig(rows=rows, seed=seed), data)
     schema = load_schema(data / "schema.toml")
     truth = json.loads((data / "ground_truth.json").read_text())
-    train = fives.read_table(schema, list_parquet(data / "train"))
+    return data, schema, truth, fives.read_table(schema, list_parquet(data / "train"))
+
+
+def run_synthetic(args: argparse.Namespace, seed: int, work: Path, log: Any) -> dict[str, Any]:
+    data, schema, truth, train = synthetic_split(work, args.rows, seed)
     test = fives.read_table(schema, list_parquet(data / "test"))
     cfg = fives.FivesConfig(seed=seed, epochs=args.epochs)
     load_before = _load()

@@ -22,10 +22,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.fives.__main__ import planted_scores
-from features import fives, synthetic
-from features.dataset import list_parquet
-from features.schema import load_schema
+from bench.fives.__main__ import planted_scores, synthetic_split
+from features import fives
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
@@ -61,12 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     results: list[dict[str, Any]] = []
     for seed in args.seeds:
-        data = work / f"synthetic_{args.rows}_{seed}"
-        if not (data / "ground_truth.json").exists():
-            synthetic.write_dataset(synthetic.SyntheticConfig(rows=args.rows, seed=seed), data)
-        schema = load_schema(data / "schema.toml")
-        truth = json.loads((data / "ground_truth.json").read_text())
-        train = fives.read_table(schema, list_parquet(data / "train"))
+        _, schema, truth, train = synthetic_split(work, args.rows, seed)
         for set_name in args.sets:
             fields = field_set(set_name, truth)
             for variant in args.variants:
