@@ -1,6 +1,7 @@
 """``stitchrec crosses fives``: search which feature crosses matter (FIVES) and write them.
 
     stitchrec crosses fives --config FILE [--out PATH] [--set KEY=VALUE]... [--max-rows N]
+                            [--triple-search]
         [--epochs N] [--max-order K] [--seed S] [--fields F1,F2,...]
 
 Reads the training split of a pipeline config's data (converting raw files into the run's
@@ -50,16 +51,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-order", type=int, default=None, help="K: highest cross order")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--fields", default=None, help="comma-separated fields to search (default all)")
+    p.add_argument(
+        "--triple-search",
+        action="store_true",
+        help="start from features.fives.TRIPLE_SEARCH (linear readout, contribution strength): "
+        "finds pure triples among a few fields (docs/fives.md); --set still overrides",
+    )
     p.set_defaults(func=run)
 
 
 def fives_config(args: argparse.Namespace) -> Any:
     """``FivesConfig`` from ``--set`` and the shortcut flags (flags win)."""
-    from features.fives import FivesConfig
+    from features.fives import TRIPLE_SEARCH, FivesConfig
     from pipelines.config import parse_override
 
     allowed = {f.name for f in dataclasses.fields(FivesConfig)}
-    values: dict[str, Any] = {}
+    values: dict[str, Any] = dict(TRIPLE_SEARCH) if getattr(args, "triple_search", False) else {}
     for text in args.set:
         key, value = parse_override(text)
         if key not in allowed:

@@ -123,3 +123,17 @@ def test_cli_errors_are_one_line(tiny_data, capsys):
     assert "nowhere.json" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="cross_top_n must be >= 1"):
         load_config(_config(tiny_data, "zero", "crosses = 'x.json'\ncross_top_n = 0"))
+
+
+def test_triple_search_flag_starts_from_the_preset_and_set_overrides_it():
+    from features.fives import TRIPLE_SEARCH
+    from pipelines.crosses_fives import fives_config
+
+    parse = cli.build_parser().parse_args
+    base = ["crosses", "fives", "--config", "c.toml", "--triple-search"]
+    cfg = fives_config(parse([*base, "--set", "embedding_dim=8"]))
+    assert cfg.strength == "contribution" and cfg.mlp == () and cfg.w_init == "degree"
+    assert cfg.embedding_dim == 8 and cfg.init_logit == TRIPLE_SEARCH["init_logit"]
+    assert fives_config(parse(base[:-1])).strength == "adjacency"
+    with pytest.raises(ValueError, match="needs a linear readout"):
+        fives_config(parse([*base, "--set", "mlp=[8]"]))
