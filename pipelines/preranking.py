@@ -184,15 +184,30 @@ def fit(
     epochs: int,
     log: Log,
     stage: str,
+    *,
+    valid_files: list[Path] | None = None,
+    patience: int = 1,
+    learning_rate: float | None = None,
 ) -> dict[str, Any]:
     """Trains ``model`` for ``epochs`` (``[train]`` batch size, optimizer, seed, max_steps).
 
     The loss is the task's mean binary cross-entropy plus the model's added losses (FSCD's
     penalty, embedding L2). Returns steps, seconds and the last epoch's mean loss.
+
+    Early stopping: with ``valid_files`` (rows held out of ``files``), ``epochs`` is the most
+    epochs; the model's AUC on ``valid_files`` is measured before training and after each
+    epoch, training stops once ``patience`` epochs in a row did not beat the best, and the
+    weights of the best epoch are restored (``best_epoch``, 0 for the starting weights, and
+    ``valid_auc`` per epoch in the summary). ``learning_rate`` overrides ``[train]
+    learning_rate`` for this model.
     """
+    if valid_files is not None and patience < 1:
+        raise ValueError(f"patience must be >= 1 with valid_files, got {patience}")
     tc = cfg.train
     pr = cfg.preranking or PrerankConfig()
-    optimizer = make_optimizer(tc.optimizer, tc.learning_rate)
+    optimizer = make_optimizer(
+        tc.optimizer, tc.learning_rate if learning_rate is None else learning_rate
+    )
     gate_optimizer = tf.keras.optimizers.Adam(pr.selection_learning_rate)
     label = schema.label.name
     spec = make_dataset(schema, files, batch_size=tc.batch_size).element_spec
@@ -213,6 +228,13 @@ def fit(
         return loss
 
     t0, steps, last = time.time(), 0, float("nan")
+    valid_auc: list[float] = []
+    best: tuple[float, int, list[np.ndarray]] | None = None
+    if valid_files is not None:  # epoch 0: a warm-started model (stage 3) may need no epoch
+        auc = float(evaluate_model(make_scorer(model, schema), schema, valid_files)["auc"])
+        best = (auc, -1, [w.numpy() for w in model.weights])
+        start_auc = auc
+        log(f"{stage}: before training, validation AUC {auc:.4f}")
     for epoch in range(epochs):
         total, n = tf.constant(0.0), 0
         ds = make_dataset(
@@ -231,10 +253,27 @@ def fit(
             if tc.max_steps and steps >= tc.max_steps:
                 break
         last = float(total) / max(n, 1)
-        log(f"{stage}: epoch {epoch + 1}/{epochs} {n} steps, mean loss {last:.4f}")
+        note = ""
+        if valid_files is not None:
+            auc = float(evaluate_model(make_scorer(model, schema), schema, valid_files)["auc"])
+            valid_auc.append(auc)
+            note = f", validation AUC {auc:.4f}"
+            if best is None or auc > best[0]:
+                best = (auc, epoch, [w.numpy() for w in model.weights])
+        log(f"{stage}: epoch {epoch + 1}/{epochs} {n} steps, mean loss {last:.4f}{note}")
         if tc.max_steps and steps >= tc.max_steps:
             break
-    return {"steps": steps, "seconds": round(time.time() - t0, 2), "loss": last}
+        if best is not None and epoch - best[1] >= patience:
+            break
+    summary = {"steps": steps, "seconds": round(time.time() - t0, 2), "loss": last}
+    if best is not None:
+        for w, value in zip(model.weights, best[2], strict=True):
+            w.assign(value)
+        summary.update(
+            {"valid_auc": valid_auc, "valid_auc_start": start_auc, "best_epoch": best[1] + 1}
+        )
+        log(f"{stage}: restored epoch {best[1] + 1} (validation AUC {best[0]:.4f})")
+    return summary
 
 
 def save_model(model: tf.keras.Model, schema: Schema, root: Path) -> str:
@@ -296,6 +335,16 @@ def field_table(model: RankingModel, schema: Schema, pr: PrerankConfig) -> list[
     ]
 
 
+def penalty_weight(pr: PrerankConfig, stats: DatasetStats) -> float:
+    """The stage-1 penalty's weight: ``reg_weight``, or the paper's 1/N (N the training rows
+    counted in ``stats``) when it is None."""
+    if pr.reg_weight is not None:
+        return float(pr.reg_weight)
+    if stats.rows < 1:
+        raise ValueError(f"reg_weight = 1/N needs training rows; the statistics count {stats.rows}")
+    return 1.0 / stats.rows
+
+
 def build_fscd(cfg: PipelineConfig, schema: Schema, stats: DatasetStats) -> FSCDRankingModel:
     """The stage-1 model: the pre-ranking architecture over every field, with selection."""
     pcfg = prerank_model_config(cfg)
@@ -306,7 +355,7 @@ def build_fscd(cfg: PipelineConfig, schema: Schema, stats: DatasetStats) -> FSCD
         base,
         alpha,
         temperature=pr.temperature,
-        reg_weight=pr.reg_weight,
+        reg_weight=penalty_weight(pr, stats),
         init_keep=pr.init_keep,
     )
 
@@ -362,9 +411,20 @@ def select_stage(
     m = pcfg.model
 
     def flops(kept: list[str]) -> float:
-        # the interaction layers run per candidate over every kept field, request-side included
+        # the interaction layers run per candidate over every kept field, request-side
+        # included; under "free" the first layer's request part runs once per request
+        # (RequestScorer's split), charged 1/K per candidate
         width = sum(table[n]["embedding_dim"] for n in kept)
-        return model_flops(m.type, width, m.mlp, m.cross_layers, m.cross_rank)
+        req = sum(table[n]["embedding_dim"] for n in kept if n in request)
+        return model_flops(
+            m.type,
+            width,
+            m.mlp,
+            m.cross_layers,
+            m.cross_rank,
+            request_width=req,
+            candidates_per_request=pr.candidates_per_request,
+        )
 
     def usage(kept: list[str]) -> float:
         if budget == "flops":
@@ -381,7 +441,8 @@ def select_stage(
         "budget": {"kind": budget, "value": value},
         "complexity_weights": {"g1": pr.g1, "g2": pr.g2, "g3": pr.g3},
         "temperature": pr.temperature,
-        "reg_weight": pr.reg_weight,
+        "reg_weight": model.selection.reg_weight,
+        "reg_weight_rule": "fixed" if pr.reg_weight is not None else "1/N (N training rows)",
         "request_fields": {
             "mode": pr.request_fields,
             "candidates_per_request": pr.candidates_per_request,
@@ -402,17 +463,24 @@ def finetune_stage(
     stage1: FSCDRankingModel,
     kept: list[str],
     log: Log,
+    init_from_stage1: bool = True,
+    **fit_args: Any,
 ) -> tuple[tf.keras.Model, Schema, dict[str, Any]]:
-    """Stage 3: the pre-ranking model over ``kept``, initialized from stage 1, trained with
-    the plain loss. Returns (model, its schema, training summary)."""
+    """Stage 3: the pre-ranking model over ``kept``, initialized from stage 1 (or, with
+    ``init_from_stage1=False``, freshly initialized), trained with the plain loss for
+    ``finetune_epochs`` (``fit_args``: ``fit``'s early stopping and learning rate). Returns
+    (model, its schema, training summary)."""
     pcfg = prerank_model_config(cfg)
     pr = pcfg.preranking or PrerankConfig()
     sub = schema.select(kept)
     model = build_run_model(pcfg, sub, stats)
     build_on_sample(model, sub, files)
-    counts = transfer_weights(stage1, model)
-    log(f"fscd stage 3: {kept}, initialized from stage 1 ({counts})")
-    summary = fit(model, sub, files, cfg, pr.finetune_epochs, log, "fscd stage 3")
+    if init_from_stage1:
+        counts = transfer_weights(stage1, model)
+        log(f"fscd stage 3: {kept}, initialized from stage 1 ({counts})")
+    else:
+        log(f"fscd stage 3: {kept}, fresh initialization")
+    summary = fit(model, sub, files, cfg, pr.finetune_epochs, log, "fscd stage 3", **fit_args)
     return model, sub, summary
 
 
@@ -472,7 +540,14 @@ def run_preranking(cfg: PipelineConfig, log: Log = print) -> dict[str, Any]:
                 make_scorer(stage1, schema), schema, test_files
             )
         model, final_schema, report["stage3"] = finetune_stage(
-            cfg, schema, stats, train_files, stage1, selection["kept"], log
+            cfg,
+            schema,
+            stats,
+            train_files,
+            stage1,
+            selection["kept"],
+            log,
+            init_from_stage1=pr.finetune_init == "stage1",
         )
         report["selection"] = {k: selection[k] for k in ("budget", "kept", "dropped")}
     ckpt = save_model(model, final_schema, paths.root)

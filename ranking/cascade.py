@@ -36,6 +36,7 @@ import numpy as np
 import tensorflow as tf
 from tf_keras.src.saving.legacy.saved_model.utils import keras_option_scope
 
+from ranking.blocks import MLP, ConcatInteraction, CrossInteraction
 from ranking.fscd import FSCDRankingModel
 from ranking.models import RankingModel
 from ranking.two_tower import REQUEST_GROUPS, TwoTowerModel
@@ -77,18 +78,57 @@ def request_and_item_fields(
     return request, items
 
 
+def _split_dense(
+    layer: tf.keras.layers.Dense,
+    x_request: tf.Tensor,
+    x_items: tf.Tensor,
+    request_rows: np.ndarray,
+    item_rows: np.ndarray,
+) -> tf.Tensor:
+    """``act([x_request, x_items] W + b)`` with ``x_request @ W_request`` computed once.
+
+    ``x_request`` ``[1, D_r]``, ``x_items`` ``[N, D_i]``; ``request_rows`` / ``item_rows``: the
+    rows of the kernel ``W`` ``[D, D']`` (positions in the layer's input) each part multiplies.
+    ``W x = W_r x_r + W_i x_i`` exactly, so the result equals the layer on the tiled input up to
+    float rounding: ``[N, D']``, the request part broadcast over the candidates.
+    """
+    kernel = layer.kernel
+    out = tf.matmul(x_items, tf.gather(kernel, item_rows))
+    out = out + tf.matmul(x_request, tf.gather(kernel, request_rows))  # [1, D'] broadcast
+    if layer.use_bias:
+        out = out + layer.bias
+    return layer.activation(out) if layer.activation is not None else out
+
+
 class RequestScorer(tf.Module):
     """Logits ``[N]`` of one request's ``N`` candidates, request-side fields computed once.
+
+    With ``split_first_layer`` (default), the first layer that reads the concatenated field
+    vectors ``x0 = [x_r; x_i]`` (request-side and candidate parts, in the model's column order)
+    computes its request part once per request: for a ``dnn`` the tower's first Dense layer,
+    ``relu(W_r x_r + W_i x_i + b)`` with ``W_r x_r`` ``[1, D']`` broadcast over the N
+    candidates; for a ``dcn_v2`` the first cross layer's matmul, ``x1 = x0 * (W_r x_r + W_i x_i
+    + b) + x0`` (low rank: the projection ``U^T x0 = U_r^T x_r + U_i^T x_i``). The element-wise
+    product with ``x0`` needs the full width, so a ``dcn_v2`` still repeats the request vectors
+    for it; later cross layers and the MLP run on full-width per-candidate inputs. The outputs
+    equal the plain model's up to float rounding; ``split_first_layer=False`` runs the plain
+    model on the repeated request vectors.
 
     Args:
       model: a ``RankingModel`` (not the FSCD stage-1 model) or a ``TwoTowerModel``.
       groups: ``{field: schema group}`` of (at least) the fields the model reads.
+      split_first_layer: compute the first layer's request part once per request.
     """
 
     def __init__(
-        self, model: tf.keras.Model, groups: Mapping[str, str | None], name: str = "scorer"
+        self,
+        model: tf.keras.Model,
+        groups: Mapping[str, str | None],
+        name: str = "scorer",
+        split_first_layer: bool = True,
     ):
         super().__init__(name=name)
+        self.split_first_layer = bool(split_first_layer)
         if isinstance(model, FSCDRankingModel):
             raise ValueError("score requests with the fine-tuned pre-ranking model, not stage 1")
         if not isinstance(model, RankingModel | TwoTowerModel):
@@ -119,6 +159,29 @@ class RequestScorer(tf.Module):
                 name=f"{name}_item_preprocessor",
             )
 
+    def _first_layer(self) -> tf.keras.layers.Layer | None:
+        """The layer whose request part can be computed once (None: no split)."""
+        m = self.model
+        if not self.split_first_layer or not self.request_names or m.interaction is None:
+            return None
+        if isinstance(m.interaction, CrossInteraction):
+            return m.interaction._cross[0]
+        if isinstance(m.interaction, ConcatInteraction) and isinstance(m.tower, MLP):
+            return m.tower._dense[0]
+        return None
+
+    def _column_rows(self) -> tuple[np.ndarray, np.ndarray]:
+        """Positions of the request-side and candidate columns in ``x0`` (embedded fields in
+        table order, then dense columns in the preprocessor's order)."""
+        m = self.model
+        request = set(self.request_names)
+        is_request: list[bool] = []
+        for name, dim in zip(m.embedding.field_names, m.embedding.dims, strict=True):
+            is_request += [name in request] * int(dim)
+        is_request += [name in request for name in m.preprocessor.dense_fields]
+        flags = np.array(is_request, dtype=bool)
+        return np.flatnonzero(flags).astype(np.int32), np.flatnonzero(~flags).astype(np.int32)
+
     def __call__(self, request: dict[str, tf.Tensor], items: dict[str, tf.Tensor]) -> tf.Tensor:
         """``request``: ``{field: [1]}``; ``items``: ``{field: [N]}`` -> logits ``[N]``."""
         if isinstance(self.model, TwoTowerModel):
@@ -148,7 +211,11 @@ class RequestScorer(tf.Module):
         order = m.preprocessor.dense_fields
         dense_all = tf.concat([dense_cols[k] for k in order], axis=1) if order else None
         logit = m.bias
-        if m.interaction is not None:
+        first = self._first_layer()
+        if m.interaction is not None and first is not None:
+            z = self._split_interaction(first, ids_r, ids_c, dense_r, dense_c, repeat)
+            logit = logit + m.head(z)[:, 0]
+        elif m.interaction is not None:
             vectors = []
             for name in m.embedding.field_names:
                 layer = m.embedding.layers_by_field[name]
@@ -164,6 +231,62 @@ class RequestScorer(tf.Module):
             ids = {**{k: tf.gather(v, repeat) for k, v in ids_r.items()}, **ids_c}
             logit = logit + m.wide(ids, dense_all)
         return logit + tf.zeros([n])
+
+    def _split_interaction(
+        self,
+        first: tf.keras.layers.Layer,
+        ids_r: dict[str, tf.Tensor],
+        ids_c: dict[str, tf.Tensor],
+        dense_r: tf.Tensor | None,
+        dense_c: tf.Tensor | None,
+        repeat: tf.Tensor,
+    ) -> tf.Tensor:
+        """The interaction and tower output ``[N, h]`` with the first layer split (class
+        docstring): ``x_r`` ``[1, D_r]`` and ``x_i`` ``[N, D_i]`` in ``x0``'s column order."""
+        m = self.model
+        request_rows, item_rows = self._column_rows()
+        parts_r: list[tf.Tensor] = []
+        parts_c: list[tf.Tensor] = []
+        full: list[tuple[tf.Tensor, bool]] = []  # x0's parts in column order, request-side?
+        for name in m.embedding.field_names:
+            layer = m.embedding.layers_by_field[name]
+            if name in ids_r:
+                v = layer(ids_r[name])
+                parts_r.append(v)
+            else:
+                v = layer(ids_c[name])
+                parts_c.append(v)
+            full.append((v, name in ids_r))
+        dense_index = {k: ("c", i) for i, k in enumerate(self.item_pre.dense_fields)}
+        if self.request_pre is not None:
+            dense_index.update({k: ("r", i) for i, k in enumerate(self.request_pre.dense_fields)})
+        for name in m.preprocessor.dense_fields:
+            side, i = dense_index[name]
+            col = (dense_r if side == "r" else dense_c)[:, i : i + 1]
+            (parts_r if side == "r" else parts_c).append(col)
+            full.append((col, side == "r"))
+        x_r = tf.concat(parts_r, axis=1) if len(parts_r) > 1 else parts_r[0]
+        x_i = tf.concat(parts_c, axis=1) if len(parts_c) > 1 else parts_c[0]
+        if isinstance(m.interaction, ConcatInteraction):
+            z = _split_dense(first, x_r, x_i, request_rows, item_rows)
+            for layer in m.tower._dense[1:]:
+                z = layer(z)
+            return z
+        # dcn_v2: the element-wise product and the residual need x0 at full width
+        x0 = tf.concat([tf.gather(p, repeat) if r else p for p, r in full], axis=1)
+        if first._projection_dim is None:
+            prod = _split_dense(first._dense, x_r, x_i, request_rows, item_rows)
+        else:
+            low = _split_dense(first._dense_u, x_r, x_i, request_rows, item_rows)
+            prod = first._dense_v(low)
+        if first._diag_scale:
+            prod = prod + first._diag_scale * x0
+        x = x0 * prod + x0
+        for layer in m.interaction._cross[1:]:
+            x = layer(x0, x)
+        if m.tower is not None:
+            x = m.tower(x, training=False)
+        return x
 
 
 class CascadeModule(tf.Module):

@@ -127,12 +127,18 @@ class PrerankConfig:
       g1, g2, g3: complexity weights: c_j = g1 * cost_j + g2 * embedding_dim_j +
         g3 * cardinality_j (FSCD, SIGIR'21; EasyRec's defaults 1, 1e-2, 1e-7).
       temperature: of the relaxed-Bernoulli keep variables.
-      reg_weight: weight of the complexity penalty sum_j alpha_j * theta_j on the mean loss
-        (the paper's 1/N with N the rows; larger values select harder).
+      reg_weight: weight of the complexity penalty sum_j alpha_j * theta_j on the mean loss.
+        None (the default): the paper's 1/N, N the stage-1 training rows (the penalty is then
+        the prior's term of the summed loss: a field stays if it saves alpha_j nats over the
+        whole training set). A fixed value (e.g. 0.01, the default before) selects harder and
+        can close a useful field's gate before its embedding has learned anything.
       init_keep: starting keep probability of every field (the paper's 0.5).
       selection_learning_rate: learning rate of the keep logits (their own Adam; the model's
         weights use ``[train] learning_rate``), so the gates settle within a few epochs.
       fscd_epochs, finetune_epochs: epochs of stage 1 and stage 3.
+      finetune_init: where stage 3 starts: ``stage1`` (the paper: the stage-1 weights of the
+        kept fields) or ``scratch`` (fresh weights; on the synthetic bench with user x item
+        crosses it closed more of the ranking gap, docs/preranking.md).
       mlp: hidden sizes of the pre-ranking model's MLP (empty: the ``[model]`` ones).
       tower_dim, tower_mlp: two-tower output dimension and tower hidden sizes.
       require_costs: every model input must state ``cost`` in the schema file.
@@ -148,11 +154,12 @@ class PrerankConfig:
     g2: float = 1e-2
     g3: float = 1e-7
     temperature: float = 0.1
-    reg_weight: float = 0.01
+    reg_weight: float | None = None
     init_keep: float = 0.5
     selection_learning_rate: float = 0.02
     fscd_epochs: int = 1
     finetune_epochs: int = 1
+    finetune_init: str = "stage1"
     mlp: tuple[int, ...] = ()
     tower_dim: int = 32
     tower_mlp: tuple[int, ...] = (64,)
@@ -168,6 +175,10 @@ class PrerankConfig:
             raise ValueError(
                 f"request_fields {self.request_fields!r} is not one of {list(REQUEST_FIELD_MODES)}"
             )
+        if self.finetune_init not in ("stage1", "scratch"):
+            raise ValueError(
+                f"finetune_init {self.finetune_init!r} is not one of ['stage1', 'scratch']"
+            )
         if not self.budget_value > 0:
             raise ValueError(f"budget_value must be > 0, got {self.budget_value!r}")
         if self.budget == "fields" and float(self.budget_value) != int(self.budget_value):
@@ -175,6 +186,8 @@ class PrerankConfig:
                 f"budget = 'fields' needs a whole budget_value, got {self.budget_value}"
             )
         for key in ("g1", "g2", "g3", "reg_weight"):
+            if key == "reg_weight" and self.reg_weight is None:
+                continue
             if not getattr(self, key) >= 0:
                 raise ValueError(f"{key} must be >= 0, got {getattr(self, key)!r}")
         if not self.selection_learning_rate > 0:

@@ -98,27 +98,50 @@ def model_flops(
     mlp: Sequence[int],
     cross_layers: int = 0,
     cross_rank: int = 0,
-) -> int:
+    request_width: int = 0,
+    candidates_per_request: int = 1,
+) -> float:
     """Floating-point operations (multiply-add = 2) to score one candidate, after lookups.
 
     ``dnn``: the MLP on the ``input_width``-wide concatenation plus the head. ``dcn_v2``: also
     ``cross_layers`` cross layers, each ``W x + b`` (``2 D^2`` full rank, ``4 D r`` low rank) and
     the element-wise ``x0 * (.) + x`` (``3 D``).
+
+    ``request_width`` (D_r of the D columns) are request-side columns whose part of the first
+    layer that reads ``x0`` (the first cross layer's ``W`` or low-rank ``U``; a ``dnn``'s first
+    MLP layer) a cascade computes once per request (``ranking.cascade.RequestScorer``):
+    ``W x0 = W_r x_r + W_i x_i``, so that matmul costs ``2 (D - D_r) D' + 2 D_r D' / K`` per
+    candidate, K = ``candidates_per_request``. With ``request_width = 0`` (default) every
+    column is charged per candidate.
     """
     if input_width < 1:
         raise ValueError(f"input_width must be >= 1, got {input_width}")
+    if not 0 <= request_width <= input_width:
+        raise ValueError(
+            f"request_width must be in [0, input_width={input_width}], got {request_width}"
+        )
+    if candidates_per_request < 1:
+        raise ValueError(f"candidates_per_request must be >= 1, got {candidates_per_request}")
     d = int(input_width)
-    flops = 0
+    # the first layer's matmul over x0, D' outputs: request columns once per K candidates
+    share = (d - request_width) + request_width / float(candidates_per_request)
+    flops = 0.0
     if model_type == "dcn_v2":
         per_layer = (4 * d * cross_rank if cross_rank else 2 * d * d) + 4 * d
         flops += cross_layers * per_layer
+        if cross_layers:
+            first_out = cross_rank or d
+            flops -= 2 * (d - share) * first_out
     elif model_type != "dnn":
         raise ValueError(f"model_flops knows dnn and dcn_v2, got {model_type!r}")
     width = d
-    for units in mlp:
+    for i, units in enumerate(mlp):
         flops += 2 * width * units + 2 * units  # matmul, bias and ReLU
+        if i == 0 and model_type == "dnn":
+            flops -= 2 * (d - share) * units
         width = units
-    return flops + 2 * width + 1  # head and bias
+    flops += 2 * width + 1  # head and bias
+    return int(flops) if request_width == 0 else flops
 
 
 def amortized_complexity(

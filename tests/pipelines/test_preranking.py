@@ -13,6 +13,7 @@ import tensorflow as tf
 
 import pipelines  # noqa: F401
 from features.schema import SchemaError
+from features.stats import DatasetStats
 from pipelines.cli import main
 from pipelines.config import ConfigError, load_config
 from pipelines.export import export_run
@@ -21,9 +22,18 @@ from pipelines.preranking import (
     build_on_sample,
     check_costs,
     fit,
+    penalty_weight,
     select_stage,
 )
-from pipelines.train import RunPaths, prepare_data, prepare_stats, train
+from pipelines.train import (
+    RunPaths,
+    evaluate_model,
+    make_scorer,
+    prepare_data,
+    prepare_stats,
+    train,
+)
+from ranking.config import PrerankConfig
 from tests.ranking.prerank_data import GROUPED_SCHEMA, write_grouped
 from tests.testdata import write_run_config
 
@@ -55,6 +65,7 @@ def test_cli_train_runs_the_three_stages_and_writes_selection(tmp_path, capsys):
     assert main(["train", "--config", str(cfg)]) == 0
     out = capsys.readouterr().out
     assert "fscd stage 1" in out and "fscd stage 2" in out and "fscd stage 3" in out
+    assert "initialized from stage 1" in out  # finetune_init = "stage1", the default
     run = tmp_path / "fscd"
     sel = json.loads((run / "selection.json").read_text())
     assert sel["budget"] == {"kind": "fields", "value": 2.0}
@@ -136,6 +147,43 @@ def test_raising_an_item_fields_cost_makes_fscd_drop_it_first(tmp_path):
     assert costly["complexity"] > 100 and costly["charged_complexity"] == costly["complexity"]
 
 
+def test_penalty_weight_is_one_over_n_unless_set():
+    """The paper's 1/N by default: at 0.01 (the old default) MovieLens' genres gate closed in
+    stage 1 before its embedding learned anything (docs/preranking.md)."""
+    stats = DatasetStats(rows=2000, positives=500.0, fields={})
+    assert penalty_weight(PrerankConfig(), stats) == pytest.approx(1 / 2000)
+    assert penalty_weight(PrerankConfig(reg_weight=0.01), stats) == 0.01
+    with pytest.raises(ValueError, match="training rows"):
+        penalty_weight(PrerankConfig(), DatasetStats(rows=0, positives=0.0, fields={}))
+
+
+def test_fit_stops_early_and_restores_the_best_epoch(tmp_path):
+    data = write_grouped(tmp_path / "data", rows=1500)
+    cfg = load_config(_config(tmp_path, data, "es", FSCD))
+    quiet = lambda _: None  # noqa: E731
+    paths = RunPaths(Path(cfg.output_dir))
+    schema, train_files, test_files = prepare_data(cfg, paths, quiet)
+    stats = prepare_stats(schema, train_files, paths, quiet)
+    tf.keras.utils.set_random_seed(0)
+    model = build_fscd(cfg, schema, stats)
+    build_on_sample(model, schema, train_files)
+    # a learning rate this high overfits the tiny log within a few epochs
+    out = fit(
+        model, schema, train_files, cfg, 6, quiet, "es",
+        valid_files=test_files, patience=1, learning_rate=0.02,
+    )  # fmt: skip
+    aucs = out["valid_auc"]
+    assert 1 <= len(aucs) <= 6 and out["best_epoch"] >= 1
+    best = max(aucs)
+    assert aucs[out["best_epoch"] - 1] == best
+    if len(aucs) < 6:  # stopped: the last epoch did not beat the best
+        assert aucs[-1] < best
+    restored = evaluate_model(make_scorer(model, schema), schema, test_files)["auc"]
+    assert restored == pytest.approx(best, abs=1e-6)
+    with pytest.raises(ValueError, match="patience"):
+        fit(model, schema, train_files, cfg, 1, quiet, "es", valid_files=test_files, patience=0)
+
+
 def test_request_fields_stay_whatever_they_cost_unless_budgeted(tmp_path):
     costly = _with_cost("user", 100.0)
     # free: user is computed once per request; 100 / 500 candidates = 0.2 per candidate, and
@@ -203,6 +251,10 @@ def test_a_budget_that_keeps_no_field_is_a_clear_error(tmp_path, mode, match):
             "[preranking]\ncandidates_per_request = 0",
             r"\[preranking\]: candidates_per_request must be >= 1, got 0",
         ),
+        (
+            '[preranking]\nfinetune_init = "warm"',
+            r"\[preranking\]: finetune_init 'warm' is not one of \['stage1', 'scratch'\]",
+        ),
     ],
 )
 def test_preranking_config_errors_name_file_and_section(tmp_path, section, match):
@@ -249,3 +301,13 @@ def test_two_tower_run_and_cascade_export(tmp_path, capsys):
     assert set(np.flatnonzero(kept)) == set(np.argsort(-got["prerank_score"].numpy())[:2])
     assert (got["score"].numpy()[~kept] == -1.0).all()
     assert ((got["score"].numpy()[kept] > 0) & (got["score"].numpy()[kept] < 1)).all()
+
+
+def test_finetune_from_scratch_starts_stage_three_fresh(tmp_path, capsys):
+    data = write_grouped(tmp_path / "data", rows=1500)
+    section = FSCD.replace("fscd_epochs = 3", 'fscd_epochs = 1\nfinetune_init = "scratch"')
+    assert main(["train", "--config", str(_config(tmp_path, data, "scratch", section))]) == 0
+    out = capsys.readouterr().out
+    assert "fresh initialization" in out and "initialized from stage 1" not in out
+    report = json.loads((tmp_path / "scratch" / "train_report.json").read_text())
+    assert 0.5 < report["test"]["auc"] <= 1.0

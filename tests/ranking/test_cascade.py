@@ -141,3 +141,43 @@ def test_request_side_dense_and_multi_valued_fields(tmp_path, model_type):
         {"item": tf.constant(cands["item"], tf.int64)},
     ).numpy()
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "model_cfg",
+    [
+        {"type": "dnn", "mlp": (8, 4)},
+        {"type": "dcn_v2", "mlp": (8,), "cross_layers": 2},
+        {"type": "dcn_v2", "mlp": (8,), "cross_layers": 2, "cross_rank": 3},
+    ],
+    ids=["dnn", "dcn_v2", "dcn_v2_low_rank"],
+)
+def test_first_layer_split_is_exact(tmp_path, model_cfg):
+    """W [x_r; x_i] = W_r x_r + W_i x_i: the request part of the first layer computed once per
+    request gives the plain model's logits (request and item columns interleave here: user,
+    item, tags, age embedded, then the dense price)."""
+    schema, stats = grouped_stats(write_grouped(tmp_path / "data", rows=800))
+    tf.keras.utils.set_random_seed(1)
+    model = build_model(
+        ModelConfig(embedding_dim=4, **model_cfg), build_preprocessor(schema, stats), "label"
+    )
+    paths = list_parquet(tmp_path / "data" / "test")
+    batch = next(iter_batches(schema, paths, batch_size=40, shuffle=False))
+    feats = {k: tf.constant(v) for k, v in batch.items() if k != "label"}
+    model(feats)
+    # non-zero biases, so a bias added twice or dropped would show
+    for w in model.weights:
+        if "bias" in w.name and w.shape.rank == 1:
+            w.assign(tf.random.normal(w.shape, stddev=0.5))
+    request = {k: feats[k][7:8] for k in REQUEST}
+    cands = {k: feats[k] for k in ITEMS}
+    groups = field_groups(schema)
+    split = RequestScorer(model, groups)
+    plain = RequestScorer(model, groups, split_first_layer=False)
+    assert split._first_layer() is not None and plain._first_layer() is None
+    rows_r, rows_i = split._column_rows()
+    assert sorted([*rows_r, *rows_i]) == list(range(4 * 4 + 1))
+    want = model(_tiled(request, cands)).numpy()
+    np.testing.assert_allclose(split(request, cands).numpy(), want, atol=1e-5)
+    np.testing.assert_allclose(plain(request, cands).numpy(), want, atol=1e-5)
+    assert np.std(want) > 1e-3  # the candidates are told apart

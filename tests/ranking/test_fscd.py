@@ -64,6 +64,19 @@ def test_model_flops_by_hand():
     assert model_flops("dcn_v2", 4, [3], 1, cross_rank=2) == 4 * 4 * 2 + 16 + 37
     with pytest.raises(ValueError, match="dnn and dcn_v2"):
         model_flops("fm", 4, [3])
+    # request columns (D_r = 3 of 4) of the first layer are charged once per K = 10 candidates
+    share = 1 + 3 / 10
+    assert model_flops("dnn", 4, [3], request_width=3, candidates_per_request=10) == (
+        pytest.approx(2 * share * 3 + 2 * 3 + 2 * 3 + 1)
+    )
+    assert model_flops(
+        "dcn_v2", 4, [3], cross_layers=2, request_width=3, candidates_per_request=10
+    ) == pytest.approx(2 * share * 4 + 16 + 32 + 16 + 37)
+    assert model_flops(
+        "dcn_v2", 4, [3], 1, cross_rank=2, request_width=3, candidates_per_request=10
+    ) == pytest.approx(2 * share * 2 + 2 * 2 * 4 + 16 + 37)
+    with pytest.raises(ValueError, match="request_width"):
+        model_flops("dnn", 4, [3], request_width=5)
 
 
 def test_select_fields_by_count_and_usage():
