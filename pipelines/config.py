@@ -135,6 +135,25 @@ class TrainConfig:
             )
 
 
+@dataclasses.dataclass(frozen=True)
+class FusionConfig:
+    """``[fusion]``: compiler_opt's fusion in ``stitchrec train`` (docs/compiler_opt.md).
+
+    Attributes:
+      kernels: run the embedding block (lookups, AMTL masks, pooling, concat) as one generated
+        C++ op (``compiler_opt.codegen``), compiled with g++ on first use and cached; fields it
+        does not cover, a distributed run's variables and a machine without a compiler fall
+        back to the plain layers with a warning. Checkpoints and ``model.json`` are the same
+        as without it; exports stay unfused.
+    """
+
+    kernels: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.kernels, bool):
+            raise ConfigError(f"[fusion] kernels must be true or false, got {self.kernels!r}")
+
+
 _STRATEGIES = ("auto", "none", "multi_worker_mirrored", "parameter_server")
 _INPUTS = ("shard", "split")
 
@@ -276,6 +295,7 @@ class PipelineConfig:
     preranking: PrerankConfig | None = None  # [preranking]: FSCD / two-tower pre-ranking
     pair_stats: PairStatsConfig | None = None  # [pair_stats]: PCF-GNN / table pair statistics
     distribute: DistributeConfig | None = None  # [distribute]: multi-worker training
+    fusion: FusionConfig | None = None  # [fusion]: generated kernels (compiler_opt)
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
@@ -337,7 +357,16 @@ def config_from_dict(
     data = dict(data)
     unknown = sorted(
         set(data)
-        - {"output_dir", "data", "model", "train", "preranking", "pair_stats", "distribute"}
+        - {
+            "output_dir",
+            "data",
+            "model",
+            "train",
+            "preranking",
+            "pair_stats",
+            "distribute",
+            "fusion",
+        }
     )
     if unknown:
         raise ConfigError(f"{where}: unknown top-level keys {unknown}")
@@ -375,7 +404,17 @@ def config_from_dict(
         preranking=_preranking(data.get("preranking"), where),
         pair_stats=_pair_stats(data.get("pair_stats"), where, resolve),
         distribute=_distribute(data.get("distribute"), where),
+        fusion=_fusion(data.get("fusion"), where),
     )
+
+
+def _fusion(values: Any, where: str) -> FusionConfig | None:
+    """The optional ``[fusion]`` section (``FusionConfig``)."""
+    if values is None:
+        return None
+    if not isinstance(values, Mapping):
+        raise ConfigError(f"{where}: [fusion] must be a table")
+    return _build(FusionConfig, "fusion", values, where)
 
 
 def _distribute(values: Any, where: str) -> DistributeConfig | None:

@@ -416,6 +416,12 @@ def _train(cfg: PipelineConfig, log: Log) -> dict[str, Any]:
             warm_start(model, tc.warm_start, log)
         optimizer.build(model.trainable_variables)
     paths.model_json.write_text(json.dumps(tf.keras.layers.serialize(model)))
+    if cfg.fusion is not None and cfg.fusion.kernels:
+        # after model.json: export rebuilds the plain model (same variables and checkpoint)
+        from compiler_opt import codegen
+
+        codegen.fuse_embeddings(model)
+        log("fusion: the embedding block runs as one generated kernel (compiler_opt.codegen)")
 
     step = tf.Variable(0, dtype=tf.int64, name="step")
     epoch_var = tf.Variable(0, dtype=tf.int64, name="epoch")

@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from compiler_opt import codegen
 from compiler_opt.cost import load_or_calibrate
 from compiler_opt.fused_signature import FusedSignature, read_spec
 from serving.batching import DynamicBatcher
@@ -143,6 +144,8 @@ class ModelVersion:
         self.version = version
         self.path = path
         self.devices = devices
+        # Generated kernels an export uses (compiler_opt.codegen) must be loaded first.
+        self.kernels = codegen.load_for_saved_model(path)
         self.instances = []
         for dev in devices:
             with tf.device(dev):

@@ -14,7 +14,11 @@ batch 256 and 4096, for the inference pass and the SGD training step:
 * time per call of plain graph mode (``tf.function``) and of whole-function XLA
   (``jit_compile=True``), interleaved in one process (rounds of plain, then XLA), in
   ``--processes`` separate processes; the ratio plain / XLA of each process, then the median
-  and min-max over processes.
+  and min-max over processes;
+* the generated kernel (``compiler_opt.codegen``: the embedding block, lookups through the
+  concat with the dense inputs, as one generated C++ op) in the same rounds: ``kernel`` (the
+  op, then the rest of the model in graph mode) and ``kernel_xla`` (the op, then the rest as
+  one ``jit_compile`` sub-function); ``--no-kernels`` leaves them out.
 
 Prints a table, writes ``results.json`` (every process's figures) and ``summary.md``.
 """
@@ -50,12 +54,26 @@ def _calls_for(seconds: float, target: float = 0.25) -> int:
     return max(1, min(50, int(target / max(seconds, 1e-6))))
 
 
+def _flat_function(fn: Any, call: tuple) -> Any:
+    """``fn`` as a concrete function of the flat tensors of ``call`` (batch dimension free),
+    called like the frozen graphs (no nested structure to convert on each call)."""
+    import tensorflow as tf
+
+    flat = tf.nest.flatten(call, expand_composites=True)
+    specs = [tf.TensorSpec([None, *t.shape[1:]], t.dtype) for t in flat]
+
+    def run(*xs: Any) -> Any:
+        return fn(*tf.nest.pack_sequence_as(call, list(xs), expand_composites=True))
+
+    return tf.function(run, input_signature=specs).get_concrete_function()
+
+
 def child(args: argparse.Namespace) -> dict[str, Any]:
     """One process: every method, mode and batch; returns its figures."""
     import tensorflow as tf
 
     from bench.compiler import profile, workload
-    from compiler_opt import cost, ir, planner, realize
+    from compiler_opt import codegen, cost, ir, planner, realize
 
     tf.keras.utils.set_random_seed(args.seed)
     coefficients = cost.load_or_calibrate()
@@ -70,7 +88,25 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         w = workload.build(data_dir, method, tuple(args.batches), seed=args.seed)
         plain = workload.functions(w, jit=False)
         xla = workload.functions(w, jit=True)
-        for mode in MODES:
+        fused: dict[str, Any] = {}
+        if args.kernels:
+            try:
+                fused = workload.fused_functions(w, coefficients)
+            except codegen.CompilerUnavailable as e:
+                print(f"[process {args.process}] no generated kernels: {e}", flush=True)
+        kernel_fns = {m: tf.function(fused[m]) for m in MODES if m in fused}
+        kernel_xla_fns = {
+            m: tf.function(fused[m + "_xla_rest"]) for m in ("inference", "train") if fused
+        }
+        if fused:
+            results.setdefault("kernels", {})[method] = {
+                "key": fused["kernel"].library.key,
+                "compiled": fused["kernel"].library.compiled,
+                "compile_s": fused["kernel"].library.seconds,
+                "source_lines": fused["kernel"].source.count("\n"),
+                "plan": fused["plan"],
+            }
+        for mode in args.modes:
             big = max(args.batches)
             spec = tf.nest.map_structure(
                 lambda t: tf.TensorSpec([None, *t.shape[1:]], t.dtype),
@@ -107,6 +143,23 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
                     row["clusters"] = r.clusters
                     row["clusters_max_abs_diff"] = float(abs(r.fused(*flat)[0].numpy() - ref).max())
                     row["frozen_max_abs_diff"] = float(abs(r.unfused(*flat)[0].numpy() - ref).max())
+                if mode in kernel_fns:
+                    variants["kernel"] = (kernel_fns[mode], call)
+                    if mode != "train":  # called as the frozen graphs are: flat tensors
+                        flat = tuple(tf.nest.flatten(call, expand_composites=True))
+                        variants["kernel_flat"] = (_flat_function(fused[mode], call), flat)
+                    if mode in kernel_xla_fns and fused:
+                        variants["kernel_xla"] = (kernel_xla_fns[mode], call)
+                    if mode != "train":
+                        ref = plain[mode](*call).numpy()
+                        row["kernel_max_abs_diff"] = float(
+                            max(
+                                abs(f(*call).numpy() - ref).max()
+                                for f, _ in [
+                                    variants[n] for n in ("kernel", "kernel_xla") if n in variants
+                                ]
+                            )
+                        )
                 t_first = {}
                 for name, (fn, a) in variants.items():
                     t0 = time.perf_counter()
@@ -124,6 +177,12 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
                 for n in variants:
                     row[f"{n}_s"] = statistics.median(times[n])
                 row["xla_speedup"] = row["plain_s"] / row["xla_s"]
+                for n in ("kernel", "kernel_xla", "kernel_flat"):
+                    if n in variants:
+                        row[f"{n}_over_plain"] = row["plain_s"] / row[f"{n}_s"]
+                        row[f"{n}_over_xla"] = row["xla_s"] / row[f"{n}_s"]
+                        if "frozen_xla_s" in row:
+                            row[f"{n}_over_frozen_xla"] = row["frozen_xla_s"] / row[f"{n}_s"]
                 if "clusters" in variants:
                     row["clusters_over_frozen"] = row["frozen_s"] / row["clusters_s"]
                     row["clusters_over_frozen_xla"] = row["frozen_xla_s"] / row["clusters_s"]
@@ -133,6 +192,10 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
                     # calls: plain and frozen graphs are counted on fresh instances, on their
                     # second call; XLA kernels are always traced (warm instances).
                     fresh = {"plain": (workload.functions(w, jit=False)[mode], call)}
+                    if "kernel" in variants:  # graph mode: counted on fresh instances too
+                        fresh["kernel"] = (tf.function(fused[mode]), call)
+                    if "kernel_xla" in variants:
+                        fresh["kernel_xla"] = (tf.function(fused[mode + "_xla_rest"]), call)
                     if "frozen" in variants:
                         fresh["frozen"] = (
                             realize.load_graph_def(
@@ -226,6 +289,54 @@ def summarize(procs: list[dict[str, Any]]) -> str:
         lines.append(
             f"| {r0['method']} | {r0['mode']} | {r0['batch']} | " + " | ".join(cells) + " |"
         )
+    if any("kernel_s" in r for r in first["rows"].values()):
+        lines += [
+            "",
+            "| method | mode | batch | executed per call: kernel ops / kernel + XLA rest "
+            "(ops, XLA kernels) | kernel ms | kernel over plain | kernel over XLA | "
+            "kernel over frozen XLA | kernel, flat call ms | flat call over frozen XLA | "
+            "kernel + XLA rest ms | over plain | over XLA | max abs diff |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for key in keys:
+            r0 = first["rows"][key]
+            if "kernel_s" not in r0:
+                continue
+            executed = ""
+            if "executed_kernel" in r0:
+                executed = f"{r0['executed_kernel']['tf_ops']}"
+                if "executed_kernel_xla" in r0:
+                    ex = r0["executed_kernel_xla"]
+                    executed += f" / {ex['tf_ops']}, {ex['xla_kernels']}"
+            cells = [
+                executed,
+                _ms(_col(procs, key, "kernel_s")),
+                _spread(_col(procs, key, "kernel_over_plain")),
+                _spread(_col(procs, key, "kernel_over_xla")),
+                _spread(_col(procs, key, "kernel_over_frozen_xla"))
+                if "kernel_over_frozen_xla" in r0
+                else "",
+            ]
+            if "kernel_flat_s" in r0:
+                cells += [
+                    _ms(_col(procs, key, "kernel_flat_s")),
+                    _spread(_col(procs, key, "kernel_flat_over_frozen_xla")),
+                ]
+            else:
+                cells += ["", ""]
+            if "kernel_xla_s" in r0:
+                cells += [
+                    _ms(_col(procs, key, "kernel_xla_s")),
+                    _spread(_col(procs, key, "kernel_xla_over_plain")),
+                    _spread(_col(procs, key, "kernel_xla_over_xla")),
+                ]
+            else:
+                cells += ["", "", ""]
+            diffs = _col(procs, key, "kernel_max_abs_diff")
+            cells.append(f"{max(diffs):.1e}" if diffs else "")
+            lines.append(
+                f"| {r0['method']} | {r0['mode']} | {r0['batch']} | " + " | ".join(cells) + " |"
+            )
     return "\n".join(lines)
 
 
@@ -235,6 +346,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", type=int, default=200_000, help="synthetic rows (vocabularies)")
     p.add_argument("--methods", nargs="+", default=["full", "amtl", "bh"])
     p.add_argument("--batches", nargs="+", type=int, default=list(BATCHES))
+    p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    p.add_argument(
+        "--no-kernels",
+        dest="kernels",
+        action="store_false",
+        help="leave out the generated-kernel variants (compiler_opt.codegen)",
+    )
     p.add_argument("--processes", type=int, default=3)
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds per process")
     p.add_argument("--seed", type=int, default=0)
@@ -261,7 +379,9 @@ def main(argv: list[str] | None = None) -> int:
         cmd = [sys.executable, "-m", "bench.compiler", "--child", "--process", str(i)]
         cmd += ["--out", str(out), "--rows", str(args.rows), "--rounds", str(args.rounds)]
         cmd += ["--seed", str(args.seed), "--methods", *args.methods]
-        cmd += ["--batches", *map(str, args.batches)]
+        cmd += ["--batches", *map(str, args.batches), "--modes", *args.modes]
+        if not args.kernels:
+            cmd.append("--no-kernels")
         subprocess.run(cmd, check=True, cwd=ROOT)
         procs.append(json.loads((out / f"process-{i}.json").read_text()))
     table = summarize(procs)

@@ -171,3 +171,85 @@ def call_args(w: Workload, mode: str, batch: int) -> tuple:
     """Arguments of the ``mode`` function at ``batch``."""
     ids, dense = w.inputs[batch]
     return (ids, dense) if mode != "train" else (ids, dense, w.labels[batch])
+
+
+def fused_functions(w: Workload, coefficients: Any = None) -> dict[str, Any]:
+    """The workload with its embedding block as one generated op (``compiler_opt.codegen``).
+
+    ``{"sparse": f, "inference": f, "train": f, "inference_xla_rest": f, "train_xla_rest": f,
+    "block": BlockSpec, "kernel": Kernel}``: ``sparse`` is the op alone (lookups, masks,
+    pooling and the concat with the dense inputs, one op; AMTL's mask MLPs stay TF ops in
+    front of it); ``inference`` / ``train`` run the op and then the rest of the model in plain
+    graph mode; the ``*_xla_rest`` variants run the rest (cross network, MLP, head) as one
+    ``jit_compile`` sub-function (a custom op cannot be inside an XLA cluster). Raises
+    ``compiler_opt.codegen.CompilerUnavailable`` without a compiler. With ``coefficients``
+    (``compiler_opt.cost``), the fields put in the kernel are those the fusion planner puts in
+    its ``concat`` group (``codegen.planned_fields`` at the largest batch; ``"plan"`` in the
+    result); without, every covered field.
+    """
+    from compiler_opt import codegen
+
+    model = w.model
+    ids, dense = w.inputs[min(w.inputs)]
+    dense_dim = 0 if dense is None else int(dense.shape[1])
+    fields, plan = None, None
+    if coefficients is not None:
+        fields, plan = codegen.planned_fields(
+            model.embedding, ids, dense, coefficients, max(w.inputs)
+        )
+    block, kernel = codegen.fused_block(model.embedding, ids, dense_dim=dense_dim, fields=fields)
+    if block.uncovered:
+        raise ValueError(f"fields left unfused in the {w.method} model: {block.uncovered}")
+    optimizer = tf.keras.optimizers.SGD(0.01)
+    optimizer.build(model.trainable_variables)
+
+    def sparse(ids: dict[str, tf.Tensor], dense: tf.Tensor | None) -> tf.Tensor:
+        return codegen.fused_concat(block, kernel, ids, dense)
+
+    def rest(x0: tf.Tensor, ids: dict[str, tf.Tensor], dense: tf.Tensor | None, training: bool):
+        z = model.interaction([x0], None)  # concat / cross: their input is the concat x0
+        if model.tower is not None:
+            z = model.tower(z, training=training)
+        logit = model.bias + model.head(z)[:, 0]
+        if model.wide is not None:
+            logit = logit + model.wide(ids, dense)
+        return logit
+
+    rest_xla = {
+        t: tf.function(lambda x0, ids, dense, t=t: rest(x0, ids, dense, t), jit_compile=True)
+        for t in (False, True)
+    }
+
+    def make(xla_rest: bool) -> tuple[Any, Any]:
+        def core(ids: dict[str, tf.Tensor], dense: tf.Tensor | None, training: bool) -> tf.Tensor:
+            x0 = sparse(ids, dense)
+            if xla_rest:
+                return rest_xla[training](x0, ids, dense)
+            return rest(x0, ids, dense, training)
+
+        def inference(ids: dict[str, tf.Tensor], dense: tf.Tensor | None) -> tf.Tensor:
+            return core(ids, dense, False)
+
+        def train_step(ids: dict[str, tf.Tensor], dense: tf.Tensor | None, y: tf.Tensor):
+            with tf.GradientTape() as tape:
+                logits = core(ids, dense, True)
+                loss = model.task(labels=y, predictions=logits, compute_metrics=False)
+                total = loss + tf.add_n(model.losses) if model.losses else loss
+            grads = tape.gradient(total, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+            return loss
+
+        return inference, train_step
+
+    inference, train_step = make(False)
+    inference_x, train_step_x = make(True)
+    return {
+        "sparse": sparse,
+        "inference": inference,
+        "train": train_step,
+        "inference_xla_rest": inference_x,
+        "train_xla_rest": train_step_x,
+        "block": block,
+        "kernel": kernel,
+        "plan": plan,
+    }

@@ -1,0 +1,57 @@
+"""``stitchrec train`` with ``[fusion] kernels = true`` (compiler_opt.codegen) against without."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from tests.compiler_opt.conftest import need_compiler
+from tests.testdata import write_run_config, write_tiny_dataset
+
+
+@pytest.fixture()
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("STITCHREC_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def test_stitchrec_train_with_fusion_reaches_the_same_auc(cache, tmp_path):
+    """``[fusion] kernels = true``: same seed, same data, same test AUC (the fused block is
+    exact up to float rounding, so the runs differ only by rounding)."""
+    need_compiler()
+    from pipelines.config import ConfigError, load_config
+    from pipelines.train import train
+
+    (tmp_path / "data").mkdir()
+    tiny_data = write_tiny_dataset(tmp_path / "data", rows=2500, train_rows=2000)
+    model = {"type": "dcn_v2", "embedding_dim": 4, "mlp": [16], "cross_layers": 1}
+    opts = {"batch_size": 500, "epochs": 1, "learning_rate": 0.02, "deterministic": True}
+    reports, logs = {}, {}
+    for fused in (False, True):
+        out = tiny_data["root"] / f"run-{fused}"
+        extra = "[fusion]\nkernels = true\n" if fused else ""
+        path = write_run_config(out.with_suffix(".toml"), tiny_data, out, model, opts, extra)
+        cfg = load_config(path)
+        assert (cfg.fusion is not None) == fused
+        lines: list[str] = []
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)  # every field covered, no fallback
+            reports[fused] = train(cfg, log=lines.append)
+        logs[fused] = lines
+    assert any("generated kernel" in line for line in logs[True])
+    assert any((cache / "compiler_opt" / "kernels").glob("*.so"))
+    assert not any("generated kernel" in line for line in logs[False])
+    a, b = reports[False]["test"]["auc"], reports[True]["test"]["auc"]
+    assert a > 0.55 and abs(a - b) < 2e-3, (a, b)  # learned something; the same AUC
+    assert abs(reports[False]["test"]["logloss"] - reports[True]["test"]["logloss"]) < 2e-3
+    bad = write_run_config(
+        tiny_data["root"] / "bad.toml",
+        tiny_data,
+        tiny_data["root"] / "x",
+        model,
+        opts,
+        "[fusion]\nkernels = 1\n",
+    )
+    with pytest.raises(ConfigError, match="kernels must be true or false"):
+        load_config(bad)
