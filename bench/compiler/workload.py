@@ -54,6 +54,22 @@ class Workload:
     table_rows: int
 
 
+def sgd_step(model: Any, optimizer: Any, core: Any) -> Any:
+    """``(ids, dense, label) -> loss``: one optimizer step of ``model`` whose logits are
+    ``core(ids, dense, training=True)`` (the task's loss plus the model's own losses)."""
+
+    def train_step(ids: dict[str, tf.Tensor], dense: tf.Tensor | None, y: tf.Tensor) -> tf.Tensor:
+        with tf.GradientTape() as tape:
+            logits = core(ids, dense, True)
+            loss = model.task(labels=y, predictions=logits, compute_metrics=False)
+            total = loss + tf.add_n(model.losses) if model.losses else loss
+        grads = tape.gradient(total, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        return loss
+
+    return train_step
+
+
 def write_data(work: Path, rows: int, seed: int = 0) -> Path:
     """Synthetic Criteo-layout data under ``work/data`` (reused when present)."""
     data_dir = work / "data"
@@ -121,14 +137,7 @@ def build(
         vectors = list(model.embedding(ids).values())
         return tf.concat([*vectors, *([dense] if dense is not None else [])], axis=1)
 
-    def train_step(ids: dict[str, tf.Tensor], dense: tf.Tensor | None, y: tf.Tensor) -> tf.Tensor:
-        with tf.GradientTape() as tape:
-            logits = core(ids, dense, True)
-            loss = model.task(labels=y, predictions=logits, compute_metrics=False)
-            total = loss + tf.add_n(model.losses) if model.losses else loss
-        grads = tape.gradient(total, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
-        return loss
+    train_step = sgd_step(model, optimizer, core)
 
     preprocess = tf.function(model.preprocessor)
     inputs = {b: preprocess(batches[b]) for b in batch_sizes}
@@ -230,16 +239,7 @@ def fused_functions(w: Workload, coefficients: Any = None) -> dict[str, Any]:
         def inference(ids: dict[str, tf.Tensor], dense: tf.Tensor | None) -> tf.Tensor:
             return core(ids, dense, False)
 
-        def train_step(ids: dict[str, tf.Tensor], dense: tf.Tensor | None, y: tf.Tensor):
-            with tf.GradientTape() as tape:
-                logits = core(ids, dense, True)
-                loss = model.task(labels=y, predictions=logits, compute_metrics=False)
-                total = loss + tf.add_n(model.losses) if model.losses else loss
-            grads = tape.gradient(total, model.trainable_variables)
-            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
-            return loss
-
-        return inference, train_step
+        return inference, sgd_step(model, optimizer, core)
 
     inference, train_step = make(False)
     inference_x, train_step_x = make(True)
