@@ -123,6 +123,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         from compiler_opt.fused_signature import FusionSpec
 
         spec = FusionSpec(ladder=args.fuse_ladder, plan_batch=args.fuse_plan_batch)
+    if args.cascade_rank and args.fuse_kernels:
+        raise ValueError("export --fuse-kernels is not supported with --cascade-rank yet")
     if args.cascade_rank:
         from pipelines.preranking import export_cascade_runs
 
@@ -130,7 +132,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             raise ValueError("export --cascade-rank needs --output (the cascade's folder)")
         out = export_cascade_runs(args.run, args.cascade_rank, args.output, keep=args.keep)
     else:
-        out = export_run(args.run, args.output)
+        out = export_run(args.run, args.output, kernels=args.fuse_kernels)
     size = saved_model_bytes(out)
     _print(f"exported {out} ({size['total']:,} bytes, variables {size['variables']:,})")
     if spec is not None:
@@ -241,6 +243,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     e.add_argument(
         "--fuse-plan-batch", type=int, default=256, help="batch size the fusion plan is made at"
+    )
+    e.add_argument(
+        "--fuse-kernels",
+        action="store_true",
+        help="export the embedding block as one generated C++ op (compiler_opt.codegen); the "
+        "server loads or compiles it before the model",
     )
     e.set_defaults(func=cmd_export)
 

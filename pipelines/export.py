@@ -77,16 +77,31 @@ def next_version(base: Path) -> Path:
 
 
 def export_saved_model(
-    model: RankingModel, schema: Schema, output: str | Path, extra: dict[str, Any] | None = None
+    model: RankingModel,
+    schema: Schema,
+    output: str | Path,
+    extra: dict[str, Any] | None = None,
+    kernels: bool = False,
 ) -> Path:
     """Writes the SavedModel of ``model`` to ``output`` (replacing it).
 
     The model is first put in its serving form: embedding layers with a more compact inference
     form (AMTL rows truncated to their learned lengths) are replaced by it, so the SavedModel
-    holds only what serving needs.
+    holds only what serving needs. With ``kernels``, the embedding block then runs as one
+    generated op (``compiler_opt.codegen``; fields it does not cover keep their layers) and the
+    op's source ships in ``assets/`` so that a server loads (or compiles) it before the model.
+
+    Raises:
+      ValueError: ``kernels`` and no generated op could be built (no compiler, or no field
+        covered): the export would not hold what was asked for.
     """
     if getattr(model, "embedding", None) is not None and hasattr(model.embedding, "serving_form"):
         model.embedding = model.embedding.serving_form()
+    fused = None
+    if kernels:
+        from compiler_opt import codegen
+
+        fused = codegen.fuse_embeddings(model)
     out = Path(output)
     if out.exists():
         shutil.rmtree(out)
@@ -96,6 +111,16 @@ def export_saved_model(
     # `load_model`, hundreds of functions that a serving process would load and never run.
     with keras_option_scope(save_traces=False, in_tf_saved_model_scope=True):
         tf.saved_model.save(module, str(out), signatures={"serving_default": module.serve})
+    if fused is not None:
+        from compiler_opt import codegen
+
+        if fused.kernel is None:
+            shutil.rmtree(out)
+            raise ValueError(
+                f"export --fuse-kernels: no generated op for {model.name}'s embeddings "
+                f"({fused.fallback_reason or f'no field covered: {fused.uncovered}'})"
+            )
+        codegen.write_saved_model_assets(out, [fused.kernel])
     assets = out / ASSETS_EXTRA
     assets.mkdir(exist_ok=True)
     schema.select([f.name for f in fields]).save(assets / "schema.toml")
@@ -104,13 +129,20 @@ def export_saved_model(
     return out
 
 
-def export_run(run_dir: str | Path, output: str | Path | None = None) -> Path:
-    """Exports the latest checkpoint of a training run; returns the SavedModel folder."""
+def export_run(
+    run_dir: str | Path, output: str | Path | None = None, kernels: bool = False
+) -> Path:
+    """Exports the latest checkpoint of a training run; returns the SavedModel folder
+    (``kernels``: the embedding block as a generated op, see ``export_saved_model``)."""
     model, schema, ckpt = load_trained_model(run_dir)
     paths = RunPaths(Path(run_dir))
     out = Path(output) if output else next_version(paths.exports)
     out = export_saved_model(
-        model, schema, out, extra={"run": str(paths.root.resolve()), "checkpoint": ckpt}
+        model,
+        schema,
+        out,
+        extra={"run": str(paths.root.resolve()), "checkpoint": ckpt},
+        kernels=kernels,
     )
     shutil.copy(paths.stats / "stats.json", out / ASSETS_EXTRA / "stats.json")
     return out

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import pytest
 
+from compiler_opt import codegen
 from tests.compiler_opt.conftest import need_compiler
 from tests.testdata import write_run_config, write_tiny_dataset
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture()
@@ -55,3 +62,39 @@ def test_stitchrec_train_with_fusion_reaches_the_same_auc(cache, tmp_path):
     )
     with pytest.raises(ConfigError, match="kernels must be true or false"):
         load_config(bad)
+    # the fused run exported with its kernel: a fresh server process loads (or compiles) the op
+    # first and scores like the plain export of the same checkpoint
+    from pipelines import cli
+
+    run = tiny_data["root"] / "run-True"
+    assert cli.main(["export", "--run", str(run), "--output", str(tmp_path / "plain")]) == 0
+    argv = ["export", "--run", str(run), "--output", str(tmp_path / "fused"), "--fuse-kernels"]
+    assert cli.main(argv) == 0
+    assert (tmp_path / "fused" / "assets" / codegen.ASSETS_DIR / "manifest.json").exists()
+    script = (
+        "import sys, numpy as np\n"
+        "from pathlib import Path\n"
+        "import pipelines\n"
+        "from serving.repository import ModelVersion, _signature_inputs\n"
+        "from tests.testdata import make_tiny_table\n"
+        "t = make_tiny_table(50, seed=3)\n"
+        "out = {}\n"
+        "for name in ('fused', 'plain'):\n"
+        "    mv = ModelVersion(name, 1, Path(sys.argv[1]) / name, ['/CPU:0'])\n"
+        "    feats = {k: t.column(k).to_numpy(zero_copy_only=False) for k in mv.inputs}\n"
+        "    out[name] = mv.run(0, feats)['score']\n"
+        "    print(name, mv.kernels)\n"
+        "assert np.abs(out['fused'] - out['plain']).max() <= 1e-5, 'scores differ'\n"
+        "print('equal')\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=dict(os.environ),
+        timeout=180,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "equal" in r.stdout and "plain []" in r.stdout
+    assert "fused ['" in r.stdout  # the op was loaded from the export's assets
