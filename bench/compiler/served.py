@@ -4,15 +4,16 @@ export unfused: compilations and latency over requests of random batch sizes.
     .venv/bin/python -m bench.compiler.served --out runs/bench-compiler-served
 
 DCN-v2 with full embeddings (``bench/compiler/workload.py``, untrained: speed does not depend
-on the weights) exported by ``stitchrec export``'s code twice: plain, and with
-``assets.extra/fusion.json`` (what ``stitchrec export --fuse`` writes: planned XLA clusters,
-batches padded to 8, 16, ..., 512, compiled at load). Each copy is served by
+on the weights) exported by ``stitchrec export``'s code three times: plain (``unfused``), with
+``assets.extra/fusion.json`` (``fused``: what ``stitchrec export --fuse`` writes: planned XLA
+clusters, batches padded to 8, 16, ..., 512, compiled at load), and with the embedding block
+as a generated op (``kernels``: ``stitchrec export --fuse-kernels``). Each copy is served by
 ``serving.create_server`` on 127.0.0.1 port 0 (dynamic batching off, so every request runs at
 its own size) and gets ``--requests`` (200) TF-Serving ``Predict`` requests of raw features,
 batch sizes uniform in 1..``--max-batch`` (512) from the process's seed, one after the other
 from one client. Latency: the client's round trip. Compilations: XLA executables built while
 the server loads (plan, clusters, warm-up of every bucket) and during the requests (profiler
-trace, ``compiler_opt.buckets.count_compilations``). Every fused response is checked against
+trace, ``compiler_opt.buckets.count_compilations``). Every fused and kernels response is checked against
 the unfused one. ``--processes`` fresh processes (seeds 0, 1, 2, ...); figures are the median
 [min-max] over them.
 """
@@ -34,7 +35,7 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
-VARIANTS = ("unfused", "fused")
+VARIANTS = ("unfused", "fused", "kernels")
 
 
 def child(args: argparse.Namespace) -> dict[str, Any]:
@@ -57,7 +58,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     for v, repo in repos.items():
         if repo.exists():
             shutil.rmtree(repo)
-        export_saved_model(w.model, w.schema, repo / "ctr" / "1")
+        export_saved_model(w.model, w.schema, repo / "ctr" / "1", kernels=v == "kernels")
         if v == "fused":
             write_spec(repo / "ctr" / "1", FusionSpec())
     raw = {k: np.asarray(t) for k, t in w.batches[args.max_batch].items() if k != w.label}
@@ -77,10 +78,10 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     for v in VARIANTS:
         # The fused server counts its own warm-up's compilations (one profiler per process).
         t0 = time.perf_counter()
-        if v == "fused":
+        if v == "fused":  # the server counts its warm-up's compilations itself
             server = ServerThread(repos[v], options)
         else:
-            with count_compilations() as at_load_unfused:
+            with count_compilations() as at_load:
                 server = ServerThread(repos[v], options)
         load_s = time.perf_counter() - t0
         try:
@@ -100,7 +101,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
             out[v] = {
                 "load_s": round(load_s, 2),
                 "compilations_at_load": (
-                    mv.fused[0].compilations_at_load if mv.fused else at_load_unfused.count
+                    mv.fused[0].compilations_at_load if mv.fused else at_load.count
                 ),
                 "compilations_in_requests": during.count,
                 "clusters": mv.fused[0].clusters if mv.fused else 0,
@@ -110,9 +111,10 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
             }
         finally:
             server.stop()
-    out["max_abs_diff"] = float(
-        max(np.max(np.abs(a - b)) for a, b in zip(scores["fused"], scores["unfused"], strict=True))
-    )
+    for v in VARIANTS[1:]:
+        out[v]["max_abs_diff"] = float(
+            max(np.max(np.abs(a - b)) for a, b in zip(scores[v], scores["unfused"], strict=True))
+        )
     return out
 
 
@@ -139,9 +141,10 @@ def summarize(procs: list[dict[str, Any]]) -> str:
             f"| {v} | {comp} | {_spread([r['p50_ms'] for r in rows])} | "
             f"{_spread([r['p99_ms'] for r in rows])} | {_spread([r['load_s'] for r in rows], '.1f')} |"
         )
-    ratio = [p["unfused"]["p99_ms"] / p["fused"]["p99_ms"] for p in procs]
-    lines.append(f"\np99 unfused / fused: {_spread(ratio)}")
-    lines.append(f"largest |fused - unfused| score: {max(p['max_abs_diff'] for p in procs):.2e}")
+    for v in VARIANTS[1:]:
+        ratio = [p["unfused"]["p99_ms"] / p[v]["p99_ms"] for p in procs]
+        diff = max(p[v]["max_abs_diff"] for p in procs)
+        lines.append(f"\np99 unfused / {v}: {_spread(ratio)}; largest |{v} - unfused| {diff:.2e}")
     lines.append(f"distinct batch sizes per process: {[p['distinct_sizes'] for p in procs]}")
     return "\n".join(lines)
 
