@@ -140,26 +140,7 @@ class FusedSignature:
         self._outputs = outputs
         self.clusters = realized.clusters
         self.plan = realized.plan
-        # Freezing turns variables into constants but keeps resources it cannot fold (the
-        # vocabulary hash tables) as inputs after the arguments: pass the signature's own
-        # captured handles there, unpadded.
-        names = [t.name for t in signature_fn.inputs]
-        n_args = len(names) - len(signature_fn.captured_inputs)
-        frozen_inputs = realized.frozen.inputs
-        if frozen_inputs[:n_args] != names[:n_args]:
-            raise ValueError(
-                f"fusion: the frozen graph's inputs {frozen_inputs[:n_args]} do not start with "
-                f"the signature's arguments {names[:n_args]}"
-            )
-        captured = [
-            signature_fn.captured_inputs[names.index(n) - n_args] for n in frozen_inputs[n_args:]
-        ]
-        fused = realized.fused
-
-        def run(*args: tf.Tensor) -> list[tf.Tensor]:
-            return fused(*args, *captured)
-
-        self.bucketed = Bucketed(run, spec.ladder)
+        self.bucketed = Bucketed(realized.fused, spec.ladder)
         self.compilations_at_load: int | None = None
 
     def __call__(self, features: Mapping[str, Any]) -> dict[str, tf.Tensor]:

@@ -15,6 +15,7 @@ that group, so that they do not cut it in two.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import tensorflow as tf
@@ -28,22 +29,38 @@ from compiler_opt.planner import Plan, plan
 
 @dataclasses.dataclass
 class Frozen:
-    """A frozen GraphDef with the names of its argument and result tensors."""
+    """A frozen GraphDef with the names of its argument and result tensors.
+
+    ``bound``: the values of the inputs after the function's own arguments: resources that
+    freezing cannot fold into constants (a SavedModel's vocabulary hash tables) stay inputs of
+    the frozen graph, and get the original function's captured handles.
+    """
 
     graph_def: graph_pb2.GraphDef
     inputs: list[str]
     outputs: list[str]
     structured_outputs: Any = None
+    bound: list[Any] = dataclasses.field(default_factory=list)
 
 
 def freeze(concrete_fn: Any) -> Frozen:
     """Variables -> constants and calls inlined, of a ``ConcreteFunction``."""
     frozen = convert_variables_to_constants_v2(concrete_fn)
+    inputs = [t.name for t in frozen.inputs]
+    names = [t.name for t in concrete_fn.inputs]
+    n_args = len(names) - len(concrete_fn.captured_inputs)
+    if inputs[:n_args] != names[:n_args]:
+        raise ValueError(
+            f"the frozen graph's inputs {inputs[:n_args]} do not start with the function's "
+            f"arguments {names[:n_args]}"
+        )
+    bound = [concrete_fn.captured_inputs[names.index(n) - n_args] for n in inputs[n_args:]]
     return Frozen(
         frozen.graph.as_graph_def(),
-        [t.name for t in frozen.inputs],
+        inputs,
         [t.name for t in frozen.outputs],
         frozen.structured_outputs,
+        bound,
     )
 
 
@@ -90,7 +107,13 @@ class GraphFunction:
     back, which cost ~10 ms per call on DCN-v2's 27 inputs.
     """
 
-    def __init__(self, graph_def: graph_pb2.GraphDef, inputs: list[str], outputs: list[str]):
+    def __init__(
+        self,
+        graph_def: graph_pb2.GraphDef,
+        inputs: list[str],
+        outputs: list[str],
+        bound: Sequence[Any] = (),
+    ):
         def _import() -> None:
             tf.graph_util.import_graph_def(graph_def, name="")
 
@@ -99,20 +122,21 @@ class GraphFunction:
         self.function = wrapped.prune(
             [g.get_tensor_by_name(n) for n in inputs], [g.get_tensor_by_name(n) for n in outputs]
         )
-        self.num_inputs = len(inputs)
+        self.bound = list(bound)  # values of the last inputs (``Frozen.bound``)
+        self.num_inputs = len(inputs) - len(self.bound)
 
     def __call__(self, *args: Any) -> list[tf.Tensor]:
         if len(args) != self.num_inputs:
             raise ValueError(f"expected {self.num_inputs} flat input tensors, got {len(args)}")
-        tensors = [tf.convert_to_tensor(a) for a in args]
+        tensors = [tf.convert_to_tensor(a) for a in args] + self.bound
         return self.function._call_flat(tensors, self.function.captured_inputs)
 
 
 def load_graph_def(
-    graph_def: graph_pb2.GraphDef, inputs: list[str], outputs: list[str]
+    graph_def: graph_pb2.GraphDef, inputs: list[str], outputs: list[str], bound: Sequence[Any] = ()
 ) -> GraphFunction:
-    """``GraphFunction(graph_def, inputs, outputs)``."""
-    return GraphFunction(graph_def, inputs, outputs)
+    """``GraphFunction(graph_def, inputs, outputs, bound)``."""
+    return GraphFunction(graph_def, inputs, outputs, bound)
 
 
 def single_cluster(frozen: Frozen) -> GraphFunction:
@@ -120,7 +144,7 @@ def single_cluster(frozen: Frozen) -> GraphFunction:
     XLA on the same (frozen) graph, the baseline a plan's clusters are compared with."""
     everything = {n.name: 0 for n in frozen.graph_def.node if n.op != "Placeholder"}
     tagged = tag_clusters(frozen.graph_def, everything)
-    return load_graph_def(tagged, frozen.inputs, frozen.outputs)
+    return load_graph_def(tagged, frozen.inputs, frozen.outputs, frozen.bound)
 
 
 @dataclasses.dataclass
@@ -155,8 +179,8 @@ def xla_clusters(
     assignment = cluster_assignment(graph, keep)
     tagged = tag_clusters(frozen.graph_def, assignment)
     return Realized(
-        fused=load_graph_def(tagged, frozen.inputs, frozen.outputs),
-        unfused=load_graph_def(frozen.graph_def, frozen.inputs, frozen.outputs),
+        fused=load_graph_def(tagged, frozen.inputs, frozen.outputs, frozen.bound),
+        unfused=load_graph_def(frozen.graph_def, frozen.inputs, frozen.outputs, frozen.bound),
         plan=p,
         frozen=frozen,
         tagged=tagged,

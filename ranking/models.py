@@ -123,6 +123,13 @@ class RankingModel(ClickModel):
         if self.dense_blocks:
             extra = [block(features) for block in self.dense_blocks]
             dense = tf.concat(([dense] if dense is not None else []) + extra, axis=1)
+        return self.logits_from(ids, dense, training)
+
+    def logits_from(
+        self, ids: dict[str, tf.Tensor], dense: tf.Tensor | None, training: bool | None = None
+    ) -> tf.Tensor:
+        """Preprocessed ``ids`` / ``dense`` (``preprocessor``'s outputs, dense blocks
+        appended) -> logits ``[batch]``: bias + head(tower(interaction(embeddings))) + wide."""
         logit = self.bias
         if self.interaction is not None:
             vectors = self.embedding(ids)

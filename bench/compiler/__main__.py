@@ -199,7 +199,10 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
                     if "frozen" in variants:
                         fresh["frozen"] = (
                             realize.load_graph_def(
-                                r.frozen.graph_def, r.frozen.inputs, r.frozen.outputs
+                                r.frozen.graph_def,
+                                r.frozen.inputs,
+                                r.frozen.outputs,
+                                r.frozen.bound,
                             ),
                             flat,
                         )

@@ -73,7 +73,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     ladder = buckets.powers_of_two(8, args.max_batch)
 
     def graph_fn(graph_def: Any) -> Any:
-        return realize.load_graph_def(graph_def, r.frozen.inputs, r.frozen.outputs)
+        return realize.load_graph_def(graph_def, r.frozen.inputs, r.frozen.outputs, r.frozen.bound)
 
     res: dict[str, Any] = {"seed": args.seed, "sizes": sizes, "load_start": os.getloadavg()}
     res["n_clusters"] = r.clusters

@@ -119,16 +119,7 @@ def build(
     spec = input_signature(fields)
 
     def core(ids: dict[str, tf.Tensor], dense: tf.Tensor | None, training: bool) -> tf.Tensor:
-        logit = model.bias
-        if model.interaction is not None:
-            vectors = model.embedding(ids)
-            z = model.interaction(list(vectors.values()), dense)
-            if model.tower is not None:
-                z = model.tower(z, training=training)
-            logit = logit + model.head(z)[:, 0]
-        if model.wide is not None:
-            logit = logit + model.wide(ids, dense)
-        return logit
+        return model.logits_from(ids, dense, training)
 
     def inference(ids: dict[str, tf.Tensor], dense: tf.Tensor | None) -> tf.Tensor:
         return core(ids, dense, False)
