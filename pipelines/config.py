@@ -145,13 +145,26 @@ class FusionConfig:
         does not cover, a distributed run's variables and a machine without a compiler fall
         back to the plain layers with a warning. Checkpoints and ``model.json`` are the same
         as without it; exports stay unfused.
+      tables: horizontal table fusion (``compiler_opt.table_fusion``): the ``full`` /
+        ``hashing`` tables (``l2 = 0``) of one dim become one variable read by one gather per
+        batch. The checkpoints hold the fused tables (the mapping is written next to them as
+        ``checkpoints/table_fusion.json``); ``stitchrec export`` maps them back, so exports are
+        the plain model's. Not together with ``kernels``.
     """
 
     kernels: bool = False
+    tables: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.kernels, bool):
             raise ConfigError(f"[fusion] kernels must be true or false, got {self.kernels!r}")
+        if not isinstance(self.tables, bool):
+            raise ConfigError(f"[fusion] tables must be true or false, got {self.tables!r}")
+        if self.kernels and self.tables:
+            raise ConfigError(
+                "[fusion] kernels = true and tables = true: choose one (the generated op reads "
+                "the per-field tables; fused tables are one variable it does not read)"
+            )
 
 
 _STRATEGIES = ("auto", "none", "multi_worker_mirrored", "parameter_server")

@@ -52,7 +52,9 @@ def _dummy_batch(fields: list[FeatureSpec]) -> dict[str, tf.Tensor]:
 
 
 def load_trained_model(run_dir: str | Path) -> tuple[RankingModel, Schema, str]:
-    """Rebuilds the run's model from ``model.json`` and restores its latest checkpoint."""
+    """Rebuilds the run's model from ``model.json`` and restores its latest checkpoint (a run
+    trained with ``[fusion] tables = true`` is restored fused, then mapped back to the plain
+    model's per-field tables: ``compiler_opt.table_fusion``)."""
     paths = RunPaths(Path(run_dir))
     if not paths.model_json.exists():
         raise FileNotFoundError(
@@ -65,9 +67,16 @@ def load_trained_model(run_dir: str | Path) -> tuple[RankingModel, Schema, str]:
     model = tf.keras.layers.deserialize(json.loads(paths.model_json.read_text()))
     schema = load_schema(paths.schema)
     model(_dummy_batch(list(schema.model_inputs)))
+    from compiler_opt import table_fusion
+
+    fused = table_fusion.run_has_fused_tables(paths.checkpoints)  # [fusion] tables = true
+    if fused:
+        table_fusion.fuse_tables(model)
     tf.train.Checkpoint(model=model).restore(
         latest
     ).expect_partial().assert_existing_objects_matched()
+    if fused:  # back to the plain model's per-field tables (the mapping's row blocks)
+        table_fusion.unfuse_tables(model)
     return model, schema, latest
 
 

@@ -422,6 +422,21 @@ def _train(cfg: PipelineConfig, log: Log) -> dict[str, Any]:
 
         codegen.fuse_embeddings(model)
         log("fusion: the embedding block runs as one generated kernel (compiler_opt.codegen)")
+    tables = cfg.fusion is not None and cfg.fusion.tables
+    if tables and dist.active:
+        raise ConfigError("[fusion] tables = true: not supported with a distribution strategy yet")
+    from compiler_opt import table_fusion
+
+    # after model.json (export maps the fused tables back to it); a fresh optimizer: the
+    # plain tables it was built on are gone. Refuses to resume a run fused the other way.
+    fused_tables = table_fusion.fuse_for_training(model, paths.checkpoints, enabled=tables)
+    if fused_tables is not None:
+        optimizer = make_optimizer(tc.optimizer, tc.learning_rate)
+        optimizer.build(model.trainable_variables)
+        log(
+            f"fusion: {len(fused_tables.fused_fields)} tables as {len(fused_tables.group_tables)} "
+            f"(compiler_opt.table_fusion); unfused: {fused_tables.uncovered or 'none'}"
+        )
 
     step = tf.Variable(0, dtype=tf.int64, name="step")
     epoch_var = tf.Variable(0, dtype=tf.int64, name="epoch")

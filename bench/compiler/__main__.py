@@ -18,7 +18,12 @@ batch 256 and 4096, for the inference pass and the SGD training step:
 * the generated kernel (``compiler_opt.codegen``: the embedding block, lookups through the
   concat with the dense inputs, as one generated C++ op) in the same rounds: ``kernel`` (the
   op, then the rest of the model in graph mode) and ``kernel_xla`` (the op, then the rest as
-  one ``jit_compile`` sub-function); ``--no-kernels`` leaves them out.
+  one ``jit_compile`` sub-function); ``--no-kernels`` leaves them out;
+* horizontally fused tables (``compiler_opt.table_fusion``: a dim's tables as one variable, one
+  gather) in the same rounds, ``sparse`` and ``inference`` modes: ``htables`` (graph mode) and
+  ``htables_xla`` (whole function ``jit_compile=True``), for the methods with at least two
+  fused fields (``full``: all 26; ``amtl``, ``bh``: their small fields kept ``full``);
+  ``--no-htables`` leaves them out.
 
 Prints a table, writes ``results.json`` (every process's figures) and ``summary.md``.
 """
@@ -98,6 +103,19 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         kernel_xla_fns = {
             m: tf.function(fused[m + "_xla_rest"]) for m in ("inference", "train") if fused
         }
+        htables = workload.htables_functions(w) if args.htables else {}
+        htables_fns = {
+            m: (tf.function(htables[m]), tf.function(htables[m], jit_compile=True))
+            for m in ("sparse", "inference")
+            if m in htables
+        }
+        if htables:
+            layer = htables["layer"]
+            results.setdefault("htables", {})[method] = {
+                "fused_fields": len(layer.fused_fields),
+                "groups": {k: list(v.shape) for k, v in layer.group_tables.items()},
+                "uncovered": layer.uncovered,
+            }
         if fused:
             results.setdefault("kernels", {})[method] = {
                 "key": fused["kernel"].library.key,
@@ -160,6 +178,16 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
                                 ]
                             )
                         )
+                if mode in htables_fns:  # fused tables: graph mode and whole-function XLA
+                    htables["sync"]()  # the model's current tables (a train mode moves them)
+                    variants["htables"] = (htables_fns[mode][0], call)
+                    variants["htables_xla"] = (htables_fns[mode][1], call)
+                    row["htables_max_abs_diff"] = float(
+                        abs(htables_fns[mode][0](*call).numpy() - plain[mode](*call).numpy()).max()
+                    )
+                    row["htables_xla_max_abs_diff"] = float(
+                        abs(htables_fns[mode][1](*call).numpy() - xla[mode](*call).numpy()).max()
+                    )
                 t_first = {}
                 for name, (fn, a) in variants.items():
                     t0 = time.perf_counter()
@@ -183,6 +211,10 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
                         row[f"{n}_over_xla"] = row["xla_s"] / row[f"{n}_s"]
                         if "frozen_xla_s" in row:
                             row[f"{n}_over_frozen_xla"] = row["frozen_xla_s"] / row[f"{n}_s"]
+                if "htables" in variants:
+                    row["htables_over_plain"] = row["plain_s"] / row["htables_s"]
+                    row["htables_xla_over_xla"] = row["xla_s"] / row["htables_xla_s"]
+                    row["htables_xla_over_plain"] = row["plain_s"] / row["htables_xla_s"]
                 if "clusters" in variants:
                     row["clusters_over_frozen"] = row["frozen_s"] / row["clusters_s"]
                     row["clusters_over_frozen_xla"] = row["frozen_xla_s"] / row["clusters_s"]
@@ -194,6 +226,8 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
                     fresh = {"plain": (workload.functions(w, jit=False)[mode], call)}
                     if "kernel" in variants:  # graph mode: counted on fresh instances too
                         fresh["kernel"] = (tf.function(fused[mode]), call)
+                    if "htables" in variants:
+                        fresh["htables"] = (tf.function(htables[mode]), call)
                     if "kernel_xla" in variants:
                         fresh["kernel_xla"] = (tf.function(fused[mode + "_xla_rest"]), call)
                     if "frozen" in variants:
@@ -340,6 +374,44 @@ def summarize(procs: list[dict[str, Any]]) -> str:
             lines.append(
                 f"| {r0['method']} | {r0['mode']} | {r0['batch']} | " + " | ".join(cells) + " |"
             )
+    if any("htables_s" in r for r in first["rows"].values()):
+        lines += [
+            "",
+            "| method | mode | batch | executed per call: plain ops / htables ops / XLA kernels / "
+            "htables XLA kernels | plain ms | htables ms | htables over plain | XLA ms | "
+            "htables XLA ms | htables XLA over XLA | htables XLA over plain | max abs diff "
+            "(graph, XLA) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for key in keys:
+            r0 = first["rows"][key]
+            if "htables_s" not in r0:
+                continue
+            executed = ""
+            if "executed_htables" in r0:
+                executed = (
+                    f"{r0['executed_plain']['tf_ops']} / {r0['executed_htables']['tf_ops']} / "
+                    f"{r0['executed_xla']['xla_kernels']} / "
+                    f"{r0['executed_htables_xla']['xla_kernels']}"
+                )
+            diffs = (
+                max(_col(procs, key, "htables_max_abs_diff")),
+                max(_col(procs, key, "htables_xla_max_abs_diff")),
+            )
+            cells = [
+                executed,
+                _ms(_col(procs, key, "plain_s")),
+                _ms(_col(procs, key, "htables_s")),
+                _spread(_col(procs, key, "htables_over_plain")),
+                _ms(_col(procs, key, "xla_s")),
+                _ms(_col(procs, key, "htables_xla_s")),
+                _spread(_col(procs, key, "htables_xla_over_xla")),
+                _spread(_col(procs, key, "htables_xla_over_plain")),
+                f"{diffs[0]:.1e}, {diffs[1]:.1e}",
+            ]
+            lines.append(
+                f"| {r0['method']} | {r0['mode']} | {r0['batch']} | " + " | ".join(cells) + " |"
+            )
     return "\n".join(lines)
 
 
@@ -355,6 +427,12 @@ def main(argv: list[str] | None = None) -> int:
         dest="kernels",
         action="store_false",
         help="leave out the generated-kernel variants (compiler_opt.codegen)",
+    )
+    p.add_argument(
+        "--no-htables",
+        dest="htables",
+        action="store_false",
+        help="leave out the horizontally fused tables variants (compiler_opt.table_fusion)",
     )
     p.add_argument("--processes", type=int, default=3)
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds per process")
@@ -385,6 +463,8 @@ def main(argv: list[str] | None = None) -> int:
         cmd += ["--batches", *map(str, args.batches), "--modes", *args.modes]
         if not args.kernels:
             cmd.append("--no-kernels")
+        if not args.htables:
+            cmd.append("--no-htables")
         subprocess.run(cmd, check=True, cwd=ROOT)
         procs.append(json.loads((out / f"process-{i}.json").read_text()))
     table = summarize(procs)

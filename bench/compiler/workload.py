@@ -244,3 +244,43 @@ def fused_functions(w: Workload, coefficients: Any = None) -> dict[str, Any]:
         "kernel": kernel,
         "plan": plan,
     }
+
+
+def htables_functions(w: Workload) -> dict[str, Any]:
+    """The workload with horizontally fused tables (``compiler_opt.table_fusion``).
+
+    ``{"sparse": f, "inference": f, "layer": HorizontalEmbeddingCollection, "sync": f}``:
+    python functions like ``w.sparse`` / ``w.inference`` reading a
+    ``HorizontalEmbeddingCollection`` built from ``w.model.embedding`` (a copy of its weights;
+    the model itself is left as it is), so the plain and fused variants time side by side;
+    ``sync()`` copies the model's current tables again (after a training mode moved them).
+    Empty when fewer than two fields are fused (``amtl`` and ``bh``: their small fields, kept
+    ``full``, are fused: 14 of 26 on the default data; the others run their own layers).
+    """
+    from compiler_opt.table_fusion import HorizontalEmbeddingCollection, load_unfused
+
+    model = w.model
+    emb = HorizontalEmbeddingCollection.from_collection(model.embedding)
+    if len(emb.fused_fields) < 2:
+        return {}
+
+    def sparse(ids: dict[str, tf.Tensor], dense: tf.Tensor | None) -> tf.Tensor:
+        vectors = list(emb(ids).values())
+        return tf.concat([*vectors, *([dense] if dense is not None else [])], axis=1)
+
+    def inference(ids: dict[str, tf.Tensor], dense: tf.Tensor | None) -> tf.Tensor:
+        # RankingModel.logits_from with the fused collection in place of model.embedding
+        z = model.interaction(list(emb(ids).values()), dense)
+        if model.tower is not None:
+            z = model.tower(z, training=False)
+        logit = model.bias + model.head(z)[:, 0]
+        if model.wide is not None:
+            logit = logit + model.wide(ids, dense)
+        return logit
+
+    return {
+        "sparse": sparse,
+        "inference": inference,
+        "layer": emb,
+        "sync": lambda: load_unfused(emb, model.embedding),
+    }
