@@ -8,10 +8,15 @@ model instance, on that instance's device:
 1. the serving signature is frozen, read into the IR and planned with the cost coefficients
    calibrated on the serving machine's device (``cost.load_or_calibrate``): the plan is made
    where it runs, not where the model was exported;
-2. every planned group becomes one XLA cluster (``realize.xla_clusters``);
+2. with ``realization = "xla_clusters"`` every planned group becomes one XLA cluster
+   (``realize.xla_clusters``); with ``"generated"`` every planned elementwise ``loop`` group
+   that ``codegen_loop`` can express becomes one generated C++ op, the other groups XLA
+   clusters (``realize.generated_loops``); on a GPU, where the generated ops have no CUDA form
+   yet, ``"generated"`` falls back to ``"xla_clusters"`` (``describe()`` says which ran);
 3. every batch is padded to the next size of the spec's ladder (``buckets.Bucketed``), so at
    most ``len(ladder)`` shapes ever reach the clusters, and ``warmup`` compiles them all before
-   the version turns ready: no request pays a compilation.
+   the version turns ready: no request pays a compilation. Generated ops are shape-generic:
+   when a plan leaves no XLA cluster, batches run unpadded.
 
 The export itself stays an ordinary SavedModel (TensorFlow drops ``_XlaCompile`` tags from a
 traced function, so a tagged graph cannot be saved as one); a server without fusion, or
@@ -39,7 +44,7 @@ from compiler_opt.cost import Coefficients
 
 FUSION_FILE = "fusion.json"
 ASSETS_EXTRA = "assets.extra"
-REALIZATIONS = ("xla_clusters",)
+REALIZATIONS = ("xla_clusters", "generated")
 _PROFILER_LOCK = threading.Lock()
 
 
@@ -51,7 +56,8 @@ class FusionSpecError(ValueError):
 class FusionSpec:
     """What an export asks of the server.
 
-    realization: how planned groups run (``xla_clusters``: one XLA cluster per group).
+    realization: how planned groups run (``xla_clusters``: one XLA cluster per group;
+      ``generated``: elementwise loop groups as generated C++ ops, the rest XLA clusters).
     ladder: batch-size buckets (strictly increasing); every batch is padded to the next one.
     plan_batch: the batch size the cost model plans at.
     signature: the signature that is fused (the others run unfused).
@@ -133,21 +139,33 @@ class FusedSignature:
         # A signature's flat inputs are its keyword arguments in sorted order.
         self.input_names = sorted(kwargs)
         self.spec = spec
-        realized = realize.xla_clusters(signature_fn, coefficients, spec.plan_batch)
+        self.realization = spec.realization
+        if self.realization == "generated" and coefficients.device.startswith("gpu"):
+            self.realization = "xla_clusters"  # no CUDA form of the generated ops yet
+        if self.realization == "generated":
+            realized = realize.generated_loops(
+                signature_fn, coefficients, spec.plan_batch, xla_rest=True
+            )
+        else:
+            realized = realize.xla_clusters(signature_fn, coefficients, spec.plan_batch)
         outputs = signature_fn.structured_outputs
         if not isinstance(outputs, Mapping):
             raise ValueError("fusion: the signature must return a dict of tensors")
         self._outputs = outputs
         self.clusters = realized.clusters
+        self.loops = realized.loops
         self.plan = realized.plan
-        self.bucketed = Bucketed(realized.fused, spec.ladder)
+        self._fused = realized.fused
+        # shape-generic when nothing is left to XLA: no padding, nothing to compile
+        self.bucketed = Bucketed(realized.fused, spec.ladder) if self.clusters else None
         self.compilations_at_load: int | None = None
 
     def __call__(self, features: Mapping[str, Any]) -> dict[str, tf.Tensor]:
         missing = [n for n in self.input_names if n not in features]
         if missing:
             raise ValueError(f"fusion: missing input(s) {missing}; expected {self.input_names}")
-        flat = self.bucketed(*[features[n] for n in self.input_names])
+        args = [features[n] for n in self.input_names]
+        flat = self.bucketed(*args) if self.bucketed is not None else self._fused(*args)
         return dict(tf.nest.pack_sequence_as(self._outputs, list(flat)))
 
     def warmup(self, features: Mapping[str, np.ndarray], calls: int = 3) -> int | None:
@@ -156,6 +174,11 @@ class FusedSignature:
         when another profiler session of the process was running: then they are not
         counted, and the warm-up runs all the same)."""
         args = [tf.constant(features[n]) for n in self.input_names]
+        if self.bucketed is None:  # generated ops only: shape-generic, nothing compiles
+            for _ in range(calls):
+                self._fused(*args)
+            self.compilations_at_load = 0
+            return 0
         # One profiler session per process: warm-ups of several instances take turns.
         with _PROFILER_LOCK:
             try:
@@ -170,8 +193,9 @@ class FusedSignature:
 
     def describe(self) -> dict[str, Any]:
         return {
-            "realization": self.spec.realization,
+            "realization": self.realization,
             "clusters": self.clusters,
+            "generated_loops": self.loops,
             "ladder": list(self.spec.ladder),
             "plan_batch": self.spec.plan_batch,
             "compilations_at_load": self.compilations_at_load,

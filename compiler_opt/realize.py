@@ -20,6 +20,7 @@ from typing import Any
 
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2, graph_pb2
+from tensorflow.python.framework import convert_to_constants
 from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
 
 from compiler_opt import ir
@@ -43,9 +44,75 @@ class Frozen:
     bound: list[Any] = dataclasses.field(default_factory=list)
 
 
+#: readers of a variable handle that freezing turns into reads of a constant
+_FOLDABLE_READERS = frozenset({"ReadVariableOp", "ResourceGather", "ResourceGatherNd"})
+_CALLS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})
+
+
+def _reads_handle_itself(graph_def: graph_pb2.GraphDef, placeholder: str) -> bool:
+    """Whether some op reads the resource ``placeholder`` through the handle itself (not a
+    variable read the converter folds), following ``Identity`` nodes and nested function
+    calls into their ``FunctionDef`` bodies."""
+    library = {f.signature.name: f for f in graph_def.library.function}
+
+    def users(nodes: Any, ref_names: set[str]) -> list[tuple[Any, int]]:
+        out = []
+        for n in nodes:
+            data = [r for r in n.input if not r.startswith("^")]
+            for i, r in enumerate(data):
+                if r in ref_names or (r.split(":")[0] in ref_names and r.endswith(":0")):
+                    out.append((n, i))
+        return out
+
+    def walk(nodes: Any, names: set[str], depth: int) -> bool:
+        if depth > 32:
+            return True  # too deep to follow: keep the handle (always correct)
+        for n, i in users(nodes, names):
+            if n.op in _FOLDABLE_READERS:
+                continue
+            if n.op == "Identity":
+                if walk(nodes, {n.name, f"{n.name}:output:0"}, depth + 1):
+                    return True
+                continue
+            fn = library.get(n.attr["f"].func.name) if n.op in _CALLS else None
+            if fn is None or i >= len(fn.signature.input_arg):
+                return True
+            if walk(fn.node_def, {fn.signature.input_arg[i].name}, depth + 1):
+                return True
+        return False
+
+    return walk(graph_def.node, {placeholder}, 0)
+
+
+def handles_kept(concrete_fn: Any) -> set[str]:
+    """Captured variable handles that some op reads through the handle itself (a generated
+    kernel of ``compiler_opt.codegen``, which reads its tables under the variables' locks, even
+    inside nested functions): freezing must leave these as resource inputs (``Frozen.bound``)
+    instead of constants."""
+    resources = [p.op.name for _, p in concrete_fn.graph.captures if p.dtype == tf.resource]
+    if not resources:
+        return set()
+    graph_def = concrete_fn.graph.as_graph_def()
+    return {name for name in resources if _reads_handle_itself(graph_def, name)}
+
+
 def freeze(concrete_fn: Any) -> Frozen:
-    """Variables -> constants and calls inlined, of a ``ConcreteFunction``."""
-    frozen = convert_variables_to_constants_v2(concrete_fn)
+    """Variables -> constants and calls inlined, of a ``ConcreteFunction``; the handles that
+    ``handles_kept`` names stay inputs, bound to the function's variables."""
+    kept = handles_kept(concrete_fn)
+    if kept:  # the public converter has no deny list: its data class does (TF 2.21)
+        data = convert_to_constants._FunctionConverterDataInEager(
+            func=concrete_fn,
+            lower_control_flow=True,
+            aggressive_inlining=False,
+            variable_names_denylist=kept,
+        )
+        graph_def, converted = convert_to_constants._replace_variables_by_constants(data)
+        frozen = convert_to_constants._construct_concrete_function(
+            concrete_fn, graph_def, converted
+        )
+    else:
+        frozen = convert_variables_to_constants_v2(concrete_fn)
     inputs = [t.name for t in frozen.inputs]
     names = [t.name for t in concrete_fn.inputs]
     n_args = len(names) - len(concrete_fn.captured_inputs)
@@ -122,6 +189,7 @@ class GraphFunction:
         self.function = wrapped.prune(
             [g.get_tensor_by_name(n) for n in inputs], [g.get_tensor_by_name(n) for n in outputs]
         )
+        self.input_names, self.output_names = list(inputs), list(outputs)
         self.bound = list(bound)  # values of the last inputs (``Frozen.bound``)
         self.num_inputs = len(inputs) - len(self.bound)
 
@@ -157,6 +225,8 @@ class Realized:
     frozen: Frozen
     tagged: graph_pb2.GraphDef
     clusters: int
+    loops: int = 0  # groups run as generated loop ops (``generated_loops``)
+    left: dict[int, str] = dataclasses.field(default_factory=dict)  # group -> why not generated
 
 
 def xla_clusters(
@@ -185,4 +255,52 @@ def xla_clusters(
         frozen=frozen,
         tagged=tagged,
         clusters=len(set(keep.values())),
+    )
+
+
+def generated_loops(
+    concrete_fn: Any,
+    coefficients: Coefficients,
+    batch: int,
+    *,
+    xla_rest: bool = False,
+    min_group_size: int = 2,
+    **plan_options: Any,
+) -> Realized:
+    """Plans ``concrete_fn`` (frozen) at ``batch`` and runs every planned ``loop`` group that
+    ``codegen_loop.loop_spec`` can express as one generated C++ op (``codegen_loop``); with
+    ``xla_rest`` the other planned groups become XLA clusters, as in ``xla_clusters``.
+    ``Realized.loops`` counts the generated ops, ``Realized.left`` says why a loop group was
+    not generated. Raises ``codegen.CompilerUnavailable`` without a compiler."""
+    from compiler_opt import codegen_loop
+
+    frozen = freeze(concrete_fn)
+    graph = ir.from_graph_def(frozen.graph_def, outputs=frozen.outputs)
+    p = plan(graph, coefficients, batch, **plan_options)
+    loops, left, rest = [], {}, {}
+    for g in p.groups:
+        if len(g.nodes) < min_group_size:
+            continue
+        if g.kind == "loop":
+            group, reason = codegen_loop.loop_spec(graph, g.nodes, frozen.outputs)
+            if group is not None:
+                loops.append(group)
+                continue
+            left[g.id] = reason
+        rest.update({n: g.id for n in g.nodes})
+    graph_def, outputs = codegen_loop.rewrite(frozen.graph_def, loops, frozen.outputs)
+    tagged = graph_def
+    clusters = 0
+    if xla_rest and rest:
+        tagged = tag_clusters(graph_def, cluster_assignment(graph, rest))
+        clusters = len(set(rest.values()))
+    return Realized(
+        fused=load_graph_def(tagged, frozen.inputs, outputs, frozen.bound),
+        unfused=load_graph_def(frozen.graph_def, frozen.inputs, frozen.outputs, frozen.bound),
+        plan=p,
+        frozen=frozen,
+        tagged=tagged,
+        clusters=clusters,
+        loops=len(loops),
+        left=left,
     )

@@ -122,7 +122,11 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.fuse:  # checked before anything is written
         from compiler_opt.fused_signature import FusionSpec
 
-        spec = FusionSpec(ladder=args.fuse_ladder, plan_batch=args.fuse_plan_batch)
+        spec = FusionSpec(
+            realization=args.fuse_realization,
+            ladder=args.fuse_ladder,
+            plan_batch=args.fuse_plan_batch,
+        )
     if args.cascade_rank and args.fuse_kernels:
         raise ValueError("export --fuse-kernels is not supported with --cascade-rank yet")
     if args.cascade_rank:
@@ -140,8 +144,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
         path = write_spec(out, spec)
         _print(
-            f"fusion: {path} (buckets {', '.join(map(str, spec.ladder))}; the server plans "
-            f"and compiles at load)"
+            f"fusion: {path} ({spec.realization}, buckets {', '.join(map(str, spec.ladder))}; "
+            "the server plans and compiles at load)"
         )
     return 0
 
@@ -243,6 +247,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     e.add_argument(
         "--fuse-plan-batch", type=int, default=256, help="batch size the fusion plan is made at"
+    )
+    e.add_argument(
+        "--fuse-realization",
+        choices=("xla_clusters", "generated"),
+        default="xla_clusters",
+        help="how --fuse runs the planned groups: XLA clusters (default), or the elementwise "
+        "loop groups as generated C++ ops (shape-generic) and the rest as XLA clusters",
     )
     e.add_argument(
         "--fuse-kernels",

@@ -23,7 +23,11 @@ batch 256 and 4096, for the inference pass and the SGD training step:
   gather) in the same rounds, ``sparse`` and ``inference`` modes: ``htables`` (graph mode) and
   ``htables_xla`` (whole function ``jit_compile=True``), for the methods with at least two
   fused fields (``full``: all 26; ``amtl``, ``bh``: their small fields kept ``full``);
-  ``--no-htables`` leaves them out.
+  ``--no-htables`` leaves them out;
+* the serving path, ``sparse`` and ``inference`` modes, on the frozen graph as the server runs
+  a fused export: ``loops`` (the plan's elementwise ``loop`` groups as generated C++ ops,
+  ``compiler_opt.codegen_loop``), ``kernel_frozen`` (the generated embedding op, its graph
+  frozen with the tables left as handles) and ``kernel_loops`` (both).
 
 Prints a table, writes ``results.json`` (every process's figures) and ``summary.md``.
 """
@@ -161,11 +165,33 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
                     row["clusters"] = r.clusters
                     row["clusters_max_abs_diff"] = float(abs(r.fused(*flat)[0].numpy() - ref).max())
                     row["frozen_max_abs_diff"] = float(abs(r.unfused(*flat)[0].numpy() - ref).max())
+                    if args.kernels and codegen.compiler() is not None:
+                        # the plan's elementwise loop groups as generated ops (codegen_loop)
+                        rl = realize.generated_loops(
+                            plain[mode].get_concrete_function(*spec), coefficients, batch
+                        )
+                        variants["loops"] = (rl.fused, flat)
+                        row["loops"] = rl.loops
+                        row["loops_left"] = {str(k): v for k, v in rl.left.items()}
+                        row["loops_max_abs_diff"] = float(
+                            abs(rl.fused(*flat)[0].numpy() - ref).max()
+                        )
                 if mode in kernel_fns:
                     variants["kernel"] = (kernel_fns[mode], call)
                     if mode != "train":  # called as the frozen graphs are: flat tensors
                         flat = tuple(tf.nest.flatten(call, expand_composites=True))
                         variants["kernel_flat"] = (_flat_function(fused[mode], call), flat)
+                        # the whole pass on the serving path: the kernel's graph frozen (its
+                        # tables stay handles), its loop groups generated (codegen_loop)
+                        rk = realize.generated_loops(
+                            _flat_function(fused[mode], call), coefficients, batch
+                        )
+                        variants["kernel_frozen"] = (rk.unfused, flat)
+                        variants["kernel_loops"] = (rk.fused, flat)
+                        row["kernel_loops"] = rk.loops
+                        row["kernel_loops_max_abs_diff"] = float(
+                            abs(rk.fused(*flat)[0].numpy() - plain[mode](*call).numpy()).max()
+                        )
                     if mode in kernel_xla_fns and fused:
                         variants["kernel_xla"] = (kernel_xla_fns[mode], call)
                     if mode != "train":
@@ -205,7 +231,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
                 for n in variants:
                     row[f"{n}_s"] = statistics.median(times[n])
                 row["xla_speedup"] = row["plain_s"] / row["xla_s"]
-                for n in ("kernel", "kernel_xla", "kernel_flat"):
+                for n in ("kernel", "kernel_xla", "kernel_flat", "kernel_frozen", "kernel_loops"):
                     if n in variants:
                         row[f"{n}_over_plain"] = row["plain_s"] / row[f"{n}_s"]
                         row[f"{n}_over_xla"] = row["xla_s"] / row[f"{n}_s"]
@@ -215,6 +241,11 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
                     row["htables_over_plain"] = row["plain_s"] / row["htables_s"]
                     row["htables_xla_over_xla"] = row["xla_s"] / row["htables_xla_s"]
                     row["htables_xla_over_plain"] = row["plain_s"] / row["htables_xla_s"]
+                for n in ("loops", "kernel_frozen", "kernel_loops"):
+                    if n in variants:
+                        row[f"{n}_over_frozen"] = row["frozen_s"] / row[f"{n}_s"]
+                        row[f"{n}_over_xla"] = row["xla_s"] / row[f"{n}_s"]
+                        row[f"{n}_over_frozen_xla"] = row["frozen_xla_s"] / row[f"{n}_s"]
                 if "clusters" in variants:
                     row["clusters_over_frozen"] = row["frozen_s"] / row["clusters_s"]
                     row["clusters_over_frozen_xla"] = row["frozen_xla_s"] / row["clusters_s"]
@@ -230,6 +261,13 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
                         fresh["htables"] = (tf.function(htables[mode]), call)
                     if "kernel_xla" in variants:
                         fresh["kernel_xla"] = (tf.function(fused[mode + "_xla_rest"]), call)
+                    if "kernel_loops" in variants:
+                        fresh["kernel_loops"] = (
+                            realize.load_graph_def(
+                                rk.tagged, rk.frozen.inputs, rk.fused.output_names, rk.frozen.bound
+                            ),
+                            flat,
+                        )
                     if "frozen" in variants:
                         fresh["frozen"] = (
                             realize.load_graph_def(
@@ -374,6 +412,47 @@ def summarize(procs: list[dict[str, Any]]) -> str:
             lines.append(
                 f"| {r0['method']} | {r0['mode']} | {r0['batch']} | " + " | ".join(cells) + " |"
             )
+    if any("kernel_loops_s" in r or "loops_s" in r for r in first["rows"].values()):
+        lines += [
+            "",
+            "The serving path (the graph frozen, as the server runs a fused export): ``loops`` "
+            "the plan's elementwise loop groups as generated ops (``codegen_loop``); ``kernel "
+            "frozen`` the embedding block as the generated op, frozen; ``kernel + loops`` both.",
+            "",
+            "| method | mode | batch | executed per call: kernel + loops ops (loop ops) | "
+            "frozen ms | loops ms | loops over frozen | kernel frozen ms | kernel + loops ms | "
+            "over frozen | over frozen XLA | over XLA | max abs diff |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for key in keys:
+            r0 = first["rows"][key]
+            if "loops_s" not in r0 and "kernel_loops_s" not in r0:
+                continue
+            executed = ""
+            if "executed_kernel_loops" in r0:
+                executed = f"{r0['executed_kernel_loops']['tf_ops']} ({r0['kernel_loops']})"
+            cells = [executed, _ms(_col(procs, key, "frozen_s"))]
+            if "loops_s" in r0:
+                cells += [
+                    _ms(_col(procs, key, "loops_s")),
+                    _spread(_col(procs, key, "loops_over_frozen")),
+                ]
+            else:
+                cells += ["", ""]
+            if "kernel_loops_s" in r0:
+                cells += [
+                    _ms(_col(procs, key, "kernel_frozen_s")),
+                    _ms(_col(procs, key, "kernel_loops_s")),
+                    _spread(_col(procs, key, "kernel_loops_over_frozen")),
+                    _spread(_col(procs, key, "kernel_loops_over_frozen_xla")),
+                    _spread(_col(procs, key, "kernel_loops_over_xla")),
+                    f"{max(_col(procs, key, 'kernel_loops_max_abs_diff')):.1e}",
+                ]
+            else:
+                cells += [""] * 6
+            lines.append(
+                f"| {r0['method']} | {r0['mode']} | {r0['batch']} | " + " | ".join(cells) + " |"
+            )
     if any("htables_s" in r for r in first["rows"].values()):
         lines += [
             "",
@@ -437,6 +516,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--processes", type=int, default=3)
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds per process")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the process-N.json files a cut-short run of the same --out already wrote",
+    )
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--process", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -465,7 +549,8 @@ def main(argv: list[str] | None = None) -> int:
             cmd.append("--no-kernels")
         if not args.htables:
             cmd.append("--no-htables")
-        subprocess.run(cmd, check=True, cwd=ROOT)
+        if not (args.resume and (out / f"process-{i}.json").exists()):
+            subprocess.run(cmd, check=True, cwd=ROOT)
         procs.append(json.loads((out / f"process-{i}.json").read_text()))
     table = summarize(procs)
     info = {

@@ -4,18 +4,21 @@ export unfused: compilations and latency over requests of random batch sizes.
     .venv/bin/python -m bench.compiler.served --out runs/bench-compiler-served
 
 DCN-v2 with full embeddings (``bench/compiler/workload.py``, untrained: speed does not depend
-on the weights) exported by ``stitchrec export``'s code three times: plain (``unfused``), with
+on the weights) exported by ``stitchrec export``'s code five times: plain (``unfused``), with
 ``assets.extra/fusion.json`` (``fused``: what ``stitchrec export --fuse`` writes: planned XLA
-clusters, batches padded to 8, 16, ..., 512, compiled at load), and with the embedding block
-as a generated op (``kernels``: ``stitchrec export --fuse-kernels``). Each copy is served by
-``serving.create_server`` on 127.0.0.1 port 0 (dynamic batching off, so every request runs at
-its own size) and gets ``--requests`` (200) TF-Serving ``Predict`` requests of raw features,
-batch sizes uniform in 1..``--max-batch`` (512) from the process's seed, one after the other
-from one client. Latency: the client's round trip. Compilations: XLA executables built while
-the server loads (plan, clusters, warm-up of every bucket) and during the requests (profiler
-trace, ``compiler_opt.buckets.count_compilations``). Every fused and kernels response is checked against
-the unfused one. ``--processes`` fresh processes (seeds 0, 1, 2, ...); figures are the median
-[min-max] over them.
+clusters, batches padded to 8, 16, ..., 512, compiled at load), with the embedding block
+as a generated op (``kernels``: ``stitchrec export --fuse-kernels``), with a fusion.json asking
+for generated loop ops (``generated``: ``--fuse --fuse-realization generated``: the plan's
+elementwise groups as generated C++ ops, the other groups XLA clusters) and both
+(``kernels_generated``: ``--fuse-kernels --fuse --fuse-realization generated``). Each copy is
+served by ``serving.create_server`` on 127.0.0.1 port 0 (dynamic batching off, so every
+request runs at its own size) and gets ``--requests`` (200) TF-Serving ``Predict`` requests of
+raw features, batch sizes uniform in 1..``--max-batch`` (512) from the process's seed, one after
+the other from one client. Latency: the client's round trip. Compilations: XLA executables
+built while the server loads (plan, clusters, warm-up of every bucket) and during the requests
+(profiler trace, ``compiler_opt.buckets.count_compilations``). Every response is checked
+against the unfused one. ``--processes`` fresh processes (seeds 0, 1, 2, ...); figures are the
+median [min-max] over them.
 """
 
 from __future__ import annotations
@@ -35,7 +38,11 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
-VARIANTS = ("unfused", "fused", "kernels")
+VARIANTS = ("unfused", "fused", "kernels", "generated", "kernels_generated")
+#: variant -> the realization its fusion.json asks for
+REALIZATION = {"fused": "xla_clusters", "generated": "generated", "kernels_generated": "generated"}
+#: variants exported with the embedding block as the generated op (--fuse-kernels)
+KERNEL_EXPORTS = ("kernels", "kernels_generated")
 
 
 def child(args: argparse.Namespace) -> dict[str, Any]:
@@ -58,9 +65,9 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     for v, repo in repos.items():
         if repo.exists():
             shutil.rmtree(repo)
-        export_saved_model(w.model, w.schema, repo / "ctr" / "1", kernels=v == "kernels")
-        if v == "fused":
-            write_spec(repo / "ctr" / "1", FusionSpec())
+        export_saved_model(w.model, w.schema, repo / "ctr" / "1", kernels=v in KERNEL_EXPORTS)
+        if v in REALIZATION:
+            write_spec(repo / "ctr" / "1", FusionSpec(realization=REALIZATION[v]))
     raw = {k: np.asarray(t) for k, t in w.batches[args.max_batch].items() if k != w.label}
     rng = np.random.default_rng(args.seed)
     sizes = rng.integers(1, args.max_batch + 1, args.requests)
@@ -78,7 +85,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     for v in VARIANTS:
         # The fused server counts its own warm-up's compilations (one profiler per process).
         t0 = time.perf_counter()
-        if v == "fused":  # the server counts its warm-up's compilations itself
+        if v in REALIZATION:  # the server counts its warm-up's compilations itself
             server = ServerThread(repos[v], options)
         else:
             with count_compilations() as at_load:
@@ -105,6 +112,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
                 ),
                 "compilations_in_requests": during.count,
                 "clusters": mv.fused[0].clusters if mv.fused else 0,
+                "generated_loops": mv.fused[0].loops if mv.fused else 0,
                 "p50_ms": float(np.percentile(lat, 50) * 1e3),
                 "p99_ms": float(np.percentile(lat, 99) * 1e3),
                 "mean_ms": float(np.mean(lat) * 1e3),

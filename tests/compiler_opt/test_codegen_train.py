@@ -71,6 +71,10 @@ def test_stitchrec_train_with_fusion_reaches_the_same_auc(cache, tmp_path):
     argv = ["export", "--run", str(run), "--output", str(tmp_path / "fused"), "--fuse-kernels"]
     assert cli.main(argv) == 0
     assert (tmp_path / "fused" / "assets" / codegen.ASSETS_DIR / "manifest.json").exists()
+    # and with the server fusing the rest: the elementwise loop groups as generated ops around
+    # the embedding op (its tables stay handles when the signature is frozen)
+    argv[4] = str(tmp_path / "both")
+    assert cli.main([*argv, "--fuse", "--fuse-realization", "generated"]) == 0
     script = (
         "import sys, numpy as np\n"
         "from pathlib import Path\n"
@@ -79,12 +83,13 @@ def test_stitchrec_train_with_fusion_reaches_the_same_auc(cache, tmp_path):
         "from tests.testdata import make_tiny_table\n"
         "t = make_tiny_table(50, seed=3)\n"
         "out = {}\n"
-        "for name in ('fused', 'plain'):\n"
+        "for name in ('fused', 'plain', 'both'):\n"
         "    mv = ModelVersion(name, 1, Path(sys.argv[1]) / name, ['/CPU:0'])\n"
         "    feats = {k: t.column(k).to_numpy(zero_copy_only=False) for k in mv.inputs}\n"
         "    out[name] = mv.run(0, feats)['score']\n"
-        "    print(name, mv.kernels)\n"
-        "assert np.abs(out['fused'] - out['plain']).max() <= 1e-5, 'scores differ'\n"
+        "    print(name, mv.kernels, [f.describe() for f in mv.fused])\n"
+        "for name in ('fused', 'both'):\n"
+        "    assert np.abs(out[name] - out['plain']).max() <= 1e-5, f'{name}: scores differ'\n"
         "print('equal')\n"
     )
     r = subprocess.run(
@@ -98,3 +103,5 @@ def test_stitchrec_train_with_fusion_reaches_the_same_auc(cache, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "equal" in r.stdout and "plain []" in r.stdout
     assert "fused ['" in r.stdout  # the op was loaded from the export's assets
+    both = next(ln for ln in r.stdout.splitlines() if ln.startswith("both"))
+    assert "'realization': 'generated'" in both and "'generated_loops': 0" not in both

@@ -22,6 +22,7 @@ from compiler_opt.fused_signature import (
     write_spec,
 )
 from serving.config import BatchingConfig, ServerOptions
+from tests.compiler_opt.conftest import need_compiler
 from tests.serving.harness import ServerThread
 
 LADDER = (8, 32, 128)
@@ -47,6 +48,7 @@ def test_spec_round_trip_and_bad_files_name_the_problem(tmp_path):
     assert json.loads(path.read_text())["ladder"] == [8, 64]
     with pytest.raises(FusionSpecError, match="not larger than"):
         FusionSpec(ladder=(16, 8))
+    assert FusionSpec(realization="generated").realization == "generated"
     with pytest.raises(FusionSpecError, match="realization='kernels'"):
         FusionSpec(realization="kernels")
     with pytest.raises(FusionSpecError, match="plan_batch=0"):
@@ -63,11 +65,20 @@ def test_spec_round_trip_and_bad_files_name_the_problem(tmp_path):
         assert str(path) in str(e.value)
 
 
-def test_fused_signature_matches_the_saved_model_at_any_batch_size(tiny_saved_model, hand):
+@pytest.mark.parametrize("realization", ["xla_clusters", "generated"])
+def test_fused_signature_matches_the_saved_model_at_any_batch_size(
+    tiny_saved_model, hand, realization
+):
+    if realization == "generated":
+        need_compiler()
     model = tf.saved_model.load(str(tiny_saved_model))
     sig = model.signatures["serving_default"]
-    fused = FusedSignature(sig, FusionSpec(ladder=LADDER, plan_batch=32), hand)
+    spec = FusionSpec(realization=realization, ladder=LADDER, plan_batch=32)
+    fused = FusedSignature(sig, spec, hand)
     assert fused.clusters >= 1
+    # the cross layer's x0 * (W x + b) + x: its Mul and AddV2 as one generated op
+    assert (fused.loops >= 1) is (realization == "generated")
+    assert fused.describe()["realization"] == realization
     compiled = fused.warmup(_features(sig, 8))
     assert compiled >= fused.clusters  # every cluster, at least at one bucket
     assert fused.describe()["compilations_at_load"] == compiled

@@ -1,0 +1,379 @@
+"""Generated C++ kernels for the planner's elementwise ``loop`` groups of a serving graph.
+
+A ``loop`` group of the plan (``compiler_opt.planner``) is a set of elementwise ops (``Mul``,
+``AddV2``, ``Relu``...) that, run one by one, each read and write a whole tensor. Here such a
+group becomes one TensorFlow op, generated from the group's nodes:
+
+* :func:`loop_spec` reads the group out of the IR: its inputs, each classed by how it is indexed
+  (``full`` ``[rows, width]`` like the result (a dimension the graph leaves unknown is checked
+  when the op runs: a wrong-sized input is an ``InvalidArgument`` error, which the server's
+  warm-up meets before a version turns ready), ``row`` ``[width]`` broadcast over the rows as a
+  ``BiasAdd`` bias, ``scalar``), its nodes as an SSA expression list and the values read outside
+  the group (the op's outputs). A group it cannot express (another dtype, an op outside
+  ``OPS``, a broadcast other than these three) gives a ``None`` spec and a reason.
+* :func:`generate` writes the op: one pass over the rows (split over TensorFlow's CPU thread
+  pool), for each element ``j`` of a row every SSA value in registers, then the outputs; the
+  width and every constant are compile-time constants, so the inner loop vectorizes.
+* :func:`load` compiles it (``codegen.compile_kernel``: g++, cached by content hash) and loads it.
+* :func:`rewrite` replaces the group's nodes in a ``GraphDef`` by one node of that op.
+
+For ``y = x0 * (W x + b) + x`` (a DCN-v2 cross layer, the bias in the matmul's epilogue) the
+``Mul`` and the ``AddV2`` read 4 and write 2 tensors of ``[batch, width]``; the generated op
+reads 3 and writes 1. Serving graphs only: the op has no gradient.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2, graph_pb2, node_def_pb2
+
+from compiler_opt import codegen
+from compiler_opt.ir import Graph, split_ref
+
+#: op -> (arity, C++ expression of its operands a, b)
+OPS: dict[str, tuple[int, str]] = {
+    "Add": (2, "{a} + {b}"),
+    "AddV2": (2, "{a} + {b}"),
+    "BiasAdd": (2, "{a} + {b}"),
+    "Sub": (2, "{a} - {b}"),
+    "Mul": (2, "{a} * {b}"),
+    "RealDiv": (2, "{a} / {b}"),
+    "Maximum": (2, "std::max({a}, {b})"),
+    "Minimum": (2, "std::min({a}, {b})"),
+    "SquaredDifference": (2, "({a} - {b}) * ({a} - {b})"),
+    "Relu": (1, "std::max({a}, 0.0f)"),
+    "Relu6": (1, "std::min(std::max({a}, 0.0f), 6.0f)"),
+    "Neg": (1, "-{a}"),
+    "Square": (1, "{a} * {a}"),
+    "Sigmoid": (1, "1.0f / (1.0f + std::exp(-{a}))"),
+    "Tanh": (1, "std::tanh({a})"),
+    "Exp": (1, "std::exp({a})"),
+    "Identity": (1, "{a}"),
+}
+INPUT_KINDS = ("full", "row", "scalar")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopSpec:
+    """One elementwise group as an SSA program over ``[rows, width]`` tensors.
+
+    ``inputs``: the kind of each input (``INPUT_KINDS``); ``body``: ``(op, operands)`` per
+    value, an operand ``k < len(inputs)`` being input ``k`` and ``k >= len(inputs)`` the body
+    value ``k - len(inputs)``; ``outputs``: the body values the op returns, in order.
+    """
+
+    width: int
+    inputs: tuple[str, ...]
+    body: tuple[tuple[str, tuple[int, ...]], ...]
+    outputs: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if self.width < 1:
+            raise ValueError(f"width must be >= 1, got {self.width}")
+        bad = [k for k in self.inputs if k not in INPUT_KINDS]
+        if bad or "full" not in self.inputs:
+            raise ValueError(
+                f"inputs must be kinds from {INPUT_KINDS} with at least one 'full', got "
+                f"{self.inputs}"
+            )
+        for i, (op, operands) in enumerate(self.body):
+            if op not in OPS:
+                raise ValueError(f"body value {i}: op {op!r} is not one of {sorted(OPS)}")
+            if len(operands) != OPS[op][0]:
+                raise ValueError(f"body value {i}: {op} takes {OPS[op][0]} operands")
+            if any(not 0 <= k < len(self.inputs) + i for k in operands):
+                raise ValueError(f"body value {i}: operands {operands} out of range")
+        if not self.outputs or any(not 0 <= o < len(self.body) for o in self.outputs):
+            raise ValueError(f"outputs {self.outputs} must name body values")
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @property
+    def op_name(self) -> str:
+        h = hashlib.sha256(self.to_json().encode()).hexdigest()[:12]
+        return "StitchrecLoop" + "".join(chr(ord("a") + int(c, 16)) for c in h).capitalize()
+
+
+@dataclasses.dataclass
+class LoopGroup:
+    """A group's spec and where it sits in the graph: ``input_refs`` (tensor per input),
+    ``output_refs`` (the group node outputs the op replaces, in ``spec.outputs`` order),
+    ``control_inputs`` (of the group's nodes, from outside) and ``nodes``."""
+
+    spec: LoopSpec
+    nodes: list[str]
+    input_refs: list[str]
+    output_refs: list[str]
+    control_inputs: list[str]
+
+
+def _canon(ref: str) -> str:
+    name, idx = split_ref(ref)
+    return f"{name}:{idx}"
+
+
+def _compatible(a: Sequence[int | None], b: Sequence[int | None]) -> bool:
+    """Same rank, and every dimension equal or unknown in one of them."""
+    return len(a) == len(b) and all(
+        x is None or y is None or x == y for x, y in zip(a, b, strict=True)
+    )
+
+
+def loop_spec(
+    graph: Graph, nodes: Sequence[str], outputs: Sequence[str] = ()
+) -> tuple[LoopGroup | None, str]:
+    """The ``LoopGroup`` of ``nodes`` (a planned group, topological order) in ``graph``, or
+    ``(None, reason)`` when the group is not an elementwise float32 program over one
+    ``[rows, width]`` shape. ``outputs``: the graph's result tensors (read outside the group)."""
+    if not nodes:
+        return None, "empty group"
+    inside = set(nodes)
+    shape: tuple[int | None, ...] = ()
+    for i, n in enumerate(nodes):
+        node = graph[n]
+        if node.op not in OPS:
+            return None, f"{n}: op {node.op} has no generated form"
+        if len(node.outputs) != 1 or node.outputs[0].dtype != "float32":
+            return None, f"{n}: not one float32 output"
+        s = node.outputs[0].shape
+        if s is None or len(s) < 1 or any(d is None for d in s[1:]):
+            return None, f"{n}: output shape {s} is not [rows, static...]"
+        if i == 0:
+            shape = tuple(s)
+        elif tuple(s) != shape:
+            return None, f"{n}: output shape {s} differs from the group's {shape}"
+    width = 1
+    for d in shape[1:]:
+        width *= int(d)
+    value_of: dict[str, int] = {}
+    kinds: list[str] = []
+    input_refs: list[str] = []
+    body_ops: list[tuple[str, list[tuple[str, int]]]] = []  # operand: ("in"|"body", index)
+    for n in nodes:
+        node = graph[n]
+        operands: list[tuple[str, int]] = []
+        for ref in node.inputs:
+            if split_ref(ref)[0] in inside:
+                operands.append(("body", nodes.index(split_ref(ref)[0])))
+                continue
+            ref = _canon(ref)
+            info = graph.tensor(ref)
+            s = info.shape
+            if info.dtype != "float32" or s is None:
+                return None, f"{n}: input {ref} is {info.dtype} of shape {s}"
+            if _compatible(s, shape):  # unknown dims: checked when the op runs
+                kind = "full"
+            elif len(s) == 1 and s[0] == width and len(shape) == 2:
+                kind = "row"
+            elif all(d == 1 for d in s):
+                kind = "scalar"
+            else:
+                return None, f"{n}: input {ref} of shape {s} does not broadcast as full/row/scalar"
+            if ref not in value_of:
+                value_of[ref] = len(input_refs)
+                input_refs.append(ref)
+                kinds.append(kind)
+            operands.append(("in", value_of[ref]))
+        body_ops.append((node.op, operands))
+    if "full" not in kinds:
+        return None, "no input of the result's shape"
+    n_in = len(input_refs)
+    body = tuple(
+        (op, tuple(k if src == "in" else n_in + k for src, k in ops)) for op, ops in body_ops
+    )
+    results = {_canon(r) for r in outputs}
+    out_values = []
+    for i, n in enumerate(nodes):
+        readers = [c for c in graph.consumers(n) if c not in inside]
+        if readers or f"{n}:0" in results:
+            out_values.append(i)
+    controls = sorted({c for n in nodes for c in graph[n].control_inputs if c not in inside})
+    spec = LoopSpec(width, tuple(kinds), body, tuple(out_values))
+    return (
+        LoopGroup(spec, list(nodes), input_refs, [f"{nodes[i]}:0" for i in out_values], controls),
+        "",
+    )
+
+
+def generate(spec: LoopSpec) -> str:
+    """C++ source of the op of ``spec`` (see the module doc)."""
+    name = spec.op_name
+    n_in = len(spec.inputs)
+    full = spec.inputs.index("full")
+    lines = [
+        "// Generated by stitchrec compiler_opt/codegen_loop.py: do not edit. One op for an",
+        "// elementwise group of a serving graph.",
+        f"// spec: {spec.to_json()}",
+        "#include <algorithm>",
+        "#include <cmath>",
+        "#include <cstdint>",
+        '#include "tensorflow/core/framework/op.h"',
+        '#include "tensorflow/core/framework/op_kernel.h"',
+        '#include "tensorflow/core/framework/shape_inference.h"',
+        "namespace {",
+        "using ::tensorflow::OpKernel;",
+        "using ::tensorflow::OpKernelConstruction;",
+        "using ::tensorflow::OpKernelContext;",
+        "using ::tensorflow::Tensor;",
+        "namespace errors = ::tensorflow::errors;",
+        f"constexpr int64_t kWidth = {spec.width};",
+        f'REGISTER_OP("{name}")',
+        '    .Input("x: N * float")',
+        '    .Output("y: M * float")',
+        '    .Attr("N: int >= 1")',
+        '    .Attr("M: int >= 1")',
+        "    .SetShapeFn([](::tensorflow::shape_inference::InferenceContext* c) {",
+        f"      for (int i = 0; i < c->num_outputs(); ++i) c->set_output(i, c->input({full}));",
+        "      return ::absl::OkStatus();",
+        "    });",
+        f"class {name}Op : public OpKernel {{",
+        " public:",
+        f"  explicit {name}Op(OpKernelConstruction* c) : OpKernel(c) {{}}",
+        "  void Compute(OpKernelContext* ctx) override {",
+        f"    OP_REQUIRES(ctx, ctx->num_inputs() == {n_in} && ctx->num_outputs() == "
+        f'{len(spec.outputs)}, errors::InvalidArgument("{name}: expected {n_in} inputs and '
+        f'{len(spec.outputs)} outputs"));',
+        f"    const Tensor& ref = ctx->input({full});",
+        "    const int64_t n = ref.NumElements();",
+        "    OP_REQUIRES(ctx, n % kWidth == 0, errors::InvalidArgument(",
+        f'        "{name}: input {full} has ", n, " elements, not rows of ", kWidth));',
+        "    const int64_t rows = n / kWidth;",
+    ]
+    want = {"full": "n", "row": "kWidth", "scalar": "1"}
+    for k, kind in enumerate(spec.inputs):
+        lines += [
+            f"    OP_REQUIRES(ctx, ctx->input({k}).NumElements() == {want[kind]},",
+            f'        errors::InvalidArgument("{name}: input {k} ({kind}) has ",',
+            f'            ctx->input({k}).NumElements(), " elements, expected ", {want[kind]}));',
+            f"    const float* X{k} = ctx->input({k}).flat<float>().data();",
+        ]
+    # an output takes over the buffer of a full input no other op reads (as TensorFlow's
+    # elementwise kernels do): every element is read before it is written, so in place is
+    # safe, and the written tensor is the one still in the cache
+    full_inputs = ", ".join(str(k) for k, kind in enumerate(spec.inputs) if kind == "full")
+    for o in range(len(spec.outputs)):
+        lines += [
+            f"    Tensor* out{o} = nullptr;",
+            f"    OP_REQUIRES_OK(ctx, ctx->forward_input_or_allocate_output({{{full_inputs}}}, {o},",
+            f"                                                             ref.shape(), &out{o}));",
+            f"    float* Y{o} = out{o}->flat<float>().data();",
+        ]
+    lines += [
+        "    auto body = [&](int64_t begin, int64_t end) {",
+        "      for (int64_t r = begin; r < end; ++r) {",
+        "        const int64_t base = r * kWidth;",
+        "#pragma GCC ivdep",
+        "        for (int64_t j = 0; j < kWidth; ++j) {",
+    ]
+    for k, kind in enumerate(spec.inputs):
+        index = {"full": "base + j", "row": "j", "scalar": "0"}[kind]
+        lines.append(f"          const float v{k} = X{k}[{index}];")
+    for i, (op, operands) in enumerate(spec.body):
+        b = f"v{operands[1]}" if len(operands) > 1 else ""
+        expr = OPS[op][1].format(a=f"v{operands[0]}", b=b)
+        lines.append(f"          const float v{n_in + i} = {expr};")
+    for o, value in enumerate(spec.outputs):
+        lines.append(f"          Y{o}[base + j] = v{n_in + value};")
+    cost = 4 * (sum(k == "full" for k in spec.inputs) + len(spec.outputs)) + 2 * len(spec.body)
+    lines += [
+        "        }",
+        "      }",
+        "    };",
+        "    ctx->device()->tensorflow_cpu_worker_threads()->workers->ParallelFor(",
+        f"        rows, {cost} * kWidth, body);",
+        "  }",
+        "};",
+        f'REGISTER_KERNEL_BUILDER(Name("{name}").Device(::tensorflow::DEVICE_CPU), {name}Op);',
+        "}  // namespace",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+_LOCK = threading.Lock()
+_LOADED: dict[str, Any] = {}
+
+
+def load(spec: LoopSpec) -> str:
+    """Compiles (or finds in the cache) and loads the op of ``spec``; returns its name."""
+    with _LOCK:
+        name = spec.op_name
+        if name not in _LOADED:
+            lib = codegen.compile_kernel(generate(spec))
+            _LOADED[name] = tf.load_op_library(str(lib.path))
+        return name
+
+
+def loaded_op(name: str) -> Any:
+    """The Python function of loaded op ``name``: ``f(x: list of tensors, M=outputs)``."""
+    if name not in _LOADED:
+        raise KeyError(f"op {name!r} is not loaded; load(spec) loads it")
+    snake = "".join("_" + c.lower() if c.isupper() else c for c in name).lstrip("_")
+    return getattr(_LOADED[name], snake)
+
+
+def rewrite(
+    graph_def: graph_pb2.GraphDef, groups: Sequence[LoopGroup], outputs: Sequence[str]
+) -> tuple[graph_pb2.GraphDef, list[str]]:
+    """A copy of ``graph_def`` with each group's nodes replaced by one node of its op
+    (``stitch_loop_<i>``, loaded with :func:`load`), and ``outputs`` renamed accordingly."""
+    out = graph_pb2.GraphDef()
+    out.CopyFrom(graph_def)
+    rename: dict[str, str] = {}  # "node:0" of a replaced node -> "stitch_loop_i:k"
+    removed: dict[str, str] = {}  # replaced node -> its group's node name (control edges)
+    new_nodes = []
+    for i, g in enumerate(groups):
+        op = load(g.spec)
+        name = f"stitch_loop_{i}"
+        for k, ref in enumerate(g.output_refs):
+            rename[ref] = f"{name}:{k}"
+        for n in g.nodes:
+            removed[n] = name
+        node = node_def_pb2.NodeDef()
+        node.name = name
+        node.op = op
+        node.input.extend(g.input_refs)
+        node.input.extend(f"^{c}" for c in g.control_inputs)
+        node.attr["N"].CopyFrom(attr_value_pb2.AttrValue(i=len(g.input_refs)))
+        node.attr["M"].CopyFrom(attr_value_pb2.AttrValue(i=len(g.output_refs)))
+        new_nodes.append(node)
+
+    def fix(ref: str) -> str:
+        if ref.startswith("^"):
+            return "^" + removed.get(ref[1:], ref[1:])
+        canon = _canon(ref)
+        if split_ref(ref)[0] in removed:
+            if canon not in rename:
+                raise ValueError(f"{ref} is read outside its group but is not a group output")
+            return rename[canon]
+        return ref
+
+    kept = [n for n in out.node if n.name not in removed]
+    for n in kept + new_nodes:
+        data = [fix(r) for r in n.input if not r.startswith("^")]
+        controls = dict.fromkeys(fix(r) for r in n.input if r.startswith("^"))
+        del n.input[:]
+        n.input.extend(data + list(controls))  # a control edge may now appear twice
+    del out.node[:]
+    out.node.extend(kept + new_nodes)
+    return out, [fix(o) for o in outputs]
+
+
+__all__ = [
+    "INPUT_KINDS",
+    "OPS",
+    "LoopGroup",
+    "LoopSpec",
+    "generate",
+    "load",
+    "loop_spec",
+    "rewrite",
+]

@@ -1,0 +1,144 @@
+"""Generated loop ops: the spec's checks, the op against NumPy, a planned serving graph with its
+elementwise groups generated (outputs equal), the matmul epilogue rule, and freezing a graph
+that reads tables through the embedding kernel's handles."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from compiler_opt import codegen, codegen_loop, ir, planner, realize
+from compiler_opt.codegen_loop import LoopSpec
+from tests.compiler_opt.conftest import need_compiler
+
+
+def _op(spec: LoopSpec):
+    name = codegen_loop.load(spec)
+    return codegen_loop.loaded_op(name)
+
+
+def test_spec_rejects_what_it_cannot_generate():
+    with pytest.raises(ValueError, match="width must be >= 1"):
+        LoopSpec(0, ("full",), (("Relu", (0,)),), (0,))
+    with pytest.raises(ValueError, match="at least one 'full'"):
+        LoopSpec(4, ("row",), (("Relu", (0,)),), (0,))
+    with pytest.raises(ValueError, match="op 'Erf' is not one of"):
+        LoopSpec(4, ("full",), (("Erf", (0,)),), (0,))
+    with pytest.raises(ValueError, match="Mul takes 2 operands"):
+        LoopSpec(4, ("full",), (("Mul", (0,)),), (0,))
+    with pytest.raises(ValueError, match=r"operands \(0, 1\) out of range"):
+        LoopSpec(4, ("full",), (("Mul", (0, 1)),), (0,))
+    with pytest.raises(ValueError, match="outputs"):
+        LoopSpec(4, ("full",), (("Relu", (0,)),), (1,))
+
+
+def test_generated_op_computes_the_program_with_row_and_scalar_broadcasts():
+    need_compiler()
+    # v3 = x0 * x1 (full * row); v4 = v3 + x2 (scalar); v5 = relu(v4); outputs v3 and v5
+    spec = LoopSpec(
+        3,
+        ("full", "row", "scalar"),
+        (("Mul", (0, 1)), ("AddV2", (3, 2)), ("Relu", (4,))),
+        (0, 2),
+    )
+    x = np.array([[1.0, -2.0, 3.0], [0.5, 4.0, -1.0]], np.float32)
+    w = np.array([2.0, 1.0, -1.0], np.float32)
+    c = np.array(-1.5, np.float32)
+    prod, out = _op(spec)([x, w, c], M=2)
+    np.testing.assert_array_equal(prod.numpy(), [[2.0, -2.0, -3.0], [1.0, 4.0, 1.0]])
+    np.testing.assert_array_equal(out.numpy(), [[0.5, 0.0, 0.0], [0.0, 2.5, 0.0]])
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"input 1 \(row\) has 2 elements"):
+        _op(spec)([x, w[:2], c], M=2)
+
+
+def _model_fn():
+    """An MLP layer and a cross layer: ``h = relu(W1 x + b1)``, ``y = x * (W2 h + b2) + x``,
+    with ``W2 h`` a result too."""
+    rng = np.random.default_rng(0)
+    w1 = tf.constant(rng.normal(size=(6, 6)).astype(np.float32))
+    b1 = tf.constant(rng.normal(size=6).astype(np.float32))
+    w2 = tf.Variable(rng.normal(size=(6, 6)).astype(np.float32))
+    b2 = tf.Variable(rng.normal(size=6).astype(np.float32))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 6], tf.float32)])
+    def f(x):
+        h = tf.nn.relu(tf.nn.bias_add(tf.matmul(x, w1), b1))
+        m = tf.matmul(h, w2)
+        y = x * tf.nn.bias_add(m, b2) + x
+        return {"y": tf.sigmoid(y) * 2.0 - 1.0, "m": m}
+
+    return f, (w2, b2)
+
+
+def test_planner_leaves_matmul_epilogues_to_the_matmul(hand):
+    f, _ = _model_fn()
+    frozen = realize.freeze(f.get_concrete_function())
+    graph = ir.from_graph_def(frozen.graph_def, outputs=frozen.outputs)
+    epilogues = planner.runtime_epilogues(graph)
+    ops = sorted(graph[n].op for n in epilogues)
+    # relu(bias_add(matmul)) of the first layer; the second matmul has two readers (W2 h is a
+    # result and feeds the bias): the remapper cannot fold its BiasAdd, which then may be fused
+    assert ops == ["BiasAdd", "Relu"]
+    p = planner.plan(graph, hand, 64)
+    grouped = {n for g in p.groups for n in g.nodes}
+    assert not grouped & set(epilogues)
+    assert p.summary()["matmul_epilogues"] == 2
+    p_all = planner.plan(graph, hand, 64, epilogues=False)
+    assert p_all.summary()["matmul_epilogues"] == 0
+
+
+def test_generated_loops_equal_the_frozen_graph(hand):
+    need_compiler()
+    f, _ = _model_fn()
+    r = realize.generated_loops(f.get_concrete_function(), hand, 64)
+    assert r.loops >= 1
+    kinds = {n.op for n in r.tagged.node}
+    assert any(op.startswith("StitchrecLoop") for op in kinds)
+    for rows in (1, 7, 300):  # shape-generic: any batch size, no padding
+        x = np.random.default_rng(rows).normal(size=(rows, 6)).astype(np.float32)
+        want = r.unfused(x)
+        got = r.fused(x)
+        for a, b in zip(got, want, strict=True):
+            np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_a_group_with_an_op_without_generated_form_is_left_and_said_why(hand):
+    need_compiler()
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 4], tf.float32)])
+    def f(x):
+        return tf.math.erf(x * 2.0) + x
+
+    r = realize.generated_loops(f.get_concrete_function(), hand, 64)
+    assert r.loops == 0
+    assert any("Erf has no generated form" in why for why in r.left.values())
+    x = np.ones((3, 4), np.float32)
+    np.testing.assert_allclose(r.fused(x)[0].numpy(), r.unfused(x)[0].numpy())
+
+
+def test_freeze_keeps_the_handles_a_generated_embedding_kernel_reads():
+    need_compiler()
+    from embeddings.collection import EmbeddingCollection
+
+    coll = EmbeddingCollection(
+        [{"name": "a", "num_rows": 5, "dim": 2}, {"name": "b", "num_rows": 3, "dim": 2}]
+    )
+    ids = {"a": tf.constant([0, 4, 2], tf.int64), "b": tf.constant([1, 1, 2], tf.int64)}
+    coll(ids)
+    block, kernel = codegen.fused_block(coll, ids, dense_dim=0)
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.int64), tf.TensorSpec([None], tf.int64)])
+    def f(a, b):
+        return codegen.fused_concat(block, kernel, {"a": a, "b": b}, None) * 2.0
+
+    concrete = f.get_concrete_function()
+    assert len(realize.handles_kept(concrete)) == 2  # both tables, read by the kernel
+    frozen = realize.freeze(concrete)
+    assert len(frozen.bound) == 2
+    fn = realize.load_graph_def(frozen.graph_def, frozen.inputs, frozen.outputs, frozen.bound)
+    got = fn(ids["a"], ids["b"])[0].numpy()
+    want = 2.0 * tf.concat(list(coll(ids).values()), axis=1).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    coll.layers_by_field["a"].table.assign_add(tf.ones([5, 2]))  # read live, not frozen
+    np.testing.assert_allclose(fn(ids["a"], ids["b"])[0].numpy()[:, :2], want[:, :2] + 2.0)
