@@ -10,13 +10,13 @@ model instance, on that instance's device:
    where it runs, not where the model was exported;
 2. with ``realization = "xla_clusters"`` every planned group becomes one XLA cluster
    (``realize.xla_clusters``); with ``"generated"`` every planned elementwise ``loop`` group
-   that ``codegen_loop`` can express becomes one generated C++ op, the other groups XLA
-   clusters (``realize.generated_loops``); on a GPU, where the generated ops have no CUDA form
-   yet, ``"generated"`` falls back to ``"xla_clusters"`` (``describe()`` says which ran);
-3. every batch is padded to the next size of the spec's ladder (``buckets.Bucketed``), so at
-   most ``len(ladder)`` shapes ever reach the clusters, and ``warmup`` compiles them all before
-   the version turns ready: no request pays a compilation. Generated ops are shape-generic:
-   when a plan leaves no XLA cluster, batches run unpadded.
+   that ``codegen_loop`` can express becomes one generated C++ op and the rest stays
+   TensorFlow ops (``realize.generated_loops``): shape-generic, so batches run unpadded and
+   nothing compiles per shape; on a GPU, where the generated ops have no CUDA form yet,
+   ``"generated"`` falls back to ``"xla_clusters"`` (``describe()`` says which ran);
+3. with XLA clusters, every batch is padded to the next size of the spec's ladder
+   (``buckets.Bucketed``), so at most ``len(ladder)`` shapes ever reach the clusters, and
+   ``warmup`` compiles them all before the version turns ready: no request pays a compilation.
 
 The export itself stays an ordinary SavedModel (TensorFlow drops ``_XlaCompile`` tags from a
 traced function, so a tagged graph cannot be saved as one); a server without fusion, or
@@ -57,7 +57,8 @@ class FusionSpec:
     """What an export asks of the server.
 
     realization: how planned groups run (``xla_clusters``: one XLA cluster per group;
-      ``generated``: elementwise loop groups as generated C++ ops, the rest XLA clusters).
+      ``generated``: elementwise loop groups as generated C++ ops, the rest TensorFlow ops,
+      unpadded).
     ladder: batch-size buckets (strictly increasing); every batch is padded to the next one.
     plan_batch: the batch size the cost model plans at.
     signature: the signature that is fused (the others run unfused).
@@ -143,9 +144,7 @@ class FusedSignature:
         if self.realization == "generated" and coefficients.device.startswith("gpu"):
             self.realization = "xla_clusters"  # no CUDA form of the generated ops yet
         if self.realization == "generated":
-            realized = realize.generated_loops(
-                signature_fn, coefficients, spec.plan_batch, xla_rest=True
-            )
+            realized = realize.generated_loops(signature_fn, coefficients, spec.plan_batch)
         else:
             realized = realize.xla_clusters(signature_fn, coefficients, spec.plan_batch)
         outputs = signature_fn.structured_outputs

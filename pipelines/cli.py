@@ -253,7 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("xla_clusters", "generated"),
         default="xla_clusters",
         help="how --fuse runs the planned groups: XLA clusters (default), or the elementwise "
-        "loop groups as generated C++ ops (shape-generic) and the rest as XLA clusters",
+        "loop groups as generated C++ ops and the rest as TensorFlow ops (shape-generic: no "
+        "padding, no compilation)",
     )
     e.add_argument(
         "--fuse-kernels",

@@ -9,7 +9,8 @@ on the weights) exported by ``stitchrec export``'s code five times: plain (``unf
 clusters, batches padded to 8, 16, ..., 512, compiled at load), with the embedding block
 as a generated op (``kernels``: ``stitchrec export --fuse-kernels``), with a fusion.json asking
 for generated loop ops (``generated``: ``--fuse --fuse-realization generated``: the plan's
-elementwise groups as generated C++ ops, the other groups XLA clusters) and both
+elementwise groups as generated C++ ops in the frozen signature, the rest TensorFlow ops, no
+padding) and both
 (``kernels_generated``: ``--fuse-kernels --fuse --fuse-realization generated``). Each copy is
 served by ``serving.create_server`` on 127.0.0.1 port 0 (dynamic batching off, so every
 request runs at its own size) and gets ``--requests`` (200) TF-Serving ``Predict`` requests of
