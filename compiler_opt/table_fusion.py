@@ -136,7 +136,7 @@ class HorizontalEmbeddingCollection(tf.keras.layers.Layer):
     Call: ``{field: ids}`` (``[batch]`` or ragged ``[batch, None]`` int ids; every field of
     ``tables``) -> ``{field: [batch, dim]}`` in ``tables`` order, the values of
     ``EmbeddingCollection(tables)`` with the same weights (see the module docstring). A group's
-    ``full`` fields with ``[batch]`` ids are stacked into ``[batch, L]``, so they must share the
+    ``full`` fields with ``[batch]`` ids are stacked into ``[L, batch]``, so they must share the
     batch size (a model's fields do); other dense shapes ``S`` give ``S + [dim]`` as the layers.
 
     Args:
@@ -255,9 +255,11 @@ class HorizontalEmbeddingCollection(tf.keras.layers.Layer):
     def _group_call(self, g: _Group, ids: dict[str, Any]) -> dict[str, tf.Tensor]:
         """One group: the rows of every id, ONE gather, the vectors split back per field.
 
-        ``full`` fields with ``[batch]`` ids (the lane) are stacked to ``[batch, L]`` and their
-        rows computed at once, ``oov_safe(x, rows_f) + o_f`` broadcast over the columns, and
-        come back as ``[batch, L, dim]`` unstacked; the other fields (ragged, hashing, other
+        ``full`` fields with ``[batch]`` ids (the lane) are stacked field-major to
+        ``[L, batch]`` and their rows computed at once, ``oov_safe(x, rows_f) + o_f`` broadcast
+        over the batch, and come back as ``[L, batch, dim]``, whose ``[batch, dim]`` slices are
+        the fields' vectors without a copy (the batch-major layout first used cost two
+        interleaving copies: 2.1x slower than the plain layers at batch 4096); the other fields (ragged, hashing, other
         shapes) compute their rows one by one and are pooled by ``pool_and_regularize``.
         """
         table = self.group_tables[g.weight_name]
@@ -271,12 +273,14 @@ class HorizontalEmbeddingCollection(tf.keras.layers.Layer):
         rest = [f for f in g.fields if f not in lane]
         pieces = []
         if lane:
-            x = tf.stack([tf.cast(ids[f.name], tf.int64) for f in lane], axis=1)  # [batch, L]
-            limit = tf.constant([f.rows for f in lane], tf.int64)
-            offset = tf.constant([f.offset for f in lane], tf.int64)
+            # field-major [L, batch]: stacking and, after the gather, taking each field's
+            # [batch, dim] back are contiguous slices (no interleaving copy)
+            x = tf.stack([tf.cast(ids[f.name], tf.int64) for f in lane], axis=0)
+            limit = tf.constant([[f.rows] for f in lane], tf.int64)
+            offset = tf.constant([[f.offset] for f in lane], tf.int64)
             pieces.append(oov_safe(x, limit) + offset)
         pieces += [f.row_ids(ids[f.name]) for f in rest]
-        if len(pieces) == 1:  # [batch, L] rows -> [batch, L, dim], or one field's [n] -> [n, dim]
+        if len(pieces) == 1:  # [L, batch] rows -> [L, batch, dim], or one field's [n] -> [n, dim]
             parts = [tf.gather(table, pieces[0])]
         else:
             flat = [tf.reshape(p, [-1]) if p.shape.rank != 1 else p for p in pieces]
@@ -284,11 +288,11 @@ class HorizontalEmbeddingCollection(tf.keras.layers.Layer):
             vectors = tf.gather(table, tf.concat(flat, axis=0))
             parts = tf.split(vectors, sizes, axis=0, num=len(flat))
             if lane:
-                parts[0] = tf.reshape(parts[0], [-1, len(lane), g.dim])
+                parts[0] = tf.reshape(parts[0], [len(lane), -1, g.dim])
         out: dict[str, tf.Tensor] = {}
         if lane:
             lane_vectors = parts.pop(0)
-            for f, v in zip(lane, tf.unstack(lane_vectors, num=len(lane), axis=1), strict=True):
+            for f, v in zip(lane, tf.unstack(lane_vectors, num=len(lane), axis=0), strict=True):
                 out[f.name] = v
         for f, v in zip(rest, parts, strict=True):
             out[f.name] = pool_and_regularize(f.rule, ids[f.name], v)
