@@ -173,6 +173,25 @@ def call_args(w: Workload, mode: str, batch: int) -> tuple:
     return (ids, dense) if mode != "train" else (ids, dense, w.labels[batch])
 
 
+def _logits_after_embedding(
+    model: Any,
+    vectors: list[tf.Tensor],
+    interaction_dense: tf.Tensor | None,
+    ids: dict[str, tf.Tensor],
+    dense: tf.Tensor | None,
+    training: bool,
+) -> tf.Tensor:
+    """``RankingModel.logits_from`` after its embedding lookups: interaction of ``vectors``
+    (and ``interaction_dense``), tower, head, bias and the wide term of ``ids`` / ``dense``."""
+    z = model.interaction(vectors, interaction_dense)
+    if model.tower is not None:
+        z = model.tower(z, training=training)
+    logit = model.bias + model.head(z)[:, 0]
+    if model.wide is not None:
+        logit = logit + model.wide(ids, dense)
+    return logit
+
+
 def fused_functions(w: Workload, coefficients: Any = None) -> dict[str, Any]:
     """The workload with its embedding block as one generated op (``compiler_opt.codegen``).
 
@@ -207,13 +226,8 @@ def fused_functions(w: Workload, coefficients: Any = None) -> dict[str, Any]:
         return codegen.fused_concat(block, kernel, ids, dense)
 
     def rest(x0: tf.Tensor, ids: dict[str, tf.Tensor], dense: tf.Tensor | None, training: bool):
-        z = model.interaction([x0], None)  # concat / cross: their input is the concat x0
-        if model.tower is not None:
-            z = model.tower(z, training=training)
-        logit = model.bias + model.head(z)[:, 0]
-        if model.wide is not None:
-            logit = logit + model.wide(ids, dense)
-        return logit
+        # concat / cross: their input is the concat x0, which holds the dense inputs already
+        return _logits_after_embedding(model, [x0], None, ids, dense, training)
 
     rest_xla = {
         t: tf.function(lambda x0, ids, dense, t=t: rest(x0, ids, dense, t), jit_compile=True)
@@ -270,13 +284,8 @@ def htables_functions(w: Workload) -> dict[str, Any]:
 
     def inference(ids: dict[str, tf.Tensor], dense: tf.Tensor | None) -> tf.Tensor:
         # RankingModel.logits_from with the fused collection in place of model.embedding
-        z = model.interaction(list(emb(ids).values()), dense)
-        if model.tower is not None:
-            z = model.tower(z, training=False)
-        logit = model.bias + model.head(z)[:, 0]
-        if model.wide is not None:
-            logit = logit + model.wide(ids, dense)
-        return logit
+        vectors = list(emb(ids).values())
+        return _logits_after_embedding(model, vectors, dense, ids, dense, False)
 
     return {
         "sparse": sparse,
