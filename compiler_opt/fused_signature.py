@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -143,10 +144,21 @@ class FusedSignature:
         self.realization = spec.realization
         if self.realization == "generated" and coefficients.device.startswith("gpu"):
             self.realization = "xla_clusters"  # no CUDA form of the generated ops yet
+        # candidate realizations, chosen between by timing them in ``warmup``
+        self._candidates: dict[str, realize.Realized] = {}
         if self.realization == "generated":
-            realized = realize.generated_loops(signature_fn, coefficients, spec.plan_batch)
+            pb = spec.plan_batch
+            first = realize.generated_loops(signature_fn, coefficients, pb)
+            self._candidates["epilogues_to_matmul"] = first
+            if first.plan.epilogues:  # the other guess: the runtime does not fold them
+                self._candidates["epilogues_generated"] = realize.generated_loops(
+                    signature_fn, coefficients, pb, epilogues=False
+                )
+            realized = first
         else:
             realized = realize.xla_clusters(signature_fn, coefficients, spec.plan_batch)
+        self.choice = next(iter(self._candidates), "")
+        self.timings_ms: dict[str, float] = {}
         outputs = signature_fn.structured_outputs
         if not isinstance(outputs, Mapping):
             raise ValueError("fusion: the signature must return a dict of tensors")
@@ -174,6 +186,8 @@ class FusedSignature:
         counted, and the warm-up runs all the same)."""
         args = [tf.constant(features[n]) for n in self.input_names]
         if self.bucketed is None:  # generated ops only: shape-generic, nothing compiles
+            if len(self._candidates) > 1:
+                self._choose(features)
             for _ in range(calls):
                 self._fused(*args)
             self.compilations_at_load = 0
@@ -190,9 +204,36 @@ class FusedSignature:
         self.compilations_at_load = counter.count
         return counter.count
 
+    def _choose(self, features: Mapping[str, np.ndarray], rounds: int = 3, calls: int = 3) -> None:
+        """Times every candidate on ``features`` tiled to ``plan_batch`` rows (interleaved
+        rounds, the median) and keeps the fastest: whether the runtime folds a matmul's
+        ``BiasAdd`` and activation into it depends on the graph and the device (a frozen
+        graph on oneDNN runs the ``Relu`` apart), so it is measured, not assumed."""
+        pb = self.spec.plan_batch
+        args = [
+            tf.constant(np.resize(features[n], (pb, *np.shape(features[n])[1:])))
+            for n in self.input_names
+        ]
+        times: dict[str, list[float]] = {name: [] for name in self._candidates}
+        for r in self._candidates.values():
+            r.fused(*args)  # first calls: allocations, oneDNN primitives
+        for _ in range(rounds):
+            for name, r in self._candidates.items():
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    out = r.fused(*args)
+                out[0].numpy()
+                times[name].append((time.perf_counter() - t0) / calls)
+        self.timings_ms = {name: 1e3 * float(np.median(t)) for name, t in times.items()}
+        self.choice = min(self.timings_ms, key=self.timings_ms.get)
+        chosen = self._candidates[self.choice]
+        self._fused, self.loops, self.plan = chosen.fused, chosen.loops, chosen.plan
+
     def describe(self) -> dict[str, Any]:
         return {
             "realization": self.realization,
+            "choice": self.choice,
+            "timings_ms": {k: round(v, 3) for k, v in self.timings_ms.items()},
             "clusters": self.clusters,
             "generated_loops": self.loops,
             "ladder": list(self.spec.ladder),

@@ -114,6 +114,8 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
                 "compilations_in_requests": during.count,
                 "clusters": mv.fused[0].clusters if mv.fused else 0,
                 "generated_loops": mv.fused[0].loops if mv.fused else 0,
+                "choice": mv.fused[0].describe()["choice"] if mv.fused else "",
+                "timings_ms": mv.fused[0].describe()["timings_ms"] if mv.fused else {},
                 "p50_ms": float(np.percentile(lat, 50) * 1e3),
                 "p99_ms": float(np.percentile(lat, 99) * 1e3),
                 "mean_ms": float(np.mean(lat) * 1e3),

@@ -82,6 +82,11 @@ def test_fused_signature_matches_the_saved_model_at_any_batch_size(
     assert fused.describe()["realization"] == realization
     compiled = fused.warmup(_features(sig, 8))
     assert compiled >= fused.clusters  # every cluster, at least at one bucket
+    if realization == "generated":  # the MLP's BiasAdd + Relu: folded or generated, timed
+        info = fused.describe()
+        assert set(info["timings_ms"]) == {"epilogues_to_matmul", "epilogues_generated"}
+        assert info["choice"] == min(info["timings_ms"], key=info["timings_ms"].get)
+        assert fused.loops >= 1
     assert fused.describe()["compilations_at_load"] == compiled
     with count_compilations() as after:
         for rows in (1, 5, 8, 31, 100, 300):  # 300 > the top bucket: chunks of 128
