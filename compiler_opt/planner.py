@@ -331,8 +331,12 @@ def runtime_epilogues(graph: Graph) -> dict[str, str]:
     """
     out: dict[str, str] = {}
 
-    def only_reader(name: str) -> Node | None:
-        readers = graph.consumers(name)
+    def only_reader(name: str) -> Node | None:  # data readers: control waits do not count
+        readers = [
+            c
+            for c in graph.consumers(name)
+            if any(split_ref(r)[0] == name for r in graph[c].inputs)
+        ]
         return graph[readers[0]] if len(readers) == 1 else None
 
     for n in graph.nodes.values():

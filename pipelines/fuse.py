@@ -6,7 +6,8 @@
 Reads the signature's graph (nested calls inlined, see ``compiler_opt.ir``), loads or measures
 the cost coefficients of this machine's device (``compiler_opt.cost``; cached under
 ``~/.cache/stitchrec/compiler_opt/``, ``$STITCHREC_CACHE`` to move it) and prints the planned
-groups (kind, ops, launches, bytes before and after, estimated time saved) and the totals.
+groups (kind, ops, launches, bytes before and after, estimated time saved), the totals, and
+which elementwise loop groups have a generated C++ form (``--fuse-realization generated``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -29,6 +31,35 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--json", default=None, help="also write the full plan to this file")
     e.add_argument("--recalibrate", action="store_true", help="measure the device again")
     e.set_defaults(func=cmd_explain)
+
+
+def _generated_forms(args: argparse.Namespace, coefficients: Any) -> str:
+    """As the server runs ``--fuse-realization generated``: the signature frozen and planned,
+    which of its ``loop`` groups have a generated C++ form (``compiler_opt.codegen_loop``) and
+    why the others do not, and the matmul epilogues left to the matmul."""
+    import tensorflow as tf
+
+    from compiler_opt import codegen, codegen_loop, ir, planner, realize
+
+    codegen.load_for_saved_model(args.saved_model)  # an export with the embedding op
+    loaded = tf.saved_model.load(args.saved_model)
+    frozen = realize.freeze(loaded.signatures[args.signature])
+    graph = ir.from_graph_def(frozen.graph_def, outputs=frozen.outputs)
+    plan = planner.plan(
+        graph, coefficients, args.batch, unknown_dim=args.unknown_dim, max_args=args.max_args
+    )
+    loops = [g for g in plan.groups if g.kind == "loop"]
+    why = {g.id: codegen_loop.loop_spec(graph, g.nodes, frozen.outputs)[1] for g in loops}
+    ok = [str(i) for i, reason in why.items() if not reason]
+    lines = [
+        f"served with --fuse-realization generated (the signature frozen, planned again): "
+        f"{len(ok)} of {len(loops)} loop group(s) as generated ops; matmul epilogues left to "
+        f"the matmul: {len(plan.epilogues)}"
+    ]
+    for g in loops:
+        ops = ", ".join(graph[n].op for n in g.nodes[:6])
+        lines.append(f"  {ops}: {why[g.id] or 'generated'}")
+    return "\n".join(lines)
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
@@ -47,6 +78,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     )
     print(f"{args.saved_model} [{args.signature}]", flush=True)
     print(plan.to_text(max_groups=args.max_groups), flush=True)
+    print(_generated_forms(args, coefficients), flush=True)
     c = coefficients
     print(
         f"coefficients: launch {c.launch_s * 1e6:.3f} us, bandwidth {c.bandwidth / 1e9:.1f} GB/s, "
