@@ -142,3 +142,29 @@ def test_freeze_keeps_the_handles_a_generated_embedding_kernel_reads():
     np.testing.assert_allclose(got, want, rtol=1e-6)
     coll.layers_by_field["a"].table.assign_add(tf.ones([5, 2]))  # read live, not frozen
     np.testing.assert_allclose(fn(ids["a"], ids["b"])[0].numpy()[:, :2], want[:, :2] + 2.0)
+
+
+def test_a_head_column_squeeze_is_generated_and_keeps_the_result_shape(hand):
+    need_compiler()
+    rng = np.random.default_rng(1)
+    w = tf.constant(rng.normal(size=(5, 1)).astype(np.float32))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 5], tf.float32)])
+    def f(x):  # a head: logits [rows, 1] -> [rows], plus a bias, then the probability
+        return tf.sigmoid(tf.matmul(x, w)[:, 0] + 0.25)
+
+    r = realize.generated_loops(f.get_concrete_function(), hand, 64)
+    assert r.loops == 1, r.left
+    for rows in (1, 9):
+        x = rng.normal(size=(rows, 5)).astype(np.float32)
+        got, want = r.fused(x)[0], r.unfused(x)[0]
+        assert got.shape == (rows,)
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 5], tf.float32)])
+    def g(x):  # x[:, 1] of a wider matrix is not a squeeze: left, and said why
+        return tf.sigmoid(x[:, 1] + 0.25)
+
+    r = realize.generated_loops(g.get_concrete_function(), hand, 64)
+    assert r.loops == 0
+    assert any("StridedSlice other than x[:, 0]" in why for why in r.left.values())

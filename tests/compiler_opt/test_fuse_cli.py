@@ -33,11 +33,12 @@ def test_explain_prints_and_writes_the_plan(tiny_saved_model, tmp_path, monkeypa
     assert "kernel launches" in text and "bytes moved" in text and "B/example" in text
     assert "concat" in text  # the lookups, pools and concat of the embeddings: one group
     # as served: the cross layer's Mul + AddV2 has a generated form; its BiasAdd and the MLP's
-    # BiasAdd + Relu stay with their matmuls; a group with a StridedSlice has none, and why
+    # BiasAdd + Relu stay with their matmuls; a group with IsFinite has none, and why
     assert "served with --fuse-realization generated" in text
     assert "matmul epilogues left to the matmul: 3" in text
     assert "  Mul, AddV2: generated" in text
-    assert "op StridedSlice has no generated form" in text
+    assert "  StridedSlice, AddV2, Sigmoid: generated" in text  # the head: logits[:, 0] + b
+    assert "op IsFinite has no generated form" in text
     plan = json.loads(out.read_text())
     s = plan["summary"]
     assert s["batch"] == 512 and s["launches_after"] < s["launches_before"]
