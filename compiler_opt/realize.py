@@ -258,6 +258,69 @@ def xla_clusters(
     )
 
 
+#: activations TensorFlow's CPU and GPU ``_FusedMatMul`` kernels run after the bias
+_FOLDABLE_ACTIVATIONS = ("Relu", "Relu6", "Elu")
+
+
+def fold_epilogues(
+    graph_def: graph_pb2.GraphDef, epilogues: dict[str, str], outputs: Sequence[str]
+) -> tuple[graph_pb2.GraphDef, list[str]]:
+    """A copy of ``graph_def`` where each ``MatMul`` with its planned epilogue
+    (``Plan.epilogues``: ``BiasAdd`` [+ ``Relu`` / ``Relu6`` / ``Elu``]) is one ``_FusedMatMul``
+    node, and ``outputs`` renamed accordingly. The planner leaves epilogues to the matmul
+    because Grappler's remapper folds them in a traced graph; in a frozen serving graph on
+    oneDNN it does not (the ``Relu`` runs apart), so the realization folds them itself.
+    Other activations (and ``Conv2D``) stay as they are."""
+    by = {n.name: n for n in graph_def.node}
+    chains: dict[str, list[str]] = {}
+    for node, matmul in epilogues.items():
+        if by.get(matmul) is not None and by[matmul].op == "MatMul" and node in by:
+            chains.setdefault(matmul, []).append(node)
+    out = graph_pb2.GraphDef()
+    out.CopyFrom(graph_def)
+    by = {n.name: n for n in out.node}
+    rename: dict[str, str] = {}
+    removed: set[str] = set()
+    for matmul, nodes in chains.items():
+        nodes.sort(key=lambda n: by[n].op != "BiasAdd")  # the bias first
+        bias = by[nodes[0]]
+        if bias.op != "BiasAdd":
+            continue
+        if len(nodes) > 1 and by[nodes[1]].op not in _FOLDABLE_ACTIVATIONS:
+            nodes = nodes[:1]
+        m, last = by[matmul], by[nodes[-1]]
+        fused = out.node.add()
+        fused.name = f"{last.name}/stitch_fused_matmul"
+        fused.op = "_FusedMatMul"
+        fused.input.extend([m.input[0], m.input[1], bias.input[1]])
+        fused.input.extend(i for i in m.input if i.startswith("^"))
+        for key in ("T", "transpose_a", "transpose_b"):
+            fused.attr[key].CopyFrom(m.attr[key])
+        fused.attr["num_args"].CopyFrom(attr_value_pb2.AttrValue(i=1))
+        ops = [by[n].op.encode() for n in nodes]
+        fused.attr["fused_ops"].CopyFrom(
+            attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(s=ops))
+        )
+        rename[last.name] = fused.name
+        removed.update([matmul, *nodes])
+
+    def fix(ref: str) -> str:
+        control = ref.startswith("^")
+        name, _, index = ref.lstrip("^").partition(":")
+        if name not in rename:
+            return ref
+        return ("^" if control else "") + rename[name] + (f":{index}" if index else "")
+
+    kept = [n for n in out.node if n.name not in removed]
+    for n in kept:
+        inputs = [fix(r) for r in n.input]
+        del n.input[:]
+        n.input.extend(inputs)
+    del out.node[:]
+    out.node.extend(kept)
+    return out, [fix(o) for o in outputs]
+
+
 def generated_loops(
     concrete_fn: Any,
     coefficients: Coefficients,
@@ -270,7 +333,9 @@ def generated_loops(
     """Plans ``concrete_fn`` (frozen) at ``batch`` and runs every planned ``loop`` group that
     ``codegen_loop.loop_spec`` can express as one generated C++ op (``codegen_loop``); with
     ``xla_rest`` the other planned groups become XLA clusters, as in ``xla_clusters``.
-    ``Realized.loops`` counts the generated ops, ``Realized.left`` says why a loop group was
+    The matmul epilogues the plan left out of its groups are folded into ``_FusedMatMul``
+    nodes (``fold_epilogues``). ``Realized.loops`` counts the generated ops,
+    ``Realized.left`` says why a loop group was
     not generated. Raises ``codegen.CompilerUnavailable`` without a compiler."""
     from compiler_opt import codegen_loop
 
@@ -289,6 +354,8 @@ def generated_loops(
             left[g.id] = reason
         rest.update({n: g.id for n in g.nodes})
     graph_def, outputs = codegen_loop.rewrite(frozen.graph_def, loops, frozen.outputs)
+    if p.epilogues:  # make the planner's assumption true: each matmul runs its epilogue
+        graph_def, outputs = fold_epilogues(graph_def, p.epilogues, outputs)
     tagged = graph_def
     clusters = 0
     if xla_rest and rest:

@@ -95,6 +95,10 @@ def test_generated_loops_equal_the_frozen_graph(hand):
     assert r.loops >= 1
     kinds = {n.op for n in r.tagged.node}
     assert any(op.startswith("StitchrecLoop") for op in kinds)
+    # relu(bias_add(matmul)): the epilogue the plan left to the matmul is folded into it
+    fused_mm = [n for n in r.tagged.node if n.op == "_FusedMatMul"]
+    assert [list(n.attr["fused_ops"].list.s) for n in fused_mm] == [[b"BiasAdd", b"Relu"]]
+    assert "Relu" not in kinds
     for rows in (1, 7, 300):  # shape-generic: any batch size, no padding
         x = np.random.default_rng(rows).normal(size=(rows, 6)).astype(np.float32)
         want = r.unfused(x)
