@@ -359,8 +359,6 @@ def rewrite(
 ) -> tuple[graph_pb2.GraphDef, list[str]]:
     """A copy of ``graph_def`` with each group's nodes replaced by one node of its op
     (``stitch_loop_<i>``, loaded with :func:`load`), and ``outputs`` renamed accordingly."""
-    out = graph_pb2.GraphDef()
-    out.CopyFrom(graph_def)
     rename: dict[str, str] = {}  # "node:0" of a replaced node -> "stitch_loop_i:k"
     removed: dict[str, str] = {}  # replaced node -> its group's node name (control edges)
     new_nodes = []
@@ -380,24 +378,41 @@ def rewrite(
         node.attr["M"].CopyFrom(attr_value_pb2.AttrValue(i=len(g.output_refs)))
         new_nodes.append(node)
 
+    return replace_nodes(graph_def, new_nodes, removed, rename, outputs)
+
+
+def replace_nodes(
+    graph_def: graph_pb2.GraphDef,
+    new_nodes: Sequence[Any],
+    removed: dict[str, str],
+    tensors: dict[str, str],
+    outputs: Sequence[str],
+) -> tuple[graph_pb2.GraphDef, list[str]]:
+    """A copy of ``graph_def`` without the ``removed`` nodes and with ``new_nodes`` (NodeDefs)
+    added; every reference to a removed node is rewired: a data input ``"node:i"`` to
+    ``tensors["node:i"]`` (a ``ValueError`` when it has no replacement), a control input
+    ``"^node"`` to ``"^" + removed[node]``. Returns the GraphDef and ``outputs`` rewired."""
+    out = graph_pb2.GraphDef()
+    out.CopyFrom(graph_def)
+
     def fix(ref: str) -> str:
         if ref.startswith("^"):
             return "^" + removed.get(ref[1:], ref[1:])
+        if split_ref(ref)[0] not in removed:
+            return ref
         canon = _canon(ref)
-        if split_ref(ref)[0] in removed:
-            if canon not in rename:
-                raise ValueError(f"{ref} is read outside its group but is not a group output")
-            return rename[canon]
-        return ref
+        if canon not in tensors:
+            raise ValueError(f"{ref} is read outside the replaced nodes but has no replacement")
+        return tensors[canon]
 
     kept = [n for n in out.node if n.name not in removed]
-    for n in kept + new_nodes:
+    for n in kept + list(new_nodes):
         data = [fix(r) for r in n.input if not r.startswith("^")]
         controls = dict.fromkeys(fix(r) for r in n.input if r.startswith("^"))
         del n.input[:]
         n.input.extend(data + list(controls))  # a control edge may now appear twice
     del out.node[:]
-    out.node.extend(kept + new_nodes)
+    out.node.extend(kept + list(new_nodes))
     return out, [fix(o) for o in outputs]
 
 
@@ -409,5 +424,6 @@ __all__ = [
     "generate",
     "load",
     "loop_spec",
+    "replace_nodes",
     "rewrite",
 ]

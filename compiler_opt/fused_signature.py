@@ -147,12 +147,12 @@ class FusedSignature:
         # candidate realizations, chosen between by timing them in ``warmup``
         self._candidates: dict[str, realize.Realized] = {}
         if self.realization == "generated":
-            pb = spec.plan_batch
-            first = realize.generated_loops(signature_fn, coefficients, pb)
+            pb, frozen = spec.plan_batch, realize.freeze(signature_fn)
+            first = realize.generated_loops(signature_fn, coefficients, pb, frozen=frozen)
             self._candidates["epilogues_to_matmul"] = first
             if first.plan.epilogues:  # the other guess: the runtime does not fold them
                 self._candidates["epilogues_generated"] = realize.generated_loops(
-                    signature_fn, coefficients, pb, epilogues=False
+                    signature_fn, coefficients, pb, frozen=frozen, epilogues=False
                 )
             realized = first
         else:

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import tensorflow as tf
-from tensorflow.core.framework import attr_value_pb2, graph_pb2
+from tensorflow.core.framework import attr_value_pb2, graph_pb2, node_def_pb2
 from tensorflow.python.framework import convert_to_constants
 from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
 
@@ -271,16 +271,16 @@ def fold_epilogues(
     because Grappler's remapper folds them in a traced graph; in a frozen serving graph on
     oneDNN it does not (the ``Relu`` runs apart), so the realization folds them itself.
     Other activations (and ``Conv2D``) stay as they are."""
+    from compiler_opt import codegen_loop
+
     by = {n.name: n for n in graph_def.node}
     chains: dict[str, list[str]] = {}
     for node, matmul in epilogues.items():
         if by.get(matmul) is not None and by[matmul].op == "MatMul" and node in by:
             chains.setdefault(matmul, []).append(node)
-    out = graph_pb2.GraphDef()
-    out.CopyFrom(graph_def)
-    by = {n.name: n for n in out.node}
-    rename: dict[str, str] = {}
-    removed: set[str] = set()
+    new_nodes = []
+    removed: dict[str, str] = {}  # matmul and epilogue nodes -> the fused node
+    tensors: dict[str, str] = {}  # the last epilogue node's result -> the fused node's
     for matmul, nodes in chains.items():
         nodes.sort(key=lambda n: by[n].op != "BiasAdd")  # the bias first
         bias = by[nodes[0]]
@@ -289,9 +289,7 @@ def fold_epilogues(
         if len(nodes) > 1 and by[nodes[1]].op not in _FOLDABLE_ACTIVATIONS:
             nodes = nodes[:1]
         m, last = by[matmul], by[nodes[-1]]
-        fused = out.node.add()
-        fused.name = f"{last.name}/stitch_fused_matmul"
-        fused.op = "_FusedMatMul"
+        fused = node_def_pb2.NodeDef(name=f"{last.name}/stitch_fused_matmul", op="_FusedMatMul")
         fused.input.extend([m.input[0], m.input[1], bias.input[1]])
         fused.input.extend(i for i in m.input if i.startswith("^"))
         for key in ("T", "transpose_a", "transpose_b"):
@@ -301,45 +299,39 @@ def fold_epilogues(
         fused.attr["fused_ops"].CopyFrom(
             attr_value_pb2.AttrValue(list=attr_value_pb2.AttrValue.ListValue(s=ops))
         )
-        rename[last.name] = fused.name
-        removed.update([matmul, *nodes])
-
-    def fix(ref: str) -> str:
-        control = ref.startswith("^")
-        name, _, index = ref.lstrip("^").partition(":")
-        if name not in rename:
-            return ref
-        return ("^" if control else "") + rename[name] + (f":{index}" if index else "")
-
-    kept = [n for n in out.node if n.name not in removed]
-    for n in kept:
-        inputs = [fix(r) for r in n.input]
-        del n.input[:]
-        n.input.extend(inputs)
-    del out.node[:]
-    out.node.extend(kept)
-    return out, [fix(o) for o in outputs]
+        new_nodes.append(fused)
+        removed.update(dict.fromkeys([matmul, *nodes], fused.name))
+        tensors[f"{last.name}:0"] = f"{fused.name}:0"
+    return codegen_loop.replace_nodes(graph_def, new_nodes, removed, tensors, outputs)
 
 
-def generated_loops(
-    concrete_fn: Any,
+@dataclasses.dataclass
+class LoopPlan:
+    """A frozen graph planned for generated loop ops (``plan_loops``): ``loops`` the planned
+    ``loop`` groups ``codegen_loop`` can express (``codegen_loop.LoopGroup``), ``left`` why the
+    other loop groups cannot (group id -> reason), ``rest`` the nodes of every planned group
+    not generated (node -> group id)."""
+
+    frozen: Frozen
+    graph: ir.Graph
+    plan: Plan
+    loops: list[Any]
+    left: dict[int, str]
+    rest: dict[str, int]
+
+
+def plan_loops(
+    frozen: Frozen,
     coefficients: Coefficients,
     batch: int,
     *,
-    xla_rest: bool = False,
     min_group_size: int = 2,
     **plan_options: Any,
-) -> Realized:
-    """Plans ``concrete_fn`` (frozen) at ``batch`` and runs every planned ``loop`` group that
-    ``codegen_loop.loop_spec`` can express as one generated C++ op (``codegen_loop``); with
-    ``xla_rest`` the other planned groups become XLA clusters, as in ``xla_clusters``.
-    The matmul epilogues the plan left out of its groups are folded into ``_FusedMatMul``
-    nodes (``fold_epilogues``). ``Realized.loops`` counts the generated ops,
-    ``Realized.left`` says why a loop group was
-    not generated. Raises ``codegen.CompilerUnavailable`` without a compiler."""
+) -> LoopPlan:
+    """Plans ``frozen`` at ``batch`` and sorts its groups into generated loop ops and the rest
+    (no compiler needed: ``stitchrec fuse explain`` prints it)."""
     from compiler_opt import codegen_loop
 
-    frozen = freeze(concrete_fn)
     graph = ir.from_graph_def(frozen.graph_def, outputs=frozen.outputs)
     p = plan(graph, coefficients, batch, **plan_options)
     loops, left, rest = [], {}, {}
@@ -353,6 +345,31 @@ def generated_loops(
                 continue
             left[g.id] = reason
         rest.update({n: g.id for n in g.nodes})
+    return LoopPlan(frozen, graph, p, loops, left, rest)
+
+
+def generated_loops(
+    concrete_fn: Any,
+    coefficients: Coefficients,
+    batch: int,
+    *,
+    frozen: Frozen | None = None,
+    xla_rest: bool = False,
+    min_group_size: int = 2,
+    **plan_options: Any,
+) -> Realized:
+    """Plans ``concrete_fn`` (frozen; ``frozen`` when the caller has frozen it already) at
+    ``batch`` and runs every planned ``loop`` group that ``codegen_loop.loop_spec`` can express
+    as one generated C++ op (``plan_loops``, ``codegen_loop``); with ``xla_rest`` the other
+    planned groups become XLA clusters, as in ``xla_clusters``. The matmul epilogues the plan
+    left out of its groups are folded into ``_FusedMatMul`` nodes (``fold_epilogues``).
+    ``Realized.loops`` counts the generated ops, ``Realized.left`` says why a loop group was
+    not generated. Raises ``codegen.CompilerUnavailable`` without a compiler."""
+    from compiler_opt import codegen_loop
+
+    frozen = frozen if frozen is not None else freeze(concrete_fn)
+    lp = plan_loops(frozen, coefficients, batch, min_group_size=min_group_size, **plan_options)
+    graph, p, loops, left, rest = lp.graph, lp.plan, lp.loops, lp.left, lp.rest
     graph_def, outputs = codegen_loop.rewrite(frozen.graph_def, loops, frozen.outputs)
     if p.epilogues:  # make the planner's assumption true: each matmul runs its epilogue
         graph_def, outputs = fold_epilogues(graph_def, p.epilogues, outputs)

@@ -39,17 +39,20 @@ def _generated_forms(args: argparse.Namespace, coefficients: Any) -> str:
     why the others do not, and the matmul epilogues left to the matmul."""
     import tensorflow as tf
 
-    from compiler_opt import codegen, codegen_loop, ir, planner, realize
+    from compiler_opt import codegen, realize
 
     codegen.load_for_saved_model(args.saved_model)  # an export with the embedding op
     loaded = tf.saved_model.load(args.saved_model)
-    frozen = realize.freeze(loaded.signatures[args.signature])
-    graph = ir.from_graph_def(frozen.graph_def, outputs=frozen.outputs)
-    plan = planner.plan(
-        graph, coefficients, args.batch, unknown_dim=args.unknown_dim, max_args=args.max_args
+    lp = realize.plan_loops(
+        realize.freeze(loaded.signatures[args.signature]),
+        coefficients,
+        args.batch,
+        unknown_dim=args.unknown_dim,
+        max_args=args.max_args,
     )
+    graph, plan = lp.graph, lp.plan
     loops = [g for g in plan.groups if g.kind == "loop"]
-    why = {g.id: codegen_loop.loop_spec(graph, g.nodes, frozen.outputs)[1] for g in loops}
+    why = {g.id: lp.left.get(g.id, "") for g in loops}
     ok = [str(i) for i, reason in why.items() if not reason]
     lines = [
         f"served with --fuse-realization generated (the signature frozen, planned again): "

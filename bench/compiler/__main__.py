@@ -184,7 +184,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
                         # the whole pass on the serving path: the kernel's graph frozen (its
                         # tables stay handles), its loop groups generated (codegen_loop)
                         rk = realize.generated_loops(
-                            _flat_function(fused[mode], call), coefficients, batch
+                            variants["kernel_flat"][0], coefficients, batch
                         )
                         variants["kernel_frozen"] = (rk.unfused, flat)
                         variants["kernel_loops"] = (rk.fused, flat)

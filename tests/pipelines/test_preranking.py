@@ -107,6 +107,22 @@ def test_cli_train_runs_the_three_stages_and_writes_selection(tmp_path, capsys):
     assert sorted(meta["inputs"]) == sorted(sel["kept"])
 
 
+def _quiet(_: str) -> None:
+    pass
+
+
+def _built_fscd(cfg) -> tuple:
+    """``(schema, train_files, test_files, model)``: the run's data prepared and an FSCD model
+    built on a sample (seed 0), as ``stitchrec train`` does before stage 1."""
+    paths = RunPaths(Path(cfg.output_dir))
+    schema, train_files, test_files = prepare_data(cfg, paths, _quiet)
+    stats = prepare_stats(schema, train_files, paths, _quiet)
+    tf.keras.utils.set_random_seed(0)
+    model = build_fscd(cfg, schema, stats)
+    build_on_sample(model, schema, train_files)
+    return schema, train_files, test_files, model
+
+
 def _stage1_keep(
     tmp_path: Path, name: str, schema_text: str, budget_value: int, mode: str = "free"
 ) -> dict:
@@ -115,14 +131,8 @@ def _stage1_keep(
     pre = FSCD.replace("budget_value = 2", f"budget_value = {budget_value}")
     pre += f'request_fields = "{mode}"\n'
     cfg = load_config(_config(tmp_path, data, name, pre))
-    quiet = lambda _: None  # noqa: E731
-    paths = RunPaths(Path(cfg.output_dir))
-    schema, train_files, _ = prepare_data(cfg, paths, quiet)
-    stats = prepare_stats(schema, train_files, paths, quiet)
-    tf.keras.utils.set_random_seed(0)
-    stage1 = build_fscd(cfg, schema, stats)
-    build_on_sample(stage1, schema, train_files)
-    fit(stage1, schema, train_files, cfg, cfg.preranking.fscd_epochs, quiet, "stage 1")
+    schema, train_files, _, stage1 = _built_fscd(cfg)
+    fit(stage1, schema, train_files, cfg, cfg.preranking.fscd_epochs, _quiet, "stage 1")
     return select_stage(stage1, schema, cfg, train_files)
 
 
@@ -160,16 +170,10 @@ def test_penalty_weight_is_one_over_n_unless_set():
 def test_fit_stops_early_and_restores_the_best_epoch(tmp_path):
     data = write_grouped(tmp_path / "data", rows=1500)
     cfg = load_config(_config(tmp_path, data, "es", FSCD))
-    quiet = lambda _: None  # noqa: E731
-    paths = RunPaths(Path(cfg.output_dir))
-    schema, train_files, test_files = prepare_data(cfg, paths, quiet)
-    stats = prepare_stats(schema, train_files, paths, quiet)
-    tf.keras.utils.set_random_seed(0)
-    model = build_fscd(cfg, schema, stats)
-    build_on_sample(model, schema, train_files)
+    schema, train_files, test_files, model = _built_fscd(cfg)
     # a learning rate this high overfits the tiny log within a few epochs
     out = fit(
-        model, schema, train_files, cfg, 6, quiet, "es",
+        model, schema, train_files, cfg, 6, _quiet, "es",
         valid_files=test_files, patience=1, learning_rate=0.02,
     )  # fmt: skip
     aucs = out["valid_auc"]
@@ -181,7 +185,7 @@ def test_fit_stops_early_and_restores_the_best_epoch(tmp_path):
     restored = evaluate_model(make_scorer(model, schema), schema, test_files)["auc"]
     assert restored == pytest.approx(best, abs=1e-6)
     with pytest.raises(ValueError, match="patience"):
-        fit(model, schema, train_files, cfg, 1, quiet, "es", valid_files=test_files, patience=0)
+        fit(model, schema, train_files, cfg, 1, _quiet, "es", valid_files=test_files, patience=0)
 
 
 def test_request_fields_stay_whatever_they_cost_unless_budgeted(tmp_path):
