@@ -121,11 +121,16 @@ class FieldSpec:
 
 @dataclasses.dataclass(frozen=True)
 class KernelSpec:
-    """The fused block: tables, fields in output order, dense columns appended at the end."""
+    """The fused block: tables, fields in output order, dense columns appended at the end.
+
+    ``mask_rows``: AMTL masks come per table row (``[num_rows, dim]``, read at the op's own row
+    of each id: the tabulated serving form, ``compiler_opt.tabulate``) instead of per unique id
+    with a ``wheres`` index (the training form)."""
 
     tables: tuple[TableSpec, ...]
     fields: tuple[FieldSpec, ...]
     dense_dim: int = 0
+    mask_rows: bool = False
 
     @property
     def emb_dim(self) -> int:
@@ -143,8 +148,15 @@ class KernelSpec:
     def num_id_inputs(self) -> int:
         return sum(2 if f.ragged else 1 for f in self.fields)
 
+    @property
+    def num_where_inputs(self) -> int:
+        return 0 if self.mask_rows else len(self.masked_fields)
+
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True, separators=(",", ":"))
+        d = dataclasses.asdict(self)
+        if not self.mask_rows:  # the training form keeps the hash it had before the flag
+            del d["mask_rows"]
+        return json.dumps(d, sort_keys=True, separators=(",", ":"))
 
 
 @dataclasses.dataclass
@@ -568,13 +580,19 @@ def _prefetch(f: FieldSpec, spec: KernelSpec, first_id: int, distance: int) -> s
     return f"      {{ const int64_t id_ = I{first_id}[b + {distance}]; {body} }}"
 
 
+def _mask_row(spec: KernelSpec, m: int, k: str) -> str:
+    """The mask row read for id ``k`` of masked field ``m``: its ``wheres`` entry, or the table
+    row ``r0`` the id reads (``mask_rows``)."""
+    return "r0" if spec.mask_rows else f"static_cast<int64_t>(W{m}[{k}])"
+
+
 def _field_forward(f: FieldSpec, spec: KernelSpec, first_id: int, mask_index: int | None) -> str:
     lines = [f"    {{  // field {f.name!r}: {f.method}, dim {f.dim}, columns {f.offset}.."]
     segs = _segments(f)
     body_ptr = _row_code(f, "id_") + _ptr_code(f, spec)
     if mask_index is not None:
         body_ptr.append(
-            f"const float* m_ = M{mask_index} + static_cast<int64_t>(W{mask_index}[k_]) * {f.dim};"
+            f"const float* m_ = M{mask_index} + {_mask_row(spec, mask_index, 'k_')} * {f.dim};"
         )
     if not f.ragged:
         lines.append(f"      const int64_t k_ = b; const int64_t id_ = I{first_id}[b];")
@@ -609,7 +627,7 @@ def _field_backward(f: FieldSpec, spec: KernelSpec, first_id: int, mask_index: i
     body = _row_code(f, "id_") + _ptr_code(f, spec)
     if mask_index is not None:
         body.append(
-            f"const float* m_ = M{mask_index} + static_cast<int64_t>(W{mask_index}[k_]) * {f.dim};"
+            f"const float* m_ = M{mask_index} + {_mask_row(spec, mask_index, 'k_')} * {f.dim};"
         )
     comps = _grad_components(f)
     per_id = []
@@ -666,7 +684,7 @@ def _mask_backward(f: FieldSpec, spec: KernelSpec, first_id: int, mask_index: in
         lines.append(f"        const int64_t id_ = {vals}[k_];")
         lines.append(f"        const int64_t r0 = OovSafe(id_, {f.param('num_rows')}LL);")
         lines.append(f"        const float* p0 = T{t} + r0 * {d};")
-        lines.append(f"        float* o_ = dm + static_cast<int64_t>(W{mask_index}[k_]) * {d};")
+        lines.append(f"        float* o_ = dm + {_mask_row(spec, mask_index, 'k_')} * {d};")
         lines.append(f"        const float* g_ = dy + b * kOutDim + {f.offset};")
         lines.append(f"        for (int j = 0; j < {d}; ++j) o_[j] += g_[j] / n_ * p0[j];")
         lines.append("      }")
@@ -675,7 +693,7 @@ def _mask_backward(f: FieldSpec, spec: KernelSpec, first_id: int, mask_index: in
         lines.append("    for (int64_t b = 0; b < batch; ++b) {")
         lines.append(f"      const int64_t r0 = OovSafe(I{first_id}[b], {f.param('num_rows')}LL);")
         lines.append(f"      const float* p0 = T{t} + r0 * {d};")
-        lines.append(f"      float* o_ = dm + static_cast<int64_t>(W{mask_index}[b]) * {d};")
+        lines.append(f"      float* o_ = dm + {_mask_row(spec, mask_index, 'b')} * {d};")
         lines.append(f"      const float* g_ = dy + b * kOutDim + {f.offset};")
         lines.append(f"      for (int j = 0; j < {d}; ++j) o_[j] += g_[j] * p0[j];")
         lines.append("    }")
@@ -728,10 +746,9 @@ def generate(spec: KernelSpec) -> str:
             cost_per_row=200 * reads + 4 * spec.out_dim,
         )
     ]
+    where_in = "" if spec.mask_rows else '    .Input("wheres: NM * int32")\n'
     mask_in = (
-        '    .Input("masks: NM * float")\n    .Input("wheres: NM * int32")\n    .Attr("NM: int >= 1")\n'
-        if masked
-        else ""
+        f'    .Input("masks: NM * float")\n{where_in}    .Attr("NM: int >= 1")\n' if masked else ""
     )
     dense_in = '    .Input("dense: float")\n' if spec.dense_dim else ""
     # ---------------------------------------------------------------- registrations
@@ -784,6 +801,15 @@ def generate(spec: KernelSpec) -> str:
             lines.append(f"    const int64_t* I{i} = ids[{i}];")
         base = len(spec.tables) + len(id_field)
         for m, f in enumerate(masked):
+            if spec.mask_rows:
+                rows = f.param("num_rows")
+                lines += [
+                    f"    const Tensor& mask{m} = ctx->input({base + m});",
+                    f"    OP_REQUIRES(ctx, mask{m}.dims() == 2 && mask{m}.dim_size(0) == {rows} && mask{m}.dim_size(1) == {f.dim},",
+                    f'                errors::InvalidArgument("mask table of field {f.name} must be [{rows}, {f.dim}], got ", mask{m}.shape().DebugString()));',
+                    f"    const float* M{m} = mask{m}.flat<float>().data();",
+                ]
+                continue
             lines += [
                 f"    const Tensor& mask{m} = ctx->input({base + m});",
                 f"    const Tensor& where{m} = ctx->input({base + len(masked) + m});",
@@ -799,7 +825,7 @@ def generate(spec: KernelSpec) -> str:
                 f'                    errors::InvalidArgument("wheres of field {f.name} out of range")); }}',
             ]
         if with_dense and spec.dense_dim:
-            d = base + 2 * len(masked)
+            d = base + len(masked) + spec.num_where_inputs
             lines += [
                 f"    const Tensor& dense_t = ctx->input({d});",
                 "    OP_REQUIRES(ctx, dense_t.dims() == 2 && dense_t.dim_size(0) == batch &&",
@@ -857,7 +883,7 @@ def generate(spec: KernelSpec) -> str:
         f"  explicit {grad_name}Op(OpKernelConstruction* c) : OpKernel(c) {{}}",
         "  void Compute(OpKernelContext* ctx) override {",
         *inputs_block(False),
-        f"    const Tensor& dy_t = ctx->input({len(spec.tables) + len(id_field) + 2 * len(masked)});",
+        f"    const Tensor& dy_t = ctx->input({len(spec.tables) + len(id_field) + len(masked) + spec.num_where_inputs});",
         "    OP_REQUIRES(ctx, dy_t.dims() == 2 && dy_t.dim_size(0) == batch && dy_t.dim_size(1) == kOutDim,",
         '                errors::InvalidArgument("dy must be [batch, ", kOutDim, "], got ",',
         "                                        dy_t.shape().DebugString()));",
@@ -1084,7 +1110,8 @@ class Kernel:
         args: dict[str, Any] = {"tables": handles, "ids": [tf.cast(x, tf.int64) for x in ids]}
         if self.spec.masked_fields:
             args["masks"] = list(masks)
-            args["wheres"] = [tf.cast(w, tf.int32) for w in wheres]
+            if not self.spec.mask_rows:
+                args["wheres"] = [tf.cast(w, tf.int32) for w in wheres]
         if self.spec.dense_dim:
             if dense is None:
                 raise ValueError(f"dense must be a [batch, {self.spec.dense_dim}] tensor, got None")
@@ -1097,7 +1124,7 @@ _KERNELS: dict[str, Kernel] = {}
 
 
 def _register_gradient(spec: KernelSpec, forward: str, gradient: str, module: Any) -> None:
-    nt, nm = len(spec.tables), len(spec.masked_fields)
+    nt, nm, nw = len(spec.tables), len(spec.masked_fields), spec.num_where_inputs
     ni = spec.num_id_inputs
     snake = "".join("_" + c.lower() if c.isupper() else c for c in gradient).lstrip("_")
     grad_fn = getattr(module, snake)
@@ -1111,7 +1138,8 @@ def _register_gradient(spec: KernelSpec, forward: str, gradient: str, module: An
         args: dict[str, Any] = {"tables": tables, "ids": ids, "dy": dy}
         if nm:
             args["masks"] = inputs[nt + ni : nt + ni + nm]
-            args["wheres"] = inputs[nt + ni + nm : nt + ni + 2 * nm]
+            if nw:
+                args["wheres"] = inputs[nt + ni + nm : nt + ni + nm + nw]
         outs = grad_fn(**args)
         rows, values = outs[0], outs[1]
         grads: list[Any] = [
@@ -1119,7 +1147,7 @@ def _register_gradient(spec: KernelSpec, forward: str, gradient: str, module: An
         ]
         grads += [None] * ni
         if nm:
-            grads += list(outs[2]) + [None] * nm
+            grads += list(outs[2]) + [None] * nw
         if spec.dense_dim:
             grads.append(dy[:, spec.emb_dim :])
         return grads
@@ -1433,7 +1461,7 @@ def _spec_from_json(text: str) -> KernelSpec:
         FieldSpec(**{**f, "tables": tuple(f["tables"]), "index": tup(f["index"])})
         for f in raw["fields"]
     )
-    return KernelSpec(tables, fields, raw["dense_dim"])
+    return KernelSpec(tables, fields, raw["dense_dim"], raw.get("mask_rows", False))
 
 
 def load_for_saved_model(path: str | Path) -> list[str]:

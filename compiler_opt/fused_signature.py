@@ -165,6 +165,7 @@ class FusedSignature:
         self._outputs = outputs
         self.clusters = realized.clusters
         self.loops = realized.loops
+        self.tabulation = realized.tabulation
         self.plan = realized.plan
         self._fused = realized.fused
         # shape-generic when nothing is left to XLA: no padding, nothing to compile
@@ -236,6 +237,7 @@ class FusedSignature:
             "timings_ms": {k: round(v, 3) for k, v in self.timings_ms.items()},
             "clusters": self.clusters,
             "generated_loops": self.loops,
+            "tabulated_masks": len(self.tabulation.tables) if self.tabulation else 0,
             "ladder": list(self.spec.ladder),
             "plan_batch": self.spec.plan_batch,
             "compilations_at_load": self.compilations_at_load,

@@ -227,6 +227,7 @@ class Realized:
     clusters: int
     loops: int = 0  # groups run as generated loop ops (``generated_loops``)
     left: dict[int, str] = dataclasses.field(default_factory=dict)  # group -> why not generated
+    tabulation: Any = None  # ``tabulate.Tabulation`` of ``generated_loops``
 
 
 def xla_clusters(
@@ -305,6 +306,17 @@ def fold_epilogues(
     return codegen_loop.replace_nodes(graph_def, new_nodes, removed, tensors, outputs)
 
 
+def tabulated(frozen: Frozen) -> tuple[Frozen, Any]:
+    """``frozen`` with the generated embedding op's per-id masks as constant tables over their
+    id domain (``compiler_opt.tabulate``), and the ``Tabulation`` report."""
+    from compiler_opt import tabulate
+
+    graph_def, report = tabulate.tabulate_masks(
+        frozen.graph_def, frozen.outputs, keep=tuple(frozen.inputs)
+    )
+    return (dataclasses.replace(frozen, graph_def=graph_def) if report.tables else frozen), report
+
+
 @dataclasses.dataclass
 class LoopPlan:
     """A frozen graph planned for generated loop ops (``plan_loops``): ``loops`` the planned
@@ -356,6 +368,7 @@ def generated_loops(
     frozen: Frozen | None = None,
     xla_rest: bool = False,
     min_group_size: int = 2,
+    tabulate_masks: bool = True,
     **plan_options: Any,
 ) -> Realized:
     """Plans ``concrete_fn`` (frozen; ``frozen`` when the caller has frozen it already) at
@@ -364,10 +377,15 @@ def generated_loops(
     planned groups become XLA clusters, as in ``xla_clusters``. The matmul epilogues the plan
     left out of its groups are folded into ``_FusedMatMul`` nodes (``fold_epilogues``).
     ``Realized.loops`` counts the generated ops, ``Realized.left`` says why a loop group was
-    not generated. Raises ``codegen.CompilerUnavailable`` without a compiler."""
+    not generated. With ``tabulate_masks`` the per-id masks the generated embedding op reads
+    become constant tables first (``compiler_opt.tabulate``; ``Realized.tabulation``). Raises
+    ``codegen.CompilerUnavailable`` without a compiler."""
     from compiler_opt import codegen_loop
 
     frozen = frozen if frozen is not None else freeze(concrete_fn)
+    original, tabulation = frozen, None
+    if tabulate_masks:
+        frozen, tabulation = tabulated(frozen)
     lp = plan_loops(frozen, coefficients, batch, min_group_size=min_group_size, **plan_options)
     graph, p, loops, left, rest = lp.graph, lp.plan, lp.loops, lp.left, lp.rest
     graph_def, outputs = codegen_loop.rewrite(frozen.graph_def, loops, frozen.outputs)
@@ -380,11 +398,14 @@ def generated_loops(
         clusters = len(set(rest.values()))
     return Realized(
         fused=load_graph_def(tagged, frozen.inputs, outputs, frozen.bound),
-        unfused=load_graph_def(frozen.graph_def, frozen.inputs, frozen.outputs, frozen.bound),
+        unfused=load_graph_def(
+            original.graph_def, original.inputs, original.outputs, original.bound
+        ),
         plan=p,
-        frozen=frozen,
+        frozen=original,
         tagged=tagged,
         clusters=clusters,
         loops=len(loops),
         left=left,
+        tabulation=tabulation,
     )

@@ -43,8 +43,9 @@ def _generated_forms(args: argparse.Namespace, coefficients: Any) -> str:
 
     codegen.load_for_saved_model(args.saved_model)  # an export with the embedding op
     loaded = tf.saved_model.load(args.saved_model)
+    frozen, tabulation = realize.tabulated(realize.freeze(loaded.signatures[args.signature]))
     lp = realize.plan_loops(
-        realize.freeze(loaded.signatures[args.signature]),
+        frozen,
         coefficients,
         args.batch,
         unknown_dim=args.unknown_dim,
@@ -62,6 +63,13 @@ def _generated_forms(args: argparse.Namespace, coefficients: Any) -> str:
     for g in loops:
         ops = ", ".join(graph[n].op for n in g.nodes[:6])
         lines.append(f"  {ops}: {why[g.id] or 'generated'}")
+    if tabulation.tables or tabulation.left:
+        lines.append(
+            f"per-id masks of the embedding op tabulated over their id domain: "
+            f"{len(tabulation.tables)} ({tabulation.bytes} bytes of constants), "
+            f"ops in row form: {len(tabulation.row_form)}"
+        )
+        lines += [f"  left {name}: {reason}" for name, reason in tabulation.left.items()]
     return "\n".join(lines)
 
 
