@@ -189,6 +189,9 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
                         variants["kernel_frozen"] = (rk.unfused, flat)
                         variants["kernel_loops"] = (rk.fused, flat)
                         row["kernel_loops"] = rk.loops
+                        row["kernel_loops_tabulated"] = (
+                            len(rk.tabulation.tables) if rk.tabulation else 0
+                        )
                         row["kernel_loops_max_abs_diff"] = float(
                             abs(rk.fused(*flat)[0].numpy() - plain[mode](*call).numpy()).max()
                         )
