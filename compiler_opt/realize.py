@@ -96,10 +96,14 @@ def handles_kept(concrete_fn: Any) -> set[str]:
     return {name for name in resources if _reads_handle_itself(graph_def, name)}
 
 
-def freeze(concrete_fn: Any) -> Frozen:
+def freeze(concrete_fn: Any, *, keep_variables: bool = False) -> Frozen:
     """Variables -> constants and calls inlined, of a ``ConcreteFunction``; the handles that
-    ``handles_kept`` names stay inputs, bound to the function's variables."""
+    ``handles_kept`` names stay inputs, bound to the function's variables. With
+    ``keep_variables`` every captured resource stays a handle (a training step: it reads the
+    variables' current values and updates them), and only the calls are inlined."""
     kept = handles_kept(concrete_fn)
+    if keep_variables:
+        kept |= {p.op.name for _, p in concrete_fn.graph.captures if p.dtype == tf.resource}
     if kept:  # the public converter has no deny list: its data class does (TF 2.21)
         data = convert_to_constants._FunctionConverterDataInEager(
             func=concrete_fn,
@@ -236,12 +240,18 @@ def xla_clusters(
     batch: int,
     *,
     min_group_size: int = 2,
+    keep_variables: bool = False,
     **plan_options: Any,
 ) -> Realized:
     """Plans ``concrete_fn`` (frozen) at ``batch`` and compiles every planned group of at least
     ``min_group_size`` kernels as one XLA cluster. Both returned callables take the function's
-    inputs flattened (``tf.nest.flatten(args, expand_composites=True)``)."""
-    frozen = freeze(concrete_fn)
+    inputs flattened (``tf.nest.flatten(args, expand_composites=True)``).
+
+    ``keep_variables``: every variable stays a handle (``freeze``), for a training step: the
+    realized step reads the variables and updates them as the traced one does (its planned
+    groups are the training realization of issue 9's "jit_compile sub-functions": each group
+    one compiled cluster, its gradient and optimizer arithmetic included)."""
+    frozen = freeze(concrete_fn, keep_variables=keep_variables)
     graph = ir.from_graph_def(frozen.graph_def, outputs=frozen.outputs)
     p = plan(graph, coefficients, batch, **plan_options)
     keep = {
@@ -257,6 +267,44 @@ def xla_clusters(
         tagged=tagged,
         clusters=len(set(keep.values())),
     )
+
+
+class TrainingStep:
+    """A training step (a ``tf.function`` with an input signature that updates variables) run
+    with its planned groups as XLA clusters: ``xla_clusters(..., keep_variables=True)``, the
+    training realization. Called like the step; returns its outputs (e.g. the loss).
+
+    The step is traced, inlined (every variable a handle) and planned at ``batch`` once; the
+    realized graph reads and updates the same variables (a checkpoint restore assigns into
+    them), so it can replace the step in a training loop. A batch of another size compiles
+    the clusters for that size once (e.g. an epoch's last, smaller batch)."""
+
+    def __init__(
+        self,
+        step_fn: Any,
+        coefficients: Coefficients,
+        batch: int,
+        *,
+        min_group_size: int = 2,
+        **plan_options: Any,
+    ):
+        if batch < 1:
+            raise ValueError(f"batch must be >= 1, got {batch}")
+        concrete = step_fn.get_concrete_function()
+        self.realized = xla_clusters(
+            concrete,
+            coefficients,
+            batch,
+            min_group_size=min_group_size,
+            keep_variables=True,
+            **plan_options,
+        )
+        self._outputs = concrete.structured_outputs
+        self.clusters = self.realized.clusters
+
+    def __call__(self, *args: Any) -> Any:
+        flat = tf.nest.flatten(args, expand_composites=True)
+        return tf.nest.pack_sequence_as(self._outputs, list(self.realized.fused(*flat)))
 
 
 #: activations TensorFlow's CPU and GPU ``_FusedMatMul`` kernels run after the bias

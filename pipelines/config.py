@@ -150,16 +150,23 @@ class FusionConfig:
         batch. The checkpoints hold the fused tables (the mapping is written next to them as
         ``checkpoints/table_fusion.json``); ``stitchrec export`` maps them back, so exports are
         the plain model's. Not together with ``kernels``.
+      clusters: the training step planned (``compiler_opt.planner``) and realized with every
+        planned group as one XLA cluster, its gradient and optimizer arithmetic included
+        (``compiler_opt.realize.TrainingStep``); with ``kernels`` or ``tables`` too. Not with
+        a distribution strategy.
     """
 
     kernels: bool = False
     tables: bool = False
+    clusters: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.kernels, bool):
             raise ConfigError(f"[fusion] kernels must be true or false, got {self.kernels!r}")
         if not isinstance(self.tables, bool):
             raise ConfigError(f"[fusion] tables must be true or false, got {self.tables!r}")
+        if not isinstance(self.clusters, bool):
+            raise ConfigError(f"[fusion] clusters must be true or false, got {self.clusters!r}")
         if self.kernels and self.tables:
             raise ConfigError(
                 "[fusion] kernels = true and tables = true: choose one (the generated op reads "

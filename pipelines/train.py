@@ -473,6 +473,19 @@ def _train(cfg: PipelineConfig, log: Log) -> dict[str, Any]:
     train_step = make_train_step(model, optimizer, label, train_loss, train_auc, element_spec)
     if dist.active:  # the same step, one slice of the batch per worker, gradients all-reduced
         train_step = dist.train_step(model, optimizer, label, train_loss, train_auc)
+    if cfg.fusion is not None and cfg.fusion.clusters:
+        if dist.active:
+            raise ConfigError(
+                "[fusion] clusters = true: not supported with a distribution strategy"
+            )
+        from compiler_opt import cost, realize
+
+        fused_step = realize.TrainingStep(train_step, cost.load_or_calibrate(), tc.batch_size)
+        log(
+            f"fusion: the training step's planned groups as {fused_step.clusters} XLA clusters "
+            "(compiler_opt.realize.TrainingStep)"
+        )
+        train_step = fused_step
     scorer = make_scorer(model, schema)
     writer = tf.summary.create_file_writer(str(paths.tensorboard))
     t_start = time.time()

@@ -153,16 +153,21 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
                     "plain": (plain[mode], call),
                     "xla": (xla[mode], call),
                 }
-                if mode != "train":  # serving graphs: the plan realized as XLA clusters
-                    r = realize.xla_clusters(
-                        plain[mode].get_concrete_function(*spec), coefficients, batch
-                    )
-                    flat = tuple(tf.nest.flatten(call, expand_composites=True))
-                    variants["frozen"] = (r.unfused, flat)
+                # the plan realized as XLA clusters: serving graphs frozen; the training step
+                # inlined with its variables kept as handles (``frozen`` is then that step)
+                r = realize.xla_clusters(
+                    plain[mode].get_concrete_function(*spec),
+                    coefficients,
+                    batch,
+                    keep_variables=mode == "train",
+                )
+                flat = tuple(tf.nest.flatten(call, expand_composites=True))
+                variants["frozen"] = (r.unfused, flat)
+                variants["clusters"] = (r.fused, flat)
+                row["clusters"] = r.clusters
+                if mode != "train":
                     variants["frozen_xla"] = (realize.single_cluster(r.frozen), flat)
-                    variants["clusters"] = (r.fused, flat)
                     ref = plain[mode](*call).numpy()
-                    row["clusters"] = r.clusters
                     row["clusters_max_abs_diff"] = float(abs(r.fused(*flat)[0].numpy() - ref).max())
                     row["frozen_max_abs_diff"] = float(abs(r.unfused(*flat)[0].numpy() - ref).max())
                     if args.kernels and codegen.compiler() is not None:
@@ -195,6 +200,17 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
                         row["kernel_loops_max_abs_diff"] = float(
                             abs(rk.fused(*flat)[0].numpy() - plain[mode](*call).numpy()).max()
                         )
+                    else:  # the training step with the embedding op, inlined; groups as clusters
+                        flat = tuple(tf.nest.flatten(call, expand_composites=True))
+                        rkt = realize.xla_clusters(
+                            _flat_function(fused[mode], call),
+                            coefficients,
+                            batch,
+                            keep_variables=True,
+                        )
+                        variants["kernel_inlined"] = (rkt.unfused, flat)
+                        variants["kernel_clusters"] = (rkt.fused, flat)
+                        row["kernel_clusters"] = rkt.clusters
                     if mode in kernel_xla_fns and fused:
                         variants["kernel_xla"] = (kernel_xla_fns[mode], call)
                     if mode != "train":
@@ -234,7 +250,15 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
                 for n in variants:
                     row[f"{n}_s"] = statistics.median(times[n])
                 row["xla_speedup"] = row["plain_s"] / row["xla_s"]
-                for n in ("kernel", "kernel_xla", "kernel_flat", "kernel_frozen", "kernel_loops"):
+                for n in (
+                    "kernel",
+                    "kernel_xla",
+                    "kernel_flat",
+                    "kernel_frozen",
+                    "kernel_loops",
+                    "kernel_inlined",
+                    "kernel_clusters",
+                ):
                     if n in variants:
                         row[f"{n}_over_plain"] = row["plain_s"] / row[f"{n}_s"]
                         row[f"{n}_over_xla"] = row["xla_s"] / row[f"{n}_s"]
@@ -251,8 +275,11 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
                         row[f"{n}_over_frozen_xla"] = row["frozen_xla_s"] / row[f"{n}_s"]
                 if "clusters" in variants:
                     row["clusters_over_frozen"] = row["frozen_s"] / row["clusters_s"]
-                    row["clusters_over_frozen_xla"] = row["frozen_xla_s"] / row["clusters_s"]
                     row["clusters_over_xla"] = row["xla_s"] / row["clusters_s"]
+                    row["clusters_over_plain"] = row["plain_s"] / row["clusters_s"]
+                    row["frozen_over_plain"] = row["plain_s"] / row["frozen_s"]
+                    if "frozen_xla" in variants:
+                        row["clusters_over_frozen_xla"] = row["frozen_xla_s"] / row["clusters_s"]
                 if args.process == 0 and batch == big:
                     # TensorFlow's executor stops tracing ops it has found cheap after some
                     # calls: plain and frozen graphs are counted on fresh instances, on their
@@ -352,15 +379,15 @@ def summarize(procs: list[dict[str, Any]]) -> str:
             _spread(_col(procs, key, "xla_speedup")),
         ]
         if "clusters_s" in r0:
-            diff = max(_col(procs, key, "clusters_max_abs_diff"))
+            served = "frozen_xla_s" in r0  # a training step: no one-cluster form, no diff
             cells += [
                 _ms(_col(procs, key, "frozen_s")),
-                _ms(_col(procs, key, "frozen_xla_s")),
+                _ms(_col(procs, key, "frozen_xla_s")) if served else "",
                 _ms(_col(procs, key, "clusters_s")),
                 _spread(_col(procs, key, "clusters_over_frozen")),
-                _spread(_col(procs, key, "clusters_over_frozen_xla")),
+                _spread(_col(procs, key, "clusters_over_frozen_xla")) if served else "",
                 _spread(_col(procs, key, "clusters_over_xla")),
-                f"{diff:.1e}",
+                f"{max(_col(procs, key, 'clusters_max_abs_diff')):.1e}" if served else "",
             ]
         else:
             cells += [""] * 7
@@ -456,6 +483,44 @@ def summarize(procs: list[dict[str, Any]]) -> str:
             lines.append(
                 f"| {r0['method']} | {r0['mode']} | {r0['batch']} | " + " | ".join(cells) + " |"
             )
+    if any(r["mode"] == "train" and "clusters_s" in r for r in first["rows"].values()):
+        lines += [
+            "",
+            "The training step inlined (variables kept as handles, ``realize.freeze("
+            "keep_variables=True)``) and its planned groups as XLA clusters "
+            "(``realize.xla_clusters(keep_variables=True)``), without and with the embedding op:",
+            "",
+            "| method | batch | clusters | plain ms | inlined ms | clusters ms | XLA ms | "
+            "inlined over plain | clusters over plain | clusters over XLA | kernel ms | "
+            "kernel inlined ms | kernel clusters ms | kernel inlined over XLA | "
+            "kernel clusters over XLA |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for key in keys:
+            r0 = first["rows"][key]
+            if r0["mode"] != "train" or "clusters_s" not in r0:
+                continue
+            cells = [
+                str(r0["clusters"]),
+                _ms(_col(procs, key, "plain_s")),
+                _ms(_col(procs, key, "frozen_s")),
+                _ms(_col(procs, key, "clusters_s")),
+                _ms(_col(procs, key, "xla_s")),
+                _spread(_col(procs, key, "frozen_over_plain")),
+                _spread(_col(procs, key, "clusters_over_plain")),
+                _spread(_col(procs, key, "clusters_over_xla")),
+            ]
+            if "kernel_clusters_s" in r0:
+                cells += [
+                    _ms(_col(procs, key, "kernel_s")),
+                    _ms(_col(procs, key, "kernel_inlined_s")),
+                    _ms(_col(procs, key, "kernel_clusters_s")),
+                    _spread(_col(procs, key, "kernel_inlined_over_xla")),
+                    _spread(_col(procs, key, "kernel_clusters_over_xla")),
+                ]
+            else:
+                cells += [""] * 5
+            lines.append(f"| {r0['method']} | {r0['batch']} | " + " | ".join(cells) + " |")
     if any("htables_s" in r for r in first["rows"].values()):
         lines += [
             "",
