@@ -15,9 +15,11 @@ that group, so that they do not cut it in two.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2, graph_pb2, node_def_pb2
 from tensorflow.python.framework import convert_to_constants
@@ -276,8 +278,14 @@ class TrainingStep:
 
     The step is traced, inlined (every variable a handle) and planned at ``batch`` once; the
     realized graph reads and updates the same variables (a checkpoint restore assigns into
-    them), so it can replace the step in a training loop. A batch of another size compiles
-    the clusters for that size once (e.g. an epoch's last, smaller batch)."""
+    them), so it can replace the step in a training loop. Whether the clusters beat the inlined
+    step without them depends on the device (XLA:CPU's launches and loops against TensorFlow's
+    kernels), so it is measured, as the serving warm-up does: the first
+    ``2 * (warmup_steps + trial_steps)`` calls alternate between the two (both are real, equal
+    training steps), the first ``warmup_steps`` of each untimed (TensorFlow compiles a cluster
+    after some calls), and the faster median is kept (``choice``, ``timings_ms``);
+    ``trial_steps=0`` keeps the clusters without trial. A batch of another size compiles the
+    clusters for that size once (an epoch's last, smaller batch)."""
 
     def __init__(
         self,
@@ -285,11 +293,17 @@ class TrainingStep:
         coefficients: Coefficients,
         batch: int,
         *,
+        trial_steps: int = 3,
+        warmup_steps: int = 3,
         min_group_size: int = 2,
         **plan_options: Any,
     ):
         if batch < 1:
             raise ValueError(f"batch must be >= 1, got {batch}")
+        if trial_steps < 0 or warmup_steps < 0:
+            raise ValueError(
+                f"trial_steps and warmup_steps must be >= 0, got {trial_steps}, {warmup_steps}"
+            )
         concrete = step_fn.get_concrete_function()
         self.realized = xla_clusters(
             concrete,
@@ -301,10 +315,36 @@ class TrainingStep:
         )
         self._outputs = concrete.structured_outputs
         self.clusters = self.realized.clusters
+        self._candidates = {"clusters": self.realized.fused, "inlined": self.realized.unfused}
+        self.trial_steps, self.warmup_steps = trial_steps, warmup_steps
+        self.choice = "" if trial_steps and self.clusters else "clusters"
+        if not self.clusters:
+            self.choice = "inlined"  # nothing planned: the inlined step as it is
+        self._times: dict[str, list[float]] = {name: [] for name in self._candidates}
+        self._calls = 0
+
+    @property
+    def timings_ms(self) -> dict[str, float]:
+        """Median milliseconds per trial step of each candidate (empty before the trial)."""
+        return {n: 1e3 * float(np.median(t)) for n, t in self._times.items() if t}
 
     def __call__(self, *args: Any) -> Any:
         flat = tf.nest.flatten(args, expand_composites=True)
-        return tf.nest.pack_sequence_as(self._outputs, list(self.realized.fused(*flat)))
+        if self.choice:
+            out = self._candidates[self.choice](*flat)
+        else:
+            name = list(self._candidates)[self._calls % 2]
+            t0 = time.perf_counter()
+            out = self._candidates[name](*flat)
+            for t in out:
+                t.numpy()
+            if self._calls >= 2 * self.warmup_steps:  # compilation, allocations
+                self._times[name].append(time.perf_counter() - t0)
+            self._calls += 1
+            if all(len(t) >= self.trial_steps for t in self._times.values()):
+                timings = self.timings_ms
+                self.choice = min(timings, key=timings.get)
+        return tf.nest.pack_sequence_as(self._outputs, list(out))
 
 
 #: activations TensorFlow's CPU and GPU ``_FusedMatMul`` kernels run after the bias

@@ -46,8 +46,8 @@ def _model_and_step(tmp_path, optimizer: str):
 def test_the_realized_step_updates_the_variables_as_the_traced_one(tmp_path, hand, optimizer):
     step, variables, batches = _model_and_step(tmp_path, optimizer)
     start = [v.numpy().copy() for v in variables]
-    fused = realize.TrainingStep(step, hand, 64)
-    assert fused.clusters > 0
+    fused = realize.TrainingStep(step, hand, 64, trial_steps=0)  # the clusters, always
+    assert fused.clusters > 0 and fused.choice == "clusters"
     ops = {n.op for n in fused.realized.tagged.node}
     assert {"AssignVariableOp", "ResourceScatterAdd"} & ops  # the updates are in the graph
     tagged = [n for n in fused.realized.tagged.node if "_XlaCompile" in n.attr]
@@ -66,10 +66,22 @@ def test_the_realized_step_updates_the_variables_as_the_traced_one(tmp_path, han
     assert moved > 10  # tables, dense weights, slots, metrics: all updated
 
 
-def test_a_bad_batch_is_refused(tmp_path, hand):
-    step, _, _ = _model_and_step(tmp_path, "adam")
+def test_the_first_steps_choose_between_clusters_and_the_inlined_step(tmp_path, hand):
+    step, _, batches = _model_and_step(tmp_path, "adam")
+    fused = realize.TrainingStep(step, hand, 64, trial_steps=1, warmup_steps=2)
+    assert fused.choice == "" and fused.timings_ms == {}
+    losses = [float(fused(batches[i % 3])) for i in range(5)]  # 2 untimed + 1 timed each
+    assert fused.choice == "" and set(fused.timings_ms) == {"clusters"}
+    losses.append(float(fused(batches[0])))
+    assert fused.choice in ("clusters", "inlined") and set(fused.timings_ms) == {
+        "clusters",
+        "inlined",
+    }
+    assert all(np.isfinite(losses))
     with pytest.raises(ValueError, match="batch must be >= 1, got 0"):
         realize.TrainingStep(step, hand, 0)
+    with pytest.raises(ValueError, match="trial_steps and warmup_steps must be >= 0, got -1, 3"):
+        realize.TrainingStep(step, hand, 8, trial_steps=-1)
 
 
 def test_stitchrec_train_with_clusters_reaches_the_same_auc(tmp_path):
@@ -78,7 +90,8 @@ def test_stitchrec_train_with_clusters_reaches_the_same_auc(tmp_path):
 
     data = write_tiny_dataset(tmp_path, rows=2500, train_rows=2000)
     model = {"type": "dcn_v2", "embedding_dim": 4, "mlp": [16], "cross_layers": 1}
-    opts = {"batch_size": 500, "epochs": 1, "learning_rate": 0.02, "deterministic": True}
+    # 200 rows a step: 10 steps, of which the first 2 x (3 + 3) time the two candidates
+    opts = {"batch_size": 200, "epochs": 2, "learning_rate": 0.01, "deterministic": True}
     reports, logs = {}, {}
     for fused in (False, True):
         out = tmp_path / f"run-{fused}"
@@ -87,7 +100,9 @@ def test_stitchrec_train_with_clusters_reaches_the_same_auc(tmp_path):
         lines: list[str] = []
         reports[fused] = train(cfg, log=lines.append)
         logs[fused] = lines
-    assert any("XLA clusters (compiler_opt.realize.TrainingStep)" in ln for ln in logs[True])
+    assert any("XLA clusters (compiler_opt.realize.TrainingStep" in ln for ln in logs[True])
+    ran = reports[True]["fused_training_step"]
+    assert ran["clusters"] > 0 and ran["choice"] in ("clusters", "inlined"), ran
     a, b = reports[False]["test"]["auc"], reports[True]["test"]["auc"]
     assert a > 0.55 and abs(a - b) < 2e-3, (a, b)
     bad = write_run_config(
