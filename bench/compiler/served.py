@@ -3,7 +3,7 @@ export unfused: compilations and latency over requests of random batch sizes.
 
     .venv/bin/python -m bench.compiler.served --out runs/bench-compiler-served
 
-DCN-v2 with full embeddings (``bench/compiler/workload.py``, untrained: speed does not depend
+DCN-v2 with full embeddings (``--method``: ``amtl``, ``bh``; ``bench/compiler/workload.py``, untrained: speed does not depend
 on the weights) exported by ``stitchrec export``'s code five times: plain (``unfused``), with
 ``assets.extra/fusion.json`` (``fused``: what ``stitchrec export --fuse`` writes: planned XLA
 clusters, batches padded to 8, 16, ..., 512, compiled at load), with the embedding block
@@ -61,7 +61,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
 
     work = Path(args.work)
     data = workload.write_data(work, args.rows)
-    w = workload.build(data, "full", (args.max_batch,), seed=args.seed)
+    w = workload.build(data, args.method, (args.max_batch,), seed=args.seed)
     repos = {v: work / f"repo-{args.seed}-{v}" for v in VARIANTS}
     for v, repo in repos.items():
         if repo.exists():
@@ -114,6 +114,9 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
                 "compilations_in_requests": during.count,
                 "clusters": mv.fused[0].clusters if mv.fused else 0,
                 "generated_loops": mv.fused[0].loops if mv.fused else 0,
+                "tabulated_masks": (
+                    mv.fused[0].describe().get("tabulated_masks", 0) if mv.fused else 0
+                ),
                 "choice": mv.fused[0].describe()["choice"] if mv.fused else "",
                 "timings_ms": mv.fused[0].describe()["timings_ms"] if mv.fused else {},
                 "p50_ms": float(np.percentile(lat, 50) * 1e3),
@@ -169,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-batch", type=int, default=512)
     p.add_argument("--processes", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--method", default="full", choices=["full", "amtl", "bh"])
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
@@ -181,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     for seed in range(args.processes):
         cmd = [sys.executable, "-m", "bench.compiler.served", "--child", "--seed", str(seed)]
         cmd += ["--work", str(work), "--rows", str(args.rows), "--requests", str(args.requests)]
-        cmd += ["--max-batch", str(args.max_batch)]
+        cmd += ["--max-batch", str(args.max_batch), "--method", args.method]
         env = {**os.environ, "STITCHREC_CACHE": str(work / "cache")}
         res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
         if res.returncode:
