@@ -16,7 +16,10 @@ Forward, for example ``b`` and field ``f`` at columns ``[o_f, o_f + d_f)`` of th
                       full      T[oov(i)]                 oov(i) = i if 0 <= i < rows else 0
                       hashing   T[bucket(i)]              (splitmix64, embeddings/hashing.py)
                       amtl      T[oov(i)] * M[w(i)]       M = mask per unique id, w = tf.unique's
-                                                          index (the MLP mask stays in TF ops)
+                                                          index (the MLP mask stays in TF ops;
+                                                          ``mask_rows``: M[oov(i)], tabulated)
+                      amtl_serving (compact form: values V, row offsets S; forward only)
+                                V[S[r] + j] for j < S[r+1] - S[r], else 0    (r = oov(i))
                       qr        Q[q] * R[r] | Q[q] + R[r] | [Q[q], R[r]]   (q, r = i // m, i % m)
                       bh        sum_j T[row_j(i)] | concat_j T[row_j(i)]   (binary_hash.py)
     y[b, o_f:o_f+d_f] = v_f(ids_f[b])                                     single-valued field
@@ -34,7 +37,7 @@ concat block ``j``'s slice of ``g``. The dense input's gradient is ``dy[:, D:]``
 
 Not covered (left to the layers, reported by :func:`build_spec` in ``KernelSpec.uncovered``):
 fields with an L2 penalty (``l2 > 0``, the penalty needs the rows in TF) or AMTL's
-``length_penalty``, AMTL's compact serving form (ragged table), dense ids of rank > 1,
+``length_penalty``, dense ids of rank > 1,
 tables that are not plain resource variables (sharded or distributed).
 """
 
@@ -65,7 +68,14 @@ _GOLDEN = 0x9E3779B97F4A7C15
 _MIX1 = 0xBF58476D1CE4E5B9
 _MIX2 = 0x94D049BB133111EB
 _U64 = (1 << 64) - 1
-METHODS = ("full", "hashing", "amtl", "qr", "bh")
+METHODS = ("full", "hashing", "amtl", "qr", "bh", "amtl_serving")
+#: methods whose op has no gradient (the layer has nothing to train): serving graphs only
+FORWARD_ONLY = ("amtl_serving",)
+_C_TYPES = {
+    "float32": ("float", "DT_FLOAT"),
+    "int32": ("int32_t", "DT_INT32"),
+    "int64": ("int64_t", "DT_INT64"),
+}
 ASSETS_DIR = "compiler_opt_kernels"
 #: examples ahead whose table rows the forward op prefetches (0: none)
 PREFETCH_DISTANCE = int(os.environ.get("STITCHREC_KERNEL_PREFETCH", "4"))
@@ -84,10 +94,13 @@ class CompilerUnavailable(RuntimeError):
 @dataclasses.dataclass(frozen=True)
 class TableSpec:
     """A table read by the op: ``rows x cols`` float32, through its resource handle (no name:
-    two blocks of the same shapes share one kernel)."""
+    two blocks of the same shapes share one kernel); ``rank`` 1: a vector of ``rows``
+    (``cols`` 1) of ``dtype`` (AMTL's compact values, and its int32 / int64 row offsets)."""
 
     rows: int
     cols: int
+    dtype: str = "float32"
+    rank: int = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,6 +162,11 @@ class KernelSpec:
         return sum(2 if f.ragged else 1 for f in self.fields)
 
     @property
+    def trainable(self) -> bool:
+        """Whether the op has a gradient (no field of a ``FORWARD_ONLY`` method)."""
+        return not any(f.method in FORWARD_ONLY for f in self.fields)
+
+    @property
     def num_where_inputs(self) -> int:
         return 0 if self.mask_rows else len(self.masked_fields)
 
@@ -156,6 +174,9 @@ class KernelSpec:
         d = dataclasses.asdict(self)
         if not self.mask_rows:  # the training form keeps the hash it had before the flag
             del d["mask_rows"]
+        for t in d["tables"]:  # so do float32 matrices (the fields came later)
+            if t["dtype"] == "float32" and t["rank"] == 2:
+                del t["dtype"], t["rank"]
         return json.dumps(d, sort_keys=True, separators=(",", ":"))
 
 
@@ -187,7 +208,7 @@ def _layer_classes() -> dict[str, type]:
     }
 
 
-def _plain_variable(v: Any) -> bool:
+def _plain_variable(v: Any, dtypes: tuple[Any, ...] = (tf.float32,)) -> bool:
     from tensorflow.python.ops import resource_variable_ops
 
     # a distribution strategy's variables (AggregatingVariable, ...) also subclass it: not ours
@@ -195,14 +216,14 @@ def _plain_variable(v: Any) -> bool:
     return (
         isinstance(v, resource_variable_ops.BaseResourceVariable)
         and not distributed
-        and v.dtype == tf.float32
+        and v.dtype in dtypes
     )
 
 
 def _layer_method(layer: Any) -> tuple[str | None, str]:
     """``(method, "")`` when the layer is covered, else ``(None, reason)``."""
     classes = _layer_classes()
-    method = next((m for m, c in classes.items() if type(layer) is c and m != "amtl_serving"), None)
+    method = next((m for m, c in classes.items() if type(layer) is c), None)
     if method is None:
         return None, f"layer {type(layer).__name__} has no generated kernel"
     if getattr(layer, "l2", 0.0) > 0:
@@ -213,7 +234,7 @@ def _layer_method(layer: Any) -> tuple[str | None, str]:
 
 
 def _index_params(method: str, layer: Any) -> tuple[tuple[str, Any], ...]:
-    if method in ("full", "amtl"):
+    if method in ("full", "amtl", "amtl_serving"):
         p = {"num_rows": layer.num_rows}
     elif method == "hashing":
         p = {
@@ -243,6 +264,8 @@ def _index_params(method: str, layer: Any) -> tuple[tuple[str, Any], ...]:
 
 
 def _layer_tables(method: str, layer: Any) -> list[tf.Variable]:
+    if method == "amtl_serving":
+        return [layer.values, layer.row_splits]
     return [layer.quotient, layer.remainder] if method == "qr" else [layer.table]
 
 
@@ -288,15 +311,20 @@ def build_spec(
                 method, reason = None, f"ids of shape {shape} (expected [batch] or ragged)"
         if method is not None:
             tvars = _layer_tables(method, layer)
-            if not all(_plain_variable(v) for v in tvars):
+            ints = (tf.int32, tf.int64) if method == "amtl_serving" else ()
+            kinds = [(tf.float32,)] + [(tf.float32, *ints)] * (len(tvars) - 1)
+            if not all(_plain_variable(v, k) for v, k in zip(tvars, kinds, strict=True)):
                 method, reason = None, "a table is not a plain float32 resource variable"
         if method is None:
             uncovered[name] = reason
             continue
         first = len(tables)
         for v in tvars:
-            rows, cols = (int(d) for d in v.shape)
-            tables.append(TableSpec(rows, cols))
+            if v.shape.rank == 1:
+                tables.append(TableSpec(int(v.shape[0]), 1, v.dtype.name, 1))
+            else:
+                rows, cols = (int(d) for d in v.shape)
+                tables.append(TableSpec(rows, cols))
             variables.append(v)
         out.append(
             FieldSpec(
@@ -352,6 +380,8 @@ constexpr int64_t kOutDim = {out_dim};
 constexpr int64_t kDenseDim = {dense_dim};
 constexpr int64_t kTableRows[kNumTables] = {{{table_rows}}};
 constexpr int64_t kTableCols[kNumTables] = {{{table_cols}}};
+constexpr int kTableRank[kNumTables] = {{{table_rank}}};
+constexpr ::tensorflow::DataType kTableDtype[kNumTables] = {{{table_dtype}}};
 constexpr int64_t kRowsPerId[kNumTables] = {{{rows_per_id}}};
 constexpr int kFieldOfTable[kNumTables] = {{{field_of_table}}};
 // per id input: index of its field, 1 for ragged values, 2 for ragged row splits, 0 dense ids
@@ -402,17 +432,21 @@ bool ReadTables(OpKernelContext* ctx, std::vector<tensorflow::core::RefCountPtr<
 }}
 
 bool CheckTables(OpKernelContext* ctx, const std::vector<tensorflow::core::RefCountPtr<Var>>& refs,
-                 const float** tables) {{
+                 const void** tables) {{
   for (int t = 0; t < kNumTables; ++t) {{
     const Tensor* p = refs[t]->tensor();
-    if (p->dtype() != tensorflow::DT_FLOAT || p->dims() != 2 || p->dim_size(0) != kTableRows[t] ||
-        p->dim_size(1) != kTableCols[t]) {{
+    const bool shape_ok = kTableRank[t] == 1
+        ? (p->dims() == 1 && p->dim_size(0) == kTableRows[t])
+        : (p->dims() == 2 && p->dim_size(0) == kTableRows[t] && p->dim_size(1) == kTableCols[t]);
+    if (p->dtype() != kTableDtype[t] || !shape_ok) {{
       ctx->CtxFailure(errors::InvalidArgument(
-          "table ", t, " must be float32 [", kTableRows[t], ", ", kTableCols[t],
+          "table ", t, " must be ", ::tensorflow::DataTypeString(kTableDtype[t]), " [",
+          kTableRows[t], kTableRank[t] == 1 ? "" : ", ",
+          kTableRank[t] == 1 ? std::string() : std::to_string(kTableCols[t]),
           "] as when the kernel was generated, got ", p->DebugString()));
       return false;
     }}
-    tables[t] = p->flat<float>().data();
+    tables[t] = p->tensor_data().data();
   }}
   return true;
 }}
@@ -467,6 +501,13 @@ def _row_code(f: FieldSpec, var: str) -> list[str]:
     n = p["num_rows"]
     if f.method in ("full", "amtl"):
         return [f"const int64_t r0 = OovSafe({var}, {n}LL);"]
+    if f.method == "amtl_serving":  # the row's first n0_ entries start at values[s0_]
+        s = f"T{f.tables[1]}"
+        return [
+            f"const int64_t r0 = OovSafe({var}, {n}LL);",
+            f"const int64_t s0_ = static_cast<int64_t>({s}[r0]);",
+            f"const int64_t n0_ = static_cast<int64_t>({s}[r0 + 1]) - s0_;",
+        ]
     if f.method == "hashing":
         buckets = p["buckets"]
         if buckets == 1:
@@ -502,6 +543,8 @@ def _row_code(f: FieldSpec, var: str) -> list[str]:
 
 def _ptr_code(f: FieldSpec, spec: KernelSpec) -> list[str]:
     """Pointers ``p0``.. to the rows read for the current id (after :func:`_row_code`)."""
+    if f.method == "amtl_serving":
+        return [f"const float* p0 = T{f.tables[0]} + s0_;"]
     if f.method == "bh":
         t = f.tables[0]
         cols = spec.tables[t].cols
@@ -518,6 +561,8 @@ def _segments(f: FieldSpec) -> list[tuple[int, int, str]]:
         return [(0, d, "p0[j]")]
     if f.method == "amtl":
         return [(0, d, "p0[j] * m_[j]")]
+    if f.method == "amtl_serving":
+        return [(0, d, "(j < n0_ ? p0[j] : 0.0f)")]
     if f.method == "qr":
         op = f.param("operation")
         if op == "mult":
@@ -736,6 +781,8 @@ def generate(spec: KernelSpec) -> str:
             dense_dim=spec.dense_dim,
             table_rows=_c_list([t.rows for t in spec.tables]),
             table_cols=_c_list([t.cols for t in spec.tables]),
+            table_rank=_c_list([t.rank for t in spec.tables]),
+            table_dtype=", ".join(f"::tensorflow::{_C_TYPES[t.dtype][1]}" for t in spec.tables),
             rows_per_id=_c_list(rows_per_id),
             field_of_table=_c_list(field_of_table),
             id_field=_c_list(id_field),
@@ -768,7 +815,9 @@ def generate(spec: KernelSpec) -> str:
         "    });\n"
     )
     src.append(
-        f'REGISTER_OP("{grad_name}")\n'
+        ""
+        if not spec.trainable  # a serving-only block: no gradient op
+        else f'REGISTER_OP("{grad_name}")\n'
         '    .Input("tables: NT * resource")\n'
         '    .Input("ids: NI * int64")\n'
         f"{mask_in}"
@@ -788,15 +837,16 @@ def generate(spec: KernelSpec) -> str:
             "    std::vector<Var*> raw;",
             "    for (auto& r : refs) raw.push_back(r.get());",
             "    TableLocks locks(raw);",
-            "    const float* tables[kNumTables];",
+            "    const void* tables[kNumTables];",
             "    if (!CheckTables(ctx, refs, tables)) return;",
             "    const int64_t* ids[kNumIds];",
             "    int64_t id_sizes[kNumIds];",
             "    int64_t batch = 0;",
             "    if (!ReadIds(ctx, ids, id_sizes, &batch)) return;",
         ]
-        for t in range(len(spec.tables)):
-            lines.append(f"    const float* T{t} = tables[{t}];")
+        for t, table in enumerate(spec.tables):
+            ctype = _C_TYPES[table.dtype][0]
+            lines.append(f"    const {ctype}* T{t} = static_cast<const {ctype}*>(tables[{t}]);")
         for i in range(len(id_field)):
             lines.append(f"    const int64_t* I{i} = ids[{i}];")
         base = len(spec.tables) + len(id_field)
@@ -876,6 +926,9 @@ def generate(spec: KernelSpec) -> str:
         "",
     ]
     src.append("\n".join(fwd))
+    if not spec.trainable:
+        src.append("}  // namespace\n")
+        return "\n".join(src)
 
     bwd = [
         f"class {grad_name}Op : public OpKernel {{",
@@ -1165,7 +1218,8 @@ def load(spec: KernelSpec, directory: str | Path | None = None) -> Kernel:
             return _KERNELS[forward]
         lib = compile_kernel(source, directory)
         module = tf.load_op_library(str(lib.path))
-        _register_gradient(spec, forward, gradient, module)
+        if spec.trainable:
+            _register_gradient(spec, forward, gradient, module)
         kernel = Kernel(spec, source, lib, forward, gradient, module)
         _KERNELS[forward] = kernel
         return kernel

@@ -1,6 +1,7 @@
-"""Tabulation of the embedding op's per-id masks: the id domain read from the graph, AMTL's
-masks as constant tables with outputs bit-equal to the frozen graph, the op's row form, and the
-masks it must leave alone (not row-wise, reading an input, too large), each with its reason."""
+"""AMTL in serving graphs: tabulation of the embedding op's per-id masks (the id domain read from
+the graph, the masks as constant tables with outputs bit-equal to the frozen graph, the op's row
+form, the masks it must leave alone with the reason), and the op reading AMTL's compact serving
+form (what exports hold)."""
 
 from __future__ import annotations
 
@@ -190,3 +191,33 @@ def test_the_row_form_checks_its_mask_table():
     np.testing.assert_array_equal(got, t[[0, 2, 0]] * masks.numpy()[[0, 2, 0]])
     with pytest.raises(tf.errors.InvalidArgumentError, match=rf"must be \[{N}, 4\]"):
         row(block.variables, [x], [masks[:5]])
+
+
+def test_the_op_reads_the_compact_serving_form(amtl_block):
+    """``AMTLServingEmbedding`` (values + int32 row offsets): one forward-only op, equal to the
+    serving layers and the training layers; frozen, the offsets stay handles too."""
+    coll, _ = amtl_block
+    serving = coll.serving_form()
+    fused = codegen.FusedEmbeddingCollection.from_collection(serving)
+    for seed, batch in ((6, 33), (7, 1)):
+        ids = _ids(seed, batch)
+        want = tf.concat(list(serving(ids).values()), axis=1).numpy()
+        np.testing.assert_array_equal(fused(ids)["__fused__"].numpy(), want)
+        np.testing.assert_array_equal(want, tf.concat(list(coll(ids).values()), axis=1).numpy())
+    spec = fused.kernel.spec
+    assert fused.uncovered == {} and not spec.trainable
+    assert [(t.dtype, t.rank) for t in spec.tables[:2]] == [("float32", 1), ("int32", 1)]
+    assert "Grad" not in fused.kernel.source.split("REGISTER_OP")[-1]
+    lengths = coll.layers_by_field["a"].lengths()
+    assert spec.tables[0].rows == int(lengths.sum()) < N * 4  # compact: only k_i per row
+    specs = {
+        "a": tf.TensorSpec([None], tf.int64),
+        "tags": tf.RaggedTensorSpec([None, None], tf.int64, 1, tf.int64),
+        "plain": tf.TensorSpec([None], tf.int64),
+    }
+    frozen = _frozen(lambda ids: fused(ids)["__fused__"], specs)
+    assert len(frozen.bound) == 5  # 2 + 2 compact tables and the plain one, read live
+    ids = _ids(8)
+    np.testing.assert_array_equal(
+        _run(frozen.graph_def, frozen, ids), tf.concat(list(serving(ids).values()), axis=1)
+    )
