@@ -76,6 +76,9 @@ class LoopSpec:
     outputs: tuple[int, ...]
     dims: tuple[int, ...] | None = None  # the outputs' static dims after the rows (None: the
     # first ``full`` input's shape)
+    matmul: tuple[int, int, bool] | None = None  # (slot, k, bias): input ``slot`` computed in
+    # the op as ``A W (+ b)`` (``attach_matmuls``): the op reads ``A`` [rows, k] there and
+    # ``W`` [k, width] (and ``b`` [width]) after the other inputs
 
     def __post_init__(self) -> None:
         if self.width < 1:
@@ -97,9 +100,24 @@ class LoopSpec:
                 raise ValueError(f"body value {i}: operands {operands} out of range")
         if not self.outputs or any(not 0 <= o < len(self.body) for o in self.outputs):
             raise ValueError(f"outputs {self.outputs} must name body values")
+        if self.matmul is not None:
+            slot, k, _ = self.matmul
+            if not (0 <= slot < len(self.inputs) and self.inputs[slot] == "full" and k >= 1):
+                raise ValueError(f"matmul {self.matmul}: needs a 'full' input slot and k >= 1")
+            if self.dims is None or len(self.dims) > 1:
+                raise ValueError(f"matmul {self.matmul}: needs [rows, width] or [rows] outputs")
+
+    @property
+    def num_inputs(self) -> int:
+        """Tensors the op takes: one per input, and ``W`` (and ``b``) of a matmul."""
+        extra = 0 if self.matmul is None else 1 + int(self.matmul[2])
+        return len(self.inputs) + extra
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+        d = dataclasses.asdict(self)
+        if self.matmul is None:  # specs without one keep their names
+            del d["matmul"]
+        return json.dumps(d, sort_keys=True)
 
     @property
     def op_name(self) -> str:
@@ -223,6 +241,91 @@ def loop_spec(
     )
 
 
+def attach_matmuls(
+    graph: Graph,
+    graph_def: graph_pb2.GraphDef,
+    groups: Sequence[LoopGroup],
+    outputs: Sequence[str] = (),
+) -> tuple[list[LoopGroup], int]:
+    """``groups`` with the matmul that feeds each one (if any) moved inside its op: the first
+    ``full`` input that is ``MatMul(A, W)`` or ``BiasAdd(MatMul(A, W), b)``, with ``W`` a
+    constant ``[k, width]`` (no transposes) and ``b`` a constant ``[width]``, whose result only
+    the group reads, becomes ``LoopSpec.matmul``: the op contracts ``A W`` into its output
+    buffer (Eigen's GEMM, one block of rows per task on TensorFlow's CPU thread pool) and runs
+    the elementwise program over each block while its rows are in the cache, so a DCN-v2 cross layer ``x0 * (x W + b) + x`` or a
+    head ``sigmoid(h w + b)`` is one op instead of two. Returns the groups and how many
+    took a matmul."""
+    defs = {n.name: n for n in graph_def.node}
+    results = {_canon(r) for r in outputs}
+
+    def only_read_by(name: str, readers: set[str]) -> bool:
+        cons = graph.consumers(name)
+        return bool(cons) and set(cons) <= readers and f"{name}:0" not in results
+
+    def const_shape(ref: str) -> tuple[int | None, ...] | None:
+        """The static shape of ``ref`` when it is a constant (through ``Identity`` nodes: a
+        frozen variable read), else None."""
+        node = graph[split_ref(ref)[0]]
+        while node.op == "Identity" and node.inputs:
+            node = graph[split_ref(node.inputs[0])[0]]
+        shape = graph.tensor(ref).shape
+        return tuple(shape) if node.op == "Const" and shape is not None else None
+
+    out, attached = [], 0
+    for g in groups:
+        spec = g.spec
+        if spec.matmul is not None or spec.dims is None or len(spec.dims) > 1:
+            out.append(g)
+            continue
+        inside = set(g.nodes)
+        found = None
+        for slot, (kind, ref) in enumerate(zip(spec.inputs, g.input_refs, strict=True)):
+            if kind != "full" or split_ref(ref)[1] != 0:
+                continue
+            node, taken, bias = graph[split_ref(ref)[0]], [], None
+            if node.op == "BiasAdd":
+                if const_shape(node.inputs[1]) != (spec.width,):
+                    continue
+                if not only_read_by(node.name, inside):
+                    continue
+                bias, taken = _canon(node.inputs[1]), [node.name]
+                node = graph[split_ref(node.inputs[0])[0]]
+            nd = defs.get(node.name)
+            if node.op != "MatMul" or nd is None or split_ref(node.inputs[0])[0] in inside:
+                continue
+            if nd.attr["transpose_a"].b or nd.attr["transpose_b"].b:
+                continue
+            if not only_read_by(node.name, set(taken) or inside):
+                continue
+            w = const_shape(node.inputs[1])
+            a = graph.tensor(node.inputs[0]).shape
+            if w is None or len(w) != 2 or w[1] != spec.width or w[0] is None:
+                continue
+            if a is None or len(a) != 2 or a[1] != w[0]:
+                continue
+            found = (slot, node, taken, bias, int(w[0]))
+            break
+        if found is None:
+            out.append(g)
+            continue
+        slot, node, taken, bias, k = found
+        refs = list(g.input_refs)
+        refs[slot] = _canon(node.inputs[0])
+        refs.append(_canon(node.inputs[1]))
+        if bias is not None:
+            refs.append(bias)
+        controls = sorted(
+            set(g.control_inputs)
+            | {c for n in [node.name, *taken] for c in graph[n].control_inputs}
+        )
+        new_spec = dataclasses.replace(spec, matmul=(slot, k, bias is not None))
+        out.append(
+            LoopGroup(new_spec, [node.name, *taken, *g.nodes], refs, g.output_refs, controls)
+        )
+        attached += 1
+    return out, attached
+
+
 def generate(spec: LoopSpec) -> str:
     """C++ source of the op of ``spec`` (see the module doc)."""
     name = spec.op_name
@@ -244,6 +347,7 @@ def generate(spec: LoopSpec) -> str:
         '#include "tensorflow/core/framework/op.h"',
         '#include "tensorflow/core/framework/op_kernel.h"',
         '#include "tensorflow/core/framework/shape_inference.h"',
+        *(['#include "Eigen/Core"'] if spec.matmul else []),
         "namespace {",
         "using ::tensorflow::OpKernel;",
         "using ::tensorflow::OpKernelConstruction;",
@@ -265,14 +369,10 @@ def generate(spec: LoopSpec) -> str:
         " public:",
         f"  explicit {name}Op(OpKernelConstruction* c) : OpKernel(c) {{}}",
         "  void Compute(OpKernelContext* ctx) override {",
-        f"    OP_REQUIRES(ctx, ctx->num_inputs() == {n_in} && ctx->num_outputs() == "
-        f'{len(spec.outputs)}, errors::InvalidArgument("{name}: expected {n_in} inputs and '
+        f"    OP_REQUIRES(ctx, ctx->num_inputs() == {spec.num_inputs} && ctx->num_outputs() == "
+        f'{len(spec.outputs)}, errors::InvalidArgument("{name}: expected {spec.num_inputs} inputs and '
         f'{len(spec.outputs)} outputs"));',
-        f"    const Tensor& ref = ctx->input({full});",
-        "    const int64_t n = ref.NumElements();",
-        "    OP_REQUIRES(ctx, n % kWidth == 0, errors::InvalidArgument(",
-        f'        "{name}: input {full} has ", n, " elements, not rows of ", kWidth));',
-        "    const int64_t rows = n / kWidth;",
+        *_rows_code(spec, name),
         (
             "    const ::tensorflow::TensorShape out_shape = ref.shape();"
             if spec.dims is None
@@ -282,7 +382,10 @@ def generate(spec: LoopSpec) -> str:
         ),
     ]
     want = {"full": "n", "row": "kWidth", "scalar": "1"}
+    slot = spec.matmul[0] if spec.matmul else -1
     for k, kind in enumerate(spec.inputs):
+        if k == slot:
+            continue  # the matmul's A: checked and read below
         lines += [
             f"    OP_REQUIRES(ctx, ctx->input({k}).NumElements() == {want[kind]},",
             f'        errors::InvalidArgument("{name}: input {k} ({kind}) has ",',
@@ -292,16 +395,36 @@ def generate(spec: LoopSpec) -> str:
     # an output takes over the buffer of a full input no other op reads (as TensorFlow's
     # elementwise kernels do): every element is read before it is written, so in place is
     # safe, and the written tensor is the one still in the cache
-    full_inputs = ", ".join(str(k) for k, kind in enumerate(spec.inputs) if kind == "full")
+    full_inputs = ", ".join(
+        str(k) for k, kind in enumerate(spec.inputs) if kind == "full" and k != slot
+    )
     for o in range(len(spec.outputs)):
+        if o == 0 and spec.matmul:  # A W goes into output 0, read and overwritten in place
+            lines += [
+                "    Tensor* out0 = nullptr;",
+                "    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, out_shape, &out0));",
+                "    float* Y0 = out0->flat<float>().data();",
+                *_matmul_code(spec, name),
+            ]
+            continue
         lines += [
             f"    Tensor* out{o} = nullptr;",
             f"    OP_REQUIRES_OK(ctx, ctx->forward_input_or_allocate_output({{{full_inputs}}}, {o},",
             f"                                                             out_shape, &out{o}));",
             f"    float* Y{o} = out{o}->flat<float>().data();",
         ]
+    lines.append("    auto body = [&](int64_t begin, int64_t end) {")
+    if spec.matmul:  # this block's rows of A W (Eigen's GEMM), then the program while cached
+        k = spec.matmul[1]
+        lines += [
+            "      using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, "
+            "Eigen::RowMajor>;",
+            f"      Eigen::Map<const RowMat> Am(Ap + begin * {k}, end - begin, {k});",
+            f"      Eigen::Map<const RowMat> Wm(Wp, {k}, kWidth);",
+            "      Eigen::Map<RowMat> Ym(Y0 + begin * kWidth, end - begin, kWidth);",
+            "      Ym.noalias() = Am * Wm;",
+        ]
     lines += [
-        "    auto body = [&](int64_t begin, int64_t end) {",
         "      for (int64_t r = begin; r < end; ++r) {",
         "        const int64_t base = r * kWidth;",
         "#pragma GCC ivdep",
@@ -309,7 +432,8 @@ def generate(spec: LoopSpec) -> str:
     ]
     for k, kind in enumerate(spec.inputs):
         index = {"full": "base + j", "row": "j", "scalar": "0"}[kind]
-        lines.append(f"          const float v{k} = X{k}[{index}];")
+        bias = " + Bm[j]" if k == slot and spec.matmul[2] else ""
+        lines.append(f"          const float v{k} = X{k}[{index}]{bias};")
     for i, (op, operands) in enumerate(spec.body):
         b = f"v{operands[1]}" if len(operands) > 1 else ""
         expr = OPS[op][1].format(a=f"v{operands[0]}", b=b)
@@ -317,6 +441,8 @@ def generate(spec: LoopSpec) -> str:
     for o, value in enumerate(spec.outputs):
         lines.append(f"          Y{o}[base + j] = v{n_in + value};")
     cost = 4 * (sum(k == "full" for k in spec.inputs) + len(spec.outputs)) + 2 * len(spec.body)
+    if spec.matmul:
+        cost += 2 * spec.matmul[1]  # multiply-adds per element of A W
     lines += [
         "        }",
         "      }",
@@ -330,6 +456,58 @@ def generate(spec: LoopSpec) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _rows_code(spec: LoopSpec, name: str) -> list[str]:
+    """C++ computing ``n`` (elements of a result) and ``rows`` from a ``full`` input, or from
+    the matmul's ``A`` when it is the only one."""
+    slot = spec.matmul[0] if spec.matmul else -1
+    full = next((k for k, kind in enumerate(spec.inputs) if kind == "full" and k != slot), None)
+    if full is None:
+        return [
+            f"    const int64_t rows = ctx->input({slot}).dims() == 2 ? "
+            f"ctx->input({slot}).dim_size(0) : -1;",
+            "    OP_REQUIRES(ctx, rows >= 0, errors::InvalidArgument(",
+            f'        "{name}: A must be a matrix, got ", ctx->input({slot}).shape().DebugString()));',
+            "    const int64_t n = rows * kWidth;",
+        ]
+    return [
+        f"    const Tensor& ref = ctx->input({full});",
+        "    const int64_t n = ref.NumElements();",
+        "    OP_REQUIRES(ctx, n % kWidth == 0, errors::InvalidArgument(",
+        f'        "{name}: input {full} has ", n, " elements, not rows of ", kWidth));',
+        "    const int64_t rows = n / kWidth;",
+    ]
+
+
+def _matmul_code(spec: LoopSpec, name: str) -> list[str]:
+    """C++: checks ``A`` [rows, k], ``W`` [k, width] (and ``b`` [width]) and points the slot's
+    ``X`` at ``Y0``, where the body writes ``A W`` one block of rows at a time."""
+    slot, k, bias = spec.matmul
+    n_in = len(spec.inputs)
+    lines = [
+        f"    const Tensor& A = ctx->input({slot});",
+        f"    const Tensor& W = ctx->input({n_in});",
+        f"    OP_REQUIRES(ctx, A.dims() == 2 && A.dim_size(0) == rows && A.dim_size(1) == {k},",
+        f'        errors::InvalidArgument("{name}: A must be [", rows, ", {k}], got ",',
+        "            A.shape().DebugString()));",
+        f"    OP_REQUIRES(ctx, W.dims() == 2 && W.dim_size(0) == {k} && W.dim_size(1) == kWidth,",
+        f'        errors::InvalidArgument("{name}: W must be [{k}, ", kWidth, "], got ",',
+        "            W.shape().DebugString()));",
+    ]
+    if bias:
+        lines += [
+            f"    const Tensor& Bt = ctx->input({n_in + 1});",
+            "    OP_REQUIRES(ctx, Bt.NumElements() == kWidth, errors::InvalidArgument(",
+            f'        "{name}: b must have ", kWidth, " elements, got ", Bt.NumElements()));',
+            "    const float* Bm = Bt.flat<float>().data();",
+        ]
+    lines += [
+        "    const float* Ap = A.flat<float>().data();",
+        "    const float* Wp = W.flat<float>().data();",
+        f"    const float* X{slot} = Y0;  // A W, computed block by block in the body",
+    ]
+    return lines
 
 
 _LOCK = threading.Lock()
@@ -374,7 +552,7 @@ def rewrite(
         node.op = op
         node.input.extend(g.input_refs)
         node.input.extend(f"^{c}" for c in g.control_inputs)
-        node.attr["N"].CopyFrom(attr_value_pb2.AttrValue(i=len(g.input_refs)))
+        node.attr["N"].CopyFrom(attr_value_pb2.AttrValue(i=g.spec.num_inputs))
         node.attr["M"].CopyFrom(attr_value_pb2.AttrValue(i=len(g.output_refs)))
         new_nodes.append(node)
 
@@ -421,6 +599,7 @@ __all__ = [
     "OPS",
     "LoopGroup",
     "LoopSpec",
+    "attach_matmuls",
     "generate",
     "load",
     "loop_spec",

@@ -154,6 +154,10 @@ class FusedSignature:
                 self._candidates["epilogues_generated"] = realize.generated_loops(
                     signature_fn, coefficients, pb, frozen=frozen, epilogues=False
                 )
+            if first.matmuls:  # fewer ops, but Eigen's GEMM against the runtime's (oneDNN)
+                self._candidates["matmuls_apart"] = realize.generated_loops(
+                    signature_fn, coefficients, pb, frozen=frozen, matmuls=False
+                )
             realized = first
         else:
             realized = realize.xla_clusters(signature_fn, coefficients, spec.plan_batch)
@@ -166,6 +170,7 @@ class FusedSignature:
         self.clusters = realized.clusters
         self.loops = realized.loops
         self.tabulation = realized.tabulation
+        self.matmuls = realized.matmuls
         self.plan = realized.plan
         self._fused = realized.fused
         # shape-generic when nothing is left to XLA: no padding, nothing to compile
@@ -229,6 +234,7 @@ class FusedSignature:
         self.choice = min(self.timings_ms, key=self.timings_ms.get)
         chosen = self._candidates[self.choice]
         self._fused, self.loops, self.plan = chosen.fused, chosen.loops, chosen.plan
+        self.matmuls = chosen.matmuls
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -238,6 +244,7 @@ class FusedSignature:
             "clusters": self.clusters,
             "generated_loops": self.loops,
             "tabulated_masks": len(self.tabulation.tables) if self.tabulation else 0,
+            "matmuls_in_loop_ops": self.matmuls,
             "ladder": list(self.spec.ladder),
             "plan_batch": self.spec.plan_batch,
             "compilations_at_load": self.compilations_at_load,

@@ -234,6 +234,7 @@ class Realized:
     loops: int = 0  # groups run as generated loop ops (``generated_loops``)
     left: dict[int, str] = dataclasses.field(default_factory=dict)  # group -> why not generated
     tabulation: Any = None  # ``tabulate.Tabulation`` of ``generated_loops``
+    matmuls: int = 0  # loop ops that took their matmul (``generated_loops``)
 
 
 def xla_clusters(
@@ -418,6 +419,7 @@ class LoopPlan:
     loops: list[Any]
     left: dict[int, str]
     rest: dict[str, int]
+    matmuls: int = 0  # loop ops that took the matmul feeding them (``attach_matmuls``)
 
 
 def plan_loops(
@@ -426,10 +428,12 @@ def plan_loops(
     batch: int,
     *,
     min_group_size: int = 2,
+    matmuls: bool = True,
     **plan_options: Any,
 ) -> LoopPlan:
     """Plans ``frozen`` at ``batch`` and sorts its groups into generated loop ops and the rest
-    (no compiler needed: ``stitchrec fuse explain`` prints it)."""
+    (no compiler needed: ``stitchrec fuse explain`` prints it); with ``matmuls`` a loop op
+    also takes the matmul that feeds it (``codegen_loop.attach_matmuls``)."""
     from compiler_opt import codegen_loop
 
     graph = ir.from_graph_def(frozen.graph_def, outputs=frozen.outputs)
@@ -445,7 +449,12 @@ def plan_loops(
                 continue
             left[g.id] = reason
         rest.update({n: g.id for n in g.nodes})
-    return LoopPlan(frozen, graph, p, loops, left, rest)
+    attached = 0
+    if matmuls:
+        loops, attached = codegen_loop.attach_matmuls(
+            graph, frozen.graph_def, loops, frozen.outputs
+        )
+    return LoopPlan(frozen, graph, p, loops, left, rest, attached)
 
 
 def generated_loops(
@@ -457,6 +466,7 @@ def generated_loops(
     xla_rest: bool = False,
     min_group_size: int = 2,
     tabulate_masks: bool = True,
+    matmuls: bool = True,
     **plan_options: Any,
 ) -> Realized:
     """Plans ``concrete_fn`` (frozen; ``frozen`` when the caller has frozen it already) at
@@ -466,15 +476,23 @@ def generated_loops(
     left out of its groups are folded into ``_FusedMatMul`` nodes (``fold_epilogues``).
     ``Realized.loops`` counts the generated ops, ``Realized.left`` says why a loop group was
     not generated. With ``tabulate_masks`` the per-id masks the generated embedding op reads
-    become constant tables first (``compiler_opt.tabulate``; ``Realized.tabulation``). Raises
-    ``codegen.CompilerUnavailable`` without a compiler."""
+    become constant tables first (``compiler_opt.tabulate``; ``Realized.tabulation``). With
+    ``matmuls`` a loop op takes the matmul feeding it (``codegen_loop.attach_matmuls``;
+    ``Realized.matmuls``). Raises ``codegen.CompilerUnavailable`` without a compiler."""
     from compiler_opt import codegen_loop
 
     frozen = frozen if frozen is not None else freeze(concrete_fn)
     original, tabulation = frozen, None
     if tabulate_masks:
         frozen, tabulation = tabulated(frozen)
-    lp = plan_loops(frozen, coefficients, batch, min_group_size=min_group_size, **plan_options)
+    lp = plan_loops(
+        frozen,
+        coefficients,
+        batch,
+        min_group_size=min_group_size,
+        matmuls=matmuls,
+        **plan_options,
+    )
     graph, p, loops, left, rest = lp.graph, lp.plan, lp.loops, lp.left, lp.rest
     graph_def, outputs = codegen_loop.rewrite(frozen.graph_def, loops, frozen.outputs)
     if p.epilogues:  # make the planner's assumption true: each matmul runs its epilogue
@@ -496,4 +514,5 @@ def generated_loops(
         loops=len(loops),
         left=left,
         tabulation=tabulation,
+        matmuls=lp.matmuls,
     )

@@ -194,6 +194,12 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
                         variants["kernel_frozen"] = (rk.unfused, flat)
                         variants["kernel_loops"] = (rk.fused, flat)
                         row["kernel_loops"] = rk.loops
+                        row["kernel_loops_matmuls"] = rk.matmuls
+                        if rk.matmuls:  # the same without the matmuls in the loop ops
+                            ra = realize.generated_loops(
+                                variants["kernel_flat"][0], coefficients, batch, matmuls=False
+                            )
+                            variants["kernel_loops_apart"] = (ra.fused, flat)
                         row["kernel_loops_tabulated"] = (
                             len(rk.tabulation.tables) if rk.tabulation else 0
                         )
@@ -268,7 +274,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
                     row["htables_over_plain"] = row["plain_s"] / row["htables_s"]
                     row["htables_xla_over_xla"] = row["xla_s"] / row["htables_xla_s"]
                     row["htables_xla_over_plain"] = row["plain_s"] / row["htables_xla_s"]
-                for n in ("loops", "kernel_frozen", "kernel_loops"):
+                for n in ("loops", "kernel_frozen", "kernel_loops", "kernel_loops_apart"):
                     if n in variants:
                         row[f"{n}_over_frozen"] = row["frozen_s"] / row[f"{n}_s"]
                         row[f"{n}_over_xla"] = row["xla_s"] / row[f"{n}_s"]
@@ -291,6 +297,13 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
                         fresh["htables"] = (tf.function(htables[mode]), call)
                     if "kernel_xla" in variants:
                         fresh["kernel_xla"] = (tf.function(fused[mode + "_xla_rest"]), call)
+                    if "kernel_loops_apart" in variants:
+                        fresh["kernel_loops_apart"] = (
+                            realize.load_graph_def(
+                                ra.tagged, ra.frozen.inputs, ra.fused.output_names, ra.frozen.bound
+                            ),
+                            flat,
+                        )
                     if "kernel_loops" in variants:
                         fresh["kernel_loops"] = (
                             realize.load_graph_def(
@@ -480,6 +493,42 @@ def summarize(procs: list[dict[str, Any]]) -> str:
                 ]
             else:
                 cells += [""] * 6
+            lines.append(
+                f"| {r0['method']} | {r0['mode']} | {r0['batch']} | " + " | ".join(cells) + " |"
+            )
+    if any("kernel_loops_apart_s" in r for r in first["rows"].values()):
+        lines += [
+            "",
+            "The loop ops with the matmul feeding them inside (``attach_matmuls``, Eigen's GEMM: "
+            "``kernel + loops`` above) against the same with the matmuls left to TensorFlow "
+            "(oneDNN, ``apart``):",
+            "",
+            "| method | mode | batch | ops per call: with / apart | matmuls inside | "
+            "with ms | apart ms | with over apart | apart over XLA |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for key in keys:
+            r0 = first["rows"][key]
+            if "kernel_loops_apart_s" not in r0:
+                continue
+            executed = ""
+            if "executed_kernel_loops_apart" in r0:
+                executed = (
+                    f"{r0['executed_kernel_loops']['tf_ops']} / "
+                    f"{r0['executed_kernel_loops_apart']['tf_ops']}"
+                )
+            with_over = [
+                p["rows"][key]["kernel_loops_apart_s"] / p["rows"][key]["kernel_loops_s"]
+                for p in procs
+            ]
+            cells = [
+                executed,
+                str(r0.get("kernel_loops_matmuls", "")),
+                _ms(_col(procs, key, "kernel_loops_s")),
+                _ms(_col(procs, key, "kernel_loops_apart_s")),
+                _spread(with_over),
+                _spread(_col(procs, key, "kernel_loops_apart_over_xla")),
+            ]
             lines.append(
                 f"| {r0['method']} | {r0['mode']} | {r0['batch']} | " + " | ".join(cells) + " |"
             )

@@ -31,6 +31,8 @@ def test_spec_rejects_what_it_cannot_generate():
         LoopSpec(4, ("full",), (("Mul", (0, 1)),), (0,))
     with pytest.raises(ValueError, match="outputs"):
         LoopSpec(4, ("full",), (("Relu", (0,)),), (1,))
+    with pytest.raises(ValueError, match=r"matmul \(1, 3, False\): needs a 'full' input"):
+        LoopSpec(4, ("full", "row"), (("Mul", (0, 1)),), (0,), (4,), matmul=(1, 3, False))
 
 
 def test_generated_op_computes_the_program_with_row_and_scalar_broadcasts():
@@ -172,3 +174,31 @@ def test_a_head_column_squeeze_is_generated_and_keeps_the_result_shape(hand):
     r = realize.generated_loops(g.get_concrete_function(), hand, 64)
     assert r.loops == 0
     assert any("StridedSlice other than x[:, 0]" in why for why in r.left.values())
+
+
+def test_a_loop_op_takes_the_matmul_that_feeds_it(hand):
+    """A cross layer ``x * (x W + b) + x`` and a head ``sigmoid(y w)[:, 0] + c``: each loop op
+    takes its matmul (and bias): 2 ops where there were 4."""
+    need_compiler()
+    rng = np.random.default_rng(2)
+    w = tf.constant(rng.normal(size=(6, 6)).astype(np.float32))
+    b = tf.constant(rng.normal(size=6).astype(np.float32))
+    wh = tf.constant(rng.normal(size=(6, 1)).astype(np.float32))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 6], tf.float32)])
+    def f(x):
+        y = x * tf.nn.bias_add(tf.matmul(x, w), b) + x
+        return tf.sigmoid(tf.matmul(y, wh)[:, 0] + 0.5)
+
+    r = realize.generated_loops(f.get_concrete_function(), hand, 64)
+    assert (r.loops, r.matmuls) == (2, 2), r.left
+    ops = [n.op for n in r.tagged.node]
+    assert not {"MatMul", "_FusedMatMul", "BiasAdd"} & set(ops)
+    assert sum(op.startswith("StitchrecLoop") for op in ops) == 2
+    for rows in (1, 7, 300):
+        x = rng.normal(size=(rows, 6)).astype(np.float32)
+        got, want = r.fused(x)[0].numpy(), r.unfused(x)[0].numpy()
+        assert got.shape == (rows,)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    off = realize.generated_loops(f.get_concrete_function(), hand, 64, matmuls=False)
+    assert off.matmuls == 0 and "_FusedMatMul" in {n.op for n in off.tagged.node}
