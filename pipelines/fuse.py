@@ -57,8 +57,8 @@ def _generated_forms(args: argparse.Namespace, coefficients: Any) -> str:
     ok = [str(i) for i, reason in why.items() if not reason]
     lines = [
         f"served with --fuse-realization generated (the signature frozen, planned again): "
-        f"{len(ok)} of {len(loops)} loop group(s) as generated ops; matmul epilogues left to "
-        f"the matmul: {len(plan.epilogues)}"
+        f"{len(ok)} of {len(loops)} loop group(s) as generated ops ({lp.matmuls} taking the "
+        f"matmul that feeds them); matmul epilogues left to the matmul: {len(plan.epilogues)}"
     ]
     for g in loops:
         ops = ", ".join(graph[n].op for n in g.nodes[:6])
