@@ -27,30 +27,38 @@ def hand() -> Coefficients:
     return HAND
 
 
-@pytest.fixture(scope="session")
-def tiny_saved_model(tmp_path_factory) -> Path:
-    """An untrained DCN-v2 (dim 4, MLP 16, 1 cross layer) over the tiny dataset, exported with
-    ``stitchrec export``'s serving signature (raw features in, score out)."""
+def tiny_dcn_v2(directory: Path, rows: int = 600, train_rows: int = 500, mlp: tuple = (16,)):
+    """An untrained DCN-v2 (dim 4, 1 cross layer) built on the tiny dataset written to
+    ``directory``: ``(model, schema, training files)``."""
     from features.dataset import iter_record_batches, list_parquet, make_dataset
     from features.schema import load_schema
     from features.stats import compute_stats
     from pipelines.config import DataConfig, PipelineConfig
-    from pipelines.export import export_saved_model
     from pipelines.train import build_run_model
     from ranking.config import ModelConfig
 
-    d = tmp_path_factory.mktemp("fuse")
-    data = write_tiny_dataset(d, rows=600, train_rows=500)
+    data = write_tiny_dataset(directory, rows=rows, train_rows=train_rows)
     schema = load_schema(data["schema"])
     files = list_parquet(data["train"])
     stats = compute_stats(schema, iter_record_batches(schema, files))
     cfg = PipelineConfig(
-        output_dir=str(d / "run"),
+        output_dir=str(directory / "run"),
         data=DataConfig(schema=str(data["schema"]), train=(str(data["train"]),)),
-        model=ModelConfig(type="dcn_v2", embedding_dim=4, mlp=(16,), cross_layers=1),
+        model=ModelConfig(type="dcn_v2", embedding_dim=4, mlp=mlp, cross_layers=1),
     )
     model = build_run_model(cfg, schema, stats)
     model(next(iter(make_dataset(schema, files, batch_size=2))))
+    return model, schema, files
+
+
+@pytest.fixture(scope="session")
+def tiny_saved_model(tmp_path_factory) -> Path:
+    """An untrained DCN-v2 (dim 4, MLP 16, 1 cross layer) over the tiny dataset, exported with
+    ``stitchrec export``'s serving signature (raw features in, score out)."""
+    from pipelines.export import export_saved_model
+
+    d = tmp_path_factory.mktemp("fuse")
+    model, schema, _ = tiny_dcn_v2(d)
     return export_saved_model(model, schema, d / "saved_model")
 
 

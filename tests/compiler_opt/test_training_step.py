@@ -9,31 +9,18 @@ import pytest
 import tensorflow as tf
 
 from compiler_opt import realize
+from tests.compiler_opt.conftest import tiny_dcn_v2
 from tests.testdata import write_run_config, write_tiny_dataset
 
 
 def _model_and_step(tmp_path, optimizer: str):
-    from features.dataset import iter_record_batches, list_parquet, make_dataset
-    from features.schema import load_schema
-    from features.stats import compute_stats
-    from pipelines.config import DataConfig, PipelineConfig
-    from pipelines.train import build_run_model, make_optimizer, make_train_step
-    from ranking.config import ModelConfig
+    from features.dataset import make_dataset
+    from pipelines.train import make_optimizer, make_train_step
 
-    data = write_tiny_dataset(tmp_path, rows=400, train_rows=300)
-    schema = load_schema(data["schema"])
-    files = list_parquet(data["train"])
-    stats = compute_stats(schema, iter_record_batches(schema, files))
-    cfg = PipelineConfig(
-        output_dir=str(tmp_path / "run"),
-        data=DataConfig(schema=str(data["schema"]), train=(str(data["train"]),)),
-        model=ModelConfig(type="dcn_v2", embedding_dim=4, mlp=(8,), cross_layers=1),
-    )
     tf.keras.utils.set_random_seed(0)
-    model = build_run_model(cfg, schema, stats)
+    model, schema, files = tiny_dcn_v2(tmp_path, rows=400, train_rows=300, mlp=(8,))
     ds = make_dataset(schema, files, batch_size=64)
     batches = [b for _, b in zip(range(3), ds, strict=False)]
-    model(batches[0])
     opt = make_optimizer(optimizer, 0.05)
     opt.build(model.trainable_variables)
     metrics = (tf.keras.metrics.Mean(), tf.keras.metrics.AUC(num_thresholds=50))
