@@ -63,12 +63,17 @@ class FusionSpec:
     ladder: batch-size buckets (strictly increasing); every batch is padded to the next one.
     plan_batch: the batch size the cost model plans at.
     signature: the signature that is fused (the others run unfused).
+    loop_matmuls: with ``generated``, also realize the plan with each loop op taking the
+      matmul that feeds it (``codegen_loop.attach_matmuls``: fewer ops, Eigen's GEMM) and keep
+      it if the warm-up times it faster. Off by default: slower than the runtime's matmuls on
+      the CPUs measured, and its GEMM ops take ~15 s each to compile on first load.
     """
 
     realization: str = "xla_clusters"
     ladder: tuple[int, ...] = powers_of_two(8, 512)
     plan_batch: int = 256
     signature: str = "serving_default"
+    loop_matmuls: bool = False
 
     def __post_init__(self) -> None:
         if self.realization not in REALIZATIONS:
@@ -83,6 +88,10 @@ class FusionSpec:
         pb = self.plan_batch
         if isinstance(pb, bool) or not isinstance(pb, int) or pb < 1:
             raise FusionSpecError(f"fusion: plan_batch={pb!r}: expected an int >= 1")
+        if not isinstance(self.loop_matmuls, bool):
+            raise FusionSpecError(
+                f"fusion: loop_matmuls={self.loop_matmuls!r}: expected true or false"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "ladder": list(self.ladder)}
@@ -148,16 +157,18 @@ class FusedSignature:
         self._candidates: dict[str, realize.Realized] = {}
         if self.realization == "generated":
             pb, frozen = spec.plan_batch, realize.freeze(signature_fn)
-            first = realize.generated_loops(signature_fn, coefficients, pb, frozen=frozen)
+            first = realize.generated_loops(
+                signature_fn, coefficients, pb, frozen=frozen, matmuls=False
+            )
             self._candidates["epilogues_to_matmul"] = first
             if first.plan.epilogues:  # the other guess: the runtime does not fold them
                 self._candidates["epilogues_generated"] = realize.generated_loops(
-                    signature_fn, coefficients, pb, frozen=frozen, epilogues=False
+                    signature_fn, coefficients, pb, frozen=frozen, epilogues=False, matmuls=False
                 )
-            if first.matmuls:  # fewer ops, but Eigen's GEMM against the runtime's (oneDNN)
-                self._candidates["matmuls_apart"] = realize.generated_loops(
-                    signature_fn, coefficients, pb, frozen=frozen, matmuls=False
-                )
+            if spec.loop_matmuls:  # fewer ops, but Eigen's GEMM against the runtime's (oneDNN)
+                inside = realize.generated_loops(signature_fn, coefficients, pb, frozen=frozen)
+                if inside.matmuls:
+                    self._candidates["matmuls_inside"] = inside
             realized = first
         else:
             realized = realize.xla_clusters(signature_fn, coefficients, spec.plan_batch)

@@ -126,6 +126,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             realization=args.fuse_realization,
             ladder=args.fuse_ladder,
             plan_batch=args.fuse_plan_batch,
+            loop_matmuls=args.fuse_loop_matmuls,
         )
     if args.cascade_rank and args.fuse_kernels:
         raise ValueError("export --fuse-kernels is not supported with --cascade-rank yet")
@@ -255,6 +256,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="how --fuse runs the planned groups: XLA clusters (default), or the elementwise "
         "loop groups as generated C++ ops and the rest as TensorFlow ops (shape-generic: no "
         "padding, no compilation)",
+    )
+    e.add_argument(
+        "--fuse-loop-matmuls",
+        action="store_true",
+        help="with --fuse-realization generated: also try each loop op taking the matmul that "
+        "feeds it (fewer ops; kept if faster at the server's warm-up)",
     )
     e.add_argument(
         "--fuse-kernels",

@@ -53,6 +53,8 @@ def test_spec_round_trip_and_bad_files_name_the_problem(tmp_path):
         FusionSpec(realization="kernels")
     with pytest.raises(FusionSpecError, match="plan_batch=0"):
         FusionSpec(plan_batch=0)
+    with pytest.raises(FusionSpecError, match="loop_matmuls='yes': expected true or false"):
+        FusionSpec(loop_matmuls="yes")
     for text, match in [
         ("{", "not valid JSON"),
         ("[1]", "expected a JSON object"),
@@ -73,7 +75,7 @@ def test_fused_signature_matches_the_saved_model_at_any_batch_size(
         need_compiler()
     model = tf.saved_model.load(str(tiny_saved_model))
     sig = model.signatures["serving_default"]
-    spec = FusionSpec(realization=realization, ladder=LADDER, plan_batch=32)
+    spec = FusionSpec(realization=realization, ladder=LADDER, plan_batch=32, loop_matmuls=True)
     fused = FusedSignature(sig, spec, hand)
     # the cross layer's x0 * (W x + b) + x: its Mul and AddV2 as one generated op, and no XLA
     assert (fused.loops >= 1, fused.clusters >= 1) == (
@@ -88,9 +90,9 @@ def test_fused_signature_matches_the_saved_model_at_any_batch_size(
         assert set(info["timings_ms"]) == {
             "epilogues_to_matmul",
             "epilogues_generated",
-            "matmuls_apart",
+            "matmuls_inside",
         }
-        assert (info["matmuls_in_loop_ops"] == 0) == (info["choice"] == "matmuls_apart")
+        assert (info["matmuls_in_loop_ops"] > 0) == (info["choice"] == "matmuls_inside")
         assert info["choice"] == min(info["timings_ms"], key=info["timings_ms"].get)
         assert fused.loops >= 1
     assert fused.describe()["compilations_at_load"] == compiled
