@@ -301,6 +301,11 @@ class TrainingStep:
     ):
         if batch < 1:
             raise ValueError(f"batch must be >= 1, got {batch}")
+        if getattr(step_fn, "input_signature", None) is None:
+            raise ValueError(
+                f"TrainingStep needs a tf.function with an input_signature (one trace), got "
+                f"{step_fn!r}"
+            )
         if trial_steps < 0 or warmup_steps < 0:
             raise ValueError(
                 f"trial_steps and warmup_steps must be >= 0, got {trial_steps}, {warmup_steps}"

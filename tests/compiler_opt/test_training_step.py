@@ -69,6 +69,8 @@ def test_the_first_steps_choose_between_clusters_and_the_inlined_step(tmp_path, 
         realize.TrainingStep(step, hand, 0)
     with pytest.raises(ValueError, match="trial_steps and warmup_steps must be >= 0, got -1, 3"):
         realize.TrainingStep(step, hand, 8, trial_steps=-1)
+    with pytest.raises(ValueError, match=r"needs a tf\.function with an input_signature"):
+        realize.TrainingStep(tf.function(lambda x: x), hand, 8)
 
 
 def test_stitchrec_train_with_clusters_reaches_the_same_auc(tmp_path):
