@@ -152,24 +152,19 @@ def _tabulate_one(
     nodes, why = _ancestors(by, mask_ref, uname)
     if why:
         return unique, set(), None, why
-    table = _evaluate(graph_def, nodes, unique, mask_ref, np.arange(n))
-    if table.ndim != 2 or table.shape[0] != n or table.dtype != np.float32:
-        return (
-            unique,
-            set(),
-            None,
-            f"the function gives {table.dtype}{list(table.shape)}, not [{n}, d]",
-        )
-    if table.nbytes > max_bytes:
-        return (
-            unique,
-            set(),
-            None,
-            f"its table, {table.nbytes} bytes, exceeds max_bytes={max_bytes}",
-        )
+    # a sample first: the width, so the size is checked before the whole domain is evaluated
     sample = np.unique(np.linspace(n - 1, 0, min(n, 9)).astype(np.int64))
-    again = _evaluate(graph_def, nodes, unique, mask_ref, sample)
-    if not np.allclose(again, table[sample], rtol=0.0, atol=1e-6):
+    part = _evaluate(graph_def, nodes, unique, mask_ref, sample)
+    if part.ndim != 2 or part.shape[0] != len(sample) or part.dtype != np.float32:
+        why = f"the function gives {part.dtype}{list(part.shape)} for {len(sample)} ids"
+        return unique, set(), None, why + ", not [ids, d] float32"
+    size = 4 * n * int(part.shape[1])
+    if size > max_bytes:
+        return unique, set(), None, f"its table, {size} bytes, exceeds max_bytes={max_bytes}"
+    table = _evaluate(graph_def, nodes, unique, mask_ref, np.arange(n))
+    if table.shape != (n, part.shape[1]) or not np.allclose(
+        part, table[sample], rtol=0.0, atol=1e-6
+    ):
         return unique, set(), None, "not row-wise: on a sample of ids it differs from the table"
     return unique, nodes, table, ""
 
