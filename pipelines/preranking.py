@@ -350,6 +350,8 @@ def build_fscd(cfg: PipelineConfig, schema: Schema, stats: DatasetStats) -> FSCD
     pcfg = prerank_model_config(cfg)
     pr = pcfg.preranking or PrerankConfig()
     base = build_run_model(pcfg, schema, stats)
+    if pr.tower_residual:
+        base.residual = build_run_two_tower(cfg, schema, stats)
     alpha = {r["name"]: r["alpha"] for r in field_table(base, schema, pr)}
     return add_field_selection(
         base,
@@ -469,14 +471,21 @@ def finetune_stage(
     """Stage 3: the pre-ranking model over ``kept``, initialized from stage 1 (or, with
     ``init_from_stage1=False``, freshly initialized), trained with the plain loss for
     ``finetune_epochs`` (``fit_args``: ``fit``'s early stopping and learning rate). Returns
-    (model, its schema, training summary)."""
+    (model, its schema, training summary). With ``tower_residual`` the model adds the towers
+    over every field (stage 1's, or fresh), and its schema is then every field."""
     pcfg = prerank_model_config(cfg)
     pr = pcfg.preranking or PrerankConfig()
     sub = schema.select(kept)
     model = build_run_model(pcfg, sub, stats)
+    if pr.tower_residual:
+        model.residual = build_run_two_tower(cfg, schema, stats)
+        sub = schema  # the towers read every field
     build_on_sample(model, sub, files)
     if init_from_stage1:
         counts = transfer_weights(stage1, model)
+        if model.residual is not None and stage1.residual is not None:
+            model.residual.set_weights(stage1.residual.get_weights())
+            counts["residual"] = len(model.residual.weights)
         log(f"fscd stage 3: {kept}, initialized from stage 1 ({counts})")
     else:
         log(f"fscd stage 3: {kept}, fresh initialization")

@@ -48,7 +48,12 @@ _TF_DTYPES = {"string": tf.string, "int64": tf.int64, "float32": tf.float32}
 def _plans(model: tf.keras.Model) -> list[dict[str, Any]]:
     if isinstance(model, TwoTowerModel):
         return [*model.user_tower.preprocessor.plans, *model.item_tower.preprocessor.plans]
-    return list(model.preprocessor.plans)
+    plans = list(model.preprocessor.plans)
+    residual = getattr(model, "residual", None)
+    if residual is not None:  # the residual's fields too (once each)
+        own = {p["name"] for p in plans}
+        plans += [p for p in _plans(residual) if p["name"] not in own]
+    return plans
 
 
 def model_inputs(model: tf.keras.Model) -> list[str]:
@@ -144,25 +149,37 @@ class RequestScorer(tf.Module):
                     f"fields); the cascade does not split those into request and candidate parts"
                 )
             plans = model.preprocessor.plans
+            own = {p["name"] for p in plans}  # without the residual's fields
+            self.own_request = [n for n in self.request_names if n in own]
+            self.own_items = [n for n in self.item_names if n in own]
+            if not self.own_items:
+                raise ValueError(
+                    f"model {model.name!r} reads no item field itself; it cannot rank candidates"
+                )
+            self.residual_scorer = (
+                RequestScorer(model.residual, groups, name=f"{name}_residual")
+                if model.residual is not None
+                else None
+            )
             # same plans (vocabularies, boundaries, moments) as the model's own preprocessor
             preprocessor_class = type(model.preprocessor)
             self.request_pre = (
                 preprocessor_class(
-                    [p for p in plans if p["name"] in self.request_names],
+                    [p for p in plans if p["name"] in self.own_request],
                     name=f"{name}_request_preprocessor",
                 )
-                if self.request_names
+                if self.own_request
                 else None
             )
             self.item_pre = preprocessor_class(
-                [p for p in plans if p["name"] in self.item_names],
+                [p for p in plans if p["name"] in self.own_items],
                 name=f"{name}_item_preprocessor",
             )
 
     def _first_layer(self) -> tf.keras.layers.Layer | None:
         """The layer whose request part can be computed once (None: no split)."""
         m = self.model
-        if not self.split_first_layer or not self.request_names or m.interaction is None:
+        if not self.split_first_layer or not self.own_request or m.interaction is None:
             return None
         if isinstance(m.interaction, CrossInteraction):
             return m.interaction._cross[0]
@@ -174,7 +191,7 @@ class RequestScorer(tf.Module):
         """Positions of the request-side and candidate columns in ``x0`` (embedded fields in
         table order, then dense columns in the preprocessor's order)."""
         m = self.model
-        request = set(self.request_names)
+        request = set(self.own_request)
         is_request: list[bool] = []
         for name, dim in zip(m.embedding.field_names, m.embedding.dims, strict=True):
             is_request += [name in request] * int(dim)
@@ -188,16 +205,19 @@ class RequestScorer(tf.Module):
             u = self.model.user_vectors(request)
             v = self.model.item_vectors(items)
             return self.model.score_candidates(u, v)
-        return self._ranking_logits(request, items)
+        logits = self._ranking_logits(request, items)
+        if self.residual_scorer is not None:
+            logits = logits + self.residual_scorer(request, items)
+        return logits
 
     def _ranking_logits(self, request: dict[str, tf.Tensor], items: dict[str, tf.Tensor]):
         m = self.model
-        n = tf.shape(items[self.item_names[0]])[0]
+        n = tf.shape(items[self.own_items[0]])[0]
         repeat = tf.zeros([n], tf.int32)  # gather row 0 N times: [1, ...] -> [N, ...]
         ids_r, dense_r = ({}, None)
         if self.request_pre is not None:
-            ids_r, dense_r = self.request_pre({k: request[k] for k in self.request_names})
-        ids_c, dense_c = self.item_pre({k: items[k] for k in self.item_names})
+            ids_r, dense_r = self.request_pre({k: request[k] for k in self.own_request})
+        ids_c, dense_c = self.item_pre({k: items[k] for k in self.own_items})
         dense_cols: dict[str, tf.Tensor] = {}
         for pre, dense, tile in (
             (self.request_pre, dense_r, True),

@@ -141,6 +141,11 @@ class PrerankConfig:
         crosses it closed more of the ranking gap, docs/preranking.md).
       mlp: hidden sizes of the pre-ranking model's MLP (empty: the ``[model]`` ones).
       tower_dim, tower_mlp: two-tower output dimension and tower hidden sizes.
+      tower_residual: FSCD's models (stage 1 and the fine-tuned pre-ranker) add a two-tower
+        term over every field, trained jointly (``RankingModel(residual=...)``): the towers
+        carry every field's main effects at two-tower cost, so the gates weigh a field by what
+        its interactions add, and the kept fields' interaction model rides on the towers. The
+        pre-ranker then reads every field (the towers') and the budget counts the kept ones.
       require_costs: every model input must state ``cost`` in the schema file.
       cascade_keep: candidates the pre-ranking passes to ranking in an exported cascade (M).
     """
@@ -163,6 +168,7 @@ class PrerankConfig:
     mlp: tuple[int, ...] = ()
     tower_dim: int = 32
     tower_mlp: tuple[int, ...] = (64,)
+    tower_residual: bool = False
     require_costs: bool = True
     cascade_keep: int = 50
 
@@ -196,6 +202,8 @@ class PrerankConfig:
             )
         if not self.temperature > 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature!r}")
+        if not isinstance(self.tower_residual, bool):
+            raise ValueError(f"tower_residual must be true or false, got {self.tower_residual!r}")
         if not 0 < self.init_keep < 1:
             raise ValueError(f"init_keep must be in (0, 1), got {self.init_keep!r}")
         for key in (

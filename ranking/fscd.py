@@ -398,7 +398,10 @@ class FSCDRankingModel(RankingModel):
         z = self.interaction(gated[:n_emb], dense_out)
         if self.tower is not None:
             z = self.tower(z, training=training)
-        return self.bias + self.head(z)[:, 0]
+        logit = self.bias + self.head(z)[:, 0]
+        if self.residual is not None:  # not gated: the towers are the pre-ranker's free part
+            logit = logit + self.residual(features, training=training)
+        return logit
 
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "selection": tf.keras.layers.serialize(self.selection)}
@@ -448,6 +451,7 @@ def add_field_selection(
         tower=model.tower,
         wide=model.wide,
         initial_bias=model.initial_bias,
+        residual=model.residual,
         name="fscd",
     )
 

@@ -78,6 +78,9 @@ class RankingModel(ClickModel):
       initial_bias: starting value of the logit bias (log-odds of the base rate).
       dense_blocks: layers ``raw features -> [batch, k]`` floats (e.g. ``ranking.pair_stats``)
         whose outputs are appended to the preprocessor's dense matrix, inside the model.
+      residual: a model ``raw features -> logits [batch]`` added to the logit, trained jointly
+        (a ``TwoTowerModel``: ``[preranking] tower_residual``, where a pre-ranking model over a
+        few item fields keeps every field's main effects through the towers).
     """
 
     def __init__(
@@ -90,10 +93,12 @@ class RankingModel(ClickModel):
         wide: tf.keras.layers.Layer | None = None,
         initial_bias: float = 0.0,
         dense_blocks: list[tf.keras.layers.Layer] | None = None,
+        residual: tf.keras.Model | None = None,
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
         self.dense_blocks = list(dense_blocks or [])
+        self.residual = residual
         if interaction is not None and embedding is None:
             raise ValueError("an interaction needs an embedding block")
         if interaction is None and wide is None:
@@ -123,7 +128,10 @@ class RankingModel(ClickModel):
         if self.dense_blocks:
             extra = [block(features) for block in self.dense_blocks]
             dense = tf.concat(([dense] if dense is not None else []) + extra, axis=1)
-        return self.logits_from(ids, dense, training)
+        logit = self.logits_from(ids, dense, training)
+        if self.residual is not None:
+            logit = logit + self.residual(features, training=training)
+        return logit
 
     def logits_from(
         self, ids: dict[str, tf.Tensor], dense: tf.Tensor | None, training: bool | None = None
@@ -153,12 +161,13 @@ class RankingModel(ClickModel):
             "tower": ser(self.tower) if self.tower is not None else None,
             "wide": ser(self.wide) if self.wide is not None else None,
             "dense_blocks": [ser(b) for b in self.dense_blocks],
+            "residual": ser(self.residual) if self.residual is not None else None,
         }
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> RankingModel:
         config = dict(config)
-        for key in ("preprocessor", "embedding", "interaction", "tower", "wide"):
+        for key in ("preprocessor", "embedding", "interaction", "tower", "wide", "residual"):
             if config.get(key) is not None:
                 config[key] = tf.keras.layers.deserialize(config[key])
         config["dense_blocks"] = [

@@ -379,7 +379,9 @@ def ranking_flops(
     dims = dict(zip(model.embedding.field_names, model.embedding.dims, strict=True))
     dims.update({n: 1 for n in model.preprocessor.dense_fields})
     request = sum(w for n, w in dims.items() if groups.get(n) in ("user", "context"))
-    return model_flops(
+    residual = getattr(model, "residual", None)  # the towers, computed online as the base's
+    extra = two_tower_flops(residual, candidates)["online"] if residual is not None else 0.0
+    return extra + model_flops(
         cfg.type,
         width,
         cfg.mlp,
@@ -450,7 +452,9 @@ def run_dataset(name: str, args: argparse.Namespace, out: Path) -> dict[str, Any
     chosen: dict[str, float] = {}
     runs: list[dict[str, Any]] = []
     for seed in args.seeds:
-        pr = dataclasses.replace(cfg.preranking, finetune_epochs=args.epochs)
+        pr = dataclasses.replace(
+            cfg.preranking, finetune_epochs=args.epochs, tower_residual=args.tower_residual
+        )
         scfg = dataclasses.replace(
             cfg, train=dataclasses.replace(cfg.train, seed=seed), preranking=pr
         )
@@ -762,6 +766,11 @@ def main(argv: list[str] | None = None) -> int:
         "(chosen on the first seed)",
     )
     p.add_argument("--prerank-mlp", type=int, nargs="*", default=[])
+    p.add_argument(
+        "--tower-residual",
+        action="store_true",
+        help="FSCD's models add a jointly trained two-tower term ([preranking] tower_residual)",
+    )
     p.add_argument(
         "--reg-weight", type=float, default=None, help="FSCD penalty weight (default 1/N)"
     )

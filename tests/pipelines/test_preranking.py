@@ -315,3 +315,38 @@ def test_finetune_from_scratch_starts_stage_three_fresh(tmp_path, capsys):
     assert "fresh initialization" in out and "initialized from stage 1" not in out
     report = json.loads((tmp_path / "scratch" / "train_report.json").read_text())
     assert 0.5 < report["test"]["auc"] <= 1.0
+
+
+def test_fscd_with_a_tower_residual_trains_exports_and_cascades(tmp_path, capsys):
+    """``tower_residual = true``: stage 1 and the pre-ranker add towers over every field; the
+    selection still keeps 2 item fields, the pre-ranker reads every field (the towers') and
+    exports, alone and as the cascade's pre-ranking."""
+    data = write_grouped(tmp_path / "data", rows=2000)
+    section = FSCD.replace(
+        "fscd_epochs = 3", "fscd_epochs = 1\ntower_residual = true\ntower_dim = 4"
+    )
+    cfg = load_config(_config(tmp_path, data, "res", section))
+    assert cfg.preranking.tower_residual
+    report = train(cfg, log=lambda _: None)
+    run = Path(cfg.output_dir)
+    sel = json.loads((run / "selection.json").read_text())
+    assert len(sel["kept"]) == 4 and set(sel["kept"]) >= REQUEST
+    assert report["test"]["auc"] > 0.55
+    exported = export_run(run, tmp_path / "export")
+    meta = json.loads((exported / "assets.extra" / "stitchrec.json").read_text())
+    assert sorted(meta["inputs"]) == ["age", "item", "price", "tags", "user"]  # the towers' too
+    rank = load_config(_config(tmp_path, data, "rank", ""))
+    train(rank, log=lambda _: None)
+    out = tmp_path / "cascade"
+    argv = ["export", "--run", str(run), "--cascade-rank", rank.output_dir, "--keep", "2"]
+    assert main([*argv, "--output", str(out)]) == 0
+    got = tf.saved_model.load(str(out)).signatures["rank_request"](
+        user=tf.constant(["u1"]),
+        age=tf.constant([30.0]),
+        item=tf.constant([3, 4, 5], tf.int64),
+        tags=tf.constant(["a|b", "c", ""]),
+        price=tf.constant([1.0, 5.0, 20.0]),
+    )
+    assert got["kept"].numpy().sum() == 2
+    with pytest.raises(ValueError, match="tower_residual must be true or false"):
+        PrerankConfig(tower_residual="yes")
