@@ -155,18 +155,23 @@ class FusedSignature:
             self.realization = "xla_clusters"  # no CUDA form of the generated ops yet
         # candidate realizations, chosen between by timing them in ``warmup``
         self._candidates: dict[str, realize.Realized] = {}
+        tabulation = None
         if self.realization == "generated":
-            pb, frozen = spec.plan_batch, realize.freeze(signature_fn)
-            first = realize.generated_loops(
-                signature_fn, coefficients, pb, frozen=frozen, matmuls=False
-            )
+            # frozen and its masks tabulated once, for every candidate
+            frozen, tabulation = realize.tabulated(realize.freeze(signature_fn))
+            options = {"frozen": frozen, "tabulate_masks": False}
+
+            def candidate(**plan_options: Any) -> realize.Realized:
+                return realize.generated_loops(
+                    signature_fn, coefficients, spec.plan_batch, **options, **plan_options
+                )
+
+            first = candidate(matmuls=False)
             self._candidates["epilogues_to_matmul"] = first
             if first.plan.epilogues:  # the other guess: the runtime does not fold them
-                self._candidates["epilogues_generated"] = realize.generated_loops(
-                    signature_fn, coefficients, pb, frozen=frozen, epilogues=False, matmuls=False
-                )
+                self._candidates["epilogues_generated"] = candidate(epilogues=False, matmuls=False)
             if spec.loop_matmuls:  # fewer ops, but Eigen's GEMM against the runtime's (oneDNN)
-                inside = realize.generated_loops(signature_fn, coefficients, pb, frozen=frozen)
+                inside = candidate()
                 if inside.matmuls:
                     self._candidates["matmuls_inside"] = inside
             realized = first
@@ -180,7 +185,7 @@ class FusedSignature:
         self._outputs = outputs
         self.clusters = realized.clusters
         self.loops = realized.loops
-        self.tabulation = realized.tabulation
+        self.tabulation = tabulation
         self.matmuls = realized.matmuls
         self.plan = realized.plan
         self._fused = realized.fused

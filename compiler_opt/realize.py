@@ -15,6 +15,7 @@ that group, so that they do not cut it in two.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -226,7 +227,6 @@ class Realized:
     """The fused serving function and what it came from."""
 
     fused: Any  # f(*flat_inputs) -> [outputs], planned groups as XLA clusters
-    unfused: Any  # the same frozen graph without tags
     plan: Plan
     frozen: Frozen
     tagged: graph_pb2.GraphDef
@@ -235,6 +235,13 @@ class Realized:
     left: dict[int, str] = dataclasses.field(default_factory=dict)  # group -> why not generated
     tabulation: Any = None  # ``tabulate.Tabulation`` of ``generated_loops``
     matmuls: int = 0  # loop ops that took their matmul (``generated_loops``)
+
+    @functools.cached_property
+    def unfused(self) -> GraphFunction:
+        """The same frozen graph without tags or generated ops (imported on first use: a
+        server that only runs ``fused`` never pays for it)."""
+        f = self.frozen
+        return load_graph_def(f.graph_def, f.inputs, f.outputs, f.bound)
 
 
 def xla_clusters(
@@ -264,7 +271,6 @@ def xla_clusters(
     tagged = tag_clusters(frozen.graph_def, assignment)
     return Realized(
         fused=load_graph_def(tagged, frozen.inputs, frozen.outputs, frozen.bound),
-        unfused=load_graph_def(frozen.graph_def, frozen.inputs, frozen.outputs, frozen.bound),
         plan=p,
         frozen=frozen,
         tagged=tagged,
@@ -321,13 +327,16 @@ class TrainingStep:
         )
         self._outputs = concrete.structured_outputs
         self.clusters = self.realized.clusters
-        self._candidates = {"clusters": self.realized.fused, "inlined": self.realized.unfused}
         self.trial_steps, self.warmup_steps = trial_steps, warmup_steps
-        self.choice = "" if trial_steps and self.clusters else "clusters"
         if not self.clusters:
             self.choice = "inlined"  # nothing planned: the inlined step as it is
-        self._times: dict[str, list[float]] = {name: [] for name in self._candidates}
+        else:
+            self.choice = "" if trial_steps else "clusters"  # "": to be measured
+        self._times: dict[str, list[float]] = {"clusters": [], "inlined": []}
         self._calls = 0
+
+    def _step(self, name: str) -> Any:
+        return self.realized.fused if name == "clusters" else self.realized.unfused
 
     @property
     def timings_ms(self) -> dict[str, float]:
@@ -337,11 +346,11 @@ class TrainingStep:
     def __call__(self, *args: Any) -> Any:
         flat = tf.nest.flatten(args, expand_composites=True)
         if self.choice:
-            out = self._candidates[self.choice](*flat)
+            out = self._step(self.choice)(*flat)
         else:
-            name = list(self._candidates)[self._calls % 2]
+            name = ("clusters", "inlined")[self._calls % 2]
             t0 = time.perf_counter()
-            out = self._candidates[name](*flat)
+            out = self._step(name)(*flat)
             for t in out:
                 t.numpy()
             if self._calls >= 2 * self.warmup_steps:  # compilation, allocations
@@ -509,9 +518,6 @@ def generated_loops(
         clusters = len(set(rest.values()))
     return Realized(
         fused=load_graph_def(tagged, frozen.inputs, outputs, frozen.bound),
-        unfused=load_graph_def(
-            original.graph_def, original.inputs, original.outputs, original.bound
-        ),
         plan=p,
         frozen=original,
         tagged=tagged,
