@@ -137,6 +137,7 @@ class DynamicBatcher:
         self._wakeup = asyncio.Event()
         self._running: set[asyncio.Task] = set()
         self._closed = False
+        self._flushing = False
         self._scheduler = asyncio.get_running_loop().create_task(self._schedule())
         self.batches = 0  # batches run (for tests and stats)
 
@@ -204,7 +205,7 @@ class DynamicBatcher:
                         [it.rows for it in self._queue],
                         cfg.max_batch_size,
                         cfg.preferred_batch_sizes,
-                        expired or self._closed,
+                        expired or self._closed or self._flushing,
                     )
                 if n is None:
                     self._wakeup.clear()
@@ -244,6 +245,15 @@ class DynamicBatcher:
                 self._on_batch(sum(rows), len(items), [start - it.enqueued for it in items])
         finally:
             self._free.release()
+
+    def flush(self) -> None:
+        """From now on dispatches queued requests at once instead of waiting out the window.
+
+        For a graceful stop: no new request can join the queued ones, so waiting for the
+        batching window would only spend the stop's grace period.
+        """
+        self._flushing = True
+        self._wakeup.set()
 
     async def drain(self) -> None:
         """Stops taking requests and waits until every queued and running batch has finished."""

@@ -416,6 +416,13 @@ class ModelRepository:
                 await self._poller
             self._poller = None
 
+    def flush(self) -> None:
+        """Every live version's batcher dispatches its queue at once (see DynamicBatcher.flush)."""
+        for versions in self._live.values():
+            for mv in versions.values():
+                if mv.batcher is not None:
+                    mv.batcher.flush()
+
     async def close(self) -> None:
         """Stops polling and unloads every version after its in-flight requests finish."""
         await self.stop_polling()

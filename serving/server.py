@@ -83,6 +83,8 @@ class ServingServer:
         self.state.shutting_down = True
         await self.health.enter_graceful_shutdown()
         await self.repository.stop_polling()
+        # no new call joins the queued ones: dispatch them now rather than after the window
+        self.repository.flush()
         await self.grpc_server.stop(grace)
         await self.repository.close()
         self.metrics.stop_http()

@@ -88,6 +88,29 @@ def test_concurrent_requests_share_batches_and_get_their_rows():
     assert max(rec.sizes) <= 64
 
 
+def test_flush_dispatches_the_queue_without_waiting_out_the_window():
+    async def main():
+        rec = _Recorder()
+        b = DynamicBatcher(
+            rec, 1, BatchingConfig(max_batch_size=64, max_queue_delay_us=600_000_000)
+        )
+        pending = [asyncio.ensure_future(b.submit(_req(i), 1)) for i in range(5)]
+        while b.queued < 5:
+            await asyncio.sleep(0.001)
+        await asyncio.sleep(0.05)
+        assert rec.sizes == []  # a 10 min window: nothing runs by itself
+        b.flush()
+        outs = await asyncio.wait_for(asyncio.gather(*pending), 30)
+        later = await asyncio.wait_for(b.submit(_req(7), 1), 30)  # flushing stays on
+        await b.close()
+        return rec, outs, later
+
+    rec, outs, later = asyncio.run(main())
+    assert [o["y"].tolist() for o in outs] == [[0], [2], [4], [6], [8]]
+    assert later["y"].tolist() == [14]
+    assert rec.sizes == [5, 1]
+
+
 def test_no_batching_runs_each_request_alone():
     async def main():
         rec = _Recorder()

@@ -487,18 +487,19 @@ def test_tls_and_token_auth(repo, tmp_path):
 
 
 def test_graceful_stop_drains_in_flight_requests(repo):
-    # a 2 s batching window keeps 20 requests in flight while the stop begins
-    opts = ServerOptions(batching=BatchingConfig(max_queue_delay_us=2_000_000))
+    # a 120 s batching window keeps 20 requests in flight while the stop begins; the stop
+    # dispatches them at once, well inside its 30 s grace (waiting out the window would not be)
+    opts = ServerOptions(batching=BatchingConfig(max_queue_delay_us=120_000_000))
     s = ServerThread(repo, opts)
     stub = rank_grpc.RankingServiceStub(grpc.insecure_channel(s.target))
     reqs = [make_request("lin", {"user": "u1"}, {"item": [i], "price": [0.0]}) for i in range(20)]
-    futures = [stub.Rank.future(r, timeout=30) for r in reqs]
+    futures = [stub.Rank.future(r, timeout=60) for r in reqs]
     batcher = s.server.repository.get("lin").batcher
     t0 = time.monotonic()
     while batcher.queued < 20 and time.monotonic() - t0 < 20:
         time.sleep(0.01)
     assert batcher.queued == 20
-    stopping = s.submit(s.server.stop(grace=5))
+    stopping = s.submit(s.server.stop(grace=30))
     time.sleep(0.05)
     health = health_pb2_grpc.HealthStub(grpc.insecure_channel(s.target))
     results = [f.result() for f in futures]  # every in-flight request completes
@@ -508,7 +509,7 @@ def test_graceful_stop_drains_in_flight_requests(repo):
         [reference_score(1.0, "u1", i, 0.0) for i in range(20)],
         rtol=1e-6,
     )
-    stopping.result(10)
+    stopping.result(30)
     with pytest.raises(grpc.RpcError) as e:  # stopped: new calls are refused
         health.Check(health_pb2.HealthCheckRequest(), timeout=2)
     assert e.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
