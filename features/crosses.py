@@ -14,15 +14,19 @@ in training and inside the exported SavedModel. The file::
       "boundaries": {"I1": [0.0, 1.0, 3.0]},        # numeric fields' buckets in the search
       "crosses": [                                  # best first
         {"rank": 1, "name": "C3_x_C17", "fields": ["C3", "C17"], "order": 2,
-         "strength": 0.998, "active": true, "distinct": 1532},
+         "strength": 0.998, "active": true, "distinct": 1532, "source": "fives",
+         "effect": 0.0041},
         ...
       ],
       "search": {...}                               # settings, rows, timings, metrics
     }
 
 ``strength`` is in [0, 1] (FIVES: the product of the soft edge weights on the cross's path);
-``active`` says whether every edge is on after binarization at 0.5; ``distinct`` counts the value
-tuples the search data holds (it sizes the hash table when the config leaves it to us).
+``active`` says whether the cross was selected (every FIVES edge on after binarization at 0.5,
+or significant in the interaction screen); ``source`` names what selected it; ``effect`` is the
+held-out share of label variance its pure interaction explains (selected crosses are ranked by
+it); ``distinct`` counts the value tuples the search data holds (it sizes the hash table when
+the config leaves it to us).
 """
 
 from __future__ import annotations
@@ -46,12 +50,19 @@ class CrossArtifactError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Cross:
-    """One ranked cross: ``fields`` (in order), its ``order`` (= len(fields)) and strength."""
+    """One ranked cross: ``fields`` (in order), its ``order`` (= len(fields)) and strength.
+
+    ``source`` says what selected it (``"fives"``, ``"screen"`` or ``"fives+screen"``) and
+    ``effect`` is its held-out pure-interaction effect (eta^2, ``features.interaction_screen``)
+    when it was measured, else None.
+    """
 
     fields: tuple[str, ...]
     strength: float
     active: bool = True
     distinct: int = 0
+    source: str = "fives"
+    effect: float | None = None
 
     @property
     def order(self) -> int:
@@ -104,6 +115,8 @@ class CrossArtifact:
                     "strength": round(float(c.strength), 6),
                     "active": bool(c.active),
                     "distinct": int(c.distinct),
+                    "source": c.source,
+                    **({} if c.effect is None else {"effect": round(float(c.effect), 8)}),
                 }
                 for i, c in enumerate(self.crosses)
             ],
@@ -139,6 +152,8 @@ def load_crosses(path: str | Path) -> CrossArtifact:
                 strength=float(c["strength"]),
                 active=bool(c.get("active", True)),
                 distinct=int(c.get("distinct", 0)),
+                source=str(c.get("source", "fives")),
+                effect=None if c.get("effect") is None else float(c["effect"]),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise CrossArtifactError(

@@ -100,6 +100,12 @@ class FivesConfig:
       numeric_bins: quantile buckets of numeric fields.
       max_vocab, min_count: vocabulary of categorical fields.
       seed: initialization, the split and the data order.
+      screen_orders: cross orders also tested exhaustively by ``features.interaction_screen``
+        (orders above ``max_order`` are skipped; ``()``: no screen). The screen finds pure
+        interactions, which the edge search cannot (it needs an active sub-cross first).
+      screen_alpha: family-wise error rate of the screen's tests (Bonferroni over each order).
+      screen_max_cells: table cells per tested field set (sets the values kept per field).
+      screen_rows: training rows the screen reads (0: all).
     """
 
     max_order: int = 3
@@ -126,9 +132,29 @@ class FivesConfig:
     max_vocab: int = 1_000
     min_count: int = 5
     seed: int = 0
+    screen_orders: tuple[int, ...] = (2, 3)
+    screen_alpha: float = 0.01
+    screen_max_cells: int = 4096
+    screen_rows: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mlp", tuple(int(u) for u in self.mlp))
+        orders = self.screen_orders
+        if isinstance(orders, int) and not isinstance(orders, bool):
+            orders = (orders,)
+        if not isinstance(orders, (tuple, list)) or any(
+            not isinstance(o, int) or isinstance(o, bool) or o < 2 for o in orders
+        ):
+            raise ValueError(
+                f"fives: screen_orders must be a list of integers >= 2 (or empty), got {orders!r}"
+            )
+        object.__setattr__(self, "screen_orders", tuple(sorted(set(orders))))
+        if not 0 < self.screen_alpha < 1:
+            raise ValueError(f"fives: screen_alpha must be in (0, 1), got {self.screen_alpha!r}")
+        for key, lo in (("screen_max_cells", 4), ("screen_rows", 0)):
+            v = getattr(self, key)
+            if not isinstance(v, int) or isinstance(v, bool) or v < lo:
+                raise ValueError(f"fives: {key} must be an integer >= {lo}, got {v!r}")
         ints = {
             "max_order": 2,
             "embedding_dim": 1,
@@ -645,6 +671,11 @@ class FivesResult:
     config: FivesConfig
     rows: dict[str, int]
     seconds: float
+    # the edge search's own ranking before the interaction screen (the paper's read-out;
+    # ``distinct`` left at 0)
+    edge_crosses: list[Cross] = dataclasses.field(default_factory=list)
+    # what the interaction screen tested and selected (``screen_and_rank``); empty: no screen
+    screen: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def predict(self, ids: np.ndarray, batch_size: int = 16384) -> np.ndarray:
         """Click probabilities of encoded rows ``ids`` [rows, F] (FIVES as a predictor)."""
@@ -669,6 +700,7 @@ class FivesResult:
                 "rows": self.rows,
                 "seconds": round(self.seconds, 2),
                 "history": self.history,
+                **({"screen": self.screen} if self.screen else {}),
             },
         )
 
@@ -852,8 +884,14 @@ def search(
             + f"val auc {entry['val_auc']:.4f} active edges {active} "
             f"({entry['seconds']:.1f}s); top: {top}"
         )
-    ranked = rank(net)
-    crosses = _with_distinct(ranked, encoder, x_train)
+    ranked = edge_ranked = rank(net)
+    extras: dict[frozenset[str], tuple[str, float | None]] = {}
+    screen_report: dict[str, Any] = {}
+    if orders := [o for o in config.screen_orders if o <= min(config.max_order, x_train.shape[1])]:
+        ranked, extras, screen_report = screen_and_rank(
+            ranked, orders, config, encoder.fields, (x_train, y_train), (x_val, y_val), log
+        )
+    crosses = _with_distinct(ranked, encoder, x_train, extras=extras)
     return FivesResult(
         network=net,
         encoder=encoder,
@@ -862,7 +900,95 @@ def search(
         config=config,
         rows={"train": len(train_idx), "validation": len(val_idx)},
         seconds=time.time() - t0,
+        edge_crosses=(
+            _with_distinct(edge_ranked, encoder, x_train, limit=0)
+            if edge_ranked is not ranked
+            else crosses
+        ),
+        screen=screen_report,
     )
+
+
+def screen_and_rank(
+    ranked: list[tuple[tuple[str, ...], float, bool]],
+    orders: Sequence[int],
+    config: FivesConfig,
+    fields: Sequence[str],
+    train: tuple[np.ndarray, np.ndarray],
+    validation: tuple[np.ndarray, np.ndarray],
+    log: Log = print,
+) -> tuple[
+    list[tuple[tuple[str, ...], float, bool]],
+    dict[frozenset[str], tuple[str, float | None]],
+    dict[str, Any],
+]:
+    """Adds the interaction screen's significant crosses to a FIVES ranking and re-ranks.
+
+    The screen (``features.interaction_screen``) tests every field set of each of ``orders``
+    on the training rows. The selected crosses, FIVES's active ones and the screen's
+    significant ones, are measured on the validation rows (the same pure-interaction effect,
+    eta^2, for every order) and come first, largest effect first; FIVES's other crosses follow
+    in its order. Returns the new ranking, ``{field set: (source, effect)}`` and a report.
+    """
+    from features import interaction_screen as isc
+
+    t0 = time.time()
+    x_tr, y_tr = train
+    x_va, y_va = validation
+    if config.screen_rows and config.screen_rows < len(x_tr):
+        x_tr, y_tr = x_tr[: config.screen_rows], y_tr[: config.screen_rows]
+    caps: dict[int, isc.ValueCaps] = {}
+    significant: list[tuple[str, ...]] = []
+    report: dict[str, Any] = {"orders": {}}
+    for order in orders:
+        tested, caps[order] = isc.screen(
+            x_tr, y_tr, fields, order, config.screen_max_cells, log=log
+        )
+        zc = isc.critical_z(config.screen_alpha, len(tested))
+        hits = [c for c in tested if c.z > zc]
+        significant += [c.fields for c in hits]
+        report["orders"][str(order)] = {
+            "tested": len(tested),
+            "critical_z": round(zc, 3),
+            "significant": len(hits),
+            "top": [("x".join(c.fields), round(c.z, 2)) for c in tested[:10]],
+        }
+        log(
+            f"interaction screen: order {order}: {len(hits)} of {len(tested):,} significant "
+            f"(z > {zc:.2f}); top: "
+            + ", ".join(f"{'x'.join(c.fields)}:{c.z:.1f}" for c in tested[:5])
+        )
+    fives_active = {frozenset(f): (f, st) for f, st, active in ranked if active}
+    screened = {frozenset(f): f for f in significant}
+    selected = list(fives_active) + [k for k in screened if k not in fives_active]
+    for k in selected:  # active FIVES crosses of an order the screen did not fit caps for
+        if len(k) not in caps:
+            caps[len(k)] = isc.fit_caps(x_tr, isc.levels_for(len(k), config.screen_max_cells))
+    names = [fives_active[k][0] if k in fives_active else screened[k] for k in selected]
+    measured = isc.held_out_effects(x_va, y_va, fields, names, caps)
+    strength = {frozenset(f): st for f, st, _ in ranked}
+    extras: dict[frozenset[str], tuple[str, float | None]] = {}
+    head = []
+    for k, fs, (_, effect) in zip(selected, names, measured, strict=True):
+        source = "+".join(
+            s for s, on in (("fives", k in fives_active), ("screen", k in screened)) if on
+        )
+        extras[k] = (source, effect)
+        head.append((fs, strength.get(k, 0.0), True, effect))
+    head.sort(key=lambda c: -c[3])
+    out = [(fs, st, active) for fs, st, active, _ in head]
+    out += [(f, st, False) for f, st, _ in ranked if frozenset(f) not in extras]
+    report.update(
+        selected=len(head),
+        from_screen_only=sum(1 for k in selected if k not in fives_active),
+        seconds=round(time.time() - t0, 2),
+    )
+    log(
+        f"interaction screen: {len(head)} selected crosses ({len(fives_active)} active in FIVES, "
+        f"{report['from_screen_only']} from the screen only) ranked by held-out effect "
+        f"({report['seconds']:.1f}s)"
+    )
+    return out, extras, report
 
 
 def _predict(net: FivesNetwork, ids: np.ndarray, batch_size: int = 16384) -> np.ndarray:
@@ -878,8 +1004,12 @@ def _with_distinct(
     encoder: FieldEncoder,
     ids: np.ndarray,
     limit: int = 200,
+    extras: dict[frozenset[str], tuple[str, float | None]] | None = None,
 ) -> list[Cross]:
-    """Crosses with the count of distinct value tuples (of the first ``limit`` crosses)."""
+    """Crosses with the count of distinct value tuples (of the first ``limit`` crosses).
+
+    ``extras`` gives a field set's ``(source, effect)`` where the screen measured it.
+    """
     col = {n: i for i, n in enumerate(encoder.fields)}
     sizes = np.asarray(encoder.vocab_sizes, np.int64)
     out = []
@@ -890,5 +1020,15 @@ def _with_distinct(
             for f in fields:
                 key = key * sizes[col[f]] + ids[:, col[f]]
             distinct = int(np.unique(key).size)
-        out.append(Cross(fields=fields, strength=strength, active=active, distinct=distinct))
+        source, effect = (extras or {}).get(frozenset(fields), ("fives", None))
+        out.append(
+            Cross(
+                fields=fields,
+                strength=strength,
+                active=active,
+                distinct=distinct,
+                source=source,
+                effect=effect,
+            )
+        )
     return out

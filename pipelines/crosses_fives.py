@@ -1,7 +1,7 @@
 """``stitchrec crosses fives``: search which feature crosses matter (FIVES) and write them.
 
     stitchrec crosses fives --config FILE [--out PATH] [--set KEY=VALUE]... [--max-rows N]
-                            [--triple-search]
+                            [--triple-search] [--no-screen]
         [--epochs N] [--max-order K] [--seed S] [--fields F1,F2,...]
 
 Reads the training split of a pipeline config's data (converting raw files into the run's
@@ -14,7 +14,10 @@ names it::
     crosses = "../runs/movielens/crosses_fives.json"
     cross_top_n = 5
 
-``--set`` takes ``features.fives.FivesConfig`` keys (``--set sparsity=0.02``).
+``--set`` takes ``features.fives.FivesConfig`` keys (``--set sparsity=0.02``). After the
+search, every triple (``screen_orders``) is also tested by the exhaustive interaction screen
+(``features.interaction_screen``), which finds pure interactions the edge search cannot;
+``--no-screen`` leaves it out.
 """
 
 from __future__ import annotations
@@ -57,6 +60,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="start from features.fives.TRIPLE_SEARCH (linear readout, contribution strength): "
         "finds pure triples among a few fields (docs/fives.md); --set still overrides",
     )
+    p.add_argument(
+        "--no-screen",
+        action="store_true",
+        help="skip the exhaustive interaction screen (screen_orders = [])",
+    )
     p.set_defaults(func=run)
 
 
@@ -77,6 +85,8 @@ def fives_config(args: argparse.Namespace) -> Any:
     for key in ("epochs", "max_order", "seed"):
         if getattr(args, key) is not None:
             values[key] = getattr(args, key)
+    if getattr(args, "no_screen", False):
+        values["screen_orders"] = ()
     return FivesConfig(**values)
 
 
@@ -107,9 +117,10 @@ def run(args: argparse.Namespace) -> int:
     result.artifact(schema.name).save(out)
     log(f"fives: search took {result.seconds:.1f}s; top crosses:")
     for i, c in enumerate(result.crosses[:10]):
+        effect = "" if c.effect is None else f" effect {c.effect:.4f}"
         log(
-            f"  {i + 1:2d}. {c.name:<30s} order {c.order} strength {c.strength:.3f}"
-            f"{'' if c.active else ' (inactive)'}"
+            f"  {i + 1:2d}. {c.name:<30s} order {c.order} strength {c.strength:.3f}{effect}"
+            f" [{c.source}]{'' if c.active else ' (inactive)'}"
         )
     log(f'wrote {out}; name it in a training config: [data] crosses = "{out}"')
     return 0

@@ -11,9 +11,12 @@ pure pairs and 2 planted pure triples by default) it
    beside the machine load (``os.getloadavg``) and core count;
 2. scores the ranked crosses against the planted ones: precision and recall of the top
    ``N = 2 x planted``, and the rank of each planted cross (a planted cross matches only the
-   cross with exactly its fields, so its order must be right);
+   cross with exactly its fields, so its order must be right); both the final ranking (FIVES
+   plus the interaction screen, ``ground_truth``) and the edge search's own ranking (the
+   paper's read-out, ``ground_truth_edges``);
 3. downstream (the paper's Table 3 form, relative AUC gain over plain LR on the test split): LR
-   and xgboost without crosses, with the FIVES top-N, with N random crosses of the same orders,
+   and xgboost without crosses, with the FIVES top-N (``fives``: the final ranking;
+   ``fives_edges``: the edge search alone), with N random crosses of the same orders,
    and with the N best pairs by pairwise interaction information (CMI-like; Miller-Madow
    corrected). LR is scikit-learn's L2 logistic regression on one-hot field values plus one-hot
    cross values (value tuples seen twice in training, others in one "other" column); xgboost
@@ -52,7 +55,7 @@ from features.schema import Schema, load_schema
 
 ROOT = Path(__file__).resolve().parents[2]
 MOVIELENS = ROOT.parent / "shared" / "data" / "movielens-latest-small"
-METHODS = ("none", "fives", "random", "mi", "planted")
+METHODS = ("none", "fives", "fives_edges", "random", "mi", "planted")
 XGB_CAP = 100  # xgboost one-hot columns per field or cross: its most frequent values
 
 
@@ -208,6 +211,7 @@ def downstream(
     sets = {
         "none": [],
         "fives": found,
+        "fives_edges": [[col[f] for f in c.fields] for c in result.edge_crosses[:top_n]],
         "random": random_crosses(
             len(enc.fields), [len(c) for c in found], seed, {frozenset(c) for c in found}
         ),
@@ -314,10 +318,13 @@ def run_synthetic(args: argparse.Namespace, seed: int, work: Path, log: Any) -> 
         "load_before": load_before,
         "load_after": _load(),
         "history": result.history,
-        "top": [(c.name, round(c.strength, 4)) for c in result.crosses[:15]],
+        "screen": result.screen,
+        "top": [(c.name, c.source, c.effect) for c in result.crosses[:15]],
         "ground_truth": planted_scores(result.crosses, truth),
+        "ground_truth_edges": planted_scores(result.edge_crosses, truth),
     }
     log(f"seed {seed}: ground truth {json.dumps(entry['ground_truth'])}")
+    log(f"seed {seed}: edge search alone {json.dumps(entry['ground_truth_edges'])}")
     y_tr = train.column("label").to_numpy()
     y_te = test.column("label").to_numpy()
     x_te = result.encoder.transform(test)
@@ -346,8 +353,11 @@ def run_synthetic(args: argparse.Namespace, seed: int, work: Path, log: Any) -> 
                     data / "schema.toml", sub_path.parent, data / "test", m, seed, work / "runs"
                 )
             # FIVES as a predictor on the same rows as the reference models
-            small = fives.search(
-                schema, sub, fives.FivesConfig(seed=seed, epochs=args.epochs), log=lambda _: None
+            small = fives.search(  # the predictor does not use the screen
+                schema,
+                sub,
+                fives.FivesConfig(seed=seed, epochs=args.epochs, screen_orders=()),
+                log=lambda _: None,
             )
             entry["fives_sub_test_auc"] = fives.auc(
                 y_te, small.predict(small.encoder.transform(test))
@@ -380,6 +390,7 @@ def run_timing(args: argparse.Namespace, work: Path, log: Any) -> dict[str, Any]
         "read_seconds": round(read_seconds, 1),
         "search_seconds": round(result.seconds, 1),
         "epoch_seconds": [h["seconds"] for h in result.history],
+        "screen_seconds": result.screen.get("seconds"),
         "load_before": load_before,
         "load_after": _load(),
         "cpus": os.cpu_count(),
@@ -413,7 +424,7 @@ def run_movielens(args: argparse.Namespace, seed: int, work: Path, log: Any) -> 
         "seed": seed,
         "rows": {"train": train.num_rows, "test": test.num_rows},
         "search_seconds": round(result.seconds, 1),
-        "top": [(c.name, round(c.strength, 4)) for c in result.crosses[:10]],
+        "top": [(c.name, c.source, c.effect) for c in result.crosses[:10]],
         "fives_test_auc": fives.auc(y_te, result.predict(x_te)),
         "downstream": downstream(
             result, x_tr, y_tr, x_te, y_te, 3, seed, log, xgb_cap=args.xgb_cap
@@ -450,12 +461,20 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
     syn = results.get("synthetic", [])
     if syn:
         gt = [e["ground_truth"] for e in syn]
+        edges = [e.get("ground_truth_edges") for e in syn]
         summary["synthetic"] = {
             "precision": mean_std([g["precision"] for g in gt]),
             "recall": mean_std([g["recall"] for g in gt]),
             "recall_pairs": mean_std([g["recall_pairs"] for g in gt]),
             "recall_triples": mean_std([g["recall_triples"] for g in gt]),
             "all_planted_in_top_2n": sum(g["all_in_top"] for g in gt),
+            "edges_alone": None
+            if None in edges
+            else {
+                "recall_pairs": mean_std([g["recall_pairs"] for g in edges]),
+                "recall_triples": mean_std([g["recall_triples"] for g in edges]),
+                "all_planted_in_top_2n": sum(g["all_in_top"] for g in edges),
+            },
             "search_seconds": mean_std([e["search_seconds"] for e in syn]),
             "fives_test_auc": mean_std([e["fives_test_auc"] for e in syn]),
             "table3": relative_gains(syn),
@@ -492,6 +511,13 @@ def print_tables(summary: dict[str, Any]) -> None:
                 f"all planted in top 2N for {s['all_planted_in_top_2n']} seed(s); search "
                 f"{fmt(s['search_seconds'], 1)} s"
             )
+            if s.get("edges_alone"):
+                e = s["edges_alone"]
+                print(
+                    f"  edge search alone: pairs {fmt(e['recall_pairs'], 2)}, triples "
+                    f"{fmt(e['recall_triples'], 2)}; all planted in top 2N for "
+                    f"{e['all_planted_in_top_2n']} seed(s)"
+                )
 
 
 def main(argv: list[str] | None = None) -> int:

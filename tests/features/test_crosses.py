@@ -35,7 +35,7 @@ def artifact() -> CrossArtifact:
         fields=["user", "item", "tags", "price", "age"],
         crosses=[
             Cross(("user", "age"), 0.9, True, 30),
-            Cross(("item", "tags", "price"), 0.8, True, 5000),
+            Cross(("item", "tags", "price"), 0.0, True, 5000, source="screen", effect=0.0125),
             Cross(("user", "item"), 0.1, False, 700),
         ],
         boundaries={"age": [30.0, 50.0], "price": [5.0, 20.0]},
@@ -55,7 +55,9 @@ def test_artifact_round_trips_and_is_readable(tmp_path):
         "strength": 0.9,
         "active": True,
         "distinct": 30,
+        "source": "fives",
     }
+    assert data["crosses"][1]["source"] == "screen" and data["crosses"][1]["effect"] == 0.0125
     back = load_crosses(path)
     assert back.crosses == artifact().crosses
     assert back.boundaries == artifact().boundaries

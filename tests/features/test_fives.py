@@ -3,7 +3,9 @@ round-trips, cross read-out, bad input, and a search that finds a planted pure p
 
 from __future__ import annotations
 
+import dataclasses
 import tomllib
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -11,6 +13,7 @@ import pytest
 import tensorflow as tf
 
 from features import fives
+from features.crosses import load_crosses
 from features.schema import schema_from_dict
 
 SCHEMA = """
@@ -136,6 +139,10 @@ def test_network_config_and_saved_model_round_trip(tmp_path):
         ({"tau_start": 0.1, "tau_end": 0.5}, "tau_end"),
         ({"validation_fraction": 1.0}, "validation_fraction"),
         ({"mlp": (0,)}, "mlp"),
+        ({"screen_orders": (1,)}, "screen_orders"),
+        ({"screen_orders": "3"}, "screen_orders"),
+        ({"screen_alpha": 0.0}, "screen_alpha"),
+        ({"screen_max_cells": 2}, "screen_max_cells"),
     ],
 )
 def test_config_validation(kwargs, match):
@@ -159,7 +166,7 @@ def xor_table(rows: int, seed: int = 0) -> pa.Table:
 def test_search_ranks_the_planted_pure_pair_first():
     schema = schema_from_dict(tomllib.loads(SCHEMA))
     lines = []
-    cfg = fives.FivesConfig(epochs=6, batch_size=256, max_order=2, seed=0)
+    cfg = fives.FivesConfig(epochs=6, batch_size=256, max_order=2, seed=0, screen_orders=())
     result = fives.search(schema, xor_table(6000), cfg, log=lines.append)
     assert result.crosses[0].fields == ("c1", "c2")
     assert result.crosses[0].active and result.crosses[0].distinct == 16
@@ -273,10 +280,9 @@ def test_adjacency_without_heredity_is_one_sigmoid_per_layer():
         np.testing.assert_allclose(got[k].numpy(), _sigmoid(h[k] / 0.5) * off, rtol=1e-5)
 
 
-def test_contribution_search_ranks_a_pure_triple_first():
+def triple_table(rows: int = 8000) -> tuple[Any, pa.Table]:
     """label from the parity of (c1, c2, c3): a pure triple (no main or pair effect)."""
     rng = np.random.default_rng(0)
-    rows = 8000
     c = rng.integers(0, 4, (rows, 5))
     s = np.where((c[:, 0] + c[:, 1] + c[:, 2]) % 2 == 0, 1.0, -1.0)
     y = (rng.random(rows) < _sigmoid(2.5 * s)).astype(np.float32)
@@ -285,9 +291,41 @@ def test_contribution_search_ranks_a_pure_triple_first():
     schema = schema_from_dict(
         tomllib.loads(SCHEMA.replace("c{1..4}", "c{1..5}").replace('name = "n1"', 'name = "n0"'))
     )
-    table = pa.table(cols).append_column("n0", pa.array(np.zeros(rows, np.float32)))
-    cfg = fives.FivesConfig(**fives.TRIPLE_SEARCH, epochs=4, warmup_epochs=2, batch_size=256)
+    return schema, pa.table(cols).append_column("n0", pa.array(np.zeros(rows, np.float32)))
+
+
+def test_contribution_search_ranks_a_pure_triple_first():
+    schema, table = triple_table()
+    cfg = fives.FivesConfig(
+        **fives.TRIPLE_SEARCH, epochs=4, warmup_epochs=2, batch_size=256, screen_orders=()
+    )
     result = fives.search(schema, table, cfg, log=lambda _: None)
     assert result.crosses[0].fields == ("c1", "c2", "c3")
-    assert result.crosses[0].strength == 1.0
+    assert result.crosses[0].strength == 1.0 and result.crosses[0].source == "fives"
     assert all(c.strength < 0.5 for c in result.crosses[1:])
+
+
+def test_the_screen_adds_the_pure_triple_the_default_search_cannot_see(tmp_path):
+    schema, table = triple_table()
+    lines: list[str] = []
+    cfg = fives.FivesConfig(epochs=2, batch_size=512)
+    result = fives.search(schema, table, cfg, log=lines.append)
+    top = result.crosses[0]
+    assert top.fields == ("c1", "c2", "c3") and top.active and "screen" in top.source
+    # +-0.42 around the mean click rate (sigmoid(2.5) - 1/2): most of var(y) = 0.25
+    assert 0.6 < top.effect < 0.8
+    selected = [c for c in result.crosses if c.active]
+    assert all(c.effect is not None for c in selected)
+    assert [c.effect for c in selected] == sorted((c.effect for c in selected), reverse=True)
+    assert all(c.effect is None and not c.active for c in result.crosses[len(selected) :])
+    assert any("order 3: 1 of 10 significant" in m for m in lines), lines
+    report = result.screen
+    assert report["orders"]["3"]["significant"] == 1 and report["selected"] == len(selected)
+    path = result.artifact("triple").save(tmp_path / "crosses.json")
+    back = load_crosses(path)
+    assert back.search["screen"]["orders"]["3"]["tested"] == 10
+    assert back.crosses[0] == dataclasses.replace(top, effect=round(top.effect, 8))
+    # without the screen the same search has no selected triple at all
+    plain = fives.search(schema, table, dataclasses.replace(cfg, screen_orders=()), log=print)
+    assert not any(c.active and c.order == 3 for c in plain.crosses)
+    assert all(c.source == "fives" and c.effect is None for c in plain.crosses)

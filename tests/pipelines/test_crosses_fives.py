@@ -51,8 +51,12 @@ def test_search_artifact_train_export_computes_crosses(tiny_data, capsys):
     assert art.method == "fives" and set(art.fields) == set(INPUTS)
     assert {c.order for c in art.crosses} == {2, 3}
     assert len(art.crosses) == 10 + 10  # every pair and triple of 5 fields, ranked once
-    strengths = [c.strength for c in art.crosses]
-    assert strengths == sorted(strengths, reverse=True)
+    # the selected crosses first, by held-out effect; then FIVES's others, by strength
+    head = [c for c in art.crosses if c.active]
+    rest = art.crosses[len(head) :]
+    assert [c.effect for c in head] == sorted((c.effect for c in head), reverse=True)
+    assert [c.strength for c in rest] == sorted((c.strength for c in rest), reverse=True)
+    assert not any(c.active for c in rest) and "interaction screen: order 3" in out
     assert art.search["config"]["seed"] == 1 and art.search["rows"]["train"] > 3000
 
     run_cfg = _config(
@@ -135,5 +139,8 @@ def test_triple_search_flag_starts_from_the_preset_and_set_overrides_it():
     assert cfg.strength == "contribution" and cfg.mlp == () and cfg.w_init == "degree"
     assert cfg.embedding_dim == 8 and cfg.init_logit == TRIPLE_SEARCH["init_logit"]
     assert fives_config(parse(base[:-1])).strength == "adjacency"
+    assert fives_config(parse(base[:-1])).screen_orders == (2, 3)
+    assert fives_config(parse([*base[:-1], "--no-screen"])).screen_orders == ()
+    assert fives_config(parse([*base[:-1], "--set", "screen_orders=[3]"])).screen_orders == (3,)
     with pytest.raises(ValueError, match="needs a linear readout"):
         fives_config(parse([*base, "--set", "mlp=[8]"]))

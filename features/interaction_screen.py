@@ -1,0 +1,222 @@
+"""An exhaustive screen for pure field interactions: a weighted ANOVA test per field set.
+
+FIVES (``features.fives``) builds an order-k cross on an active order-(k-1) edge, so it assumes
+heredity: a useful triple has a useful sub-pair. A *pure* triple, whose sub-pairs and fields
+carry no signal on their own, gives that search nothing to start from (docs/fives.md). This
+module tests every field set of a given order directly, by counting, and so finds pure
+interactions whatever their sub-crosses do.
+
+For a field set ``S = (a, b, c)`` over encoded rows (each field capped to its ``L - 1`` most
+frequent values plus one shared "other" value), with ``n`` rows, centred labels ``y - mean(y)``
+and label variance ``s2``:
+
+1. cell counts ``w[i, j, k]`` and label means ``m[i, j, k]`` (two ``bincount`` calls);
+2. the pure interaction: ``r = m`` centred along every axis in turn by its ``w``-weighted mean
+   (the weighted ANOVA projection; with independent fields it removes every main effect and
+   every lower-order interaction, including sub-pair effects);
+3. ``SS = sum(w * r^2)``. With no interaction of this order, ``SS / s2`` is approximately
+   chi-square with ``df = prod(L_f - 1)`` degrees of freedom (``L_f``: values of field ``f``
+   seen in the rows), so
+
+       z = (SS / s2 - df) / sqrt(2 df)          (the test; N(0, 1) under no interaction)
+       effect = (SS / s2 - df) / n              (the bias-corrected share of label variance
+                                                 the pure interaction explains, eta^2)
+
+A field set is significant when ``z`` exceeds the normal quantile of ``alpha / tests``
+(Bonferroni over every field set screened). ``effect`` is comparable across orders, so it can
+rank pairs and triples in one list; measured on held-out rows (``held_out_effects``) it carries
+no selection bias.
+
+Cost: one pass of two ``bincount`` calls per field set: 9,139 triples of 39 fields over 640k
+rows take about 50 s on one core (bench/fives). Tables stay at ``max_cells`` cells, so each
+field keeps ``floor(max_cells^(1/order))`` values (16 for triples at the default 4,096).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+Log = Callable[[str], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class ScreenedCross:
+    """One field set's test: ``z`` (N(0, 1) without interaction) and ``effect`` (eta^2)."""
+
+    fields: tuple[str, ...]
+    z: float
+    effect: float
+    df: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ValueCaps:
+    """Per field, a map from encoded id to capped id (the ``L - 1`` most frequent keep theirs)."""
+
+    maps: tuple[np.ndarray, ...]
+    levels: int
+
+    def apply(self, ids: np.ndarray) -> np.ndarray:
+        """``ids`` [rows, F] (non-negative ints) -> capped ids [rows, F] in ``[0, levels)``."""
+        out = np.empty(ids.shape, np.int64)
+        for f, m in enumerate(self.maps):
+            col = ids[:, f]
+            known = col < m.size
+            out[:, f] = np.where(known, m[np.minimum(col, m.size - 1)], self.levels - 1)
+        return out
+
+
+def fit_caps(ids: np.ndarray, levels: int) -> ValueCaps:
+    """Keeps each column's ``levels - 1`` most frequent ids; the others share id ``levels - 1``."""
+    if levels < 2:
+        raise ValueError(f"interaction screen: levels must be >= 2, got {levels}")
+    maps = []
+    for f in range(ids.shape[1]):
+        counts = np.bincount(ids[:, f])
+        top = np.argsort(-counts, kind="stable")[: levels - 1]
+        top = top[counts[top] > 0]
+        m = np.full(counts.size, levels - 1, np.int64)
+        m[top] = np.arange(top.size)
+        maps.append(m)
+    return ValueCaps(tuple(maps), levels)
+
+
+def levels_for(order: int, max_cells: int) -> int:
+    """Values kept per field so that a table of ``order`` fields has at most ``max_cells``."""
+    levels = round(max_cells ** (1.0 / order))
+    while levels > 2 and levels**order > max_cells:
+        levels -= 1
+    while (levels + 1) ** order <= max_cells:
+        levels += 1
+    return max(2, levels)
+
+
+def pure_interaction_ss(counts: np.ndarray, sums: np.ndarray) -> tuple[float, int]:
+    """``(SS, df)`` of the top-order interaction of a table of cell ``counts`` and label ``sums``.
+
+    ``counts`` and ``sums`` have the same shape, one axis per field (labels centred). Axes or
+    levels without rows are dropped before the projection.
+    """
+    w = np.asarray(counts, np.float64)
+    s = np.asarray(sums, np.float64)
+    keep = []
+    for ax in range(w.ndim):
+        other = tuple(i for i in range(w.ndim) if i != ax)
+        keep.append(np.flatnonzero(w.sum(axis=other) > 0))
+    w = w[np.ix_(*keep)]
+    s = s[np.ix_(*keep)]
+    df = int(np.prod([max(k.size - 1, 0) for k in keep]))
+    if df == 0:
+        return 0.0, 0
+    r = np.divide(s, w, out=np.zeros_like(s), where=w > 0)
+    for ax in range(w.ndim):
+        wa = w.sum(axis=ax, keepdims=True)
+        mean = np.divide(
+            (w * r).sum(axis=ax, keepdims=True), wa, out=np.zeros_like(wa), where=wa > 0
+        )
+        r = r - mean
+    return float(np.sum(w * r * r)), df
+
+
+def _stats(ss: float, df: int, var: float, n: int) -> tuple[float, float]:
+    if df == 0 or var <= 0 or n == 0:
+        return 0.0, 0.0
+    excess = ss / var - df
+    return excess / math.sqrt(2.0 * df), excess / n
+
+
+def critical_z(alpha: float, tests: int) -> float:
+    """The one-sided normal quantile of ``alpha / tests`` (Bonferroni)."""
+    from scipy.stats import norm
+
+    return float(norm.isf(alpha / max(tests, 1)))
+
+
+def screen(
+    ids: np.ndarray,
+    y: np.ndarray,
+    fields: Sequence[str],
+    order: int = 3,
+    max_cells: int = 4096,
+    log: Log | None = None,
+) -> tuple[list[ScreenedCross], ValueCaps]:
+    """Tests every set of ``order`` fields of ``ids`` [rows, F] against labels ``y`` [rows].
+
+    Returns the field sets sorted by ``z`` (highest first) and the value caps it fitted (to
+    measure the same tables on other rows with ``held_out_effects``).
+    """
+    if ids.ndim != 2 or ids.shape[1] != len(fields):
+        raise ValueError(
+            f"interaction screen: ids must be [rows, {len(fields)}] for fields {list(fields)}, "
+            f"got shape {ids.shape}"
+        )
+    if len(y) != len(ids):
+        raise ValueError(f"interaction screen: {len(y)} labels for {len(ids)} rows")
+    if not 2 <= order <= len(fields):
+        raise ValueError(
+            f"interaction screen: order must be in [2, {len(fields)} fields], got {order}"
+        )
+    t0 = time.time()
+    levels = levels_for(order, max_cells)
+    caps = fit_caps(ids, levels)
+    x = caps.apply(ids)
+    yc = np.asarray(y, np.float64) - float(np.mean(y))
+    var, n = float(np.var(y)), len(y)
+    cells = levels**order
+    shape = (levels,) * order
+    out: list[ScreenedCross] = []
+    F = len(fields)
+    for prefix in itertools.combinations(range(F), order - 1):
+        code = np.zeros(n, np.int64)
+        for f in prefix:
+            code = code * levels + x[:, f]
+        code = code * levels
+        for last in range(prefix[-1] + 1, F):
+            key = code + x[:, last]
+            counts = np.bincount(key, minlength=cells).reshape(shape)
+            sums = np.bincount(key, weights=yc, minlength=cells).reshape(shape)
+            ss, df = pure_interaction_ss(counts, sums)
+            z, effect = _stats(ss, df, var, n)
+            names = tuple(fields[i] for i in (*prefix, last))
+            out.append(ScreenedCross(names, z, effect, df))
+    out.sort(key=lambda c: -c.z)
+    if log is not None:
+        log(
+            f"interaction screen: {len(out):,} sets of {order} fields over {n:,} rows, "
+            f"{levels} values per field ({time.time() - t0:.1f}s)"
+        )
+    return out, caps
+
+
+def held_out_effects(
+    ids: np.ndarray,
+    y: np.ndarray,
+    fields: Sequence[str],
+    field_sets: Sequence[Sequence[str]],
+    caps: dict[int, ValueCaps],
+) -> list[tuple[float, float]]:
+    """``(z, effect)`` of each field set on rows ``ids`` [rows, F], ``caps`` keyed by order."""
+    col = {name: i for i, name in enumerate(fields)}
+    yc = np.asarray(y, np.float64) - float(np.mean(y))
+    var, n = float(np.var(y)), len(y)
+    capped = {order: c.apply(ids) for order, c in caps.items()}
+    out = []
+    for fs in field_sets:
+        order = len(fs)
+        if order not in caps:
+            raise ValueError(f"interaction screen: no value caps for order {order} ({list(fs)})")
+        x, levels = capped[order], caps[order].levels
+        key = np.zeros(n, np.int64)
+        for f in fs:
+            key = key * levels + x[:, col[f]]
+        shape = (levels,) * order
+        counts = np.bincount(key, minlength=levels**order).reshape(shape)
+        sums = np.bincount(key, weights=yc, minlength=levels**order).reshape(shape)
+        out.append(_stats(*pure_interaction_ss(counts, sums), var, n))
+    return out
