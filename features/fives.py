@@ -925,10 +925,12 @@ def screen_and_rank(
     """Adds the interaction screen's significant crosses to a FIVES ranking and re-ranks.
 
     The screen (``features.interaction_screen``) tests every field set of each of ``orders``
-    on the training rows. The selected crosses, FIVES's active ones and the screen's
-    significant ones, are measured on the validation rows (the same pure-interaction effect,
-    eta^2, for every order) and come first, largest effect first; FIVES's other crosses follow
-    in its order. Returns the new ranking, ``{field set: (source, effect)}`` and a report.
+    on the training rows. FIVES's active crosses and the screen's significant ones are
+    measured on the validation rows (the pure-interaction effect, eta^2, cross-fitted against
+    the training rows: one scale for every order); a screened cross whose effect does not
+    recur there (<= 0) is not selected. The selected crosses come first, largest effect
+    first; FIVES's other crosses follow in its order. Returns the new ranking,
+    ``{field set: (source, effect)}`` and a report.
     """
     from features import interaction_screen as isc
 
@@ -958,18 +960,21 @@ def screen_and_rank(
             f"(z > {zc:.2f}); top: "
             + ", ".join(f"{'x'.join(c.fields)}:{c.z:.1f}" for c in tested[:5])
         )
-    fives_active = {frozenset(f): (f, st) for f, st, active in ranked if active}
+    fives_active = {frozenset(f): f for f, st, active in ranked if active}
     screened = {frozenset(f): f for f in significant}
-    selected = list(fives_active) + [k for k in screened if k not in fives_active]
-    for k in selected:  # active FIVES crosses of an order the screen did not fit caps for
+    candidates = list(fives_active) + [k for k in screened if k not in fives_active]
+    for k in candidates:  # active FIVES crosses of an order the screen did not fit caps for
         if len(k) not in caps:
             caps[len(k)] = isc.fit_caps(x_tr, isc.levels_for(len(k), config.screen_max_cells))
-    names = [fives_active[k][0] if k in fives_active else screened[k] for k in selected]
-    measured = isc.held_out_effects(x_va, y_va, fields, names, caps)
+    names = [fives_active.get(k) or screened[k] for k in candidates]
+    measured = isc.held_out_effects((x_tr, y_tr), (x_va, y_va), fields, names, caps)
     strength = {frozenset(f): st for f, st, _ in ranked}
     extras: dict[frozenset[str], tuple[str, float | None]] = {}
-    head = []
-    for k, fs, (_, effect) in zip(selected, names, measured, strict=True):
+    head, dropped = [], []
+    for k, fs, effect in zip(candidates, names, measured, strict=True):
+        if k not in fives_active and effect <= 0:
+            dropped.append(("x".join(fs), round(effect, 6)))  # did not recur on new rows
+            continue
         source = "+".join(
             s for s, on in (("fives", k in fives_active), ("screen", k in screened)) if on
         )
@@ -978,14 +983,16 @@ def screen_and_rank(
     head.sort(key=lambda c: -c[3])
     out = [(fs, st, active) for fs, st, active, _ in head]
     out += [(f, st, False) for f, st, _ in ranked if frozenset(f) not in extras]
+    report["not_replicated"] = dropped
     report.update(
         selected=len(head),
-        from_screen_only=sum(1 for k in selected if k not in fives_active),
+        from_screen_only=sum(1 for fs, *_ in head if frozenset(fs) not in fives_active),
         seconds=round(time.time() - t0, 2),
     )
     log(
         f"interaction screen: {len(head)} selected crosses ({len(fives_active)} active in FIVES, "
-        f"{report['from_screen_only']} from the screen only) ranked by held-out effect "
+        f"{report['from_screen_only']} from the screen only) ranked by held-out effect; "
+        f"{len(dropped)} significant but not recurring on the validation rows "
         f"({report['seconds']:.1f}s)"
     )
     return out, extras, report

@@ -24,8 +24,8 @@ and label variance ``s2``:
 
 A field set is significant when ``z`` exceeds the normal quantile of ``alpha / tests``
 (Bonferroni over every field set screened). ``effect`` is comparable across orders, so it can
-rank pairs and triples in one list; measured on held-out rows (``held_out_effects``) it carries
-no selection bias.
+rank pairs and triples in one list. ``held_out_effects`` measures it again, cross-fitted between
+the screen's rows and held-out rows (no selection bias, and no ``df`` to get right).
 
 Cost: one pass of two ``bincount`` calls per field set: 9,139 triples of 39 fields over 640k
 rows take about 50 s on one core (bench/fives). Tables stay at ``max_cells`` cells, so each
@@ -97,30 +97,39 @@ def levels_for(order: int, max_cells: int) -> int:
     return max(2, levels)
 
 
-def pure_interaction_ss(counts: np.ndarray, sums: np.ndarray) -> tuple[float, int]:
-    """``(SS, df)`` of the top-order interaction of a table of cell ``counts`` and label ``sums``.
+def pure_residual(counts: np.ndarray, sums: np.ndarray) -> np.ndarray:
+    """The top-order interaction part ``r`` of the cell means ``sums / counts`` (same shape).
 
-    ``counts`` and ``sums`` have the same shape, one axis per field (labels centred). Axes or
-    levels without rows are dropped before the projection.
+    The weighted ANOVA projection: centred along every axis in turn by its ``counts``-weighted
+    mean. Cells without rows are 0 in the result.
     """
     w = np.asarray(counts, np.float64)
-    s = np.asarray(sums, np.float64)
-    keep = []
-    for ax in range(w.ndim):
-        other = tuple(i for i in range(w.ndim) if i != ax)
-        keep.append(np.flatnonzero(w.sum(axis=other) > 0))
-    w = w[np.ix_(*keep)]
-    s = s[np.ix_(*keep)]
-    df = int(np.prod([max(k.size - 1, 0) for k in keep]))
-    if df == 0:
-        return 0.0, 0
-    r = np.divide(s, w, out=np.zeros_like(s), where=w > 0)
+    r = np.divide(sums, w, out=np.zeros_like(w), where=w > 0)
     for ax in range(w.ndim):
         wa = w.sum(axis=ax, keepdims=True)
         mean = np.divide(
             (w * r).sum(axis=ax, keepdims=True), wa, out=np.zeros_like(wa), where=wa > 0
         )
         r = r - mean
+    return np.where(w > 0, r, 0.0)
+
+
+def pure_interaction_ss(counts: np.ndarray, sums: np.ndarray) -> tuple[float, int]:
+    """``(SS, df)`` of the top-order interaction of a table of cell ``counts`` and label ``sums``.
+
+    ``counts`` and ``sums`` have the same shape, one axis per field (labels centred). Levels
+    without rows are dropped before the projection.
+    """
+    w = np.asarray(counts, np.float64)
+    keep = []
+    for ax in range(w.ndim):
+        other = tuple(i for i in range(w.ndim) if i != ax)
+        keep.append(np.flatnonzero(w.sum(axis=other) > 0))
+    df = int(np.prod([max(k.size - 1, 0) for k in keep]))
+    if df == 0:
+        return 0.0, 0
+    w = w[np.ix_(*keep)]
+    r = pure_residual(w, np.asarray(sums, np.float64)[np.ix_(*keep)])
     return float(np.sum(w * r * r)), df
 
 
@@ -194,29 +203,52 @@ def screen(
     return out, caps
 
 
+def _table(
+    x: np.ndarray, yc: np.ndarray, cols: Sequence[int], levels: int
+) -> tuple[np.ndarray, np.ndarray]:
+    key = np.zeros(len(x), np.int64)
+    for c in cols:
+        key = key * levels + x[:, c]
+    shape = (levels,) * len(cols)
+    counts = np.bincount(key, minlength=levels ** len(cols)).reshape(shape).astype(np.float64)
+    sums = np.bincount(key, weights=yc, minlength=levels ** len(cols)).reshape(shape)
+    return counts, sums
+
+
 def held_out_effects(
-    ids: np.ndarray,
-    y: np.ndarray,
+    train: tuple[np.ndarray, np.ndarray],
+    held_out: tuple[np.ndarray, np.ndarray],
     fields: Sequence[str],
     field_sets: Sequence[Sequence[str]],
     caps: dict[int, ValueCaps],
-) -> list[tuple[float, float]]:
-    """``(z, effect)`` of each field set on rows ``ids`` [rows, F], ``caps`` keyed by order."""
+) -> list[float]:
+    """Each field set's pure-interaction effect on held-out rows, cross-fitted.
+
+    ``train`` and ``held_out`` are ``(ids [rows, F], labels [rows])``; ``caps`` keyed by order.
+    With ``r_t`` and ``r_h`` the pure residual tables (``pure_residual``) of the two row sets
+    and ``w_h`` the held-out cell counts::
+
+        effect = sum(w_h * r_t * r_h) / (n_h * var(y_h))
+
+    The two sets' noise is independent, so this estimates the same share of variance as the
+    screen's ``effect`` with no degrees-of-freedom correction: a pattern that does not recur
+    on new rows scores about 0 (or below), whatever the table's sparsity or the fields'
+    dependence (where ``df`` would be wrong). Cells empty in either set count 0.
+    """
     col = {name: i for i, name in enumerate(fields)}
-    yc = np.asarray(y, np.float64) - float(np.mean(y))
-    var, n = float(np.var(y)), len(y)
-    capped = {order: c.apply(ids) for order, c in caps.items()}
+    (x_t, y_t), (x_h, y_h) = train, held_out
+    yc_t = np.asarray(y_t, np.float64) - float(np.mean(y_t))
+    yc_h = np.asarray(y_h, np.float64) - float(np.mean(y_h))
+    var, n = float(np.var(y_h)), len(y_h)
+    capped = {order: (c.apply(x_t), c.apply(x_h)) for order, c in caps.items()}
     out = []
     for fs in field_sets:
         order = len(fs)
         if order not in caps:
             raise ValueError(f"interaction screen: no value caps for order {order} ({list(fs)})")
-        x, levels = capped[order], caps[order].levels
-        key = np.zeros(n, np.int64)
-        for f in fs:
-            key = key * levels + x[:, col[f]]
-        shape = (levels,) * order
-        counts = np.bincount(key, minlength=levels**order).reshape(shape)
-        sums = np.bincount(key, weights=yc, minlength=levels**order).reshape(shape)
-        out.append(_stats(*pure_interaction_ss(counts, sums), var, n))
+        cols, levels = [col[f] for f in fs], caps[order].levels
+        r_t = pure_residual(*_table(capped[order][0], yc_t, cols, levels))
+        w_h, s_h = _table(capped[order][1], yc_h, cols, levels)
+        r_h = pure_residual(w_h, s_h)
+        out.append(float(np.sum(w_h * r_t * r_h)) / (n * var) if n and var > 0 else 0.0)
     return out

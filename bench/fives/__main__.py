@@ -572,8 +572,13 @@ def main(argv: list[str] | None = None) -> int:
     runs = []
     if not args.skip_synthetic:
         runs.append(("synthetic", run_synthetic))
-    if not args.skip_movielens and MOVIELENS.exists() and not args.skip_downstream:
-        runs.append(("movielens", run_movielens))
+    if not args.skip_movielens and not args.skip_downstream:
+        if MOVIELENS.exists():
+            runs.append(("movielens", run_movielens))
+        else:
+            log(
+                f"MovieLens skipped: {MOVIELENS} does not exist (run from a checkout beside ../shared)"
+            )
     for key, fn in runs:
         results[key] = []
         for seed in args.seeds:
