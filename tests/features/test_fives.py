@@ -143,6 +143,7 @@ def test_network_config_and_saved_model_round_trip(tmp_path):
         ({"screen_orders": "3"}, "screen_orders"),
         ({"screen_alpha": 0.0}, "screen_alpha"),
         ({"screen_max_cells": 2}, "screen_max_cells"),
+        ({"screen_max_sets": 0}, "screen_max_sets"),
     ],
 )
 def test_config_validation(kwargs, match):
@@ -325,6 +326,12 @@ def test_the_screen_adds_the_pure_triple_the_default_search_cannot_see(tmp_path)
     back = load_crosses(path)
     assert back.search["screen"]["orders"]["3"]["tested"] == 10
     assert back.crosses[0] == dataclasses.replace(top, effect=round(top.effect, 8))
+    # too many sets for the budget: that order is skipped, and the report says why
+    lines.clear()
+    few = fives.search(schema, table, dataclasses.replace(cfg, screen_max_sets=9), log=lines.append)
+    assert few.screen["orders"]["3"]["skipped"].startswith("5 fields give 10 sets of 3")
+    assert any("order 3 skipped" in m and "screen_max_sets = 9" in m for m in lines)
+    assert not any(c.order == 3 and c.active for c in few.crosses)
     # without the screen the same search has no selected triple at all
     plain = fives.search(schema, table, dataclasses.replace(cfg, screen_orders=()), log=print)
     assert not any(c.active and c.order == 3 for c in plain.crosses)
