@@ -157,6 +157,8 @@ def prerank_model_config(cfg: PipelineConfig) -> PipelineConfig:
     """``cfg`` with ``[model]`` turned into the pre-ranking architecture."""
     pr = cfg.preranking or PrerankConfig()
     model = cfg.model
+    if pr.model:
+        model = dataclasses.replace(model, type=pr.model)
     if pr.method == "fscd" and model.type not in ("dnn", "dcn_v2"):
         raise ConfigError(
             f"[preranking] method = 'fscd' needs [model] type dnn or dcn_v2 (an interaction-"

@@ -139,6 +139,10 @@ class PrerankConfig:
       finetune_init: where stage 3 starts: ``stage1`` (the paper: the stage-1 weights of the
         kept fields) or ``scratch`` (fresh weights; on the synthetic bench with user x item
         crosses it closed more of the ranking gap, docs/preranking.md).
+      model: the pre-ranking model's type, ``dnn`` or ``dcn_v2`` (empty: ``[model]``'s). A
+        ``dnn`` pre-ranker computes its request fields' part of the first layer once per
+        request (``ranking.cascade.RequestScorer``), so per candidate it reads only the kept
+        item fields; a ``dcn_v2`` one crosses the full width per candidate.
       mlp: hidden sizes of the pre-ranking model's MLP (empty: the ``[model]`` ones).
       tower_dim, tower_mlp: two-tower output dimension and tower hidden sizes.
       tower_residual: FSCD's models (stage 1 and the fine-tuned pre-ranker) add a two-tower
@@ -165,6 +169,7 @@ class PrerankConfig:
     fscd_epochs: int = 1
     finetune_epochs: int = 1
     finetune_init: str = "stage1"
+    model: str = ""
     mlp: tuple[int, ...] = ()
     tower_dim: int = 32
     tower_mlp: tuple[int, ...] = (64,)
@@ -180,6 +185,10 @@ class PrerankConfig:
         if self.request_fields not in REQUEST_FIELD_MODES:
             raise ValueError(
                 f"request_fields {self.request_fields!r} is not one of {list(REQUEST_FIELD_MODES)}"
+            )
+        if self.model not in ("", "dnn", "dcn_v2"):
+            raise ValueError(
+                f"model {self.model!r} is not one of ['dnn', 'dcn_v2'] (or empty: [model]'s type)"
             )
         if self.finetune_init not in ("stage1", "scratch"):
             raise ValueError(

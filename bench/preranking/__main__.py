@@ -66,6 +66,7 @@ from pipelines.preranking import (
     field_groups,
     finetune_stage,
     fit,
+    prerank_model_config,
     select_stage,
 )
 from pipelines.train import (
@@ -105,6 +106,7 @@ def movielens_config(out: Path, args: argparse.Namespace) -> PipelineConfig:
         fscd_epochs=args.fscd_epochs,
         finetune_epochs=args.finetune_epochs,
         mlp=tuple(args.prerank_mlp),
+        model=args.prerank_model,
         reg_weight=args.reg_weight,
         request_fields=args.request_fields,
     )
@@ -177,6 +179,7 @@ def synthetic_config(out: Path, args: argparse.Namespace) -> PipelineConfig:
         fscd_epochs=args.fscd_epochs,
         finetune_epochs=args.finetune_epochs,
         mlp=tuple(args.prerank_mlp),
+        model=args.prerank_model,
         reg_weight=args.reg_weight,
         request_fields=args.request_fields,
     )
@@ -445,9 +448,7 @@ def run_dataset(name: str, args: argparse.Namespace, out: Path) -> dict[str, Any
     rng = np.random.default_rng(1234)
     make = movielens_requests if name == "movielens" else synthetic_requests
     requests, cands = make(schema, test_files, args.requests, rng)
-    pcfg = dataclasses.replace(
-        cfg, model=dataclasses.replace(cfg.model, mlp=tuple(args.prerank_mlp) or cfg.model.mlp)
-    )
+    pcfg = prerank_model_config(cfg)
     lr_grid = list(args.lr_grid or [cfg.train.learning_rate])
     chosen: dict[str, float] = {}
     runs: list[dict[str, Any]] = []
@@ -766,6 +767,12 @@ def main(argv: list[str] | None = None) -> int:
         "(chosen on the first seed)",
     )
     p.add_argument("--prerank-mlp", type=int, nargs="*", default=[])
+    p.add_argument(
+        "--prerank-model",
+        choices=["", "dnn", "dcn_v2"],
+        default="",
+        help="the pre-ranking model's type ([preranking] model; default: the ranking model's)",
+    )
     p.add_argument(
         "--tower-residual",
         action="store_true",
