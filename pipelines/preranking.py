@@ -570,6 +570,7 @@ def run_preranking(cfg: PipelineConfig, log: Log = print) -> dict[str, Any]:
     report.update(
         {
             "model": model.name,
+            "interaction": type(getattr(model, "interaction", None)).__name__,
             "train_rows": count_rows(train_files),
             "train_seconds": round(time.time() - t0, 2),
             "parameters": int(model.count_params()),

@@ -256,6 +256,10 @@ def test_a_budget_that_keeps_no_field_is_a_clear_error(tmp_path, mode, match):
             r"\[preranking\]: candidates_per_request must be >= 1, got 0",
         ),
         (
+            '[preranking]\nmodel = "fm"',
+            r"\[preranking\]: model 'fm' is not one of \['dnn', 'dcn_v2'\]",
+        ),
+        (
             '[preranking]\nfinetune_init = "warm"',
             r"\[preranking\]: finetune_init 'warm' is not one of \['stage1', 'scratch'\]",
         ),
@@ -323,11 +327,13 @@ def test_fscd_with_a_tower_residual_trains_exports_and_cascades(tmp_path, capsys
     exports, alone and as the cascade's pre-ranking."""
     data = write_grouped(tmp_path / "data", rows=2000)
     section = FSCD.replace(
-        "fscd_epochs = 3", "fscd_epochs = 1\ntower_residual = true\ntower_dim = 4"
+        "fscd_epochs = 3", 'fscd_epochs = 1\ntower_residual = true\ntower_dim = 4\nmodel = "dnn"'
     )
-    cfg = load_config(_config(tmp_path, data, "res", section))
-    assert cfg.preranking.tower_residual
+    # the ranking model is a dcn_v2; the pre-ranker its own type, a dnn
+    cfg = load_config(_config(tmp_path, data, "res", section, type="dcn_v2"))
+    assert cfg.preranking.tower_residual and cfg.model.type == "dcn_v2"
     report = train(cfg, log=lambda _: None)
+    assert report["interaction"] == "ConcatInteraction"
     run = Path(cfg.output_dir)
     sel = json.loads((run / "selection.json").read_text())
     assert len(sel["kept"]) == 4 and set(sel["kept"]) >= REQUEST
