@@ -59,20 +59,25 @@ def rpc(method: str) -> Callable:
         @functools.wraps(fn)
         async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
             t0 = time.perf_counter()
-            code = "OK"
+
+            def record(code: str) -> None:
+                self.state.metrics.record_rpc(method, code, time.perf_counter() - t0)
+
             try:
-                return await fn(self, request, context)
+                response = await fn(self, request, context)
             except asyncio.CancelledError:
-                code = "CANCELLED"
+                record("CANCELLED")
                 raise
             except Exception as e:
                 status, message = inference.status_of(e)
-                code = status.name
                 if status == grpc.StatusCode.INTERNAL:
                     log.exception(json.dumps({"event": "internal_error", "method": method}))
+                # counted before the status goes out: a client that sees the error and then
+                # scrapes /metrics finds it counted
+                record(status.name)
                 await context.abort(status, message)
-            finally:
-                self.state.metrics.record_rpc(method, code, time.perf_counter() - t0)
+            record("OK")
+            return response
 
         return wrapper
 
