@@ -561,6 +561,7 @@ def run_preranking(cfg: PipelineConfig, log: Log = print) -> dict[str, Any]:
             init_from_stage1=pr.finetune_init == "stage1",
         )
         report["selection"] = {k: selection[k] for k in ("budget", "kept", "dropped")}
+        report["interaction"] = type(model.interaction).__name__  # the pre-ranker's own type
     ckpt = save_model(model, final_schema, paths.root)
     test = (
         evaluate_model(make_scorer(model, final_schema), final_schema, test_files)
@@ -570,7 +571,6 @@ def run_preranking(cfg: PipelineConfig, log: Log = print) -> dict[str, Any]:
     report.update(
         {
             "model": model.name,
-            "interaction": type(getattr(model, "interaction", None)).__name__,
             "train_rows": count_rows(train_files),
             "train_seconds": round(time.time() - t0, 2),
             "parameters": int(model.count_params()),
