@@ -757,8 +757,19 @@ def op_names(spec: KernelSpec) -> tuple[str, str]:
     )
 
 
-def generate(spec: KernelSpec) -> str:
-    """C++ source of the forward and gradient ops specialized to ``spec`` (see module doc)."""
+def generate(spec: KernelSpec, cuda: bool = False) -> str:
+    """C++ source of the forward and gradient ops specialized to ``spec`` (see module doc);
+    with ``cuda`` also their GPU kernels, which call the device code of
+    ``codegen_cuda.embedding_source(spec)``."""
+    source = _generate_cpu(spec)
+    if not cuda:
+        return source
+    from compiler_opt import codegen_cuda
+
+    return source + codegen_cuda.embedding_gpu_kernels(spec)
+
+
+def _generate_cpu(spec: KernelSpec) -> str:
     fwd_name, grad_name = op_names(spec)
     id_field, id_kind, first_id = _id_layout(spec)
     masked = spec.masked_fields
@@ -1083,18 +1094,27 @@ class Compiled:
     seconds: float
 
 
-def compile_kernel(source: str, directory: str | Path | None = None) -> Compiled:
+def compile_kernel(
+    source: str, directory: str | Path | None = None, cuda_source: str | None = None
+) -> Compiled:
     """The shared library of ``source``: ``<kernels_dir()>/<key>.so``, compiled first when absent.
 
     ``key`` hashes the source, the compiler's version, the flags, TensorFlow's version and the
     CPU flags (the library is built with ``-march=native``). Concurrent processes wait on a
     file lock and the library appears by an atomic rename, so it is compiled once. Raises
     CompilerUnavailable without a compiler or when the compiler fails (its output attached).
+    With ``cuda_source`` (``codegen_cuda``), nvcc compiles it into an object linked into the
+    library with CUDA's static runtime; the key then also hashes it and nvcc's toolchain.
     """
     import time
 
+    from compiler_opt import codegen_cuda
+
     tc = toolchain()
-    key = tc.key(source)
+    cuda_tc = codegen_cuda.toolchain() if cuda_source is not None else None
+    key = tc.key(
+        source if cuda_tc is None else f"{source}\0cuda\0{cuda_source}\0{cuda_tc.signature()}"
+    )
     d = Path(directory) if directory is not None else kernels_dir()
     d.mkdir(parents=True, exist_ok=True)
     so = d / f"{key}.so"
@@ -1110,9 +1130,18 @@ def compile_kernel(source: str, directory: str | Path | None = None) -> Compiled
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=d)
         os.close(fd)
         cmd = [tc.cxx, str(cc), "-o", tmp, *tc.flags]
+        if cuda_tc is not None:
+            cu, obj = d / f"{key}.cu", d / f"{key}.cu.o"
+            cu.write_text(cuda_source or "")
+            try:
+                codegen_cuda.compile_object(cu, obj)
+            except codegen_cuda.CudaUnavailable:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+            cmd = [tc.cxx, str(cc), str(obj), "-o", tmp, *tc.flags, *cuda_tc.link]
         r = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if r.returncode != 0:
-            os.unlink(tmp)
+            Path(tmp).unlink(missing_ok=True)  # a failed link removes it itself
             errs = [ln for ln in r.stderr.splitlines() if "error" in ln] or [r.stderr[-2000:]]
             raise CompilerUnavailable(
                 f"{tc.cxx} failed (exit {r.returncode}) on {cc}:\n" + "\n".join(errs[:20])
@@ -1134,6 +1163,7 @@ class Kernel:
     forward_name: str
     gradient_name: str
     module: Any
+    gpu: bool = False  # the library holds the ops' GPU kernels (codegen_cuda)
 
     def _fn(self, op: str) -> Any:
         snake = "".join("_" + c.lower() if c.isupper() else c for c in op).lstrip("_")
@@ -1211,18 +1241,47 @@ def _register_gradient(spec: KernelSpec, forward: str, gradient: str, module: An
 def load(spec: KernelSpec, directory: str | Path | None = None) -> Kernel:
     """The op of ``spec`` in this process: generated, compiled (or found in the cache), loaded
     with ``tf.load_op_library`` and its gradient registered, once per process and spec."""
+    from compiler_opt import codegen_cuda
+
     source = generate(spec)
     with _LOCK:
         forward, gradient = op_names(spec)
         if forward in _KERNELS:
             return _KERNELS[forward]
-        lib = compile_kernel(source, directory)
+        cuda = codegen_cuda.enabled() and codegen_cuda.embedding_unsupported(spec) is None
+        lib = compile_kernel(
+            generate(spec, cuda=True) if cuda else source,
+            directory,
+            cuda_source=codegen_cuda.embedding_source(spec) if cuda else None,
+        )
         module = tf.load_op_library(str(lib.path))
         if spec.trainable:
             _register_gradient(spec, forward, gradient, module)
-        kernel = Kernel(spec, source, lib, forward, gradient, module)
+        kernel = Kernel(spec, source, lib, forward, gradient, module, cuda)
         _KERNELS[forward] = kernel
         return kernel
+
+
+def gpu_fallback(kernel: Kernel, devices: Sequence[str]) -> str:
+    """Why ``kernel`` cannot read tables placed on ``devices`` (variables' device strings), or
+    "": tables on a GPU need the op's GPU kernel (``codegen_cuda``); its CPU kernel would read
+    device memory as host memory."""
+    on_gpu = [d for d in devices if "GPU" in d.upper().rsplit("/", 1)[-1]]
+    if not on_gpu or kernel.gpu:
+        return ""
+    from compiler_opt import codegen_cuda
+
+    why = codegen_cuda.embedding_unsupported(kernel.spec) or (
+        "its CUDA form was not built (no nvcc, or $STITCHREC_CUDA=0)"
+    )
+    return f"tables on {on_gpu[0]} but op {kernel.forward_name} has no GPU kernel: {why}"
+
+
+def kernel_named(forward_name: str) -> Kernel:
+    """The loaded kernel whose forward op is ``forward_name``."""
+    if forward_name not in _KERNELS:
+        raise KeyError(f"no generated kernel {forward_name!r} is loaded in this process")
+    return _KERNELS[forward_name]
 
 
 def loaded_kernels() -> list[Kernel]:
@@ -1364,6 +1423,17 @@ class FusedEmbeddingCollection(EmbeddingCollection):
                         stacklevel=2,
                     )
                 state.fallback_reason = str(e)
+        if kernel is not None:
+            reason = gpu_fallback(kernel, [v.device for v in block.variables])
+            if reason:
+                if state.fallback_reason != reason:
+                    warnings.warn(
+                        f"compiler_opt.codegen: running the embeddings unfused: {reason}",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
+                state.fallback_reason = reason
+                kernel = None
         state.kernel = kernel
         if kernel is None:
             return super().call(ids)

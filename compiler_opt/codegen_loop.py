@@ -35,7 +35,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2, graph_pb2, node_def_pb2
 
-from compiler_opt import codegen
+from compiler_opt import codegen, codegen_cuda
 from compiler_opt.ir import Graph, split_ref
 
 #: op -> (arity, C++ expression of its operands a, b)
@@ -326,8 +326,9 @@ def attach_matmuls(
     return out, attached
 
 
-def generate(spec: LoopSpec) -> str:
-    """C++ source of the op of ``spec`` (see the module doc)."""
+def generate(spec: LoopSpec, cuda: bool = False) -> str:
+    """C++ source of the op of ``spec`` (see the module doc); with ``cuda`` also its GPU
+    kernel, which calls the device code of ``codegen_cuda.loop_source(spec)``."""
     name = spec.op_name
     n_in = len(spec.inputs)
     full = spec.inputs.index("full")
@@ -369,6 +370,9 @@ def generate(spec: LoopSpec) -> str:
         " public:",
         f"  explicit {name}Op(OpKernelConstruction* c) : OpKernel(c) {{}}",
         "  void Compute(OpKernelContext* ctx) override {",
+    ]
+    # the checks and outputs, shared by the CPU and the GPU kernel
+    prologue = [
         f"    OP_REQUIRES(ctx, ctx->num_inputs() == {spec.num_inputs} && ctx->num_outputs() == "
         f'{len(spec.outputs)}, errors::InvalidArgument("{name}: expected {spec.num_inputs} inputs and '
         f'{len(spec.outputs)} outputs"));',
@@ -386,7 +390,7 @@ def generate(spec: LoopSpec) -> str:
     for k, kind in enumerate(spec.inputs):
         if k == slot:
             continue  # the matmul's A: checked and read below
-        lines += [
+        prologue += [
             f"    OP_REQUIRES(ctx, ctx->input({k}).NumElements() == {want[kind]},",
             f'        errors::InvalidArgument("{name}: input {k} ({kind}) has ",',
             f'            ctx->input({k}).NumElements(), " elements, expected ", {want[kind]}));',
@@ -400,19 +404,20 @@ def generate(spec: LoopSpec) -> str:
     )
     for o in range(len(spec.outputs)):
         if o == 0 and spec.matmul:  # A W goes into output 0, read and overwritten in place
-            lines += [
+            prologue += [
                 "    Tensor* out0 = nullptr;",
                 "    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, out_shape, &out0));",
                 "    float* Y0 = out0->flat<float>().data();",
                 *_matmul_code(spec, name),
             ]
             continue
-        lines += [
+        prologue += [
             f"    Tensor* out{o} = nullptr;",
             f"    OP_REQUIRES_OK(ctx, ctx->forward_input_or_allocate_output({{{full_inputs}}}, {o},",
             f"                                                             out_shape, &out{o}));",
             f"    float* Y{o} = out{o}->flat<float>().data();",
         ]
+    lines += prologue
     lines.append("    auto body = [&](int64_t begin, int64_t end) {")
     if spec.matmul:  # this block's rows of A W (Eigen's GEMM), then the program while cached
         k = spec.matmul[1]
@@ -455,6 +460,8 @@ def generate(spec: LoopSpec) -> str:
         "}  // namespace",
         "",
     ]
+    if cuda:
+        lines.append(codegen_cuda.loop_gpu_kernel(spec, prologue))
     return "\n".join(lines)
 
 
@@ -514,14 +521,40 @@ _LOCK = threading.Lock()
 _LOADED: dict[str, Any] = {}
 
 
+_GPU: dict[str, bool] = {}
+
+
+def _compile(spec: LoopSpec) -> tuple[codegen.Compiled, bool]:
+    """The op's library (compiled when absent) and whether it holds the GPU kernel: where
+    ``codegen_cuda.enabled()`` and the spec has a CUDA form."""
+    cuda = codegen_cuda.enabled() and codegen_cuda.loop_unsupported(spec) is None
+    lib = codegen.compile_kernel(
+        generate(spec, cuda=cuda),
+        cuda_source=codegen_cuda.loop_source(spec) if cuda else None,
+    )
+    return lib, cuda
+
+
 def load(spec: LoopSpec) -> str:
-    """Compiles (or finds in the cache) and loads the op of ``spec``; returns its name."""
+    """Compiles (or finds in the cache) and loads the op of ``spec``; returns its name. The
+    library holds the op's GPU kernel too where it has one (:func:`has_gpu_kernel`)."""
     with _LOCK:
         name = spec.op_name
         if name not in _LOADED:
-            lib = codegen.compile_kernel(generate(spec))
+            lib, cuda = _compile(spec)
             _LOADED[name] = tf.load_op_library(str(lib.path))
+            _GPU[name] = cuda
         return name
+
+
+def has_gpu_kernel(name: str) -> bool:
+    """Whether loaded op ``name`` has a GPU kernel (its CUDA form)."""
+    return _GPU.get(name, False)
+
+
+def library_path(spec: LoopSpec) -> str:
+    """The path of the library :func:`load` loads for ``spec`` (compiled when absent)."""
+    return str(_compile(spec)[0].path)
 
 
 def loaded_op(name: str) -> Any:

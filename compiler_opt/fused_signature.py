@@ -12,8 +12,9 @@ model instance, on that instance's device:
    (``realize.xla_clusters``); with ``"generated"`` every planned elementwise ``loop`` group
    that ``codegen_loop`` can express becomes one generated C++ op and the rest stays
    TensorFlow ops (``realize.generated_loops``): shape-generic, so batches run unpadded and
-   nothing compiles per shape; on a GPU, where the generated ops have no CUDA form yet,
-   ``"generated"`` falls back to ``"xla_clusters"`` (``describe()`` says which ran);
+   nothing compiles per shape; on a GPU the generated ops run their CUDA form
+   (``codegen_cuda``), and where it cannot be built (no nvcc) ``"generated"`` falls back to
+   ``"xla_clusters"`` (``describe()`` says which ran);
 3. with XLA clusters, every batch is padded to the next size of the spec's ladder
    (``buckets.Bucketed``), so at most ``len(ladder)`` shapes ever reach the clusters, and
    ``warmup`` compiles them all before the version turns ready: no request pays a compilation.
@@ -39,7 +40,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from compiler_opt import realize
+from compiler_opt import codegen_cuda, realize
 from compiler_opt.buckets import Bucketed, count_compilations, powers_of_two, validate_ladder
 from compiler_opt.cost import Coefficients
 
@@ -151,8 +152,9 @@ class FusedSignature:
         self.input_names = sorted(kwargs)
         self.spec = spec
         self.realization = spec.realization
-        if self.realization == "generated" and coefficients.device.startswith("gpu"):
-            self.realization = "xla_clusters"  # no CUDA form of the generated ops yet
+        on_gpu = coefficients.device.startswith("gpu")
+        if self.realization == "generated" and on_gpu and not codegen_cuda.enabled():
+            self.realization = "xla_clusters"  # the generated ops get no GPU kernel here
         # candidate realizations, chosen between by timing them in ``warmup``
         self._candidates: dict[str, realize.Realized] = {}
         tabulation = None
@@ -170,7 +172,8 @@ class FusedSignature:
             self._candidates["epilogues_to_matmul"] = first
             if first.plan.epilogues:  # the other guess: the runtime does not fold them
                 self._candidates["epilogues_generated"] = candidate(epilogues=False, matmuls=False)
-            if spec.loop_matmuls:  # fewer ops, but Eigen's GEMM against the runtime's (oneDNN)
+            if spec.loop_matmuls and not on_gpu:  # fewer ops, but Eigen's GEMM against the
+                # runtime's (oneDNN); a loop op with its matmul has no CUDA form
                 inside = candidate()
                 if inside.matmuls:
                     self._candidates["matmuls_inside"] = inside

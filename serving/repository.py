@@ -95,6 +95,24 @@ def available_devices() -> list[str]:
     return [d.name for d in gpus] if gpus else ["/device:CPU:0"]
 
 
+def kernel_devices(kernels: list[str], devices: list[str]) -> tuple[list[str], str]:
+    """The devices a version with generated ops ``kernels`` (forward op names, loaded) can run
+    on, and why when that is fewer than ``devices``: a generated op without a GPU kernel
+    (``compiler_opt.codegen_cuda``: no nvcc, or a form it does not cover) would read tables in
+    device memory as host memory, so such a version serves on the CPU."""
+    gpus = [d for d in devices if "GPU" in d.upper()]
+    if not gpus:
+        return devices, ""
+    reasons = []
+    for name in kernels:
+        why = codegen.gpu_fallback(codegen.kernel_named(name), gpus)
+        if why:
+            reasons.append(why)
+    if not reasons:
+        return devices, ""
+    return ["/device:CPU:0"], "served on the CPU: " + "; ".join(reasons)
+
+
 def _signature_inputs(fn: Any) -> dict[str, InputSpec]:
     _, kwargs = fn.structured_input_signature
     out = {}
@@ -146,6 +164,10 @@ class ModelVersion:
         self.devices = devices
         # Generated kernels an export uses (compiler_opt.codegen) must be loaded first.
         self.kernels = codegen.load_for_saved_model(path)
+        self.devices, self.placement_note = kernel_devices(self.kernels, devices)
+        if self.placement_note:
+            log.warning("%s v%d: %s", name, version, self.placement_note)
+        devices = self.devices
         self.instances = []
         for dev in devices:
             with tf.device(dev):

@@ -1,0 +1,370 @@
+"""compiler_opt.codegen_cuda: the CUDA forms of the generated ops, checked without a GPU.
+
+Each library is built with ``$STITCHREC_CUDA=1`` (nvcc compiles the device code for sm_80 /
+sm_90 and links it in); the op then has a GPU and a CPU kernel. The device code itself runs
+on the host through the launcher's ``on_host`` path (the same ``__host__ __device__``
+``Element`` the GPU kernel calls), into outputs poisoned with NaN, and must equal the CPU
+kernel: every method of the embedding op, forward and gradient, single-valued and ragged ids,
+out-of-range ids and empty rows; every elementwise op of the loop ops. Running the GPU kernel
+itself needs a GPU (``tests/compiler_opt/gpu_check.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+
+import numpy as np
+import pytest
+import tensorflow as tf  # tests/conftest.py sets TF_USE_LEGACY_KERAS first
+from tensorflow.python.framework import kernels as tf_kernels
+
+from compiler_opt import codegen, codegen_cuda, codegen_loop
+from embeddings.collection import EmbeddingCollection
+from serving.repository import kernel_devices
+from tests.compiler_opt.conftest import need_compiler
+from tests.compiler_opt.test_codegen import DENSE, TABLES, make_ids
+
+GPU = "/job:localhost/replica:0/task:0/device:GPU:0"
+CPU = "/job:localhost/replica:0/task:0/device:CPU:0"
+
+
+def need_nvcc() -> None:
+    """Skips without nvcc, unless ``STITCHREC_REQUIRE_NVCC`` is set (``.ci/run`` sets it where
+    nvcc exists: there these tests must run)."""
+    need_compiler()
+    if codegen_cuda.nvcc() is None:
+        if os.environ.get("STITCHREC_REQUIRE_NVCC"):
+            pytest.fail("STITCHREC_REQUIRE_NVCC is set but nvcc was not found")
+        pytest.skip("no nvcc: the CUDA forms cannot be compiled here")
+
+
+@pytest.fixture(scope="module")
+def cuda(tmp_path_factory):
+    """``$STITCHREC_CUDA=1`` and a fresh ``$STITCHREC_CACHE`` for this module."""
+    need_nvcc()
+    old = {k: os.environ.get(k) for k in ("STITCHREC_CUDA", "STITCHREC_CACHE")}
+    os.environ["STITCHREC_CUDA"] = "1"
+    os.environ["STITCHREC_CACHE"] = str(tmp_path_factory.mktemp("cuda-cache"))
+    yield
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def devices_of(op: str) -> set[str]:
+    return {k.device_type for k in tf_kernels.get_registered_kernels_for_op(op).kernel}
+
+
+def test_enabled_follows_the_environment(monkeypatch):
+    monkeypatch.setenv("STITCHREC_CUDA", "0")
+    assert codegen_cuda.enabled() is False
+    monkeypatch.setenv("STITCHREC_CUDA", "yes")
+    with pytest.raises(ValueError, match=r"STITCHREC_CUDA must be '0', '1' or unset, got 'yes'"):
+        codegen_cuda.enabled()
+    monkeypatch.setenv("STITCHREC_CUDA", "1")
+    monkeypatch.setenv("NVCC", "/nonexistent/nvcc")
+    with pytest.raises(codegen.CompilerUnavailable, match="nvcc was not found"):
+        codegen_cuda.enabled()
+    monkeypatch.delenv("STITCHREC_CUDA")
+    if not tf.config.list_physical_devices("GPU"):
+        assert codegen_cuda.enabled() is False  # no GPU: CPU kernels only
+
+
+# ----------------------------------------------------------------------------- loop ops
+
+LOOP_SPECS = [
+    # y = relu(x0 * b + s), z = sigmoid(x0 * b): row and scalar inputs, two outputs
+    codegen_loop.LoopSpec(
+        width=5,
+        inputs=("full", "row", "scalar"),
+        body=(("Mul", (0, 1)), ("AddV2", (3, 2)), ("Relu", (4,)), ("Sigmoid", (3,))),
+        outputs=(2, 3),
+    ),
+    # every other op once, on two full inputs
+    codegen_loop.LoopSpec(
+        width=3,
+        inputs=("full", "full"),
+        body=(
+            ("Sub", (0, 1)),
+            ("RealDiv", (2, 1)),
+            ("Maximum", (3, 0)),
+            ("Minimum", (4, 1)),
+            ("SquaredDifference", (5, 0)),
+            ("Relu6", (6,)),
+            ("Neg", (7,)),
+            ("Square", (8,)),
+            ("Tanh", (9,)),
+            ("Exp", (10,)),
+            ("Identity", (11,)),
+            ("Add", (12, 0)),
+            ("BiasAdd", (13, 1)),
+        ),
+        outputs=(12, 4),
+    ),
+]
+
+
+def test_every_elementwise_op_is_in_some_spec():
+    used = {op for s in LOOP_SPECS for op, _ in s.body}
+    assert used == set(codegen_loop.OPS)
+
+
+@pytest.mark.parametrize("spec", LOOP_SPECS, ids=["row_scalar", "every_op"])
+def test_loop_op_device_code_equals_the_cpu_kernel(cuda, spec):
+    name = codegen_loop.load(spec)
+    assert codegen_loop.has_gpu_kernel(name)
+    assert devices_of(name) == {"CPU", "GPU"}
+    rng = np.random.default_rng(0)
+    rows = 37
+    size = {"full": (rows, spec.width), "row": (spec.width,), "scalar": (1,)}
+    # away from 0 so that RealDiv stays finite; both signs so that Relu / Maximum branch
+    xs = [
+        (rng.uniform(0.5, 2.0, size[k]) * rng.choice([-1, 1], size[k])).astype(np.float32)
+        for k in spec.inputs
+    ]
+    cpu = codegen_loop.loaded_op(name)([tf.constant(x) for x in xs], M=len(spec.outputs))
+    host = codegen_cuda.run_loop_on_host(codegen_loop.library_path(spec), spec, xs, rows)
+    for want, got in zip(cpu, host, strict=True):
+        assert not np.isnan(got).any()  # every element written
+        np.testing.assert_allclose(got, want.numpy(), rtol=1e-6, atol=1e-7)
+
+
+def test_a_loop_op_with_its_matmul_has_no_cuda_form():
+    spec = codegen_loop.LoopSpec(
+        width=4,
+        inputs=("full", "full"),
+        body=(("AddV2", (0, 1)),),
+        outputs=(0,),
+        dims=(4,),
+        matmul=(0, 3, True),
+    )
+    assert "matmul" in codegen_cuda.loop_unsupported(spec)
+    with pytest.raises(ValueError, match="no CUDA form"):
+        codegen_cuda.loop_source(spec)
+
+
+# ------------------------------------------------------------------------- embedding op
+
+CUDA_TABLES = [{**t, "name": f"cu_{t['name']}"} for t in TABLES if t.get("method") != "amtl"]
+
+
+def _ids(seed: int, batch: int) -> dict[str, tf.Tensor]:
+    ids = make_ids(seed, batch)
+    return {f"cu_{k}": v for k, v in ids.items() if f"cu_{k}" in {t["name"] for t in CUDA_TABLES}}
+
+
+def _id_arrays(spec: codegen.KernelSpec, ids: dict[str, tf.Tensor]) -> list[np.ndarray]:
+    out = []
+    for f in spec.fields:
+        x = ids[f.name]
+        out += [x.values.numpy(), x.row_splits.numpy()] if f.ragged else [x.numpy()]
+    return out
+
+
+@pytest.fixture(scope="module")
+def cuda_block(cuda):
+    """Every method but AMTL's training form (full, hashing, QR x3, BH x2, ragged mean/sum)
+    with dense columns, compiled with its CUDA form."""
+    tf.keras.utils.set_random_seed(1)
+    coll = EmbeddingCollection(CUDA_TABLES, name="cuda_block")
+    ids = _ids(0, 7)
+    coll(ids)
+    block, kernel = codegen.fused_block(coll, ids, dense_dim=DENSE)
+    return block, kernel
+
+
+@pytest.mark.parametrize(("seed", "batch"), [(0, 7), (1, 300), (2, 1)])
+def test_embedding_device_code_equals_the_cpu_kernel(cuda_block, seed, batch):
+    block, kernel = cuda_block
+    spec = kernel.spec
+    assert kernel.gpu and codegen.gpu_fallback(kernel, [GPU]) == ""
+    assert devices_of(kernel.forward_name) == {"CPU", "GPU"}
+    assert devices_of(kernel.gradient_name) == {"CPU", "GPU"}
+    ids = _ids(seed, batch)
+    rng = np.random.default_rng(seed)
+    dense = rng.normal(size=(batch, DENSE)).astype(np.float32)
+    tables = [v.numpy() for v in block.variables]
+    arrays = _id_arrays(spec, ids)
+    lib = kernel.library.path
+
+    want = codegen.fused_concat(block, kernel, ids, tf.constant(dense)).numpy()
+    got = codegen_cuda.run_embedding_on_host(lib, spec, tables, arrays, dense=dense)
+    assert not np.isnan(got).any()
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+    dy = rng.normal(size=want.shape).astype(np.float32)
+    grad = kernel._fn(kernel.gradient_name)(
+        tables=[v.handle for v in block.variables],
+        ids=[tf.constant(x) for x in arrays],
+        dy=tf.constant(dy),
+    )
+    rows, values = codegen_cuda.run_embedding_on_host(lib, spec, tables, arrays, dy=dy)
+    for t in range(len(spec.tables)):
+        np.testing.assert_array_equal(rows[t], grad[0][t].numpy())
+        assert not np.isnan(values[t]).any()
+        np.testing.assert_allclose(values[t], grad[1][t].numpy(), rtol=1e-6, atol=1e-7)
+
+
+def test_embedding_spec_with_hand_checked_values(cuda):
+    """One full field (rows ``10 r + j``) and one ragged mean field: values by hand."""
+    coll = EmbeddingCollection(
+        [
+            {"name": "cu_hand", "num_rows": 4, "dim": 2},
+            {"name": "cu_hand_tags", "num_rows": 3, "dim": 2},
+        ],
+        name="cuda_hand",
+    )
+    ids = {
+        "cu_hand": tf.constant([1, 7, 3], tf.int64),  # 7 is out of range: row 0
+        "cu_hand_tags": tf.RaggedTensor.from_row_lengths(
+            tf.constant([0, 2, 2], tf.int64), tf.constant([2, 0, 1], tf.int64)
+        ),
+    }
+    coll(ids)
+    layers = coll.layers_by_field
+    layers["cu_hand"].table.assign([[0, 1], [10, 11], [20, 21], [30, 31]])
+    layers["cu_hand_tags"].table.assign([[1, 2], [3, 4], [5, 6]])
+    block, kernel = codegen.fused_block(coll, ids)
+    tables = [v.numpy() for v in block.variables]
+    got = codegen_cuda.run_embedding_on_host(
+        kernel.library.path, kernel.spec, tables, _id_arrays(kernel.spec, ids)
+    )
+    want = [[10, 11, 3, 4], [0, 1, 0, 0], [30, 31, 5, 6]]  # row 0 of tags: mean of 0 and 2
+    np.testing.assert_array_equal(got, np.array(want, np.float32))
+
+
+def test_tabulated_masks_and_int64_compact_tables_have_a_cuda_form(cuda):
+    """AMTL's serving forms: the op reading tabulated masks (``mask_rows``), and the compact
+    form (values + row offsets) when its offsets are int64."""
+    n = 40
+    tf.keras.utils.set_random_seed(2)
+    coll = EmbeddingCollection(
+        [
+            {"name": "cu_a", "num_rows": n, "dim": 4, "method": "amtl"},
+            {"name": "cu_a_tags", "num_rows": n, "dim": 4, "method": "amtl", "combiner": "mean"},
+        ],
+        counts={k: list(range(n, 0, -1)) for k in ("cu_a", "cu_a_tags")},
+        name="cuda_amtl",
+    )
+    rng = np.random.default_rng(3)
+    lens = rng.integers(0, 4, 9)
+    ids = {
+        "cu_a": tf.constant(rng.integers(-3, n + 9, 9), tf.int64),
+        "cu_a_tags": tf.RaggedTensor.from_row_lengths(
+            tf.constant(rng.integers(-2, n + 5, int(lens.sum())), tf.int64),
+            tf.constant(lens, tf.int64),
+        ),
+    }
+    coll(ids)
+    block = codegen.build_spec(coll, ids)
+    training = codegen.load(block.spec)
+    assert not training.gpu and "wheres" in codegen_cuda.embedding_unsupported(block.spec)
+    assert devices_of(training.forward_name) == {"CPU"}
+
+    rows = codegen.load(dataclasses.replace(block.spec, mask_rows=True))
+    assert rows.gpu and devices_of(rows.forward_name) == {"CPU", "GPU"}
+    masks = [rng.uniform(0, 1, (n, 4)).astype(np.float32) for _ in range(2)]
+    arrays = _id_arrays(rows.spec, ids)
+    want = rows(block.variables, [tf.constant(x) for x in arrays], [tf.constant(m) for m in masks])
+    got = codegen_cuda.run_embedding_on_host(
+        rows.library.path, rows.spec, [v.numpy() for v in block.variables], arrays, masks
+    )
+    np.testing.assert_allclose(got, want.numpy(), rtol=1e-6, atol=1e-7)
+
+    serving = codegen.FusedEmbeddingCollection.from_collection(coll.serving_form())
+    serving(ids)
+    compact = serving.kernel
+    assert "int32" in codegen_cuda.embedding_unsupported(compact.spec)
+    assert "has no GPU kernel" in codegen.gpu_fallback(compact, [GPU])
+    assert codegen.gpu_fallback(compact, [CPU]) == ""
+    wide = dataclasses.replace(
+        compact.spec,
+        tables=tuple(
+            dataclasses.replace(t, dtype="int64") if t.dtype == "int32" else t
+            for t in compact.spec.tables
+        ),
+    )
+    kernel = codegen.load(wide)
+    assert kernel.gpu
+    variables = [
+        tf.Variable(tf.cast(v, tf.int64)) if v.dtype == tf.int32 else v
+        for v in _compact_variables(serving)
+    ]
+    arrays = _id_arrays(wide, ids)
+    want = kernel(variables, [tf.constant(x) for x in arrays]).numpy()
+    got = codegen_cuda.run_embedding_on_host(
+        kernel.library.path, wide, [v.numpy() for v in variables], arrays
+    )
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(
+        want, tf.concat(list(coll(ids).values()), axis=1).numpy()
+    )  # the same values as the training layers
+
+
+def _compact_variables(fused: codegen.FusedEmbeddingCollection) -> list[tf.Variable]:
+    ids = {
+        f.name: tf.constant([0], tf.int64)
+        if not f.ragged
+        else tf.RaggedTensor.from_row_lengths(tf.constant([0], tf.int64), [1])
+        for f in fused.kernel.spec.fields
+    }
+    return codegen.build_spec(fused, ids).variables
+
+
+def test_a_version_whose_op_has_no_gpu_kernel_is_served_on_the_cpu(cuda):
+    coll = EmbeddingCollection(
+        [{"name": "cu_srv", "num_rows": 8, "dim": 2, "method": "amtl"}],
+        counts={"cu_srv": list(range(8, 0, -1))},
+        name="cuda_srv",
+    )
+    ids = {"cu_srv": tf.constant([1, 2], tf.int64)}
+    coll(ids)
+    kernel = codegen.load(codegen.build_spec(coll, ids).spec)  # training form: CPU only
+    devices, note = kernel_devices([kernel.forward_name], [GPU, GPU.replace("GPU:0", "GPU:1")])
+    assert devices == ["/device:CPU:0"]
+    assert "served on the CPU" in note and kernel.forward_name in note and "wheres" in note
+    assert kernel_devices([kernel.forward_name], [CPU]) == ([CPU], "")
+
+
+def test_the_cuda_form_has_its_own_cache_entry_and_nvcc_errors_are_reported(cuda, tmp_path):
+    spec = LOOP_SPECS[0]
+    plain = codegen.compile_kernel(codegen_loop.generate(spec), tmp_path)
+    with_cuda = codegen.compile_kernel(
+        codegen_loop.generate(spec, cuda=True), tmp_path, cuda_source=codegen_cuda.loop_source(spec)
+    )
+    assert plain.key != with_cuda.key and plain.path.exists() and with_cuda.path.exists()
+    with pytest.raises(codegen_cuda.CudaUnavailable, match=r"nvcc failed .*\.cu"):
+        codegen.compile_kernel(
+            codegen_loop.generate(spec, cuda=True), tmp_path, cuda_source="this is not CUDA"
+        )
+    assert not list(tmp_path.glob("tmp*.so"))  # no half-written library left behind
+
+
+def test_the_gpu_check_harness_builds_and_runs_its_host_part(cuda_block, tmp_path):
+    """``bench/compiler/cuda_check``'s harness for a spec: it builds with nvcc and runs the
+    device code on the host (on a GPU it also runs and times the kernels)."""
+    from bench.compiler import cuda_check
+
+    _, kernel = cuda_block
+    (tmp_path / "k.cu").write_text(codegen_cuda.embedding_source(kernel.spec))
+    (tmp_path / "h.cu").write_text(cuda_check.harness_source(kernel.spec, "test"))
+    exe = tmp_path / "check"
+    tc = codegen_cuda.toolchain()
+    flags = [f for f in tc.flags if f not in ("-Xcompiler", "-fPIC")]
+    build = subprocess.run(
+        [tc.nvcc, *flags, "-o", str(exe), str(tmp_path / "h.cu"), str(tmp_path / "k.cu")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert build.returncode == 0, build.stderr[-2000:]
+    run = subprocess.run(
+        [str(exe), "33", "1", "--host-only"], capture_output=True, text=True, check=False
+    )
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout) == {"method": "test", "batch": 33, "host_only": True}
