@@ -56,6 +56,8 @@ OPS: dict[str, tuple[int, str]] = {
     "Sigmoid": (1, "1.0f / (1.0f + std::exp(-{a}))"),
     "Tanh": (1, "std::tanh({a})"),
     "Exp": (1, "std::exp({a})"),
+    "Sqrt": (1, "std::sqrt({a})"),
+    "Rsqrt": (1, "1.0f / std::sqrt({a})"),
     "Identity": (1, "{a}"),
 }
 INPUT_KINDS = ("full", "row", "scalar")
@@ -274,7 +276,10 @@ def attach_matmuls(
     out, attached = [], 0
     for g in groups:
         spec = g.spec
-        if spec.matmul is not None or spec.dims is None or len(spec.dims) > 1:
+        if not isinstance(spec, LoopSpec) or spec.matmul is not None:
+            out.append(g)
+            continue
+        if spec.dims is None or len(spec.dims) > 1:
             out.append(g)
             continue
         inside = set(g.nodes)
@@ -573,8 +578,10 @@ def rewrite(
     rename: dict[str, str] = {}  # "node:0" of a replaced node -> "stitch_loop_i:k"
     removed: dict[str, str] = {}  # replaced node -> its group's node name (control edges)
     new_nodes = []
+    from compiler_opt import codegen_row
+
     for i, g in enumerate(groups):
-        op = load(g.spec)
+        op = (codegen_row.load if isinstance(g.spec, codegen_row.RowSpec) else load)(g.spec)
         name = f"stitch_loop_{i}"
         for k, ref in enumerate(g.output_refs):
             rename[ref] = f"{name}:{k}"

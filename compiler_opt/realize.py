@@ -448,7 +448,7 @@ def plan_loops(
     """Plans ``frozen`` at ``batch`` and sorts its groups into generated loop ops and the rest
     (no compiler needed: ``stitchrec fuse explain`` prints it); with ``matmuls`` a loop op
     also takes the matmul that feeds it (``codegen_loop.attach_matmuls``)."""
-    from compiler_opt import codegen_loop
+    from compiler_opt import codegen_loop, codegen_row
 
     graph = ir.from_graph_def(frozen.graph_def, outputs=frozen.outputs)
     p = plan(graph, coefficients, batch, **plan_options)
@@ -456,13 +456,35 @@ def plan_loops(
     for g in p.groups:
         if len(g.nodes) < min_group_size:
             continue
-        if g.kind == "loop":
-            group, reason = codegen_loop.loop_spec(graph, g.nodes, frozen.outputs)
+        if g.kind in ("loop", "input", "stitch"):
+            # a loop group as a loop op; reductions (and a loop group over mixed row shapes)
+            # as a row program
+            group, reason = (
+                codegen_loop.loop_spec(graph, g.nodes, frozen.outputs)
+                if g.kind == "loop"
+                else (None, "")
+            )
+            if group is None:
+                group, row_reason = codegen_row.row_spec(graph, g.nodes, frozen.outputs)
+                reason = reason or row_reason
             if group is not None:
                 loops.append(group)
                 continue
             left[g.id] = reason
-        rest.update({n: g.id for n in g.nodes})
+        # what cannot be generated whole may hold row programs (the FM term in a concat
+        # group with the lookups): those pieces are generated, the rest stays as planned
+        pieces = (
+            []
+            if g.kind == "horizontal-gather"
+            else codegen_row.expressible_parts(graph, g.nodes, frozen.outputs, min_group_size)
+        )
+        loops += pieces
+        taken = {n for piece in pieces for n in piece.nodes}
+        if pieces:
+            left[g.id] = (
+                f"{left.get(g.id) or 'not generated whole'}; {len(pieces)} part(s) generated"
+            )
+        rest.update({n: g.id for n in g.nodes if n not in taken})
     attached = 0
     if matmuls:
         loops, attached = codegen_loop.attach_matmuls(

@@ -39,7 +39,7 @@ def _generated_forms(args: argparse.Namespace, coefficients: Any) -> str:
     why the others do not, and the matmul epilogues left to the matmul."""
     import tensorflow as tf
 
-    from compiler_opt import codegen, realize
+    from compiler_opt import codegen, codegen_row, realize
 
     codegen.load_for_saved_model(args.saved_model)  # an export with the embedding op
     loaded = tf.saved_model.load(args.saved_model)
@@ -52,17 +52,27 @@ def _generated_forms(args: argparse.Namespace, coefficients: Any) -> str:
         max_args=args.max_args,
     )
     graph, plan = lp.graph, lp.plan
-    loops = [g for g in plan.groups if g.kind == "loop"]
-    why = {g.id: lp.left.get(g.id, "") for g in loops}
+    generated = {n for g in lp.loops for n in g.nodes}
+    rows = sum(isinstance(g.spec, codegen_row.RowSpec) for g in lp.loops)
+    loops = [
+        g
+        for g in plan.groups
+        if (g.kind in ("loop", "input", "stitch") and len(g.nodes) >= 2)
+        or "part(s) generated" in lp.left.get(g.id, "")
+    ]
+    why = {
+        g.id: "" if g.nodes[0] in generated else lp.left.get(g.id, "not generated") for g in loops
+    }
     ok = [str(i) for i, reason in why.items() if not reason]
     lines = [
         f"served with --fuse-realization generated (the signature frozen, planned again): "
-        f"{len(ok)} of {len(loops)} loop group(s) as generated ops ({lp.matmuls} taking the "
-        f"matmul that feeds them); matmul epilogues left to the matmul: {len(plan.epilogues)}"
+        f"{len(ok)} of {len(loops)} group(s) as generated ops ({rows} row "
+        f"programs with reductions, {lp.matmuls} loop ops taking the matmul that feeds them); "
+        f"matmul epilogues left to the matmul: {len(plan.epilogues)}"
     ]
     for g in loops:
         ops = ", ".join(graph[n].op for n in g.nodes[:6])
-        lines.append(f"  {ops}: {why[g.id] or 'generated'}")
+        lines.append(f"  {g.kind} {ops}: {why[g.id] or 'generated'}")
     if tabulation.tables or tabulation.left:
         lines.append(
             f"per-id masks of the embedding op tabulated over their id domain: "

@@ -27,9 +27,15 @@ def hand() -> Coefficients:
     return HAND
 
 
-def tiny_dcn_v2(directory: Path, rows: int = 600, train_rows: int = 500, mlp: tuple = (16,)):
-    """An untrained DCN-v2 (dim 4, 1 cross layer) built on the tiny dataset written to
-    ``directory``: ``(model, schema, training files)``."""
+def tiny_dcn_v2(
+    directory: Path,
+    rows: int = 600,
+    train_rows: int = 500,
+    mlp: tuple = (16,),
+    model_type: str = "dcn_v2",
+):
+    """An untrained DCN-v2 (dim 4, 1 cross layer; ``model_type`` another of ranking's types)
+    built on the tiny dataset written to ``directory``: ``(model, schema, training files)``."""
     from features.dataset import iter_record_batches, list_parquet, make_dataset
     from features.schema import load_schema
     from features.stats import compute_stats
@@ -44,7 +50,7 @@ def tiny_dcn_v2(directory: Path, rows: int = 600, train_rows: int = 500, mlp: tu
     cfg = PipelineConfig(
         output_dir=str(directory / "run"),
         data=DataConfig(schema=str(data["schema"]), train=(str(data["train"]),)),
-        model=ModelConfig(type="dcn_v2", embedding_dim=4, mlp=mlp, cross_layers=1),
+        model=ModelConfig(type=model_type, embedding_dim=4, mlp=mlp, cross_layers=1),
     )
     model = build_run_model(cfg, schema, stats)
     model(next(iter(make_dataset(schema, files, batch_size=2))))

@@ -103,8 +103,10 @@ LOOP_SPECS = [
             ("Identity", (11,)),
             ("Add", (12, 0)),
             ("BiasAdd", (13, 1)),
+            ("Sqrt", (11,)),  # of Exp's value: positive
+            ("Rsqrt", (15,)),
         ),
-        outputs=(12, 4),
+        outputs=(12, 4, 14),
     ),
 ]
 

@@ -36,8 +36,8 @@ def test_explain_prints_and_writes_the_plan(tiny_saved_model, tmp_path, monkeypa
     # BiasAdd + Relu stay with their matmuls; a group with IsFinite has none, and why
     assert "served with --fuse-realization generated" in text
     assert "matmul epilogues left to the matmul: 3" in text
-    assert "  Mul, AddV2: generated" in text
-    assert "  StridedSlice, AddV2, Sigmoid: generated" in text  # the head: logits[:, 0] + b
+    assert "  loop Mul, AddV2: generated" in text
+    assert "  loop StridedSlice, AddV2, Sigmoid: generated" in text  # the head: logits[:, 0] + b
     assert "op IsFinite has no generated form" in text
     plan = json.loads(out.read_text())
     s = plan["summary"]
