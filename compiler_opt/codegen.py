@@ -1074,6 +1074,7 @@ def toolchain() -> Toolchain:
             "-shared",
             "-fPIC",
             "-fno-math-errno",
+            "-fopenmp-simd",  # `#pragma omp simd`: vectorized reductions (codegen_row)
             "-Wno-deprecated-declarations",
             *tf.sysconfig.get_compile_flags(),
             *tf.sysconfig.get_link_flags(),

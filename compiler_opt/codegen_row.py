@@ -351,21 +351,36 @@ def _strides(shape: Sequence[int]) -> list[int]:
     return list(reversed(out))
 
 
-def _index(flat: str, shape: Sequence[int], operand: Sequence[int]) -> str:
-    """C++ index into ``operand`` (broadcast to ``shape``, NumPy-aligned) at flat position
-    ``flat`` of ``shape``."""
-    if tuple(operand) == tuple(shape):
-        return flat
-    if _size(operand) == 1:
-        return "0"
+def _linear(shape: Sequence[int], operand: Sequence[int]) -> str:
+    """C++ index into ``operand`` (broadcast to ``shape``, NumPy-aligned) at the position of
+    the loop variables ``i0, i1, ...`` over ``shape``: affine in them, so the innermost loop
+    is contiguous (or constant) and vectorizes."""
     pad = [1] * (len(shape) - len(operand)) + list(operand)
     terms = []
-    for a, (d, st, ost) in enumerate(zip(shape, _strides(shape), _strides(pad), strict=True)):
-        if pad[a] == 1 or d == 1:
+    for a, (d, ost) in enumerate(zip(pad, _strides(pad), strict=True)):
+        if d == 1:
             continue
-        coord = f"({flat} / {st})" if a == 0 else f"(({flat} / {st}) % {d})"
-        terms.append(f"{coord} * {ost}" if ost != 1 else coord)
+        terms.append(f"i{a} * {ost}" if ost != 1 else f"i{a}")
     return " + ".join(terms) or "0"
+
+
+def _nested(shape: Sequence[int], inner: Sequence[str]) -> list[str]:
+    """C++ loops ``i0, i1, ...`` over ``shape`` around ``inner`` (a block when ``shape`` is
+    ``()``: the inner declarations stay local)."""
+    if not shape:
+        return ["    {", *[f"      {x}" for x in inner], "    }"]
+    lines, pad = [], "    "
+    for a, d in enumerate(shape):
+        lines.append(f"{pad}for (int64_t i{a} = 0; i{a} < {d}; ++i{a}) {{")
+        pad += "  "
+    lines += [f"{pad}{x}" for x in inner]
+    lines += ["    " + "  " * a + "}" for a in reversed(range(len(shape)))]
+    return lines
+
+
+#: OpenMP reduction identifiers of the reductions (``#pragma omp simd``: the compiler may
+#: reassociate the accumulation and vectorize it)
+_OMP = {"Sum": "+", "Mean": "+", "Max": "max", "Min": "min", "Prod": "*"}
 
 
 def _value_code(spec: RowSpec, i: int, ops: dict[str, str]) -> list[str]:
@@ -377,43 +392,63 @@ def _value_code(spec: RowSpec, i: int, ops: dict[str, str]) -> list[str]:
     if v.op in VIEWS:
         return [f"    const float* v{k} = v{v.operands[0]};"]
     lines = [f"    float v{k}[{n}];"]
+    exp = ops.get("Exp", "RowExp({a})")
     if v.op in OPS:
         args = {
-            name: f"v{o}[{_index('f', v.shape, shapes[o])}]"
+            name: f"v{o}[{_linear(v.shape, shapes[o])}]"
             for name, o in zip("ab", v.operands, strict=False)
         }
-        expr = ops.get(v.op, OPS[v.op][1]).format(a=args["a"], b=args.get("b", ""))
-        lines.append(f"    for (int64_t f = 0; f < {n}; ++f) v{k}[f] = {expr};")
-        return lines
+        template = exp if v.op == "Exp" else ops.get(v.op, OPS[v.op][1])
+        if v.op == "Sigmoid":
+            template = "1.0f / (1.0f + " + exp.format(a="-({a})") + ")"
+        expr = template.format(a=args["a"], b=args.get("b", ""))
+        return lines + _nested(v.shape, [f"v{k}[{_linear(v.shape, v.shape)}] = {expr};"])
     x = shapes[v.operands[0]]
     src = f"v{v.operands[0]}"
     if v.op == "Softmax":
         last = x[-1]
+        e = exp.format(a="xs[j] - m")
         lines += [
             f"    for (int64_t p = 0; p < {n // last}; ++p) {{",
             f"      const float* xs = {src} + p * {last};",
             f"      float* ys = v{k} + p * {last};",
             "      float m = xs[0];",
+            "      #pragma omp simd reduction(max:m)",
             f"      for (int64_t j = 1; j < {last}; ++j) m = xs[j] > m ? xs[j] : m;",
             "      float s = 0.0f;",
-            f"      for (int64_t j = 0; j < {last}; ++j) {{ ys[j] = {ops.get('Exp', 'std::exp({a})').format(a='xs[j] - m')}; s += ys[j]; }}",
-            f"      for (int64_t j = 0; j < {last}; ++j) ys[j] /= s;",
+            "      #pragma omp simd reduction(+:s)",
+            f"      for (int64_t j = 0; j < {last}; ++j) {{ ys[j] = {e}; s += ys[j]; }}",
+            "      const float inv = 1.0f / s;",
+            f"      for (int64_t j = 0; j < {last}; ++j) ys[j] *= inv;",
             "    }",
         ]
         return lines
     init, update = REDUCTIONS[v.op]
-    kept = tuple(1 if a in v.axes else d for a, d in enumerate(x))
-    lines += [
-        f"    for (int64_t o = 0; o < {n}; ++o) v{k}[o] = {init};",
-        f"    for (int64_t f = 0; f < {_size(x)}; ++f) {{",
-        f"      const float x = {src}[f];",
-        f"      float& acc = v{k}[{_index('f', x, kept)}];",
-        f"      {update};",
-        "    }",
-    ]
+    suffix = len(x) - len(v.axes)
+    if tuple(v.axes) == tuple(range(suffix, len(x))):
+        # the reduced axes are the trailing ones: per output element one contiguous run
+        run = _size(x[suffix:])
+        outer = list(x[:suffix])
+        at = _linear(outer, outer)
+        inner = [
+            f"float acc = {init};",
+            f"const float* xs = {src} + ({at}) * {run};",
+            f"#pragma omp simd reduction({_OMP[v.op]}:acc)",
+            f"for (int64_t j = 0; j < {run}; ++j) {{ const float x = xs[j]; {update}; }}",
+            f"v{k}[{at}] = acc;",
+        ]
+        lines += _nested(outer, inner)
+    else:  # an accumulator array, the input walked in order
+        kept = tuple(1 if a in v.axes else d for a, d in enumerate(x))
+        lines.append(f"    for (int64_t o = 0; o < {n}; ++o) v{k}[o] = {init};")
+        body = [
+            f"const float x = {src}[{_linear(x, x)}];",
+            f"float& acc = v{k}[{_linear(x, kept)}];",
+            f"{update};",
+        ]
+        lines += _nested(x, body)
     if v.op == "Mean":
-        count = _size(x) // n
-        lines.append(f"    for (int64_t o = 0; o < {n}; ++o) v{k}[o] /= {float(count)}f;")
+        lines.append(f"    for (int64_t o = 0; o < {n}; ++o) v{k}[o] /= {float(_size(x) // n)}f;")
     return lines
 
 
@@ -432,6 +467,28 @@ def row_program(spec: RowSpec, ops: dict[str, str]) -> list[str]:
             f"    for (int64_t f = 0; f < {n}; ++f) Y{o}[r * {n} + f] = v{n_in + value}[f];"
         )
     return lines
+
+
+# exp for the CPU programs: branch-free, so a loop of it vectorizes (std::exp does not without
+# -ffast-math). Cephes' expf: exp(x) = 2^n exp(r), n = round(x / ln 2), |r| <= ln(2) / 2, a
+# degree-6 polynomial; within 2 ulp of std::exp on [-87.3, 88.3], clamped outside (no inf)
+_ROW_EXP = """\
+inline float RowExp(float x) {
+  x = std::min(std::max(x, -87.3365f), 88.3762f);
+  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
+  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}"""
 
 
 def generate(spec: RowSpec, cuda: bool = False) -> str:
@@ -479,6 +536,7 @@ def generate(spec: RowSpec, cuda: bool = False) -> str:
         "#include <algorithm>",
         "#include <cmath>",
         "#include <cstdint>",
+        "#include <cstring>",
         '#include "tensorflow/core/framework/op.h"',
         '#include "tensorflow/core/framework/op_kernel.h"',
         '#include "tensorflow/core/framework/shape_inference.h"',
@@ -488,6 +546,7 @@ def generate(spec: RowSpec, cuda: bool = False) -> str:
         "using ::tensorflow::OpKernelContext;",
         "using ::tensorflow::Tensor;",
         "namespace errors = ::tensorflow::errors;",
+        _ROW_EXP,
         f'REGISTER_OP("{name}")',
         '    .Input("x: N * float")',
         '    .Output("y: M * float")',

@@ -172,6 +172,9 @@ class FusedSignature:
             self._candidates["epilogues_to_matmul"] = first
             if first.plan.epilogues:  # the other guess: the runtime does not fold them
                 self._candidates["epilogues_generated"] = candidate(epilogues=False, matmuls=False)
+            if first.rows:  # a row program is not faster than TensorFlow's ops everywhere
+                # (bench/compiler/rows: a softmax over 39 columns is not, on this CPU)
+                self._candidates["no_row_programs"] = candidate(matmuls=False, rows=False)
             if spec.loop_matmuls and not on_gpu:  # fewer ops, but Eigen's GEMM against the
                 # runtime's (oneDNN); a loop op with its matmul has no CUDA form
                 inside = candidate()
@@ -188,6 +191,7 @@ class FusedSignature:
         self._outputs = outputs
         self.clusters = realized.clusters
         self.loops = realized.loops
+        self.rows = realized.rows
         self.tabulation = tabulation
         self.matmuls = realized.matmuls
         self.plan = realized.plan
@@ -253,6 +257,7 @@ class FusedSignature:
         self.choice = min(self.timings_ms, key=self.timings_ms.get)
         chosen = self._candidates[self.choice]
         self._fused, self.loops, self.plan = chosen.fused, chosen.loops, chosen.plan
+        self.rows = chosen.rows
         self.matmuls = chosen.matmuls
 
     def describe(self) -> dict[str, Any]:
@@ -262,6 +267,7 @@ class FusedSignature:
             "timings_ms": {k: round(v, 3) for k, v in self.timings_ms.items()},
             "clusters": self.clusters,
             "generated_loops": self.loops,
+            "row_programs": self.rows,
             "tabulated_masks": len(self.tabulation.tables) if self.tabulation else 0,
             "matmuls_in_loop_ops": self.matmuls,
             "ladder": list(self.spec.ladder),

@@ -235,6 +235,7 @@ class Realized:
     left: dict[int, str] = dataclasses.field(default_factory=dict)  # group -> why not generated
     tabulation: Any = None  # ``tabulate.Tabulation`` of ``generated_loops``
     matmuls: int = 0  # loop ops that took their matmul (``generated_loops``)
+    rows: int = 0  # of ``loops``, the row programs with reductions (``codegen_row``)
 
     @functools.cached_property
     def unfused(self) -> GraphFunction:
@@ -443,11 +444,14 @@ def plan_loops(
     *,
     min_group_size: int = 2,
     matmuls: bool = True,
+    rows: bool = True,
     **plan_options: Any,
 ) -> LoopPlan:
     """Plans ``frozen`` at ``batch`` and sorts its groups into generated loop ops and the rest
     (no compiler needed: ``stitchrec fuse explain`` prints it); with ``matmuls`` a loop op
-    also takes the matmul that feeds it (``codegen_loop.attach_matmuls``)."""
+    also takes the matmul that feeds it (``codegen_loop.attach_matmuls``); with ``rows`` the
+    groups with reductions, and such pieces of other groups, become row programs
+    (``codegen_row``)."""
     from compiler_opt import codegen_loop, codegen_row
 
     graph = ir.from_graph_def(frozen.graph_def, outputs=frozen.outputs)
@@ -464,7 +468,7 @@ def plan_loops(
                 if g.kind == "loop"
                 else (None, "")
             )
-            if group is None:
+            if group is None and rows:
                 group, row_reason = codegen_row.row_spec(graph, g.nodes, frozen.outputs)
                 reason = reason or row_reason
             if group is not None:
@@ -474,9 +478,9 @@ def plan_loops(
         # what cannot be generated whole may hold row programs (the FM term in a concat
         # group with the lookups): those pieces are generated, the rest stays as planned
         pieces = (
-            []
-            if g.kind == "horizontal-gather"
-            else codegen_row.expressible_parts(graph, g.nodes, frozen.outputs, min_group_size)
+            codegen_row.expressible_parts(graph, g.nodes, frozen.outputs, min_group_size)
+            if rows and g.kind != "horizontal-gather"
+            else []
         )
         loops += pieces
         taken = {n for piece in pieces for n in piece.nodes}
@@ -503,6 +507,7 @@ def generated_loops(
     min_group_size: int = 2,
     tabulate_masks: bool = True,
     matmuls: bool = True,
+    rows: bool = True,
     **plan_options: Any,
 ) -> Realized:
     """Plans ``concrete_fn`` (frozen; ``frozen`` when the caller has frozen it already) at
@@ -514,8 +519,9 @@ def generated_loops(
     not generated. With ``tabulate_masks`` the per-id masks the generated embedding op reads
     become constant tables first (``compiler_opt.tabulate``; ``Realized.tabulation``). With
     ``matmuls`` a loop op takes the matmul feeding it (``codegen_loop.attach_matmuls``;
-    ``Realized.matmuls``). Raises ``codegen.CompilerUnavailable`` without a compiler."""
-    from compiler_opt import codegen_loop
+    ``Realized.matmuls``); with ``rows`` the row programs (``codegen_row``; ``Realized.rows``).
+    Raises ``codegen.CompilerUnavailable`` without a compiler."""
+    from compiler_opt import codegen_loop, codegen_row
 
     frozen = frozen if frozen is not None else freeze(concrete_fn)
     original, tabulation = frozen, None
@@ -527,6 +533,7 @@ def generated_loops(
         batch,
         min_group_size=min_group_size,
         matmuls=matmuls,
+        rows=rows,
         **plan_options,
     )
     graph, p, loops, left, rest = lp.graph, lp.plan, lp.loops, lp.left, lp.rest
@@ -548,4 +555,5 @@ def generated_loops(
         left=left,
         tabulation=tabulation,
         matmuls=lp.matmuls,
+        rows=sum(isinstance(g.spec, codegen_row.RowSpec) for g in loops),
     )

@@ -180,6 +180,20 @@ def test_the_fm_model_serves_its_pairwise_term_as_one_op(tmp_path):
     for k in want:
         np.testing.assert_allclose(np.asarray(got[k]), want[k].numpy(), rtol=1e-5, atol=1e-6)
 
+    # as the server runs it: with and without the row program, the faster kept at warm-up
+    from compiler_opt.fused_signature import FusedSignature, FusionSpec
+
+    fused = FusedSignature(fn, FusionSpec(realization="generated", plan_batch=64), HAND)
+    assert {"epilogues_to_matmul", "no_row_programs"} <= set(fused._candidates)
+    fused.warmup({k: v.numpy() for k, v in features.items()})
+    d = fused.describe()
+    assert d["choice"] in d["timings_ms"] and d["row_programs"] == (
+        0 if d["choice"] == "no_row_programs" else 1
+    )
+    served = fused(features)
+    for k in want:
+        np.testing.assert_allclose(served[k].numpy(), want[k].numpy(), rtol=1e-5, atol=1e-6)
+
 
 def test_the_cuda_form_runs_the_same_program(tmp_path):
     need_compiler()
