@@ -570,6 +570,24 @@ def loaded_op(name: str) -> Any:
     return getattr(_LOADED[name], snake)
 
 
+def precompile(specs: Sequence[Any], workers: int | None = None) -> None:
+    """Compiles the libraries of ``specs`` (``LoopSpec`` / ``codegen_row.RowSpec``) that are
+    not cached yet, ``workers`` (default: the CPUs) at a time: a graph's generated ops take a
+    compile each (seconds), and g++ runs on one core."""
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    from compiler_opt import codegen_row
+
+    todo = [s for s in specs if s.op_name not in _LOADED and s.op_name not in codegen_row._LOADED]
+    if len(todo) < 2:
+        return
+    compile_one = {LoopSpec: _compile, codegen_row.RowSpec: codegen_row._compile}
+    with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
+        for f in [pool.submit(compile_one[type(s)], s) for s in todo]:
+            f.result()  # a compile error surfaces here, as it would in load()
+
+
 def rewrite(
     graph_def: graph_pb2.GraphDef, groups: Sequence[LoopGroup], outputs: Sequence[str]
 ) -> tuple[graph_pb2.GraphDef, list[str]]:
@@ -580,6 +598,7 @@ def rewrite(
     new_nodes = []
     from compiler_opt import codegen_row
 
+    precompile([g.spec for g in groups])
     for i, g in enumerate(groups):
         op = (codegen_row.load if isinstance(g.spec, codegen_row.RowSpec) else load)(g.spec)
         name = f"stitch_loop_{i}"

@@ -10,6 +10,7 @@ code (run on the host) where nvcc exists.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import numpy as np
@@ -226,3 +227,21 @@ def test_the_cuda_form_runs_the_same_program(tmp_path):
     for w, g in zip(want, got, strict=True):
         assert not np.isnan(g).any()
         np.testing.assert_allclose(g, w.numpy(), rtol=1e-6, atol=1e-7)
+
+
+def test_precompile_builds_a_graphs_libraries_side_by_side(tmp_path, monkeypatch):
+    """``codegen_loop.precompile`` (called by ``rewrite``) compiles the missing libraries of a
+    loop op and a row program concurrently; loading them afterwards compiles nothing."""
+    need_compiler()
+    from compiler_opt import codegen
+
+    monkeypatch.setenv("STITCHREC_CACHE", str(tmp_path))
+    loop = codegen_loop.LoopSpec(width=6, inputs=("full",), body=(("Neg", (0,)),), outputs=(0,))
+    row = RowSpec(((True, (2, 6)),), (RowValue("Sum", (0,), (6,), (0,)),), (0,))
+    codegen_loop.precompile([loop, row])
+    assert not codegen.compile_kernel(codegen_loop.generate(loop)).compiled
+    assert not codegen.compile_kernel(codegen_row.generate(row)).compiled
+    bad = RowSpec(((True, (3,)),), (RowValue("Sum", (0,), (), (0,)),), (0,))
+    monkeypatch.setattr(codegen_row, "generate", lambda spec, cuda=False: "not C++")
+    with pytest.raises(codegen.CompilerUnavailable, match="failed"):
+        codegen_loop.precompile([bad, dataclasses.replace(loop, width=7)])
