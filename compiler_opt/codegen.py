@@ -389,19 +389,7 @@ constexpr int kIdField[kNumIds] = {{{id_field}}};
 constexpr int kIdKind[kNumIds] = {{{id_kind}}};
 constexpr int kMaskField[kNumMasks + 1] = {{{mask_field}}};
 
-inline int64_t OovSafe(int64_t id, int64_t rows) {{ return (id >= 0 && id < rows) ? id : 0; }}
-
-inline int64_t HashBucket(int64_t id, uint64_t seed_add, int64_t buckets, bool oov) {{
-  uint64_t z = static_cast<uint64_t>(id) + seed_add;
-  z ^= z >> 30;
-  z *= 0x{mix1:X}ULL;
-  z ^= z >> 27;
-  z *= 0x{mix2:X}ULL;
-  z ^= z >> 31;
-  const int64_t h = static_cast<int64_t>(z >> 1);
-  return oov ? 0 : 1 + h % (buckets - 1);
-}}
-
+{id_helpers}
 // Shared locks on every table variable, taken in address order (as the apply ops do).
 class TableLocks {{
  public:
@@ -488,6 +476,28 @@ bool ReadIds(OpKernelContext* ctx, const int64_t** ids, int64_t* id_sizes, int64
 
 int64_t CostPerRow() {{ return {cost_per_row}; }}
 """
+
+
+# the row rules' helpers, shared with the CUDA form (``qual``: ``__host__ __device__ ``)
+_ID_HELPERS = """\
+{qual}inline int64_t OovSafe(int64_t id, int64_t rows) {{ return (id >= 0 && id < rows) ? id : 0; }}
+
+{qual}inline int64_t HashBucket(int64_t id, uint64_t seed_add, int64_t buckets, bool oov) {{
+  uint64_t z = static_cast<uint64_t>(id) + seed_add;
+  z ^= z >> 30;
+  z *= 0x{mix1:X}ULL;
+  z ^= z >> 27;
+  z *= 0x{mix2:X}ULL;
+  z ^= z >> 31;
+  const int64_t h = static_cast<int64_t>(z >> 1);
+  return oov ? 0 : 1 + h % (buckets - 1);
+}}
+"""
+
+
+def id_helpers(qual: str = "") -> str:
+    """C++ of ``OovSafe`` and ``HashBucket`` (splitmix64, as embeddings/hashing.py)."""
+    return _ID_HELPERS.format(qual=qual, mix1=_MIX1, mix2=_MIX2)
 
 
 def _c_list(values: Sequence[Any]) -> str:
@@ -799,8 +809,7 @@ def _generate_cpu(spec: KernelSpec) -> str:
             id_field=_c_list(id_field),
             id_kind=_c_list(id_kind),
             mask_field=_c_list([spec.fields.index(f) for f in masked] + [0]),
-            mix1=_MIX1,
-            mix2=_MIX2,
+            id_helpers=id_helpers(),
             cost_per_row=200 * reads + 4 * spec.out_dim,
         )
     ]

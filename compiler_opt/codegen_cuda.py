@@ -52,8 +52,6 @@ import tensorflow as tf
 
 from compiler_opt.codegen import (
     _C_TYPES,
-    _MIX1,
-    _MIX2,
     CompilerUnavailable,
     FieldSpec,
     KernelSpec,
@@ -62,6 +60,7 @@ from compiler_opt.codegen import (
     _ptr_code,
     _row_code,
     _segments,
+    id_helpers,
     op_names,
 )
 
@@ -343,6 +342,15 @@ def loop_source(spec: LoopSpec) -> str:
         lines.append(f"  a.y[{o}][i] = v{n_in + value};")
     lines += [
         "}",
+        *_xy_entry(sym, n_in, n_out),
+    ]
+    return "\n".join(lines)
+
+
+def _xy_entry(sym: str, n_in: int, n_out: int) -> list[str]:
+    """The launch code and the ``extern "C"`` entry of an op over float inputs ``x`` and
+    outputs ``y`` (loop and row ops): ``sym(on_host, stream, n, x, y)``."""
+    return [
         _launch_text(sym),
         f'extern "C" int {sym}(int on_host, void* stream, int64_t n, const float* const* x,',
         "                     float* const* y) {",
@@ -353,7 +361,6 @@ def loop_source(spec: LoopSpec) -> str:
         "}",
         "",
     ]
-    return "\n".join(lines)
 
 
 def loop_gpu_kernel(spec: LoopSpec, prologue: Sequence[str]) -> str:
@@ -385,15 +392,7 @@ def row_source(spec: Any) -> str:
             *[f"  float* Y{o} = a.y[{o}];" for o in range(n_out)],
             *row_program(spec, DEVICE_OPS),
             "}",
-            _launch_text(sym),
-            f'extern "C" int {sym}(int on_host, void* stream, int64_t n, const float* const* x,',
-            "                     float* const* y) {",
-            "  Args a;",
-            f"  for (int k = 0; k < {n_in}; ++k) a.x[k] = x[k];",
-            f"  for (int o = 0; o < {n_out}; ++o) a.y[o] = y[o];",
-            "  return Run(on_host, stream, n, a);",
-            "}",
-            "",
+            *_xy_entry(sym, n_in, n_out),
         ]
     )
 
@@ -466,22 +465,6 @@ def gradient_on_gpu(spec: KernelSpec) -> bool:
 
 
 _CU_HELPERS = """\
-__host__ __device__ inline int64_t OovSafe(int64_t id, int64_t rows) {{
-  return (id >= 0 && id < rows) ? id : 0;
-}}
-
-__host__ __device__ inline int64_t HashBucket(int64_t id, uint64_t seed_add, int64_t buckets,
-                                              bool oov) {{
-  uint64_t z = static_cast<uint64_t>(id) + seed_add;
-  z ^= z >> 30;
-  z *= 0x{mix1:X}ULL;
-  z ^= z >> 27;
-  z *= 0x{mix2:X}ULL;
-  z ^= z >> 31;
-  const int64_t h = static_cast<int64_t>(z >> 1);
-  return oov ? 0 : 1 + h % (buckets - 1);
-}}
-
 __host__ __device__ inline int64_t Clamp(int64_t v, int64_t lo, int64_t hi) {{
   return v < lo ? lo : (v > hi ? hi : v);
 }}
@@ -614,7 +597,8 @@ def embedding_source(spec: KernelSpec) -> str:
         f"constexpr int64_t kOutDim = {spec.out_dim};",
         f"constexpr int64_t kEmbDim = {spec.emb_dim};",
         f"constexpr int64_t kDenseDim = {spec.dense_dim};",
-        _CU_HELPERS.format(mix1=_MIX1, mix2=_MIX2),
+        id_helpers("__host__ __device__ "),
+        _CU_HELPERS.format(),
     ]
     parts = [
         (f.offset, _field_element(f, spec, first_id[f.name], mask_of.get(f.name)))

@@ -529,20 +529,27 @@ _LOADED: dict[str, Any] = {}
 _GPU: dict[str, bool] = {}
 
 
-def _compile(spec: LoopSpec) -> tuple[codegen.Compiled, bool]:
-    """The op's library (compiled when absent) and whether it holds the GPU kernel: where
-    ``codegen_cuda.enabled()`` and the spec has a CUDA form."""
-    cuda = codegen_cuda.enabled() and codegen_cuda.loop_unsupported(spec) is None
-    lib = codegen.compile_kernel(
-        generate(spec, cuda=cuda),
-        cuda_source=codegen_cuda.loop_source(spec) if cuda else None,
-    )
-    return lib, cuda
+def _compile(spec: Any) -> tuple[codegen.Compiled, bool]:
+    """The library of ``spec`` (a ``LoopSpec`` or a ``codegen_row.RowSpec``; compiled when
+    absent) and whether it holds the GPU kernel: where ``codegen_cuda.enabled()`` and the spec
+    has a CUDA form."""
+    from compiler_opt import codegen_row
+
+    if isinstance(spec, codegen_row.RowSpec):
+        cuda = codegen_cuda.enabled()
+        source = codegen_row.generate(spec, cuda=cuda)
+        cu = codegen_cuda.row_source(spec) if cuda else None
+    else:
+        cuda = codegen_cuda.enabled() and codegen_cuda.loop_unsupported(spec) is None
+        source = generate(spec, cuda=cuda)
+        cu = codegen_cuda.loop_source(spec) if cuda else None
+    return codegen.compile_kernel(source, cuda_source=cu), cuda
 
 
-def load(spec: LoopSpec) -> str:
-    """Compiles (or finds in the cache) and loads the op of ``spec``; returns its name. The
-    library holds the op's GPU kernel too where it has one (:func:`has_gpu_kernel`)."""
+def load(spec: Any) -> str:
+    """Compiles (or finds in the cache) and loads the op of ``spec`` (a ``LoopSpec`` or a
+    ``codegen_row.RowSpec``: one registry for both); returns its name. The library holds the
+    op's GPU kernel too where it has one (:func:`has_gpu_kernel`)."""
     with _LOCK:
         name = spec.op_name
         if name not in _LOADED:
@@ -557,7 +564,7 @@ def has_gpu_kernel(name: str) -> bool:
     return _GPU.get(name, False)
 
 
-def library_path(spec: LoopSpec) -> str:
+def library_path(spec: Any) -> str:
     """The path of the library :func:`load` loads for ``spec`` (compiled when absent)."""
     return str(_compile(spec)[0].path)
 
@@ -577,14 +584,11 @@ def precompile(specs: Sequence[Any], workers: int | None = None) -> None:
     import os
     from concurrent.futures import ThreadPoolExecutor
 
-    from compiler_opt import codegen_row
-
-    todo = [s for s in specs if s.op_name not in _LOADED and s.op_name not in codegen_row._LOADED]
+    todo = [s for s in specs if s.op_name not in _LOADED]
     if len(todo) < 2:
         return
-    compile_one = {LoopSpec: _compile, codegen_row.RowSpec: codegen_row._compile}
     with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
-        for f in [pool.submit(compile_one[type(s)], s) for s in todo]:
+        for f in [pool.submit(_compile, s) for s in todo]:
             f.result()  # a compile error surfaces here, as it would in load()
 
 
@@ -596,11 +600,9 @@ def rewrite(
     rename: dict[str, str] = {}  # "node:0" of a replaced node -> "stitch_loop_i:k"
     removed: dict[str, str] = {}  # replaced node -> its group's node name (control edges)
     new_nodes = []
-    from compiler_opt import codegen_row
-
     precompile([g.spec for g in groups])
     for i, g in enumerate(groups):
-        op = (codegen_row.load if isinstance(g.spec, codegen_row.RowSpec) else load)(g.spec)
+        op = load(g.spec)
         name = f"stitch_loop_{i}"
         for k, ref in enumerate(g.output_refs):
             rename[ref] = f"{name}:{k}"

@@ -19,8 +19,9 @@ most ``MAX_ROW_FLOATS`` floats per row), so only the group's inputs and outputs 
 * :func:`generate` writes the op: rows split over TensorFlow's CPU thread pool; per row each
   value is a loop over its (static) shape, operands indexed with broadcast strides, a
   reduction an accumulator array; the outputs copied out at the end of the row.
-* :func:`load` compiles it (``codegen.compile_kernel``) and loads it; ``codegen_loop.rewrite``
-  puts one node of it in place of the group's nodes.
+* ``load`` (``codegen_loop``'s, one registry for both kinds of op) compiles it
+  (``codegen.compile_kernel``) and loads it; ``codegen_loop.rewrite`` puts one node of it in
+  place of the group's nodes.
 
 The op has no gradient: serving graphs only (as the loop ops).
 """
@@ -31,14 +32,19 @@ import dataclasses
 import hashlib
 import json
 import math
-import threading
 from collections.abc import Sequence
 from typing import Any
 
-import tensorflow as tf
-
-from compiler_opt import codegen, codegen_cuda
-from compiler_opt.codegen_loop import OPS, LoopGroup, _canon
+from compiler_opt import codegen_cuda
+from compiler_opt.codegen_loop import (  # one registry of loaded ops for loop and row ops
+    OPS,
+    LoopGroup,
+    _canon,
+    has_gpu_kernel,
+    library_path,
+    load,
+    loaded_op,
+)
 from compiler_opt.ir import Graph, split_ref
 
 #: reduction -> (initial accumulator, C++ update of ``acc`` with ``x``)
@@ -585,42 +591,16 @@ def generate(spec: RowSpec, cuda: bool = False) -> str:
     return "\n".join(lines)
 
 
-_LOCK = threading.Lock()
-_LOADED: dict[str, Any] = {}
-_GPU: dict[str, bool] = {}
-
-
-def _compile(spec: RowSpec) -> tuple[codegen.Compiled, bool]:
-    cuda = codegen_cuda.enabled()
-    lib = codegen.compile_kernel(
-        generate(spec, cuda=cuda), cuda_source=codegen_cuda.row_source(spec) if cuda else None
-    )
-    return lib, cuda
-
-
-def load(spec: RowSpec) -> str:
-    """Compiles (or finds in the cache) and loads the op of ``spec``; returns its name."""
-    with _LOCK:
-        name = spec.op_name
-        if name not in _LOADED:
-            lib, cuda = _compile(spec)
-            _LOADED[name] = tf.load_op_library(str(lib.path))
-            _GPU[name] = cuda
-        return name
-
-
-def has_gpu_kernel(name: str) -> bool:
-    return _GPU.get(name, False)
-
-
-def library_path(spec: RowSpec) -> str:
-    """The path of the library :func:`load` loads for ``spec`` (compiled when absent)."""
-    return str(_compile(spec)[0].path)
-
-
-def loaded_op(name: str) -> Any:
-    """The Python function of loaded op ``name``: ``f(x: list of tensors, M=outputs)``."""
-    if name not in _LOADED:
-        raise KeyError(f"op {name!r} is not loaded; load(spec) loads it")
-    snake = "".join("_" + c.lower() if c.isupper() else c for c in name).lstrip("_")
-    return getattr(_LOADED[name], snake)
+__all__ = [
+    "RowSpec",
+    "RowValue",
+    "expressible",
+    "expressible_parts",
+    "generate",
+    "has_gpu_kernel",
+    "library_path",
+    "load",
+    "loaded_op",
+    "row_program",
+    "row_spec",
+]

@@ -94,7 +94,9 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         "rows": {},
     }
     for method in args.methods:
-        w = workload.build(data_dir, method, tuple(args.batches), seed=args.seed)
+        w = workload.build(
+            data_dir, method, tuple(args.batches), seed=args.seed, model_type=args.model
+        )
         plain = workload.functions(w, jit=False)
         xla = workload.functions(w, jit=True)
         fused: dict[str, Any] = {}
@@ -177,6 +179,17 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
                         )
                         variants["loops"] = (rl.fused, flat)
                         row["loops"] = rl.loops
+                        row["loops_rows"] = rl.rows
+                        if rl.rows:  # the same plan without the row programs (codegen_row)
+                            variants["loops_no_rows"] = (
+                                realize.generated_loops(
+                                    plain[mode].get_concrete_function(*spec),
+                                    coefficients,
+                                    batch,
+                                    rows=False,
+                                ).fused,
+                                flat,
+                            )
                         row["loops_left"] = {str(k): v for k, v in rl.left.items()}
                         row["loops_max_abs_diff"] = float(
                             abs(rl.fused(*flat)[0].numpy() - ref).max()
@@ -194,6 +207,14 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
                         variants["kernel_frozen"] = (rk.unfused, flat)
                         variants["kernel_loops"] = (rk.fused, flat)
                         row["kernel_loops"] = rk.loops
+                        row["kernel_loops_rows"] = rk.rows
+                        if rk.rows:
+                            variants["kernel_loops_no_rows"] = (
+                                realize.generated_loops(
+                                    variants["kernel_flat"][0], coefficients, batch, rows=False
+                                ).fused,
+                                flat,
+                            )
                         row["kernel_loops_matmuls"] = rk.matmuls
                         if rk.matmuls:  # the same without the matmuls in the loop ops
                             ra = realize.generated_loops(
@@ -274,6 +295,9 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
                     row["htables_over_plain"] = row["plain_s"] / row["htables_s"]
                     row["htables_xla_over_xla"] = row["xla_s"] / row["htables_xla_s"]
                     row["htables_xla_over_plain"] = row["plain_s"] / row["htables_xla_s"]
+                for base in ("loops", "kernel_loops"):
+                    if f"{base}_no_rows" in variants:  # what the row programs bring
+                        row[f"{base}_rows_speedup"] = row[f"{base}_no_rows_s"] / row[f"{base}_s"]
                 for n in ("loops", "kernel_frozen", "kernel_loops", "kernel_loops_apart"):
                     if n in variants:
                         row[f"{n}_over_frozen"] = row["frozen_s"] / row[f"{n}_s"]
@@ -455,6 +479,32 @@ def summarize(procs: list[dict[str, Any]]) -> str:
             lines.append(
                 f"| {r0['method']} | {r0['mode']} | {r0['batch']} | " + " | ".join(cells) + " |"
             )
+    if any(
+        f"{b}_rows_speedup" in r for r in first["rows"].values() for b in ("loops", "kernel_loops")
+    ):
+        lines += [
+            "",
+            "Row programs (``codegen_row``: groups with reductions, e.g. the FM term) on the "
+            "serving path: the generated ops with them and with the same plan without them.",
+            "",
+            "| method | mode | batch | path | row programs | with ms | without ms | without / with |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for key in keys:
+            r0 = first["rows"][key]
+            for base, path in (("loops", "loops"), ("kernel_loops", "kernel + loops")):
+                if f"{base}_rows_speedup" not in r0:
+                    continue
+                cells = [
+                    path,
+                    str(r0[f"{base}_rows"]),
+                    _ms(_col(procs, key, f"{base}_s")),
+                    _ms(_col(procs, key, f"{base}_no_rows_s")),
+                    _spread(_col(procs, key, f"{base}_rows_speedup")),
+                ]
+                lines.append(
+                    f"| {r0['method']} | {r0['mode']} | {r0['batch']} | " + " | ".join(cells) + " |"
+                )
     if any("kernel_loops_s" in r or "loops_s" in r for r in first["rows"].values()):
         lines += [
             "",
@@ -615,6 +665,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.compiler", description=__doc__.split("\n")[0])
     p.add_argument("--out", default="runs/bench-compiler")
     p.add_argument("--rows", type=int, default=200_000, help="synthetic rows (vocabularies)")
+    p.add_argument(
+        "--model",
+        default="dcn_v2",
+        choices=["dcn_v2", "fm"],
+        help="the model (fm: the FM term, a row program on the serving path)",
+    )
     p.add_argument("--methods", nargs="+", default=["full", "amtl", "bh"])
     p.add_argument("--batches", nargs="+", type=int, default=list(BATCHES))
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
@@ -660,7 +716,7 @@ def main(argv: list[str] | None = None) -> int:
     for i in range(args.processes):
         cmd = [sys.executable, "-m", "bench.compiler", "--child", "--process", str(i)]
         cmd += ["--out", str(out), "--rows", str(args.rows), "--rounds", str(args.rounds)]
-        cmd += ["--seed", str(args.seed), "--methods", *args.methods]
+        cmd += ["--seed", str(args.seed), "--methods", *args.methods, "--model", args.model]
         cmd += ["--batches", *map(str, args.batches), "--modes", *args.modes]
         if not args.kernels:
             cmd.append("--no-kernels")
@@ -671,6 +727,7 @@ def main(argv: list[str] | None = None) -> int:
         procs.append(json.loads((out / f"process-{i}.json").read_text()))
     table = summarize(procs)
     info = {
+        "model": args.model,
         "tf_version": tf.__version__,
         "cpus": os.cpu_count(),
         "device": coefficients.device,

@@ -79,10 +79,18 @@ def write_data(work: Path, rows: int, seed: int = 0) -> Path:
 
 
 def build(
-    data_dir: Path, method: str, batch_sizes: tuple[int, ...], seed: int = 0, lr: float = 0.01
+    data_dir: Path,
+    method: str,
+    batch_sizes: tuple[int, ...],
+    seed: int = 0,
+    lr: float = 0.01,
+    model_type: str = "dcn_v2",
 ) -> Workload:
-    """DCN-v2 with ``method`` embeddings on the data in ``data_dir`` and one input batch per
+    """DCN-v2 (``model_type``: or ``fm``, DeepFM's FM part: the pairwise term, a row
+    reduction) with ``method`` embeddings on the data in ``data_dir`` and one input batch per
     size in ``batch_sizes`` (the first rows of the training split, repeated when fewer)."""
+    if model_type not in ("dcn_v2", "fm"):
+        raise ValueError(f"model_type {model_type!r} is not one of ['dcn_v2', 'fm']")
     if method not in METHODS:
         raise ValueError(f"method {method!r} is not one of {list(METHODS)}")
     tf.keras.utils.set_random_seed(seed)
@@ -90,7 +98,7 @@ def build(
     files = list_parquet(data_dir / "train")
     stats = compute_stats(schema, iter_record_batches(schema, files))
     model_cfg = ModelConfig(
-        type="dcn_v2",
+        type=model_type,
         embedding_dim=16,
         mlp=(256, 128),
         cross_layers=3,
@@ -210,7 +218,10 @@ def fused_functions(w: Workload, coefficients: Any = None) -> dict[str, Any]:
 
     model = w.model
     ids, dense = w.inputs[min(w.inputs)]
-    dense_dim = 0 if dense is None else int(dense.shape[1])
+    # concat / cross read one x0 holding the dense inputs: they go into the op; FM reads the
+    # field vectors and the dense inputs apart
+    concat = type(model.interaction).__name__ in ("ConcatInteraction", "CrossInteraction")
+    dense_dim = 0 if dense is None or not concat else int(dense.shape[1])
     fields, plan = None, None
     if coefficients is not None:
         fields, plan = codegen.planned_fields(
@@ -223,11 +234,16 @@ def fused_functions(w: Workload, coefficients: Any = None) -> dict[str, Any]:
     optimizer.build(model.trainable_variables)
 
     def sparse(ids: dict[str, tf.Tensor], dense: tf.Tensor | None) -> tf.Tensor:
-        return codegen.fused_concat(block, kernel, ids, dense)
+        if concat or dense is None:
+            return codegen.fused_concat(block, kernel, ids, dense)
+        return tf.concat([codegen.fused_concat(block, kernel, ids), dense], axis=1)
 
     def rest(x0: tf.Tensor, ids: dict[str, tf.Tensor], dense: tf.Tensor | None, training: bool):
-        # concat / cross: their input is the concat x0, which holds the dense inputs already
-        return _logits_after_embedding(model, [x0], None, ids, dense, training)
+        if concat:  # their input is the concat x0, which holds the dense inputs already
+            return _logits_after_embedding(model, [x0], None, ids, dense, training)
+        emb = x0[:, : kernel.spec.emb_dim]  # FM: the field vectors, the dense inputs apart
+        vectors = tf.split(emb, [f.dim for f in kernel.spec.fields], axis=1)
+        return _logits_after_embedding(model, vectors, dense, ids, dense, training)
 
     rest_xla = {
         t: tf.function(lambda x0, ids, dense, t=t: rest(x0, ids, dense, t), jit_compile=True)
