@@ -495,6 +495,19 @@ _ID_HELPERS = """\
 """
 
 
+#: C++ of a kernel's Compute: the table variables through their handles, read-locked, their
+#: dtypes and shapes checked, their data pointers in ``tables`` (CPU and GPU kernels)
+TABLE_READS = (
+    "    std::vector<tensorflow::core::RefCountPtr<Var>> refs;",
+    "    if (!ReadTables(ctx, &refs)) return;",
+    "    std::vector<Var*> raw;",
+    "    for (auto& r : refs) raw.push_back(r.get());",
+    "    TableLocks locks(raw);",
+    "    const void* tables[kNumTables];",
+    "    if (!CheckTables(ctx, refs, tables)) return;",
+)
+
+
 def id_helpers(qual: str = "") -> str:
     """C++ of ``OovSafe`` and ``HashBucket`` (splitmix64, as embeddings/hashing.py)."""
     return _ID_HELPERS.format(qual=qual, mix1=_MIX1, mix2=_MIX2)
@@ -852,13 +865,7 @@ def _generate_cpu(spec: KernelSpec) -> str:
 
     def inputs_block(with_dense: bool) -> list[str]:
         lines = [
-            "    std::vector<tensorflow::core::RefCountPtr<Var>> refs;",
-            "    if (!ReadTables(ctx, &refs)) return;",
-            "    std::vector<Var*> raw;",
-            "    for (auto& r : refs) raw.push_back(r.get());",
-            "    TableLocks locks(raw);",
-            "    const void* tables[kNumTables];",
-            "    if (!CheckTables(ctx, refs, tables)) return;",
+            *TABLE_READS,
             "    const int64_t* ids[kNumIds];",
             "    int64_t id_sizes[kNumIds];",
             "    int64_t batch = 0;",

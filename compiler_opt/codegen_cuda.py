@@ -52,6 +52,7 @@ import tensorflow as tf
 
 from compiler_opt.codegen import (
     _C_TYPES,
+    TABLE_READS,
     CompilerUnavailable,
     FieldSpec,
     KernelSpec,
@@ -777,13 +778,7 @@ def embedding_gpu_kernels(spec: KernelSpec) -> str:
             "float* const*, const int64_t*);"
         )
     inputs = [
-        "    std::vector<tensorflow::core::RefCountPtr<Var>> refs;",
-        "    if (!ReadTables(ctx, &refs)) return;",
-        "    std::vector<Var*> raw;",
-        "    for (auto& r : refs) raw.push_back(r.get());",
-        "    TableLocks locks(raw);",
-        "    const void* tables[kNumTables];",
-        "    if (!CheckTables(ctx, refs, tables)) return;",
+        *TABLE_READS,
         f"    const int64_t* ids[{ni}];",
         f"    int64_t nids[{ni}];",
         "    int64_t batch = -1;",

@@ -85,6 +85,21 @@ template <typename T> T* ToDevice(const std::vector<T>& v) {{
 }}
 
 struct Diff {{ double max_abs = 0; int64_t unwritten = 0; }};
+// Milliseconds per call of f on stream s: 10 calls of warm-up, then reps between events.
+template <typename F> float TimeMs(cudaStream_t s, int reps, F f) {{
+  cudaEvent_t e0, e1;
+  CHECK(cudaEventCreate(&e0));
+  CHECK(cudaEventCreate(&e1));
+  for (int r = 0; r < 10; ++r) f();
+  CHECK(cudaEventRecord(e0, s));
+  for (int r = 0; r < reps; ++r) f();
+  CHECK(cudaEventRecord(e1, s));
+  CHECK(cudaEventSynchronize(e1));
+  float ms = 0;
+  CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  return ms / reps;
+}}
+
 Diff Compare(const std::vector<float>& want, const std::vector<float>& got) {{
   Diff d;
   for (size_t i = 0; i < want.size(); ++i) {{
@@ -165,33 +180,20 @@ int main(int argc, char** argv) {{
   CHECK(cudaStreamSynchronize(s));
   CHECK(cudaMemcpy(got.data(), d_y, sizeof(float) * got.size(), cudaMemcpyDeviceToHost));
   const Diff fd = Compare(want, got);
-  // timing: the kernel, and a device-to-device copy of as many bytes
-  cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
-  for (int r = 0; r < 10; ++r) forward();
-  CHECK(cudaEventRecord(e0, s));
-  for (int r = 0; r < reps; ++r) forward();
-  CHECK(cudaEventRecord(e1, s));
-  CHECK(cudaEventSynchronize(e1));
-  float ms = 0;
-  CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  // timing: the kernel, and a device-to-device copy of as many bytes (read + written)
+  const float ms = TimeMs(s, reps, forward);
   const size_t half = static_cast<size_t>(bytes / 2);
   void *c0 = nullptr, *c1 = nullptr;
   CHECK(cudaMalloc(&c0, half));
   CHECK(cudaMalloc(&c1, half));
-  for (int r = 0; r < 10; ++r) CHECK(cudaMemcpyAsync(c1, c0, half, cudaMemcpyDeviceToDevice, s));
-  CHECK(cudaEventRecord(e0, s));
-  for (int r = 0; r < reps; ++r) CHECK(cudaMemcpyAsync(c1, c0, half, cudaMemcpyDeviceToDevice, s));
-  CHECK(cudaEventRecord(e1, s));
-  CHECK(cudaEventSynchronize(e1));
-  float copy_ms = 0;
-  CHECK(cudaEventElapsedTime(&copy_ms, e0, e1));
+  const float copy_ms = TimeMs(s, reps, [&]() {{
+    CHECK(cudaMemcpyAsync(c1, c0, half, cudaMemcpyDeviceToDevice, s));
+  }});
   std::printf("{{\"method\": \"{method}\", \"op\": \"forward\", \"batch\": %lld, \"kernels_per_call\": 1, "
               "\"max_abs_diff\": %.3g, \"unwritten\": %lld, \"ms\": %.5f, \"bytes\": %.0f, "
               "\"copy_ms\": %.5f, \"copy_over_kernel\": %.3f}}\n",
               static_cast<long long>(batch), fd.max_abs, static_cast<long long>(fd.unwritten),
-              ms / reps, bytes, copy_ms / reps, copy_ms / ms);
+              ms, bytes, copy_ms, copy_ms / ms);
 {grad_block}
   return (fd.unwritten == 0 && fd.max_abs < 1e-5) ? 0 : 1;
 }}
@@ -244,18 +246,12 @@ GRAD_BLOCK = r"""
       gd.max_abs = std::fmax(gd.max_abs, d.max_abs);
       gd.unwritten += d.unwritten;
     }}
-    for (int r = 0; r < 10; ++r) backward();
-    CHECK(cudaEventRecord(e0, s));
-    for (int r = 0; r < reps; ++r) backward();
-    CHECK(cudaEventRecord(e1, s));
-    CHECK(cudaEventSynchronize(e1));
-    float gms = 0;
-    CHECK(cudaEventElapsedTime(&gms, e0, e1));
+    const float gms = TimeMs(s, reps, backward);
     std::printf("{{\"method\": \"{method}\", \"op\": \"gradient\", \"batch\": %lld, "
                 "\"kernels_per_call\": 1, \"max_abs_diff\": %.3g, \"unwritten\": %lld, "
                 "\"rows_differing\": %lld, \"ms\": %.5f}}\n",
                 static_cast<long long>(batch), gd.max_abs, static_cast<long long>(gd.unwritten),
-                static_cast<long long>(bad_rows), gms / reps);
+                static_cast<long long>(bad_rows), gms);
     if (gd.unwritten != 0 || gd.max_abs >= 1e-5 || bad_rows != 0) return 1;
   }}
 """
