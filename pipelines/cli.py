@@ -128,14 +128,14 @@ def cmd_export(args: argparse.Namespace) -> int:
             plan_batch=args.fuse_plan_batch,
             loop_matmuls=args.fuse_loop_matmuls,
         )
-    if args.cascade_rank and args.fuse_kernels:
-        raise ValueError("export --fuse-kernels is not supported with --cascade-rank yet")
     if args.cascade_rank:
         from pipelines.preranking import export_cascade_runs
 
         if not args.output:
             raise ValueError("export --cascade-rank needs --output (the cascade's folder)")
-        out = export_cascade_runs(args.run, args.cascade_rank, args.output, keep=args.keep)
+        out = export_cascade_runs(
+            args.run, args.cascade_rank, args.output, keep=args.keep, kernels=args.fuse_kernels
+        )
     else:
         out = export_run(args.run, args.output, kernels=args.fuse_kernels)
     size = saved_model_bytes(out)

@@ -584,10 +584,15 @@ def run_preranking(cfg: PipelineConfig, log: Log = print) -> dict[str, Any]:
 
 
 def export_cascade_runs(
-    prerank_run: str | Path, rank_run: str | Path, output: str | Path, keep: int = 50
+    prerank_run: str | Path,
+    rank_run: str | Path,
+    output: str | Path,
+    keep: int = 50,
+    kernels: bool = False,
 ) -> Path:
     """One SavedModel chaining a pre-ranking run (FSCD stage 3 or two-tower) and a ranking run
-    (``ranking.cascade.export_cascade``; the ranking run's schema gives the groups)."""
+    (``ranking.cascade.export_cascade``; the ranking run's schema gives the groups; ``kernels``:
+    the candidates' lookups as generated ops)."""
     from pipelines.export import load_trained_model
     from ranking.cascade import export_cascade
 
@@ -600,6 +605,7 @@ def export_cascade_runs(
         output,
         keep,
         extra={"prerank_checkpoint": pre_ckpt, "rank_checkpoint": rank_ckpt},
+        kernels=kernels,
     )
     inputs = json.loads((out / "assets.extra" / "stitchrec.json").read_text())["inputs"]
     schema.select(inputs).save(out / "assets.extra" / "schema.toml")

@@ -105,6 +105,13 @@ def _split_dense(
     return layer.activation(out) if layer.activation is not None else out
 
 
+class _Kernels:
+    """The generated ops a ``RequestScorer`` used (kept out of tf.Module's tracking)."""
+
+    def __init__(self) -> None:
+        self.kernels: list[Any] = []
+
+
 class RequestScorer(tf.Module):
     """Logits ``[N]`` of one request's ``N`` candidates, request-side fields computed once.
 
@@ -123,6 +130,10 @@ class RequestScorer(tf.Module):
       model: a ``RankingModel`` (not the FSCD stage-1 model) or a ``TwoTowerModel``.
       groups: ``{field: schema group}`` of (at least) the fields the model reads.
       split_first_layer: compute the first layer's request part once per request.
+      kernels: look the candidates' embedded fields up with one generated op
+        (``compiler_opt.codegen``: lookups, pooling and concat in one pass over the N
+        candidates; fields it does not cover keep their layers); the loaded ops are in
+        ``kernels_used`` after the first call. A ``TwoTowerModel`` ignores it.
     """
 
     def __init__(
@@ -131,9 +142,12 @@ class RequestScorer(tf.Module):
         groups: Mapping[str, str | None],
         name: str = "scorer",
         split_first_layer: bool = True,
+        kernels: bool = False,
     ):
         super().__init__(name=name)
         self.split_first_layer = bool(split_first_layer)
+        self.kernels = bool(kernels) and isinstance(model, RankingModel)
+        self._used = _Kernels()  # a plain holder: not tracked by tf.Module / Keras
         if isinstance(model, FSCDRankingModel):
             raise ValueError("score requests with the fine-tuned pre-ranking model, not stage 1")
         if not isinstance(model, RankingModel | TwoTowerModel):
@@ -237,12 +251,13 @@ class RequestScorer(tf.Module):
             logit = logit + m.head(z)[:, 0]
         elif m.interaction is not None:
             vectors = []
+            items = self._item_vectors(ids_c)
             for name in m.embedding.field_names:
                 layer = m.embedding.layers_by_field[name]
                 if name in ids_r:
                     vectors.append(tf.gather(layer(ids_r[name]), repeat))
                 else:
-                    vectors.append(layer(ids_c[name]))
+                    vectors.append(items[name])
             z = m.interaction(vectors, dense_all)
             if m.tower is not None:
                 z = m.tower(z, training=False)
@@ -251,6 +266,31 @@ class RequestScorer(tf.Module):
             ids = {**{k: tf.gather(v, repeat) for k, v in ids_r.items()}, **ids_c}
             logit = logit + m.wide(ids, dense_all)
         return logit + tf.zeros([n])
+
+    @property
+    def kernels_used(self) -> list[Any]:
+        """The generated ops (``compiler_opt.codegen.Kernel``) the calls so far have loaded."""
+        return list(self._used.kernels)
+
+    def _item_vectors(self, ids_c: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        """``{field: [N, d]}`` of the candidates' embedded fields: one generated op over the
+        fields it covers with ``kernels`` (the others through their layers), else the layers."""
+        emb = self.model.embedding
+        names = [n for n in emb.field_names if n in ids_c]
+        if not self.kernels or not names:
+            return {n: emb.layers_by_field[n](ids_c[n]) for n in names}
+        from compiler_opt import codegen
+
+        block, kernel = codegen.fused_block(emb, ids_c, fields=names)
+        if kernel not in self._used.kernels:
+            self._used.kernels.append(kernel)
+        fused = codegen.fused_concat(block, kernel, ids_c)
+        parts = tf.split(fused, [f.dim for f in kernel.spec.fields], axis=1)
+        out = dict(zip([f.name for f in kernel.spec.fields], parts, strict=True))
+        for n in names:
+            if n not in out:  # not covered: its own layer
+                out[n] = emb.layers_by_field[n](ids_c[n])
+        return out
 
     def _split_interaction(
         self,
@@ -268,13 +308,14 @@ class RequestScorer(tf.Module):
         parts_r: list[tf.Tensor] = []
         parts_c: list[tf.Tensor] = []
         full: list[tuple[tf.Tensor, bool]] = []  # x0's parts in column order, request-side?
+        items = self._item_vectors(ids_c)
         for name in m.embedding.field_names:
             layer = m.embedding.layers_by_field[name]
             if name in ids_r:
                 v = layer(ids_r[name])
                 parts_r.append(v)
             else:
-                v = layer(ids_c[name])
+                v = items[name]
                 parts_c.append(v)
             full.append((v, name in ids_r))
         dense_index = {k: ("c", i) for i, k in enumerate(self.item_pre.dense_fields)}
@@ -318,6 +359,8 @@ class CascadeModule(tf.Module):
       groups: ``{field: schema group}`` in schema order, for every field either model reads
         (the order of the signature's inputs).
       keep: M, the candidates passed to ranking (fewer when N < M).
+      kernels: the candidates' lookups of each ``RankingModel`` as one generated op
+        (``RequestScorer``'s ``kernels``).
     """
 
     def __init__(
@@ -326,13 +369,14 @@ class CascadeModule(tf.Module):
         rank: RankingModel,
         groups: Mapping[str, str | None],
         keep: int,
+        kernels: bool = False,
     ):
         super().__init__(name="stitchrec_cascade")
         if int(keep) < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self.keep = int(keep)
-        self.prerank_scorer = RequestScorer(prerank, groups, name="prerank")
-        self.rank_scorer = RequestScorer(rank, groups, name="rank")
+        self.prerank_scorer = RequestScorer(prerank, groups, name="prerank", kernels=kernels)
+        self.rank_scorer = RequestScorer(rank, groups, name="rank", kernels=kernels)
         self.rank_model = rank
         self.dtypes = {**input_dtypes(prerank), **input_dtypes(rank)}
         self.fields = [n for n in groups if n in self.dtypes]
@@ -422,13 +466,16 @@ def export_cascade(
     output: str | Path,
     keep: int,
     extra: dict[str, Any] | None = None,
+    kernels: bool = False,
 ) -> Path:
     """Writes the cascade SavedModel (signatures ``rank_request`` and ``serving_default``).
 
     ``assets.extra/stitchrec.json`` lists the request/candidate inputs, ``keep`` and the dropped
-    score (``pipelines.preranking.export_cascade_runs`` adds ``schema.toml``).
+    score (``pipelines.preranking.export_cascade_runs`` adds ``schema.toml``). With ``kernels``
+    the candidates' lookups in ``rank_request`` run as generated ops whose sources ship in
+    ``assets/`` (the server loads them first); a ValueError when no op could be built.
     """
-    module = CascadeModule(prerank, rank, groups, keep)
+    module = CascadeModule(prerank, rank, groups, keep, kernels=kernels)
     out = Path(output)
     if out.exists():
         shutil.rmtree(out)
@@ -438,6 +485,14 @@ def export_cascade(
             str(out),
             signatures={"serving_default": module.serve, "rank_request": module.rank_request},
         )
+    if kernels:
+        from compiler_opt import codegen
+
+        used = module.prerank_scorer.kernels_used + module.rank_scorer.kernels_used
+        if not used:
+            shutil.rmtree(out)
+            raise ValueError("export --fuse-kernels: no generated op for the cascade's lookups")
+        codegen.write_saved_model_assets(out, used)
     assets = out / "assets.extra"
     assets.mkdir(exist_ok=True)
     meta = {

@@ -222,3 +222,27 @@ def test_a_model_with_a_tower_residual_scores_requests_and_round_trips(setup, tm
     np.testing.assert_allclose(
         out["prerank_score"].numpy(), tf.sigmoid(model(feats)).numpy(), rtol=1e-5
     )
+
+
+def test_cascade_with_generated_lookups_serves_the_same_scores(setup, tmp_path):
+    """``kernels=True``: the candidates' lookups of the ranking model as one generated op; the
+    export ships its source, the server's ``ModelVersion`` loads it with the SavedModel, and
+    the scores are the plain cascade's."""
+    from tests.compiler_opt.conftest import need_compiler
+
+    need_compiler()
+    from serving.repository import ModelVersion
+
+    groups, _, rank, prerank, request, cands = setup
+    plain = CascadeModule(prerank, rank, groups, keep=4).rank_request({**request, **cands})
+    out = export_cascade(prerank, rank, groups, tmp_path / "cascade", keep=4, kernels=True)
+    manifest = json.loads((out / "assets" / "compiler_opt_kernels" / "manifest.json").read_text())
+    assert len(manifest["kernels"]) == 1  # the ranking model's; the two-tower has none
+    version = ModelVersion("cascade", 1, out, ["/device:CPU:0"], fusion=False)
+    assert version.kernels == [manifest["kernels"][0]["forward"]]
+    graph = version.instances[0].signatures["rank_request"].graph.as_graph_def()
+    ops = {n.op for f in graph.library.function for n in f.node_def}
+    assert version.kernels[0] in ops  # the op, not the per-field lookups, scores candidates
+    got = version.instances[0].signatures["rank_request"](**request, **cands)
+    for key in ("score", "prerank_score", "kept"):
+        np.testing.assert_allclose(got[key].numpy(), plain[key].numpy(), rtol=1e-5, atol=1e-6)
