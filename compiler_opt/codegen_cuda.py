@@ -19,8 +19,9 @@ there, reading the tables through their resource handles in device memory:
   by element, on a machine without a GPU.
 
 When the CUDA forms are built: ``$STITCHREC_CUDA`` = ``1`` always (nvcc required: the tests
-use it to compile them here), ``0`` never, unset: when TensorFlow sees a GPU and ``nvcc`` is
-found (``$NVCC``, the PATH, ``/usr/local/cuda/bin``). A GPU without nvcc warns once; the
+use it to compile them here), ``0`` never, unset: when TensorFlow sees a GPU, ``nvcc`` is
+found (``$NVCC``, the PATH, ``/usr/local/cuda/bin``) and the driver supports nvcc's CUDA
+version (the runtime is linked statically). Otherwise a GPU warns once, with the reason; the
 generated ops then have CPU kernels only and the callers keep their tables out of them
 (``FusedEmbeddingCollection`` runs the layers, the serving path uses XLA clusters).
 
@@ -122,18 +123,48 @@ def enabled() -> bool:
         return True
     if not tf.config.list_physical_devices("GPU"):
         return False
-    if nvcc() is None:
-        if "nvcc" not in _WARNED:
-            _WARNED.add("nvcc")
+    path = nvcc()
+    why = ""
+    if path is None:
+        why = "nvcc is not found ($NVCC, the PATH, /usr/local/cuda/bin)"
+    else:
+        # the library links nvcc's CUDA runtime statically: the driver must support it
+        runtime, driver = nvcc_version(path), driver_version()
+        if runtime is not None and driver is not None and driver < runtime:
+            why = (
+                f"nvcc builds for CUDA {runtime // 1000}.{runtime % 1000 // 10} but the driver "
+                f"supports CUDA {driver // 1000}.{driver % 1000 // 10}"
+            )
+    if why:
+        if why not in _WARNED:
+            _WARNED.add(why)
             warnings.warn(
-                "compiler_opt: a GPU is present but nvcc is not found ($NVCC, the PATH, "
-                "/usr/local/cuda/bin): the generated ops get CPU kernels only, so fused "
-                "embeddings run unfused and served graphs use XLA clusters on the GPU",
+                f"compiler_opt: a GPU is present but {why}: the generated ops get CPU kernels "
+                "only, so fused embeddings run unfused and served graphs use XLA clusters on "
+                "the GPU",
                 RuntimeWarning,
                 stacklevel=2,
             )
         return False
     return True
+
+
+def nvcc_version(path: str) -> int | None:
+    """nvcc's CUDA version as the driver API writes it (``13000`` for 13.0), or None."""
+    out = subprocess.run([path, "--version"], capture_output=True, text=True, check=False)
+    m = re.search(r"release (\d+)\.(\d+)", out.stdout)
+    return int(m.group(1)) * 1000 + int(m.group(2)) * 10 if m else None
+
+
+def driver_version() -> int | None:
+    """The newest CUDA version the installed driver supports (``cuDriverGetVersion``), or
+    None without a driver."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    v = ctypes.c_int(0)
+    return int(v.value) if lib.cuDriverGetVersion(ctypes.byref(v)) == 0 else None
 
 
 @dataclasses.dataclass(frozen=True)

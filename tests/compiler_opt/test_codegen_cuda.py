@@ -71,8 +71,32 @@ def test_enabled_follows_the_environment(monkeypatch):
     with pytest.raises(codegen.CompilerUnavailable, match="nvcc was not found"):
         codegen_cuda.enabled()
     monkeypatch.delenv("STITCHREC_CUDA")
+    monkeypatch.delenv("NVCC")
     if not tf.config.list_physical_devices("GPU"):
         assert codegen_cuda.enabled() is False  # no GPU: CPU kernels only
+    # with a GPU: built only when nvcc exists and the driver supports nvcc's runtime
+    monkeypatch.setattr(codegen_cuda, "_WARNED", set())
+    gpu = [tf.config.PhysicalDevice("/physical_device:GPU:0", "GPU")]
+    monkeypatch.setattr(codegen_cuda.tf.config, "list_physical_devices", lambda kind=None: gpu)
+    monkeypatch.setattr(codegen_cuda, "nvcc", lambda: "/opt/cuda/bin/nvcc")
+    monkeypatch.setattr(codegen_cuda, "nvcc_version", lambda path: 13000)
+    monkeypatch.setattr(codegen_cuda, "driver_version", lambda: 13000)
+    assert codegen_cuda.enabled() is True
+    monkeypatch.setattr(codegen_cuda, "driver_version", lambda: 12040)
+    with pytest.warns(RuntimeWarning, match=r"CUDA 13\.0 but the driver supports CUDA 12\.4"):
+        assert codegen_cuda.enabled() is False
+    monkeypatch.setattr(codegen_cuda, "nvcc", lambda: None)
+    with pytest.warns(RuntimeWarning, match="nvcc is not found"):
+        assert codegen_cuda.enabled() is False
+
+
+def test_nvcc_version_is_read_from_its_banner():
+    path = codegen_cuda.nvcc()
+    if path is None:
+        pytest.skip("no nvcc")
+    banner = subprocess.run([path, "--version"], capture_output=True, text=True).stdout
+    major, minor = banner.split("release ")[1].split(",")[0].split(".")
+    assert codegen_cuda.nvcc_version(path) == int(major) * 1000 + int(minor) * 10
 
 
 # ----------------------------------------------------------------------------- loop ops
