@@ -1350,6 +1350,12 @@ class _FusionState:
         self.fallback_reason = ""
 
 
+#: what a FusedEmbeddingCollection returns: ``concat`` ``{"__fused__": [batch, sum(d_f)]}``,
+#: ``stacked`` ``{"__fused__": [batch, F, d]}`` (fields of one dimension, for FM), ``fields``
+#: the per-field dict of the plain collection
+OUTPUT_FORMS = ("concat", "stacked", "fields")
+
+
 @tf.keras.utils.register_keras_serializable(package="stitchrec")
 class FusedEmbeddingCollection(EmbeddingCollection):
     """An ``EmbeddingCollection`` whose covered fields run as one generated op.
@@ -1364,7 +1370,8 @@ class FusedEmbeddingCollection(EmbeddingCollection):
 
     Args:
       tables, counts, layers: as ``EmbeddingCollection``.
-      output_form: ``concat`` or ``fields`` (see above).
+      output_form: ``concat``, ``stacked`` (``[batch, F, d]``, for FM; fields of several
+        dimensions fall back to ``fields``) or ``fields`` (see ``OUTPUT_FORMS``).
     """
 
     def __init__(
@@ -1376,8 +1383,8 @@ class FusedEmbeddingCollection(EmbeddingCollection):
         **kwargs: Any,
     ):
         super().__init__(tables, counts=counts, layers=layers, **kwargs)
-        if output_form not in ("concat", "fields"):
-            raise ValueError(f"output_form must be 'concat' or 'fields', got {output_form!r}")
+        if output_form not in OUTPUT_FORMS:
+            raise ValueError(f"output_form must be one of {OUTPUT_FORMS}, got {output_form!r}")
         self.output_form = output_form
         self._fusion_state = _FusionState()  # a plain object: not tracked, not in checkpoints
 
@@ -1460,11 +1467,18 @@ class FusedEmbeddingCollection(EmbeddingCollection):
             for name, layer in self.layers_by_field.items()
             if name not in block.layers
         }
-        if self.output_form == "fields" or rest:
+        dims = {f.dim for f in kernel.spec.fields}
+        if (
+            self.output_form == "fields"
+            or rest
+            or (self.output_form == "stacked" and len(dims) > 1)
+        ):
             parts = tf.split(fused, [f.dim for f in kernel.spec.fields], axis=1)
             vectors = dict(zip([f.name for f in kernel.spec.fields], parts, strict=True))
             vectors.update(rest)
             return {name: vectors[name] for name in self.field_names}
+        if self.output_form == "stacked":  # [batch, F * d] -> [batch, F, d]: a free reshape
+            return {"__fused__": tf.reshape(fused, [-1, len(kernel.spec.fields), dims.pop()])}
         return {"__fused__": fused}
 
     def get_config(self) -> dict[str, Any]:
@@ -1473,8 +1487,11 @@ class FusedEmbeddingCollection(EmbeddingCollection):
 
 def fuse_embeddings(model: Any) -> FusedEmbeddingCollection:
     """Replaces ``model.embedding`` (an ``EmbeddingCollection``) by a FusedEmbeddingCollection
-    over the same layers and returns it. ``output_form="concat"`` when the interaction concatenates
-    its inputs (``ConcatInteraction``, ``CrossInteraction``), else ``"fields"``."""
+    over the same layers and returns it. ``output_form="concat"`` when the interaction
+    concatenates its inputs (``ConcatInteraction``, ``CrossInteraction``), ``"stacked"`` for
+    FM (``FMInteraction`` reads the ``[batch, F, d]`` block), else ``"fields"``. The wide
+    term's per-field weights (``LinearTerm``, FM and LR) become one op too (``"concat"``: the
+    term sums them); :func:`fused_collections` lists both."""
     emb = model.embedding
     if isinstance(emb, FusedEmbeddingCollection):
         return emb
@@ -1482,10 +1499,30 @@ def fuse_embeddings(model: Any) -> FusedEmbeddingCollection:
         raise ValueError(
             f"model.embedding must be an EmbeddingCollection, got {type(emb).__name__}"
         )
-    concat = type(model.interaction).__name__ in ("ConcatInteraction", "CrossInteraction")
-    fused = FusedEmbeddingCollection.from_collection(emb, "concat" if concat else "fields")
+    kind = type(model.interaction).__name__
+    form = (
+        "concat"
+        if kind in ("ConcatInteraction", "CrossInteraction")
+        else "stacked"
+        if kind == "FMInteraction"
+        else "fields"
+    )
+    fused = FusedEmbeddingCollection.from_collection(emb, form)
     model.embedding = fused
+    wide = getattr(model, "wide", None)
+    weights = getattr(wide, "field_weights", None)
+    if isinstance(weights, EmbeddingCollection) and not isinstance(
+        weights, FusedEmbeddingCollection
+    ):
+        wide.field_weights = FusedEmbeddingCollection.from_collection(weights, "concat")
     return fused
+
+
+def fused_collections(model: Any) -> list[FusedEmbeddingCollection]:
+    """The FusedEmbeddingCollections of ``model`` (its embedding, its wide term's weights)."""
+    found = [getattr(model, "embedding", None)]
+    found.append(getattr(getattr(model, "wide", None), "field_weights", None))
+    return [c for c in found if isinstance(c, FusedEmbeddingCollection)]
 
 
 def planned_fields(

@@ -129,7 +129,8 @@ def export_saved_model(
                 f"export --fuse-kernels: no generated op for {model.name}'s embeddings "
                 f"({fused.fallback_reason or f'no field covered: {fused.uncovered}'})"
             )
-        codegen.write_saved_model_assets(out, [fused.kernel])
+        kernels = [c.kernel for c in codegen.fused_collections(model) if c.kernel is not None]
+        codegen.write_saved_model_assets(out, kernels)
     assets = out / ASSETS_EXTRA
     assets.mkdir(exist_ok=True)
     schema.select([f.name for f in fields]).save(assets / "schema.toml")

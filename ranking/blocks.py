@@ -93,14 +93,16 @@ class FMInteraction(tf.keras.layers.Layer):
         super().build(input_shape)
 
     def call(self, embeddings: list[tf.Tensor], dense: tf.Tensor | None = None) -> tf.Tensor:
-        vectors = list(embeddings)
+        """``embeddings``: field vectors ``[batch, dim]``, or blocks of them already stacked
+        ``[batch, k, dim]`` (a fused embedding op's output, ``compiler_opt.codegen``)."""
+        blocks = [v if v.shape.rank == 3 else v[:, None, :] for v in embeddings]
         if dense is not None and self.num_dense:
             # [batch, n, 1] * [n, dim] -> n more field vectors
-            vectors.extend(tf.unstack(dense[:, :, None] * self.dense_vectors[None], axis=1))
-        dims = {v.shape[-1] for v in vectors}
+            blocks.append(dense[:, :, None] * self.dense_vectors[None])
+        dims = {b.shape[-1] for b in blocks}
         if len(dims) != 1:
             raise ValueError(f"FM needs field vectors of one dimension, got {sorted(dims)}")
-        v = tf.stack(vectors, axis=1)  # [batch, F, dim]
+        v = tf.concat(blocks, axis=1) if len(blocks) > 1 else blocks[0]  # [batch, F, dim]
         square_of_sum = tf.square(tf.reduce_sum(v, axis=1))
         sum_of_square = tf.reduce_sum(tf.square(v), axis=1)
         return 0.5 * tf.reduce_sum(square_of_sum - sum_of_square, axis=1, keepdims=True)
@@ -181,7 +183,8 @@ class LinearTerm(tf.keras.layers.Layer):
     def call(self, ids: dict[str, tf.Tensor], dense: tf.Tensor | None = None) -> tf.Tensor:
         terms = []
         if self.field_weights is not None:
-            terms += [w[:, 0] for w in self.field_weights(ids).values()]
+            # one [batch, 1] per field, or one [batch, F] from a fused embedding op
+            terms += [tf.reduce_sum(w, axis=1) for w in self.field_weights(ids).values()]
         if self._dense is not None and dense is not None:
             terms.append(self._dense(dense)[:, 0])
         return tf.add_n(terms)

@@ -188,14 +188,18 @@ def _logits_after_embedding(
     ids: dict[str, tf.Tensor],
     dense: tf.Tensor | None,
     training: bool,
+    wide_term: tf.Tensor | None = None,
 ) -> tf.Tensor:
     """``RankingModel.logits_from`` after its embedding lookups: interaction of ``vectors``
-    (and ``interaction_dense``), tower, head, bias and the wide term of ``ids`` / ``dense``."""
+    (and ``interaction_dense``), tower, head, bias and the wide term of ``ids`` / ``dense``
+    (``wide_term``: computed already, by a generated op outside an XLA-compiled rest)."""
     z = model.interaction(vectors, interaction_dense)
     if model.tower is not None:
         z = model.tower(z, training=training)
     logit = model.bias + model.head(z)[:, 0]
-    if model.wide is not None:
+    if wide_term is not None:
+        logit = logit + wide_term
+    elif model.wide is not None:
         logit = logit + model.wide(ids, dense)
     return logit
 
@@ -238,24 +242,49 @@ def fused_functions(w: Workload, coefficients: Any = None) -> dict[str, Any]:
             return codegen.fused_concat(block, kernel, ids, dense)
         return tf.concat([codegen.fused_concat(block, kernel, ids), dense], axis=1)
 
-    def rest(x0: tf.Tensor, ids: dict[str, tf.Tensor], dense: tf.Tensor | None, training: bool):
+    # FM (as codegen.fuse_embeddings fuses it): the wide term's per-field weights as a second
+    # op, summed; built apart from the model, whose plain functions keep the plain layers
+    weights = getattr(model.wide, "field_weights", None) if model.wide is not None else None
+    wide_fused = (
+        codegen.FusedEmbeddingCollection.from_collection(weights, "concat")
+        if not concat and weights is not None
+        else None
+    )
+
+    def wide(ids: dict[str, tf.Tensor], dense: tf.Tensor | None) -> tf.Tensor | None:
+        if wide_fused is None:
+            return None
+        term = tf.reduce_sum(wide_fused(ids)["__fused__"], axis=1)
+        if model.wide._dense is not None and dense is not None:
+            term = term + model.wide._dense(dense)[:, 0]
+        return term
+
+    def rest(
+        x0: tf.Tensor,
+        ids: dict[str, tf.Tensor],
+        dense: tf.Tensor | None,
+        training: bool,
+        wide_term: tf.Tensor | None = None,
+    ):
         if concat:  # their input is the concat x0, which holds the dense inputs already
             return _logits_after_embedding(model, [x0], None, ids, dense, training)
-        emb = x0[:, : kernel.spec.emb_dim]  # FM: the field vectors, the dense inputs apart
-        vectors = tf.split(emb, [f.dim for f in kernel.spec.fields], axis=1)
-        return _logits_after_embedding(model, vectors, dense, ids, dense, training)
+        # FM: the field vectors as one [batch, F, d] block, the dense inputs apart
+        fields = kernel.spec.fields
+        block = tf.reshape(x0[:, : kernel.spec.emb_dim], [-1, len(fields), fields[0].dim])
+        return _logits_after_embedding(model, [block], dense, ids, dense, training, wide_term)
 
     rest_xla = {
-        t: tf.function(lambda x0, ids, dense, t=t: rest(x0, ids, dense, t), jit_compile=True)
+        t: tf.function(lambda x0, ids, dense, w, t=t: rest(x0, ids, dense, t, w), jit_compile=True)
         for t in (False, True)
     }
 
     def make(xla_rest: bool) -> tuple[Any, Any]:
         def core(ids: dict[str, tf.Tensor], dense: tf.Tensor | None, training: bool) -> tf.Tensor:
             x0 = sparse(ids, dense)
+            w = wide(ids, dense)  # a generated op: outside any XLA cluster
             if xla_rest:
-                return rest_xla[training](x0, ids, dense)
-            return rest(x0, ids, dense, training)
+                return rest_xla[training](x0, ids, dense, w)
+            return rest(x0, ids, dense, training, w)
 
         def inference(ids: dict[str, tf.Tensor], dense: tf.Tensor | None) -> tf.Tensor:
             return core(ids, dense, False)

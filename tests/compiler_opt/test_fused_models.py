@@ -67,3 +67,75 @@ def test_fused_serving_equals_the_saved_model(tiny, model_type, method, hand):
         got = fused(feats)
         for k in want:
             np.testing.assert_allclose(got[k].numpy(), want[k].numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("model_type", ["fm", "lr_embedded"])
+def test_fm_and_wide_weights_run_as_generated_ops(tiny, model_type, tmp_path):
+    """FM with ``--fuse-kernels``: the field vectors as one op read as a ``[batch, F, d]``
+    block (``stacked``), the wide term's per-field weights as a second op (``concat``, summed);
+    logits and gradients equal the plain model's, the export ships both ops and a
+    ``ModelVersion`` serves the plain export's scores. (``lr_embedded``: FM's wide term alone is
+    what an LR model has; checked through the same FM model's ``wide``.)"""
+    from tests.compiler_opt.conftest import need_compiler
+
+    need_compiler()
+    from compiler_opt import codegen
+    from features.dataset import make_dataset
+    from pipelines.config import DataConfig, PipelineConfig
+    from pipelines.export import export_saved_model
+    from pipelines.train import build_run_model
+    from ranking.config import ModelConfig
+    from serving.repository import ModelVersion
+
+    d, data, schema, files, stats = tiny
+    cfg = PipelineConfig(
+        output_dir=str(d / "run"),
+        data=DataConfig(schema=str(data["schema"]), train=(str(data["train"]),)),
+        model=ModelConfig(type="fm", embedding_dim=4),
+    )
+    tf.keras.utils.set_random_seed(1)
+    model = build_run_model(cfg, schema, stats)
+    batch = next(iter(make_dataset(schema, files, batch_size=17)))
+    model(batch)
+    plain_path = export_saved_model(model, schema, tmp_path / "plain")
+
+    variables = list(model.trainable_variables)  # the same objects after fusion
+
+    def logits_and_grads():
+        with tf.GradientTape() as tape:
+            logits = model(batch, training=False)
+            loss = tf.reduce_sum(logits * tf.range(17, dtype=tf.float32))
+        grads = tape.gradient(loss, variables)
+        return logits.numpy(), [tf.convert_to_tensor(g).numpy() for g in grads]
+
+    want, want_grads = logits_and_grads()
+    fused = codegen.fuse_embeddings(model)
+    collections = codegen.fused_collections(model)
+    assert [c.output_form for c in collections] == ["stacked", "concat"]
+    got, got_grads = logits_and_grads()
+    assert all(c.kernel is not None and not c.uncovered for c in collections)
+    if model_type == "lr_embedded":  # the wide term alone, through its op
+        ids, dense = model.preprocessor(batch)
+        np.testing.assert_allclose(
+            model.wide(ids, dense).numpy(),
+            tf.add_n(
+                [layer(ids[n])[:, 0] for n, layer in collections[1].layers_by_field.items()]
+                + ([model.wide._dense(dense)[:, 0]] if dense is not None else [])
+            ).numpy(),
+            rtol=1e-5,
+            atol=1e-6,
+        )
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    for g, w in zip(got_grads, want_grads, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+    assert fused is collections[0]
+
+    path = export_saved_model(model, schema, tmp_path / "kernels", kernels=True)
+    manifest = (path / "assets" / "compiler_opt_kernels" / "manifest.json").read_text()
+    assert manifest.count('"forward"') == 2
+    version = ModelVersion("fm", 1, path, ["/device:CPU:0"], fusion=False)
+    plain = tf.saved_model.load(str(plain_path)).signatures["serving_default"]
+    feats = {k: v for k, v in batch.items() if k in plain.structured_input_signature[1]}
+    served = version.instances[0].signatures["serving_default"](**feats)
+    for k, v in plain(**feats).items():
+        np.testing.assert_allclose(served[k].numpy(), v.numpy(), rtol=1e-5, atol=1e-6)
