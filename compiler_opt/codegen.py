@@ -1228,7 +1228,8 @@ def _register_gradient(spec: KernelSpec, forward: str, gradient: str, module: An
     ni = spec.num_id_inputs
     snake = "".join("_" + c.lower() if c.isupper() else c for c in gradient).lstrip("_")
     grad_fn = getattr(module, snake)
-    shapes = [tf.constant([t.rows, t.cols], tf.int64) for t in spec.tables]
+    # Python ints: a tensor made here would belong to whatever graph loaded the op first
+    shapes = [(t.rows, t.cols) for t in spec.tables]
 
     @tf.RegisterGradient(forward)
     def _grad(op: tf.Operation, dy: tf.Tensor) -> list[Any]:
@@ -1243,7 +1244,8 @@ def _register_gradient(spec: KernelSpec, forward: str, gradient: str, module: An
         outs = grad_fn(**args)
         rows, values = outs[0], outs[1]
         grads: list[Any] = [
-            tf.IndexedSlices(values[t], rows[t], dense_shape=shapes[t]) for t in range(nt)
+            tf.IndexedSlices(values[t], rows[t], dense_shape=tf.constant(shapes[t], tf.int64))
+            for t in range(nt)
         ]
         grads += [None] * ni
         if nm:

@@ -95,14 +95,21 @@ class FMInteraction(tf.keras.layers.Layer):
     def call(self, embeddings: list[tf.Tensor], dense: tf.Tensor | None = None) -> tf.Tensor:
         """``embeddings``: field vectors ``[batch, dim]``, or blocks of them already stacked
         ``[batch, k, dim]`` (a fused embedding op's output, ``compiler_opt.codegen``)."""
-        blocks = [v if v.shape.rank == 3 else v[:, None, :] for v in embeddings]
+        vectors = list(embeddings)
+        scaled = None
         if dense is not None and self.num_dense:
             # [batch, n, 1] * [n, dim] -> n more field vectors
-            blocks.append(dense[:, :, None] * self.dense_vectors[None])
-        dims = {b.shape[-1] for b in blocks}
+            scaled = dense[:, :, None] * self.dense_vectors[None]
+        dims = {v.shape[-1] for v in vectors} | ({self.dim} if scaled is not None else set())
         if len(dims) != 1:
             raise ValueError(f"FM needs field vectors of one dimension, got {sorted(dims)}")
-        v = tf.concat(blocks, axis=1) if len(blocks) > 1 else blocks[0]  # [batch, F, dim]
+        if all(x.shape.rank == 2 for x in vectors):  # field vectors: stacked
+            if scaled is not None:
+                vectors.extend(tf.unstack(scaled, axis=1))
+            v = tf.stack(vectors, axis=1)  # [batch, F, dim]
+        else:  # with blocks: joined along the fields
+            blocks = [x if x.shape.rank == 3 else x[:, None, :] for x in vectors]
+            v = tf.concat(blocks + ([scaled] if scaled is not None else []), axis=1)
         square_of_sum = tf.square(tf.reduce_sum(v, axis=1))
         sum_of_square = tf.reduce_sum(tf.square(v), axis=1)
         return 0.5 * tf.reduce_sum(square_of_sum - sum_of_square, axis=1, keepdims=True)
