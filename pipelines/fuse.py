@@ -73,6 +73,7 @@ def _generated_forms(args: argparse.Namespace, coefficients: Any) -> str:
     for g in loops:
         ops = ", ".join(graph[n].op for n in g.nodes[:6])
         lines.append(f"  {g.kind} {ops}: {why[g.id] or 'generated'}")
+    lines += _cuda_forms(frozen.graph_def, len(lp.loops))
     if tabulation.tables or tabulation.left:
         lines.append(
             f"per-id masks of the embedding op tabulated over their id domain: "
@@ -81,6 +82,26 @@ def _generated_forms(args: argparse.Namespace, coefficients: Any) -> str:
         )
         lines += [f"  left {name}: {reason}" for name, reason in tabulation.left.items()]
     return "\n".join(lines)
+
+
+def _cuda_forms(graph_def: Any, generated: int) -> list[str]:
+    """Lines: which generated ops of the served graph (``graph_def``, tabulated) would run on a
+    GPU (``compiler_opt.codegen_cuda``): every loop op and row program (a loop op's matmul
+    stays apart there), and each embedding op whose spec has a CUDA form."""
+    from compiler_opt import codegen, codegen_cuda
+
+    embedding = sorted({n.op for n in graph_def.node if n.op.startswith("StitchrecFusedEmb")})
+    why = {
+        op: codegen_cuda.embedding_unsupported(codegen.kernel_named(op).spec) for op in embedding
+    }
+    lines = [
+        f"on a GPU with nvcc (CUDA forms): {generated} of {generated} generated loop/row ops, "
+        f"{sum(not w for w in why.values())} of {len(why)} embedding ops"
+    ]
+    lines += [
+        f"  {op}: no CUDA form: {w} (the version serves on the CPU)" for op, w in why.items() if w
+    ]
+    return lines
 
 
 def cmd_explain(args: argparse.Namespace) -> int:

@@ -39,6 +39,7 @@ def test_explain_prints_and_writes_the_plan(tiny_saved_model, tmp_path, monkeypa
     assert "  loop Mul, AddV2: generated" in text
     assert "  loop StridedSlice, AddV2, Sigmoid: generated" in text  # the head: logits[:, 0] + b
     assert "op IsFinite has no generated form" in text
+    assert "on a GPU with nvcc (CUDA forms): 2 of 2 generated loop/row ops, 0 of 0" in text
     plan = json.loads(out.read_text())
     s = plan["summary"]
     assert s["batch"] == 512 and s["launches_after"] < s["launches_before"]
@@ -71,3 +72,31 @@ def test_explain_runs_as_a_command(tiny_saved_model, tmp_path):
     )
     assert proc.returncode == 2
     assert "error: SavedModel path" in proc.stderr and "is not a folder" in proc.stderr
+
+
+def test_explain_names_the_embedding_ops_without_a_cuda_form():
+    """AMTL's compact serving form reads int32 row offsets: no CUDA form, so on a GPU that
+    version serves on the CPU, and ``fuse explain`` says so."""
+    import tensorflow as tf
+    from tensorflow.core.framework import graph_pb2
+
+    from compiler_opt import codegen
+    from embeddings.collection import EmbeddingCollection
+    from pipelines import fuse
+    from tests.compiler_opt.conftest import need_compiler
+
+    need_compiler()
+    coll = EmbeddingCollection(
+        [{"name": "fx_a", "num_rows": 12, "dim": 4, "method": "amtl"}],
+        counts={"fx_a": list(range(12, 0, -1))},
+        name="fx",
+    )
+    ids = {"fx_a": tf.constant([1, 5, 40], tf.int64)}
+    coll(ids)
+    fused = codegen.FusedEmbeddingCollection.from_collection(coll.serving_form())
+    fused(ids)
+    graph_def = graph_pb2.GraphDef()
+    graph_def.node.add(name="emb", op=fused.kernel.forward_name)
+    lines = fuse._cuda_forms(graph_def, 3)
+    assert lines[0].endswith("3 of 3 generated loop/row ops, 0 of 1 embedding ops")
+    assert fused.kernel.forward_name in lines[1] and "int32 tables" in lines[1]
