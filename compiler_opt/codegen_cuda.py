@@ -149,13 +149,19 @@ def enabled() -> bool:
     return True
 
 
+@functools.cache
+def _banner(path: str) -> str:
+    """``nvcc --version``'s output (read once per nvcc)."""
+    return subprocess.run([path, "--version"], capture_output=True, text=True, check=False).stdout
+
+
 def nvcc_version(path: str) -> int | None:
     """nvcc's CUDA version as the driver API writes it (``13000`` for 13.0), or None."""
-    out = subprocess.run([path, "--version"], capture_output=True, text=True, check=False)
-    m = re.search(r"release (\d+)\.(\d+)", out.stdout)
+    m = re.search(r"release (\d+)\.(\d+)", _banner(path))
     return int(m.group(1)) * 1000 + int(m.group(2)) * 10 if m else None
 
 
+@functools.cache
 def driver_version() -> int | None:
     """The newest CUDA version the installed driver supports (``cuDriverGetVersion``), or
     None without a driver."""
@@ -195,8 +201,8 @@ def _library_dirs(path: str) -> list[str]:
 
 @functools.cache
 def _toolchain(path: str, archs: tuple[str, ...]) -> CudaToolchain:
-    out = subprocess.run([path, "--version"], capture_output=True, text=True, check=False)
-    version = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else ""
+    banner = _banner(path).strip()
+    version = banner.splitlines()[-1] if banner else ""
     gencode = []
     for a in archs:
         gencode += [f"-gencode=arch=compute_{a},code=sm_{a}"]
@@ -465,13 +471,21 @@ def run_row_on_host(
     library: str | Path, spec: Any, inputs: Sequence[np.ndarray], rows: int
 ) -> list[np.ndarray]:
     """Runs row op ``spec``'s device code on the host: the outputs ``[rows, *shape]``."""
+    shapes = [(rows, *spec.body[v].shape) for v in spec.outputs]
+    return _run_xy_on_host(library, spec.op_name, inputs, shapes, rows)
+
+
+def _run_xy_on_host(
+    library: str | Path, op: str, inputs: Sequence[np.ndarray], shapes: Sequence[tuple], n: int
+) -> list[np.ndarray]:
+    """Runs an x/y op's launcher on the host over ``[0, n)`` into NaN-filled outputs."""
     xs = [np.ascontiguousarray(x, np.float32) for x in inputs]
-    ys = [np.full((rows, *spec.body[v].shape), np.nan, np.float32) for v in spec.outputs]
-    fn = getattr(_library(library), symbol(spec.op_name))
+    ys = [np.full(shape, np.nan, np.float32) for shape in shapes]
+    fn = getattr(_library(library), symbol(op))
     fn.restype = ctypes.c_int
-    e = fn(1, None, ctypes.c_int64(rows), _ptrs(xs), _ptrs(ys))
+    e = fn(1, None, ctypes.c_int64(n), _ptrs(xs), _ptrs(ys))
     if e != 0:
-        raise RuntimeError(f"{spec.op_name}: host run returned {e}")
+        raise RuntimeError(f"{op}: host run returned {e}")
     return ys
 
 
@@ -497,19 +511,19 @@ def gradient_on_gpu(spec: KernelSpec) -> bool:
 
 
 _CU_HELPERS = """\
-__host__ __device__ inline int64_t Clamp(int64_t v, int64_t lo, int64_t hi) {{
+__host__ __device__ inline int64_t Clamp(int64_t v, int64_t lo, int64_t hi) {
   return v < lo ? lo : (v > hi ? hi : v);
-}}
+}
 
 // The row b of a ragged field holding value k (splits[b] <= k < splits[b + 1]).
-__host__ __device__ inline int64_t RowOf(const int64_t* splits, int64_t batch, int64_t k) {{
+__host__ __device__ inline int64_t RowOf(const int64_t* splits, int64_t batch, int64_t k) {
   int64_t lo = 0, hi = batch;
-  while (hi - lo > 1) {{
+  while (hi - lo > 1) {
     const int64_t mid = (lo + hi) / 2;
     if (splits[mid] <= k) lo = mid; else hi = mid;
-  }}
+  }
   return lo;
-}}
+}
 """
 
 
@@ -630,7 +644,7 @@ def embedding_source(spec: KernelSpec) -> str:
         f"constexpr int64_t kEmbDim = {spec.emb_dim};",
         f"constexpr int64_t kDenseDim = {spec.dense_dim};",
         id_helpers("__host__ __device__ "),
-        _CU_HELPERS.format(),
+        _CU_HELPERS,
     ]
     parts = [
         (f.offset, _field_element(f, spec, first_id[f.name], mask_of.get(f.name)))
@@ -666,6 +680,7 @@ def embedding_source(spec: KernelSpec) -> str:
     backward = [
         "",
         "// ------------------------------------------------------------------ gradient",
+        "namespace {",  # the gradient's Element/Kernel/Run: namespace grad in the anonymous one
         "namespace grad {",
         _embedding_args(spec, grad=True),
         "__host__ __device__ inline void Element(int64_t i, const Args& a) {",
@@ -694,9 +709,7 @@ def embedding_source(spec: KernelSpec) -> str:
             prefix="grad::",
         ),
     ]
-    # the gradient's Element/Kernel/Run live in namespace grad inside the anonymous one
-    text = "\n".join(forward + backward)
-    return text.replace("namespace grad {", "namespace {\nnamespace grad {", 1)
+    return "\n".join(forward + backward)
 
 
 def _extern_entry(
@@ -791,7 +804,6 @@ def embedding_gpu_kernels(spec: KernelSpec) -> str:
     and masks' shapes checked on the host, then the launch (see :func:`embedding_source`)."""
     fwd, grad = op_names(spec)
     nt, ni, nm = len(spec.tables), spec.num_id_inputs, len(spec.masked_fields)
-    id_field, id_kind, _ = _id_layout(spec)
     with_grad = gradient_on_gpu(spec)
     syms = [symbol(fwd)] + ([symbol(grad)] if with_grad else [])
     params = (
@@ -841,7 +853,6 @@ def embedding_gpu_kernels(spec: KernelSpec) -> str:
             f'[{rows}, {f.dim}], got ", mask{m}.shape().DebugString()));',
             f"    masks[{m}] = mask{m}.flat<float>().data();",
         ]
-    del id_field, id_kind
     lines += [
         "namespace {",
         f"class {fwd}GpuOp : public OpKernel {{",
@@ -937,14 +948,8 @@ def run_loop_on_host(
 ) -> list[np.ndarray]:
     """Runs loop op ``spec``'s device code (``Element``) on the host: ``inputs`` as the op
     takes them (float32), the outputs ``[rows, width]``."""
-    xs = [np.ascontiguousarray(x, np.float32) for x in inputs]
-    ys = [np.full((rows, spec.width), np.nan, np.float32) for _ in spec.outputs]
-    fn = getattr(_library(library), symbol(spec.op_name))
-    fn.restype = ctypes.c_int
-    e = fn(1, None, ctypes.c_int64(rows * spec.width), _ptrs(xs), _ptrs(ys))
-    if e != 0:
-        raise RuntimeError(f"{spec.op_name}: host run returned {e}")
-    return ys
+    shapes = [(rows, spec.width)] * len(spec.outputs)
+    return _run_xy_on_host(library, spec.op_name, inputs, shapes, rows * spec.width)
 
 
 def run_embedding_on_host(

@@ -180,11 +180,11 @@ def row_spec(
             while p.op in VIEWS and p.name not in inside and p.inputs:
                 chain.append(p.name)
                 p = graph[split_ref(p.inputs[0])[0]]
-            if chain and p.name in inside:
-                for c in reversed(chain):
+            if chain and p.name in inside:  # _topological orders the members below
+                for c in chain:
                     if c not in inside:
                         inside.add(c)
-                        members.insert(members.index(n), c)
+                        members.append(c)
     order = _topological(graph, members)
     value_of: dict[str, int] = {}  # input ref -> input index
     inputs: list[tuple[bool, tuple[int, ...]]] = []
