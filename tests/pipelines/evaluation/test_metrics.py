@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import log_loss, roc_auc_score
 
-from pipelines.abtest import metrics as M
+from pipelines.evaluation import metrics as M
 
 
 def _data(seed: int, n: int = 3000, groups: int = 150):

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from pipelines.abtest.metrics import GroupValues, bin_index, row_logloss, tie_bounds
+from pipelines.evaluation.metrics import GroupValues, bin_index, row_logloss, tie_bounds
 
 Kernel = Callable[[np.ndarray, np.ndarray | None], Any]
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from pipelines.abtest import bootstrap, metrics, offpolicy, sources
+from pipelines.evaluation import bootstrap, metrics, offpolicy, sources
 
 MODELS = ("control", "treatment")
 
@@ -414,7 +414,7 @@ class ABOptions:
 
 def run_ab(opts: ABOptions, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Reads the logs and both sources, compares, writes ab.json / ab.html under ``output``."""
-    from pipelines.abtest import report
+    from pipelines.evaluation import report
 
     t0 = time.perf_counter()
     logs = sources.load_logs(

@@ -16,8 +16,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.abtest import compare, report, sources
-from pipelines.abtest import metrics as M
+from pipelines.evaluation import compare, report, sources
+from pipelines.evaluation import metrics as M
 from pipelines.cli import main
 from pipelines.config import load_config
 from pipelines.evaluate import score_saved_model

@@ -35,8 +35,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from features.schema import FeatureKind
-from pipelines.abtest import bootstrap
-from pipelines.abtest.sources import Logs
+from pipelines.evaluation import bootstrap
+from pipelines.evaluation.sources import Logs
 
 ESTIMATORS = ("ips", "snips", "dm", "dr")
 
