@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from pipelines.evaluation import bootstrap, metrics, offpolicy, sources
+from pipelines.evaluation import bootstrap, offpolicy, sources
+from ranking import metrics
 
 MODELS = ("control", "treatment")
 
@@ -173,7 +174,7 @@ def compare_scores(
         return counts
 
     overall = _Scope("overall")
-    add_row_scope(overall, None, bool(0 < y.sum() < n))
+    add_row_scope(overall, None, metrics.both_classes(y))
     group_info: dict[str, Any] = {}
     if gidx is not None:
         per_model = {m: _grouped(gidx, n_groups, y, scores[m], ks) for m in MODELS}

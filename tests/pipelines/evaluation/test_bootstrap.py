@@ -9,7 +9,7 @@ from sklearn.metrics import log_loss, roc_auc_score
 
 from pipelines.evaluation import bootstrap as B
 from pipelines.evaluation import compare
-from pipelines.evaluation import metrics as M
+from ranking import metrics as M
 
 
 def _data(seed: int, n: int = 2000):
