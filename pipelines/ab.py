@@ -14,6 +14,8 @@ import argparse
 
 
 def cmd_ab(args: argparse.Namespace) -> int:
+    # the evaluation library (pandas, scipy, scikit-learn) loads only when `stitchrec ab` runs,
+    # not at every CLI start-up (the CLI registers this module's parser)
     from pipelines.evaluation import report
     from pipelines.evaluation.compare import ABOptions, run_ab
 

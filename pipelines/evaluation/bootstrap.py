@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -255,8 +256,6 @@ def run(
     GIL in the heavy loops), and the next chunk of counts is drawn while they run. The values do
     not depend on ``workers``.
     """
-    from concurrent.futures import ThreadPoolExecutor
-
     workers = workers or min(os.cpu_count() or 1, 8)
     out: dict[Any, list[Any]] = {k: [] for k in kernels}
     if workers <= 1:

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from pipelines.evaluation import bootstrap, offpolicy, sources
+from pipelines.evaluation import bootstrap, offpolicy, report, sources
 from ranking import metrics
 
 MODELS = ("control", "treatment")
@@ -415,8 +415,6 @@ class ABOptions:
 
 def run_ab(opts: ABOptions, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Reads the logs and both sources, compares, writes ab.json / ab.html under ``output``."""
-    from pipelines.evaluation import report
-
     t0 = time.perf_counter()
     logs = sources.load_logs(
         opts.data,
