@@ -85,8 +85,8 @@ def check_labels_scores(
     nan = np.flatnonzero(~np.isfinite(s))
     if nan.size:
         raise MetricInputError(
-            f"{what} hold non-finite values: {nan.size} scores are NaN or infinite, first at "
-            f"row {int(nan[0])}; expected finite numbers"
+            f"{what}: {nan.size} scores are NaN or infinite, first at row {int(nan[0])}; "
+            f"expected finite values (non-finite scores cannot be ranked)"
         )
     if probabilities:
         out = np.flatnonzero((s < 0) | (s > 1))
