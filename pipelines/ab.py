@@ -1,5 +1,5 @@
 """``stitchrec ab``: offline A/B comparison of a candidate (treatment) with a production model
-(control) on logged data. See docs/ab.md and ``pipelines.abtest``.
+(control) on logged data. See docs/ab.md and ``pipelines.evaluation``.
 
     stitchrec ab --control A --treatment B --data LOGS... [--schema S] [--output DIR]
                  [--group FIELD] [--slice FIELD]... [--k 5 10] [--bootstrap 1000] [--seed 0]
@@ -14,8 +14,10 @@ import argparse
 
 
 def cmd_ab(args: argparse.Namespace) -> int:
-    from pipelines.abtest import report
-    from pipelines.abtest.compare import ABOptions, run_ab
+    # the evaluation library (pandas, scipy, scikit-learn) loads only when `stitchrec ab` runs,
+    # not at every CLI start-up (the CLI registers this module's parser)
+    from pipelines.evaluation import report
+    from pipelines.evaluation.compare import ABOptions, run_ab
 
     opts = ABOptions(
         control=args.control,

@@ -17,8 +17,8 @@ import tensorflow as tf
 from features import readers
 from features.dataset import iter_batches, list_parquet, table_to_numpy
 from features.schema import Schema, load_schema
-from pipelines import metrics
 from pipelines.export import ASSETS_EXTRA
+from ranking import metrics
 
 
 def _batches(

@@ -46,8 +46,9 @@ from features.dataset import (
 from features.preprocessing import build_preprocessor
 from features.schema import FeatureKind, Schema, load_schema
 from features.stats import DatasetStats, compute_stats
-from pipelines import distribute, metrics
+from pipelines import distribute
 from pipelines.config import ConfigError, PipelineConfig, load_config
+from ranking import metrics
 from ranking.models import RankingModel, build_model, planned_method
 
 Log = Callable[[str], None]

@@ -35,7 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 import pipelines  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow loads)
-from pipelines.abtest import compare, report
+from pipelines.evaluation import compare, report
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARED = ROOT.parent / "shared" / "data"
@@ -262,7 +262,7 @@ def bench_obd(out: Path, resamples: int, seed: int) -> dict[str, Any]:
     print(report.console(res))
     print(f"[Open Bandit example] {elapsed:.1f} s; {_load()}")
     # the issue's check: the uniform policy from the BTS logs vs the random logs' observed CTR
-    from pipelines.abtest import sources
+    from pipelines.evaluation import sources
 
     bts = sources.load_logs([str(d / "bts/all/all.csv")], "open_bandit")
     rnd = sources.load_logs([str(d / "random/all/all.csv")], "open_bandit")

@@ -421,7 +421,7 @@ def test_stitchrec_train_with_fused_tables(tmp_path):
     tf.train.Checkpoint(model=model).read(ckpt).expect_partial().assert_existing_objects_matched()
     test_files = sorted(data["test"].glob("*.parquet"))
     y, in_memory = predict(make_scorer(model, schema), schema, test_files)
-    from pipelines import metrics
+    from ranking import metrics
 
     assert abs(metrics.auc(y, in_memory) - b) < 1e-9  # the report's AUC is this model's
 

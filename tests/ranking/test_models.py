@@ -7,7 +7,7 @@ from features.dataset import make_dataset
 from features.preprocessing import build_preprocessor
 from features.schema import load_schema
 from features.stats import compute_stats
-from pipelines import metrics
+from ranking import metrics
 from ranking.models import ModelConfig, RankingModel, build_model
 
 

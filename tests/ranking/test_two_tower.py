@@ -13,9 +13,9 @@ import pipelines  # noqa: F401
 from features.dataset import iter_batches, list_parquet
 from pipelines.config import DataConfig, PipelineConfig
 from pipelines.export import export_saved_model
-from pipelines.metrics import auc
 from pipelines.preranking import build_run_two_tower, field_groups
 from ranking.config import ModelConfig, PrerankConfig
+from ranking.metrics import auc
 from ranking.two_tower import TwoTowerModel, tower_fields
 from tests.ranking.prerank_data import grouped_stats, write_grouped
 

@@ -7,7 +7,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.abtest import compare, sources
+from pipelines.evaluation import compare, sources
 from tests.testdata import TINY_SCHEMA, make_tiny_table
 
 

@@ -179,6 +179,7 @@ class SavedModelSource(ScoreSource):
     """A SavedModel exported by ``stitchrec export`` (``serving_default`` returns ``score``)."""
 
     def __init__(self, path: str | Path, batch_size: int = 8192) -> None:
+        # TensorFlow loads only for SavedModel sources; score files and uniform need none.
         import tensorflow as tf
 
         self.path = Path(path)
@@ -192,7 +193,7 @@ class SavedModelSource(ScoreSource):
         self.input_names = [f.name for f in self.model_schema.model_inputs]
 
     def score_table(self, table: pa.Table, schema: Schema) -> np.ndarray:
-        import tensorflow as tf
+        import tensorflow as tf  # only for SavedModel sources (see __init__)
 
         out = []
         for lo in range(0, table.num_rows, self.batch_size):
@@ -207,6 +208,7 @@ class GrpcSource(ScoreSource):
     """A TF-Serving-compatible ``PredictionService`` at ``grpc://host:port/model``."""
 
     def __init__(self, url: str, batch_size: int = 2048, timeout_s: float = 60.0) -> None:
+        # grpc and the TF-Serving stubs load only for grpc:// sources.
         import grpc
         from tensorflow_serving.apis import prediction_service_pb2_grpc
 
@@ -232,7 +234,7 @@ class GrpcSource(ScoreSource):
             msg.model_spec.version.value = self.version
 
     def _server_inputs(self) -> list[str] | None:
-        import grpc
+        import grpc  # only for grpc:// sources (see __init__)
         from tensorflow_serving.apis import get_model_metadata_pb2
 
         req = get_model_metadata_pb2.GetModelMetadataRequest()
@@ -256,7 +258,7 @@ class GrpcSource(ScoreSource):
         return sorted(sig_map.signature_def[self.signature].inputs)
 
     def score_table(self, table: pa.Table, schema: Schema) -> np.ndarray:
-        import grpc
+        import grpc  # only for grpc:// sources, TF for its tensor protos (see __init__)
         import tensorflow as tf
         from tensorflow_serving.apis import predict_pb2
 

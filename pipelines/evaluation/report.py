@@ -1,12 +1,14 @@
-"""Console summary and a self-contained HTML report (inline SVG plots; no scripts, no network)
-of an A/B comparison result (the dict ``compare.run_ab`` returns and writes to ``ab.json``)."""
+"""Console summary and a self-contained HTML report (inline SVG plots written by
+``pipelines.evaluation.svg``, no plotting library; no scripts, no network) of an A/B comparison
+result (the dict ``compare.run_ab`` returns and writes to ``ab.json``)."""
 
 from __future__ import annotations
 
 import html as _html
-import io
 from collections.abc import Mapping
 from typing import Any
+
+from pipelines.evaluation import svg
 
 ORDER = ("auc", "gauc", "logloss", "ece", "calibration_ratio", "mean_score")
 COLORS = {"control": "#1f77b4", "treatment": "#d62728"}
@@ -101,44 +103,27 @@ def console(result: Mapping[str, Any]) -> str:
 
 
 # --------------------------------------------------------------------------------------------
-# plots (matplotlib, Agg, inline SVG)
-
-
-def _svg(fig) -> str:
-    import matplotlib.pyplot as plt
-
-    buf = io.StringIO()
-    fig.savefig(buf, format="svg", bbox_inches="tight")
-    plt.close(fig)
-    text = buf.getvalue()
-    return text[text.index("<svg") :]
-
-
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+# plots (inline SVG, written by pipelines.evaluation.svg)
 
 
 def calibration_plot(result: Mapping[str, Any]) -> str:
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(5.2, 4.2))
-    hi = 0.0
+    series = {}
     for m in ("control", "treatment"):
         pts = result["overall"]["reliability"][m]
         xs = [p["mean_score"] for p in pts]
         ys = [p["mean_label"] for p in pts]
-        hi = max(hi, *xs, *ys)
-        ax.plot(xs, ys, "o-", color=COLORS[m], label=m)
-    ax.plot([0, hi], [0, hi], "--", color="grey", lw=1, label="perfect calibration")
-    ax.set_xlabel("mean predicted click probability (equal-count bins)")
-    ax.set_ylabel("observed click rate")
-    ax.set_title("Reliability curves")
-    ax.legend()
-    return _svg(fig)
+        series[m] = (xs, ys, COLORS[m])
+    return svg.line_chart(
+        series,
+        "Reliability curves",
+        "mean predicted click probability (equal-count bins)",
+        "observed click rate",
+        diagonal=True,
+    )
+
+
+def _verdict_color(d: Mapping[str, Any]) -> str:
+    return {"better": "#2ca02c", "worse": "#d62728"}.get(d["verdict"], "#555555")
 
 
 def delta_plot(result: Mapping[str, Any]) -> str | None:
@@ -146,83 +131,49 @@ def delta_plot(result: Mapping[str, Any]) -> str | None:
     names = [n for n in _metric_order(list(m)) if m[n].get("ci_low") is not None]
     if not names:
         return None
-    plt = _plt()
-    fig, axes = plt.subplots(len(names), 1, figsize=(6.5, 0.62 * len(names) + 0.6), squeeze=False)
-    for ax, name in zip(axes[:, 0], names, strict=True):
-        d = m[name]
-        color = {"better": "#2ca02c", "worse": "#d62728"}.get(d["verdict"], "#555555")
-        ax.errorbar(
-            [d["delta"]],
-            [0],
-            xerr=[[d["delta"] - d["ci_low"]], [d["ci_high"] - d["delta"]]],
-            fmt="o",
-            color=color,
-            capsize=4,
-        )
-        ax.axvline(0, color="grey", lw=1)
-        ax.set_yticks([0])
-        ax.set_yticklabels([name])
-        span = max(abs(d["ci_low"]), abs(d["ci_high"]), 1e-12) * 1.3
-        ax.set_xlim(-span, span)
-        ax.tick_params(axis="x", labelsize=7)
-    axes[0, 0].set_title("treatment - control, with 95% paired-bootstrap intervals")
-    fig.tight_layout()
-    return _svg(fig)
+    rows = [
+        (n, (m[n]["delta"], m[n]["ci_low"], m[n]["ci_high"]), _verdict_color(m[n])) for n in names
+    ]
+    return svg.interval_rows(
+        rows, "treatment - control, with 95% paired-bootstrap intervals", "delta", 130
+    )
 
 
 def slice_plot(fname: str, s: Mapping[str, Any], metric: str = "auc") -> str | None:
-    plt = _plt()
-    rows = [e for e in s["slices"] if e["metrics"].get(metric, {}).get("ci_low") is not None]
+    rows = []
+    for e in s["slices"]:
+        d = e["metrics"].get(metric, {})
+        if d.get("ci_low") is None:
+            continue
+        label = e["value"][:28] + (" (!)" if e["flags"] else "")
+        color = "#999999" if e["flags"] else "#1f77b4"
+        rows.append((label, (d["delta"], d["ci_low"], d["ci_high"]), color))
     if not rows:
         return None
-    fig, ax = plt.subplots(figsize=(6.5, 0.35 * len(rows) + 1.2))
-    for i, e in enumerate(rows):
-        d = e["metrics"][metric]
-        color = "#999999" if e["flags"] else "#1f77b4"
-        ax.errorbar(
-            [d["delta"]],
-            [i],
-            xerr=[[d["delta"] - d["ci_low"]], [d["ci_high"] - d["delta"]]],
-            fmt="o",
-            color=color,
-            capsize=3,
-        )
-    ax.axvline(0, color="grey", lw=1)
-    ax.set_yticks(range(len(rows)))
-    ax.set_yticklabels([(e["value"][:28] + (" (!)" if e["flags"] else "")) for e in rows])
-    ax.invert_yaxis()
-    ax.set_xlabel(f"{metric} delta (treatment - control); grey (!): flagged slice")
-    ax.set_title(f"{metric} delta per slice of {fname}")
-    fig.tight_layout()
-    return _svg(fig)
+    return svg.interval_rows(
+        rows,
+        f"{metric} delta per slice of {fname}",
+        f"{metric} delta (treatment - control); grey (!): flagged slice",
+        200,
+    )
 
 
 def offpolicy_plot(op: Mapping[str, Any]) -> str:
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(6.5, 3.8))
-    ests = ["ips", "snips", "dm", "dr"]
     names = list(op["policies"])
-    width = 0.8 / max(len(ests), 1)
-    for j, est in enumerate(ests):
-        xs, ys, lo, hi = [], [], [], []
-        for i, name in enumerate(names):
+    series: dict[str, list[tuple[float, float, float] | None]] = {}
+    for est in ("ips", "snips", "dm", "dr"):
+        series[est.upper()] = []
+        for name in names:
             v = op["policies"][name]["estimates"][est]
-            if v["value"] is None or v["ci"][0] is None:
-                continue
-            xs.append(i + (j - 1.5) * width)
-            ys.append(v["value"])
-            lo.append(v["value"] - v["ci"][0])
-            hi.append(v["ci"][1] - v["value"])
-        ax.errorbar(xs, ys, yerr=[lo, hi], fmt="o", capsize=3, label=est.upper())
-    ctr = op["logged"]["observed_ctr"]
-    ax.axhline(ctr, color="grey", ls="--", lw=1, label="logged CTR")
-    ax.set_xticks(range(len(names)))
-    ax.set_xticklabels(names)
-    ax.set_ylabel("estimated click rate")
-    ax.set_title("Off-policy estimates of each policy's click rate (95% CI)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return _svg(fig)
+            ok = v["value"] is not None and v["ci"][0] is not None
+            series[est.upper()].append((v["value"], v["ci"][0], v["ci"][1]) if ok else None)
+    return svg.interval_groups(
+        names,
+        series,
+        "Off-policy estimates of each policy's click rate (95% CI)",
+        "estimated click rate",
+        reference=("logged CTR", op["logged"]["observed_ctr"]),
+    )
 
 
 # --------------------------------------------------------------------------------------------

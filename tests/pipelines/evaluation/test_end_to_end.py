@@ -16,13 +16,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.abtest import compare, report, sources
-from pipelines.abtest import metrics as M
 from pipelines.cli import main
 from pipelines.config import load_config
 from pipelines.evaluate import score_saved_model
+from pipelines.evaluation import compare, report, sources
 from pipelines.export import export_run
 from pipelines.train import train
+from ranking import metrics as M
 from tests.testdata import write_run_config, write_tiny_dataset
 
 ROOT = Path(__file__).resolve().parents[3]

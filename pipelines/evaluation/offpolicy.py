@@ -33,10 +33,13 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import scipy.sparse as sp
+from sklearn.linear_model import LogisticRegression
+from sklearn.preprocessing import OneHotEncoder
 
 from features.schema import FeatureKind
-from pipelines.abtest import bootstrap
-from pipelines.abtest.sources import Logs
+from pipelines.evaluation import bootstrap
+from pipelines.evaluation.sources import Logs
 
 ESTIMATORS = ("ips", "snips", "dm", "dr")
 
@@ -114,8 +117,6 @@ def policy(scores: np.ndarray, temperature: float) -> np.ndarray:
 
 
 def _encoder(logs: Logs, bl: BanditLogs):
-    from sklearn.preprocessing import OneHotEncoder
-
     cats = [
         f.name
         for f in logs.schema.model_inputs
@@ -135,8 +136,6 @@ def _encoder(logs: Logs, bl: BanditLogs):
     sd[sd == 0] = 1.0
 
     def encode(table: pa.Table):
-        import scipy.sparse as sp
-
         parts = [enc.transform(_cat_matrix(table, cats))]
         if nums:
             parts.append(sp.csr_matrix((_num_matrix(table, nums) - mu) / sd))
@@ -179,8 +178,6 @@ def fit_reward_model(
     seed: int = 0,
 ) -> RewardModel:
     """Cross-fitted logistic-regression reward model ``q(x, a)`` for every row and candidate."""
-    from sklearn.linear_model import LogisticRegression
-
     if folds < 2:
         raise ValueError(f"reward-model folds must be >= 2 (cross-fitting), got {folds}")
     n, a = logs.n, bl.actions.size

@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from pipelines.abtest import bootstrap, metrics, offpolicy, sources
+from pipelines.evaluation import bootstrap, offpolicy, report, sources
+from ranking import metrics
 
 MODELS = ("control", "treatment")
 
@@ -173,7 +174,7 @@ def compare_scores(
         return counts
 
     overall = _Scope("overall")
-    add_row_scope(overall, None, bool(0 < y.sum() < n))
+    add_row_scope(overall, None, metrics.both_classes(y))
     group_info: dict[str, Any] = {}
     if gidx is not None:
         per_model = {m: _grouped(gidx, n_groups, y, scores[m], ks) for m in MODELS}
@@ -414,8 +415,6 @@ class ABOptions:
 
 def run_ab(opts: ABOptions, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Reads the logs and both sources, compares, writes ab.json / ab.html under ``output``."""
-    from pipelines.abtest import report
-
     t0 = time.perf_counter()
     logs = sources.load_logs(
         opts.data,

@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
 
-from pipelines.abtest.metrics import GroupValues, bin_index, row_logloss, tie_bounds
+from ranking.metrics import GroupValues, ScoreOrder, bin_index, row_logloss
 
 Kernel = Callable[[np.ndarray, np.ndarray | None], Any]
 
@@ -119,34 +120,16 @@ class Resampler:
 
 
 class AUCKernel:
-    """Weighted AUC of ``scores`` on ``rows`` (default all) for each resample; NaN if one class."""
+    """Weighted AUC of ``scores`` on ``rows`` (default all) for each resample; NaN if one class
+    has zero weight in it (``ranking.metrics.ScoreOrder.auc``)."""
 
     def __init__(self, labels: np.ndarray, scores: np.ndarray, rows: np.ndarray | None = None):
-        y = np.asarray(labels, dtype=np.float64)
-        s = np.asarray(scores, dtype=np.float64)
-        idx = np.arange(y.size) if rows is None else np.asarray(rows)
-        order = np.argsort(s[idx], kind="mergesort")
-        self.take = idx[order]
-        ys = y[self.take]
-        start, end = tie_bounds(s[self.take])
-        self.is_neg = (ys == 0).astype(np.float64)
-        pos = np.flatnonzero(ys == 1)
-        self.pos = pos
-        self.start_m1 = np.maximum(start[pos] - 1, 0)
-        self.has_below = (start[pos] > 0).astype(np.float64)
-        self.end_m1 = end[pos] - 1
+        self.order = ScoreOrder.of(labels, scores, rows)
+        self.take = self.order.take
 
     def __call__(self, wr: np.ndarray, wg: np.ndarray | None = None) -> np.ndarray:
         w = np.take(wr, self.take, axis=1)  # much faster than wr[:, take]
-        neg = np.multiply(w, self.is_neg)
-        cum = np.cumsum(neg, axis=1, out=neg)  # inclusive: negatives up to each position
-        below = np.take(cum, self.start_m1, axis=1) * self.has_below
-        twice = below + np.take(cum, self.end_m1, axis=1)  # 2 * below + tied
-        wp = np.take(w, self.pos, axis=1)
-        num = np.einsum("ij,ij->i", wp, twice)
-        den = 2.0 * wp.sum(axis=1) * cum[:, -1]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
+        return self.order.auc(w, overwrite=True)
 
 
 class RatioKernel:
@@ -246,14 +229,7 @@ class RowKernel:
             out["calibration_ratio"] = np.where(py[:, 2] != 0, py[:, 1] / py[:, 2], np.nan)
             out["ece"] = np.where(ok, np.abs(per_bin).sum(axis=1) / safe, np.nan)
             if self.with_auc:
-                neg = np.multiply(w, a.is_neg, out=w)
-                cum = np.cumsum(neg, axis=1, out=neg)
-                below = np.take(cum, a.start_m1, axis=1) * a.has_below
-                twice = below + np.take(cum, a.end_m1, axis=1)
-                wp = np.take(wr, np.take(a.take, a.pos), axis=1)
-                num = np.einsum("ij,ij->i", wp, twice)
-                den = 2.0 * wp.sum(axis=1) * cum[:, -1]
-                out["auc"] = np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
+                out["auc"] = a.order.auc(w, overwrite=True)
         return out
 
 
@@ -280,8 +256,6 @@ def run(
     GIL in the heavy loops), and the next chunk of counts is drawn while they run. The values do
     not depend on ``workers``.
     """
-    from concurrent.futures import ThreadPoolExecutor
-
     workers = workers or min(os.cpu_count() or 1, 8)
     out: dict[Any, list[Any]] = {k: [] for k in kernels}
     if workers <= 1:

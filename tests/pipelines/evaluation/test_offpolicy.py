@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.abtest import compare, offpolicy, sources
+from pipelines.evaluation import compare, offpolicy, sources
 
 BANDIT_SCHEMA = """
 name = "bandit"

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from sklearn.metrics import log_loss, roc_auc_score
 
-from pipelines.abtest import bootstrap as B
-from pipelines.abtest import compare
-from pipelines.abtest import metrics as M
+from pipelines.evaluation import bootstrap as B
+from pipelines.evaluation import compare
+from ranking import metrics as M
 
 
 def _data(seed: int, n: int = 2000):
