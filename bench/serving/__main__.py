@@ -156,7 +156,7 @@ def make_requests(saved: Path, cache: Path, rows: int, n: int, count: int, out: 
     """``count`` RankRequests and the equivalent KServe ModelInferRequests of N candidates."""
     from protos import grpc_service_pb2 as kserve_pb2
     from serving.client import make_request
-    from serving.servicers import encode_bytes
+    from serving.codec import encode_bytes
 
     kinds = _inputs(saved)
     data = _test_rows(cache, rows, count * n + count)
