@@ -67,7 +67,7 @@ def test_train_export_serve_without_optional_packages(tmp_path: Path) -> None:
         )
         assert p.returncode != 0 and "is blocked" in p.stderr, (name, p.stderr[-500:])
 
-    data = write_tiny_dataset(tmp_path / "data", rows=600, train_rows=500)
+    data = write_tiny_dataset(tmp_path, rows=600, train_rows=500)
     model = {"type": "dcn_v2", "embedding_dim": 4, "mlp": [8], "cross_layers": 1}
     train = {"batch_size": 128, "epochs": 1, "learning_rate": 0.01, "deterministic": True}
     cfg = write_run_config(tmp_path / "run.toml", data, tmp_path / "run", model, train)
