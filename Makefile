@@ -32,3 +32,8 @@ format: $(STAMP)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache
+
+# Regenerates the committed protos/*_pb2.py and *_pb2_grpc.py after a .proto file changes.
+.PHONY: protos
+protos: $(STAMP)
+	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. protos/*.proto

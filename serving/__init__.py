@@ -1,14 +1,20 @@
 """The gRPC inference server; it loads SavedModels and never imports ranking/.
 
 - ``config``: BatchingConfig, VersionPolicy, Limits, ServerOptions (no TensorFlow);
-- ``repository``: models/<name>/<version>/ SavedModels, version policies, polling, warmup,
-  hot swap, rollback; one model instance per GPU (round robin) or one on the CPU;
+- ``repository``: models/<name>/<version>/ SavedModels (``ModelVersion``, ``VersionState``),
+  version policies, polling, warmup, hot swap, rollback; one model instance per GPU (round
+  robin) or one on the CPU;
 - ``batching``: the dynamic batcher (max batch size, queue delay, preferred sizes, bounded queue);
 - ``inference``: feature checks and the predict / rank calls every protocol shares;
-- ``servicers``: RankingService, TF Serving PredictionService + ModelService, KServe v2;
+- ``ranking_service``: StitchRec's RankingService; ``tf_serving``: TF Serving's
+  PredictionService and ModelService; ``kserve``: KServe v2's GRPCInferenceService;
+- ``codec``: wire tensors of the three protocols <-> numpy; ``rpc``: the state the services
+  share and the handler wrapper (errors -> gRPC status codes, metrics);
 - ``interceptors``: bearer-token auth and JSON access logs; ``metrics``: Prometheus;
 - ``server``: ``create_server(address, repo, options) -> (server, port)``, graceful stop;
-- ``client``: a Python client of the RankingService.
+- ``client``: a Python client of the RankingService;
+- ``testing``: a server on a background thread and a hand-checkable linear SavedModel, for
+  tests and benchmarks.
 
 See docs/serving.md.
 """

@@ -3,13 +3,30 @@
 - ``BatchingConfig``: the dynamic batcher of each model version;
 - ``VersionPolicy``: which versions of a model on disk are served;
 - ``Limits``: per-request limits;
-- ``ServerOptions``: everything ``create_server`` and ``stitchrec serve`` take.
+- ``ServerOptions``: everything ``create_server`` and ``stitchrec serve`` take;
+- ``VersionState``: the states of a model version.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 from collections.abc import Iterable
+
+
+class VersionState(enum.StrEnum):
+    """The state of a model version: TF Serving's ``ModelVersionStatus.State`` names, which
+    GetModelStatus and the ``stitchrec_model_version_state`` metric report.
+
+    START: known, not loading yet; LOADING: loading and warming up; AVAILABLE: served;
+    UNLOADING: draining its requests; END: unloaded, or failed to load (with the error).
+    """
+
+    START = "START"
+    LOADING = "LOADING"
+    AVAILABLE = "AVAILABLE"
+    UNLOADING = "UNLOADING"
+    END = "END"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import prometheus_client as prom
 
+from serving.config import VersionState
+
 _LATENCY_BUCKETS = (
     0.0005,
     0.001,
@@ -32,7 +34,6 @@ _LATENCY_BUCKETS = (
     5.0,
 )
 _SIZE_BUCKETS = tuple(float(2**i) for i in range(15))
-_STATES = ("START", "LOADING", "AVAILABLE", "UNLOADING", "END")
 
 
 class Metrics:
@@ -97,8 +98,8 @@ class Metrics:
             q.observe(w)
 
     def record_state(self, model: str, version: int, state: str) -> None:
-        for s in _STATES:
-            self.version_state.labels(model, str(version), s).set(1.0 if s == state else 0.0)
+        for s in VersionState:
+            self.version_state.labels(model, str(version), s.value).set(1.0 if s == state else 0.0)
 
     def serve_http(self, port: int, host: str = "127.0.0.1") -> int:
         """Starts the ``/metrics`` HTTP endpoint (a daemon thread); returns its port."""

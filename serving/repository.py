@@ -49,19 +49,12 @@ from compiler_opt import codegen
 from compiler_opt.cost import load_or_calibrate
 from compiler_opt.fused_signature import FusedSignature, read_spec
 from serving.batching import DynamicBatcher
-from serving.config import BatchingConfig, VersionPolicy
+from serving.config import BatchingConfig, VersionPolicy, VersionState
 
 log = logging.getLogger("stitchrec.serving.repository")
 
 SERVING_SIGNATURE = "serving_default"
 RANK_SIGNATURE = "rank_request"
-
-# TF Serving's ModelVersionStatus.State values.
-STATE_START = "START"
-STATE_LOADING = "LOADING"
-STATE_AVAILABLE = "AVAILABLE"
-STATE_UNLOADING = "UNLOADING"
-STATE_END = "END"
 
 _NP_DTYPES = {tf.string: np.object_, tf.int64: np.int64, tf.float32: np.float32}
 
@@ -85,7 +78,9 @@ class InputSpec:
 
 @dataclasses.dataclass
 class VersionStatus:
-    state: str
+    """A version's state and, for a version that failed to load, the error."""
+
+    state: VersionState
     error: str = ""
 
 
@@ -153,46 +148,72 @@ def _fingerprint(path: Path) -> float:
 
 
 class ModelVersion:
-    """One loaded version: an instance per device, its signatures and its batcher."""
+    """One version of a model: an instance per device, its signatures and its batcher.
+
+    Construction only records what the version is (name, number, folder, devices, state
+    ``START``); ``load()`` reads the SavedModel onto each device, ``warmup()`` runs it on dummy
+    batches, ``start()`` creates its batcher, ``close()`` drains it.
+    """
 
     def __init__(
         self, name: str, version: int, path: Path, devices: list[str], fusion: bool = True
     ):
         self.name = name
         self.version = version
-        self.path = path
-        self.devices = devices
+        self.path = Path(path)
+        self.devices = list(devices)
+        self.fusion = fusion
+        self.state = VersionState.START
+        self.error = ""
+        # filled by load()
+        self.kernels: list[str] = []
+        self.placement_note = ""
+        self.instances: list[Any] = []
+        self.signature_names: list[str] = []
+        self.inputs: dict[str, InputSpec] = {}
+        self.outputs: dict[str, tf.TensorSpec] = {}
+        self.rank_inputs: dict[str, InputSpec] | None = None
+        self.signature_inputs: dict[str, dict[str, InputSpec]] = {}
+        self.groups: dict[str, str] = {}
+        self.fused: list[FusedSignature] = []
+        # filled by start()
+        self.batcher: DynamicBatcher | None = None
+        self._round_robin = itertools.cycle([0])
+        self.inflight = 0
+        self._idle: asyncio.Event | None = None
+
+    def load(self) -> ModelVersion:
+        """Loads the SavedModel once per device (after the generated kernels it uses), reads its
+        signatures, feature groups and fusion plan; returns ``self``."""
+        self.state = VersionState.LOADING
         # Generated kernels an export uses (compiler_opt.codegen) must be loaded first.
-        self.kernels = codegen.load_for_saved_model(path)
-        self.devices, self.placement_note = kernel_devices(self.kernels, devices)
+        self.kernels = codegen.load_for_saved_model(self.path)
+        self.devices, self.placement_note = kernel_devices(self.kernels, self.devices)
         if self.placement_note:
-            log.warning("%s v%d: %s", name, version, self.placement_note)
-        devices = self.devices
+            log.warning("%s v%d: %s", self.name, self.version, self.placement_note)
         self.instances = []
-        for dev in devices:
+        for dev in self.devices:
             with tf.device(dev):
-                self.instances.append(tf.saved_model.load(str(path)))
-        sigs = self.instances[0].signatures
+                self.instances.append(tf.saved_model.load(str(self.path)))
+        self._read_signatures(self.instances[0].signatures)
+        self.groups = self._read_groups()
+        self.fused = self._fuse() if self.fusion else []
+        self._round_robin = itertools.cycle(range(len(self.instances)))
+        return self
+
+    def _read_signatures(self, sigs: Any) -> None:
         if SERVING_SIGNATURE not in sigs:
             raise ValueError(
-                f"{path}: the SavedModel has no {SERVING_SIGNATURE!r} signature "
+                f"{self.path}: the SavedModel has no {SERVING_SIGNATURE!r} signature "
                 f"(it has {sorted(sigs)})"
             )
         self.signature_names = sorted(sigs)
         self.inputs = _signature_inputs(sigs[SERVING_SIGNATURE])
-        self.outputs = {
-            k: v for k, v in sigs[SERVING_SIGNATURE].structured_outputs.items()
-        }  # name -> TensorSpec
+        self.outputs = dict(sigs[SERVING_SIGNATURE].structured_outputs.items())
         self.rank_inputs = (
             _signature_inputs(sigs[RANK_SIGNATURE]) if RANK_SIGNATURE in sigs else None
         )
         self.signature_inputs = {n: _signature_inputs(sigs[n]) for n in sigs}
-        self.groups = self._read_groups()
-        self.fused = self._fuse() if fusion else []
-        self.batcher: DynamicBatcher | None = None
-        self._round_robin = itertools.cycle(range(len(self.instances)))
-        self.inflight = 0
-        self._idle: asyncio.Event | None = None
 
     def _fuse(self) -> list[FusedSignature]:
         """One ``FusedSignature`` per instance when the export asks for fusion
@@ -467,8 +488,17 @@ class ModelRepository:
         if self.after_poll is not None and self.loaded_once:
             await self.after_poll()
 
-    def _set_status(self, name: str, version: int, state: str, error: str = "") -> None:
+    def _set_status(
+        self,
+        name: str,
+        version: int,
+        state: VersionState,
+        error: str = "",
+        mv: ModelVersion | None = None,
+    ) -> None:
         self._status.setdefault(name, {})[version] = VersionStatus(state, error)
+        if mv is not None:
+            mv.state, mv.error = state, error
         if self._on_change is not None:
             self._on_change(name, version, state)
 
@@ -492,14 +522,14 @@ class ModelRepository:
             if not todo:
                 break
             for v in sorted(todo, reverse=True):
-                self._set_status(name, v, STATE_LOADING)
+                self._set_status(name, v, VersionState.LOADING)
                 t0 = time.monotonic()
                 try:
                     mv = await loop.run_in_executor(None, self._load, name, v, on_disk[v])
                 except Exception as e:  # rollback: keep serving what is live
                     self._failed[(name, v)] = _fingerprint(on_disk[v])
                     msg = f"{type(e).__name__}: {e}".splitlines()[0][:500]
-                    self._set_status(name, v, STATE_END, msg)
+                    self._set_status(name, v, VersionState.END, msg)
                     log.error(
                         json.dumps(
                             {"event": "load_failed", "model": name, "version": v, "error": msg}
@@ -508,7 +538,7 @@ class ModelRepository:
                     continue
                 mv.start(self.batching, self._batch_callback(name))
                 live[v] = mv
-                self._set_status(name, v, STATE_AVAILABLE)
+                self._set_status(name, v, VersionState.AVAILABLE, mv=mv)
                 log.info(
                     json.dumps(
                         {
@@ -542,12 +572,12 @@ class ModelRepository:
         return on_batch
 
     def _load(self, name: str, version: int, path: Path) -> ModelVersion:
-        mv = ModelVersion(name, version, path, self.devices, fusion=self.fusion)
+        mv = ModelVersion(name, version, path, self.devices, fusion=self.fusion).load()
         mv.warmup(self.warmup_sizes)
         return mv
 
     async def _unload(self, mv: ModelVersion) -> None:
-        self._set_status(mv.name, mv.version, STATE_UNLOADING)
+        self._set_status(mv.name, mv.version, VersionState.UNLOADING, mv=mv)
         await mv.close()
-        self._set_status(mv.name, mv.version, STATE_END)
+        self._set_status(mv.name, mv.version, VersionState.END, mv=mv)
         log.info(json.dumps({"event": "unloaded", "model": mv.name, "version": mv.version}))

@@ -16,6 +16,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import grpc
@@ -34,15 +35,12 @@ from protos import ranking_service_pb2 as rank_pb2
 from protos import ranking_service_pb2_grpc as rank_grpc
 from serving.config import ServerOptions
 from serving.interceptors import AccessLogInterceptor, TokenAuthInterceptor
+from serving.kserve import KServeServicer
 from serving.metrics import Metrics
+from serving.ranking_service import RankingServicer
 from serving.repository import ModelRepository
-from serving.servicers import (
-    KServeServicer,
-    ModelServicer,
-    PredictionServicer,
-    RankingServicer,
-    ServerState,
-)
+from serving.rpc import ServerState
+from serving.tf_serving import ModelServicer, PredictionServicer
 
 log = logging.getLogger("stitchrec.serving.server")
 
@@ -101,38 +99,34 @@ def _read(path: str) -> bytes:
     return p.read_bytes()
 
 
-async def create_server(
-    address: str,
-    repo: str | Path | ModelRepository,
-    options: ServerOptions | None = None,
-) -> tuple[ServingServer, int]:
-    """Loads the repository, binds ``address`` (``host:port``, port 0: any) and starts serving.
-
-    Returns the running server and the bound port.
-    """
-    options = options or ServerOptions()
-    metrics = Metrics()
+def _repository(
+    repo: str | Path | ModelRepository, options: ServerOptions, metrics: Metrics
+) -> ModelRepository:
+    """``repo`` itself, or a repository over the folder ``repo`` configured from ``options``."""
     if isinstance(repo, ModelRepository):
-        repository = repo
-    else:
-        repository = ModelRepository(
-            repo,
-            policy=options.policy,
-            policies=dict(options.policies),
-            batching=options.batching,
-            poll_interval_s=options.poll_interval_s,
-            warmup_sizes=options.warmup_sizes,
-            devices=list(options.devices) if options.devices else None,
-            fusion=options.fusion,
-            on_batch=metrics.record_batch,
-            on_change=metrics.record_state,
-        )
+        return repo
+    return ModelRepository(
+        repo,
+        policy=options.policy,
+        policies=dict(options.policies),
+        batching=options.batching,
+        poll_interval_s=options.poll_interval_s,
+        warmup_sizes=options.warmup_sizes,
+        devices=list(options.devices) if options.devices else None,
+        fusion=options.fusion,
+        on_batch=metrics.record_batch,
+        on_change=metrics.record_state,
+    )
+
+
+def _grpc_server(options: ServerOptions) -> grpc.aio.Server:
+    """The grpc.aio server with the auth and access-log interceptors ``options`` asks for."""
     interceptors: list[grpc.aio.ServerInterceptor] = []
     if options.tokens:
         interceptors.append(TokenAuthInterceptor(options.tokens))
     if options.access_log:
         interceptors.append(AccessLogInterceptor())
-    server = grpc.aio.server(
+    return grpc.aio.server(
         interceptors=interceptors,
         options=[
             ("grpc.max_receive_message_length", options.max_message_bytes),
@@ -140,7 +134,10 @@ async def create_server(
             ("grpc.so_reuseport", 1 if options.reuse_port else 0),
         ],
     )
-    state = ServerState(repository, metrics, options.limits)
+
+
+def _add_services(server: grpc.aio.Server, state: ServerState) -> health.aio.HealthServicer:
+    """Registers every service plus grpc.health.v1 and reflection; returns the health servicer."""
     rank_grpc.add_RankingServiceServicer_to_server(RankingServicer(state), server)
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(
         PredictionServicer(state), server
@@ -153,6 +150,11 @@ async def create_server(
     reflection.enable_server_reflection(
         (*SERVICE_NAMES, health_name, reflection.SERVICE_NAME), server
     )
+    return health_servicer
+
+
+def _bind(server: grpc.aio.Server, address: str, options: ServerOptions) -> int:
+    """Binds ``address`` (TLS when ``options`` has a certificate and key); returns the port."""
     try:
         if options.tls_cert is not None and options.tls_key is not None:
             creds = grpc.ssl_server_credentials(
@@ -167,10 +169,17 @@ async def create_server(
         raise ValueError(f"cannot bind the gRPC address {address!r}: {e}") from None
     if port == 0:
         raise ValueError(f"cannot bind the gRPC address {address!r} (in use or invalid)")
+    return port
+
+
+def _health_sync(
+    state: ServerState, health_servicer: health.aio.HealthServicer
+) -> Callable[[], Awaitable[None]]:
+    """A coroutine function setting every service SERVING while every model has a ready
+    version (and the server is not stopping), NOT_SERVING otherwise."""
 
     async def sync_health() -> None:
-        """SERVING while every model has a ready version, NOT_SERVING otherwise."""
-        ok = repository.ready() and not state.shutting_down
+        ok = state.repo.ready() and not state.shutting_down
         status = (
             health_pb2.HealthCheckResponse.SERVING
             if ok
@@ -179,6 +188,26 @@ async def create_server(
         for name in ("", *SERVICE_NAMES):
             await health_servicer.set(name, status)
 
+    return sync_health
+
+
+async def create_server(
+    address: str,
+    repo: str | Path | ModelRepository,
+    options: ServerOptions | None = None,
+) -> tuple[ServingServer, int]:
+    """Loads the repository, binds ``address`` (``host:port``, port 0: any) and starts serving.
+
+    Returns the running server and the bound port.
+    """
+    options = options or ServerOptions()
+    metrics = Metrics()
+    repository = _repository(repo, options, metrics)
+    server = _grpc_server(options)
+    state = ServerState(repository, metrics, options.limits)
+    health_servicer = _add_services(server, state)
+    port = _bind(server, address, options)
+    sync_health = _health_sync(state, health_servicer)
     repository.after_poll = sync_health
     await sync_health()  # NOT_SERVING until the first load
     await server.start()  # live (ServerLive) while the models load; ready after

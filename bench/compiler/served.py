@@ -57,7 +57,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     from compiler_opt.fused_signature import FusionSpec, write_spec
     from pipelines.export import export_saved_model
     from serving.config import BatchingConfig, ServerOptions
-    from tests.serving.harness import ServerThread
+    from serving.testing import ServerThread
 
     work = Path(args.work)
     data = workload.write_data(work, args.rows)

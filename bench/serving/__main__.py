@@ -23,6 +23,8 @@ Then a hot swap under load: the batching server polls its repository every 0.2 s
 version 2 is copied in and later removed (rollback to 1); the generator counts failed requests
 and the versions that answered.
 
+``--report results.json`` prints the table of an earlier run's results again.
+
 Each cell is measured ``--repeats`` times (default 3; 5 s after 1 s of warm-up each; ``--quick``:
 once, 2 s) and reported as mean ± sample std. Ratios are of the means against Triton at the same
 N (requests/s and p99). Writes ``results.json`` (every run, the aggregates, the load average
@@ -156,7 +158,7 @@ def make_requests(saved: Path, cache: Path, rows: int, n: int, count: int, out: 
     """``count`` RankRequests and the equivalent KServe ModelInferRequests of N candidates."""
     from protos import grpc_service_pb2 as kserve_pb2
     from serving.client import make_request
-    from serving.servicers import encode_bytes
+    from serving.codec import encode_bytes
 
     kinds = _inputs(saved)
     data = _test_rows(cache, rows, count * n + count)
@@ -443,6 +445,16 @@ def table(aggregated: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def report(results: Path) -> int:
+    """Prints the table of the runs in ``results`` (a results.json), then their aggregates as
+    one JSON line."""
+    rows = json.loads(results.read_text())["rows"]
+    aggregated = aggregate(rows)
+    print(table(aggregated))
+    print(json.dumps({"aggregated": aggregated}), flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="gRPC serving load test beside Triton")
     p.add_argument("--out", default="runs/bench-serving")
@@ -454,7 +466,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", type=int, default=20_000, help="synthetic rows to train on")
     p.add_argument("--servers", default="no-batching,batching,batching-kserve,multiprocess,triton")
     p.add_argument("--skip-hot-swap", action="store_true")
+    p.add_argument(
+        "--report",
+        metavar="RESULTS",
+        help="print the table of a results.json's runs (and their aggregates as JSON); no load",
+    )
     args = p.parse_args(argv)
+    if args.report:
+        return report(Path(args.report))
     plan = Plan(
         seconds=args.seconds or (2.0 if args.quick else 5.0),
         warmup=1.0,

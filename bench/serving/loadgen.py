@@ -9,6 +9,10 @@ little-endian length) sent round robin as raw bytes, so the generator spends no 
 one JSON object: requests/s, p50/p90/p99/max latency (ms) over the measured window, failures
 by status code, and (with ``--rank-versions``) how many answers each model version gave.
 
+``--record FILE`` also writes the measured latencies (seconds), the window and the failures as
+JSON; ``--summarize FILE`` prints the summary of such a record and sends nothing.
+``--list-requests`` prints the messages of ``--requests`` (hex) and sends nothing.
+
 It imports no TensorFlow and no project protos (only with ``--rank-versions``), so it can load
 StitchRec and Triton servers alike.
 """
@@ -108,6 +112,14 @@ async def run(args: argparse.Namespace) -> dict:
     for ch in channels:
         await ch.close()
     # requests started in the measured window, over the window's length
+    if args.record:
+        record = {
+            "latencies_s": latencies,
+            "seconds": args.seconds,
+            "failures_by_code": dict(failures),
+        }
+        with open(args.record, "w") as f:
+            json.dump(record, f)
     out = summarize(latencies, args.seconds, failures)
     out["concurrency"] = args.concurrency
     if decode is not None:
@@ -115,19 +127,41 @@ async def run(args: argparse.Namespace) -> dict:
     return out
 
 
+def summarize_record(path: str) -> dict:
+    """The summary of a ``--record`` file."""
+    with open(path) as f:
+        record = json.load(f)
+    return summarize(
+        record["latencies_s"], record["seconds"], Counter(record.get("failures_by_code", {}))
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--target", required=True)
-    p.add_argument("--method", required=True, help="full method path, e.g. /pkg.Service/Method")
-    p.add_argument("--requests", required=True, help="file of length-prefixed request messages")
+    p.add_argument("--target")
+    p.add_argument("--method", help="full method path, e.g. /pkg.Service/Method")
+    p.add_argument("--requests", help="file of length-prefixed request messages")
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--channels", type=int, default=4)
     p.add_argument("--warmup", type=float, default=1.0)
     p.add_argument("--seconds", type=float, default=5.0)
     p.add_argument("--timeout", type=float, default=10.0)
     p.add_argument("--rank-versions", action="store_true")
+    p.add_argument("--record", help="also write the measured latencies and failures (JSON)")
+    p.add_argument("--summarize", metavar="RECORD", help="summarise a --record file; no load")
+    p.add_argument("--list-requests", action="store_true", help="print --requests (hex); no load")
     args = p.parse_args(argv)
-    out = asyncio.run(run(args))
+    if args.summarize:
+        out = summarize_record(args.summarize)
+    elif args.list_requests:
+        if not args.requests:
+            p.error("--list-requests needs --requests")
+        out = {"messages": [m.hex() for m in read_requests(args.requests)]}
+    else:
+        missing = [f"--{k}" for k in ("target", "method", "requests") if not getattr(args, k)]
+        if missing:
+            p.error(f"the load needs {', '.join(missing)}")
+        out = asyncio.run(run(args))
     print(json.dumps(out), flush=True)
     return 0
 

@@ -84,7 +84,7 @@ def test_stitchrec_train_with_fusion_reaches_the_same_auc(cache, tmp_path):
         "t = make_tiny_table(50, seed=3)\n"
         "out = {}\n"
         "for name in ('fused', 'plain', 'both'):\n"
-        "    mv = ModelVersion(name, 1, Path(sys.argv[1]) / name, ['/CPU:0'])\n"
+        "    mv = ModelVersion(name, 1, Path(sys.argv[1]) / name, ['/CPU:0']).load()\n"
         "    feats = {k: t.column(k).to_numpy(zero_copy_only=False) for k in mv.inputs}\n"
         "    out[name] = mv.run(0, feats)['score']\n"
         "    print(name, mv.kernels, [f.describe() for f in mv.fused])\n"

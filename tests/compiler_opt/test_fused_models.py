@@ -133,7 +133,7 @@ def test_fm_and_wide_weights_run_as_generated_ops(tiny, model_type, tmp_path):
     path = export_saved_model(model, schema, tmp_path / "kernels", kernels=True)
     manifest = (path / "assets" / "compiler_opt_kernels" / "manifest.json").read_text()
     assert manifest.count('"forward"') == 2
-    version = ModelVersion("fm", 1, path, ["/device:CPU:0"], fusion=False)
+    version = ModelVersion("fm", 1, path, ["/device:CPU:0"], fusion=False).load()
     plain = tf.saved_model.load(str(plain_path)).signatures["serving_default"]
     feats = {k: v for k, v in batch.items() if k in plain.structured_input_signature[1]}
     served = version.instances[0].signatures["serving_default"](**feats)

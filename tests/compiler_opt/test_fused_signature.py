@@ -22,8 +22,8 @@ from compiler_opt.fused_signature import (
     write_spec,
 )
 from serving.config import BatchingConfig, ServerOptions
+from serving.testing import ServerThread
 from tests.compiler_opt.conftest import need_compiler
-from tests.serving.harness import ServerThread
 
 LADDER = (8, 32, 128)
 

@@ -238,7 +238,7 @@ def test_cascade_with_generated_lookups_serves_the_same_scores(setup, tmp_path):
     out = export_cascade(prerank, rank, groups, tmp_path / "cascade", keep=4, kernels=True)
     manifest = json.loads((out / "assets" / "compiler_opt_kernels" / "manifest.json").read_text())
     assert len(manifest["kernels"]) == 1  # the ranking model's; the two-tower has none
-    version = ModelVersion("cascade", 1, out, ["/device:CPU:0"], fusion=False)
+    version = ModelVersion("cascade", 1, out, ["/device:CPU:0"], fusion=False).load()
     assert version.kernels == [manifest["kernels"][0]["forward"]]
     graph = version.instances[0].signatures["rank_request"].graph.as_graph_def()
     ops = {n.op for f in graph.library.function for n in f.node_def}

@@ -9,20 +9,18 @@ import re
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
-import grpc
 import numpy as np
 import pytest
 import tensorflow as tf
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from pipelines.config import load_config
 from pipelines.export import export_run
 from pipelines.train import train
 from serving.client import RankingClient
+from serving.testing import wait_serving
 from tests.testdata import write_run_config, write_tiny_dataset
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,20 +46,6 @@ def exported_repo(tmp_path_factory) -> Path:
     return repo
 
 
-def _wait_serving(target: str, timeout: float = 60) -> None:
-    t0 = time.monotonic()
-    while True:
-        try:
-            stub = health_pb2_grpc.HealthStub(grpc.insecure_channel(target))
-            if stub.Check(health_pb2.HealthCheckRequest(), timeout=2).status == 1:
-                return
-        except grpc.RpcError:
-            pass
-        if time.monotonic() - t0 > timeout:
-            raise TimeoutError(f"{target} not serving after {timeout}s")
-        time.sleep(0.2)
-
-
 def _requests_ok(port: int) -> float:
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     m = re.search(r'^stitchrec_requests_total\{code="OK",method="Rank"\} (\S+)$', text, re.M)
@@ -83,7 +67,7 @@ def test_serve_two_workers_exported_model(exported_repo):
         assert {w["port"] for w in lines[1:]} == {port}
         metrics_ports = [w["metrics_port"] for w in lines[1:]]
         target = f"127.0.0.1:{port}"
-        _wait_serving(target)
+        wait_serving(target)
 
         users = ["u1", "u30"]
         cands = {

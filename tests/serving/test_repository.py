@@ -17,8 +17,7 @@ from serving.batching import BatchingConfig
 from serving.client import AsyncRankingClient
 from serving.repository import ModelNotFound, ModelRepository, VersionPolicy
 from serving.server import ServerOptions
-from tests.serving.harness import ServerThread
-from tests.serving.models import copy_version, reference_score, write_linear_model
+from serving.testing import ServerThread, copy_version, reference_score, write_linear_model
 
 
 @pytest.fixture(scope="module")

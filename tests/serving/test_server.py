@@ -39,8 +39,7 @@ from serving.batching import BatchingConfig
 from serving.client import AsyncRankingClient, RankingClient, make_request
 from serving.inference import Limits
 from serving.server import ServerOptions
-from tests.serving.harness import ServerThread
-from tests.serving.models import reference_score, write_linear_model
+from serving.testing import ServerThread, reference_score, write_linear_model
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -55,7 +55,7 @@ def test_saved_model_source_matches_evaluate(models):
 @pytest.fixture(scope="module")
 def server(models):
     from serving.server import ServerOptions
-    from tests.serving.harness import ServerThread
+    from serving.testing import ServerThread
 
     repo = models["root"] / "repo"
     shutil.copytree(models["treatment"], repo / "ctr" / "1")

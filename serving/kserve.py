@@ -1,0 +1,99 @@
+"""KServe v2 / Open Inference Protocol ``GRPCInferenceService``: liveness, readiness, metadata
+and ModelInfer (typed or raw tensor contents; outputs always raw)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from protos import grpc_service_pb2 as kserve_pb2
+from protos import grpc_service_pb2_grpc as kserve_grpc
+from serving import inference
+from serving.codec import kserve_datatype, kserve_inputs_to_numpy, numpy_to_kserve_raw
+from serving.inference import invalid
+from serving.repository import ModelNotFound
+from serving.rpc import ServerState, check_outputs, deadline, rpc
+
+SERVER_NAME = "stitchrec"
+SERVER_VERSION = "0.1.0"
+
+
+def version_arg(text: str, where: str) -> int | None:
+    """A KServe version string -> a version number (``""``: None, the highest live one)."""
+    if not text:
+        return None
+    try:
+        v = int(text)
+    except ValueError:
+        raise invalid(f"{where}: model version {text!r} is not an integer") from None
+    if v < 1:
+        raise invalid(f"{where}: model version must be >= 1, got {v}")
+    return v
+
+
+class KServeServicer(kserve_grpc.GRPCInferenceServiceServicer):
+    def __init__(self, state: ServerState):
+        self.state = state
+
+    @rpc("ServerLive")
+    async def ServerLive(self, request: Any, context: Any) -> Any:
+        return kserve_pb2.ServerLiveResponse(live=True)
+
+    @rpc("ServerReady")
+    async def ServerReady(self, request: Any, context: Any) -> Any:
+        ready = self.state.repo.ready() and not self.state.shutting_down
+        return kserve_pb2.ServerReadyResponse(ready=ready)
+
+    @rpc("ModelReady")
+    async def ModelReady(self, request: Any, context: Any) -> Any:
+        version = version_arg(request.version, "ModelReadyRequest")
+        if request.name not in self.state.repo.model_names():
+            raise ModelNotFound(f"unknown model {request.name!r}")
+        ready = self.state.repo.ready(request.name, version) and not self.state.shutting_down
+        return kserve_pb2.ModelReadyResponse(ready=ready)
+
+    @rpc("ServerMetadata")
+    async def ServerMetadata(self, request: Any, context: Any) -> Any:
+        return kserve_pb2.ServerMetadataResponse(name=SERVER_NAME, version=SERVER_VERSION)
+
+    @rpc("ModelMetadata")
+    async def ModelMetadata(self, request: Any, context: Any) -> Any:
+        version = version_arg(request.version, "ModelMetadataRequest")
+        mv = self.state.repo.get(request.name, version)
+        resp = kserve_pb2.ModelMetadataResponse(
+            name=request.name,
+            versions=[str(v) for v in self.state.repo.live_versions(request.name)],
+            platform="tensorflow_savedmodel",
+        )
+        for name, spec in sorted(mv.inputs.items()):
+            resp.inputs.add(name=name, datatype=kserve_datatype(spec.tf_dtype), shape=[-1])
+        for name, spec in sorted(mv.outputs.items()):
+            dims = [-1 if d is None else d for d in spec.shape.as_list()]
+            resp.outputs.add(name=name, datatype=kserve_datatype(spec.dtype), shape=dims)
+        return resp
+
+    @rpc("ModelInfer")
+    async def ModelInfer(self, request: kserve_pb2.ModelInferRequest, context: Any) -> Any:
+        where = "ModelInferRequest"
+        if not request.model_name:
+            raise invalid(f"{where}: model_name is empty")
+        version = version_arg(request.model_version, where)
+        features = kserve_inputs_to_numpy(request, where)
+        mv, outputs = await inference.predict(
+            self.state.repo,
+            request.model_name,
+            version,
+            features,
+            deadline=deadline(context),
+            limits=self.state.limits,
+            strings_checked=True,
+        )
+        wanted = [o.name for o in request.outputs] or sorted(outputs)
+        check_outputs(wanted, outputs, where, "unknown output(s)")
+        resp = kserve_pb2.ModelInferResponse(
+            model_name=request.model_name, model_version=str(mv.version), id=request.id
+        )
+        for k in wanted:
+            arr = outputs[k]
+            resp.outputs.add(name=k, datatype=kserve_datatype(arr.dtype), shape=list(arr.shape))
+            resp.raw_output_contents.append(numpy_to_kserve_raw(arr))
+        return resp
