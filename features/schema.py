@@ -43,7 +43,7 @@ Kinds (``FeatureKind``):
   or numeric model inputs), computed inside the model from the raw values of its fields (there
   is no data column): numeric fields are bucketized by ``boundaries`` (``[[name, [b1, ...]], ...]``),
   the values are joined and fingerprint-hashed into ``hash_buckets`` rows (row 0: a field
-  missing). Written by ``features.crosses.add_crosses`` from a FIVES search (docs/fives.md).
+  missing). Written by ``features.crosses.artifact.add_crosses`` from a FIVES search (docs/fives.md).
 
 Every field also has a ``cost`` (its serving cost, used by FSCD pre-ranking), an optional
 ``embedding_dim`` overriding the model's default, and an optional ``group`` (``user``, ``item``,

@@ -160,7 +160,7 @@ def add_configured_crosses(cfg: PipelineConfig, schema: Schema, log: Log) -> Sch
     """The schema plus the top crosses of the artifact ``[data] crosses`` names (if any)."""
     if not cfg.data.crosses:
         return schema
-    from features.crosses import add_crosses, load_crosses
+    from features.crosses.artifact import add_crosses, load_crosses
 
     artifact = load_crosses(cfg.data.crosses)
     schema = add_crosses(schema, artifact, cfg.data.cross_top_n, cfg.data.cross_hash_buckets)

@@ -42,9 +42,11 @@ import pyarrow.parquet as pq
 
 import pipelines  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow loads)
 from features import readers, synthetic
+from features.crosses.pcf_build import build_graph, count_pairs
+from features.crosses.pcf_config import PCFGNNConfig
+from features.crosses.pcf_gnn import evaluate_pairs, pair_graph_like, pretrain
+from features.crosses.pcf_graph import PairGraph, Relation
 from features.dataset import iter_record_batches, list_parquet
-from features.pcf_gnn import PCFGNNConfig, evaluate_pairs, pair_graph_like, pretrain
-from features.pcf_graph import PairGraph, Relation, build_graph, count_pairs
 from features.schema import Schema, load_schema
 from pipelines.config import config_from_dict
 from pipelines.crosses_pcf import table_layer
