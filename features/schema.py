@@ -413,7 +413,7 @@ class Schema:
         return dataclasses.replace(self, fields=tuple(f for f in self.fields if f.name in keep))
 
     def as_parquet(self) -> Schema:
-        """The schema of Parquet shards written by ``features.readers.convert``.
+        """The schema of Parquet shards written by ``features.shards.convert``.
 
         Converted shards hold one column per field, named by the field, with labels already
         thresholded to 0/1 and timestamps already in unix seconds.

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from features import readers
+from features import read_report, shards
 from features.dataset import (
     count_rows,
     input_signature,
@@ -115,13 +115,13 @@ def prepare_data(cfg: PipelineConfig, paths: RunPaths, log: Log) -> tuple[Schema
         return schema.as_parquet(), train, test
     marker = paths.data / "_SUCCESS"
     if not marker.exists():
-        report = readers.ReadReport()
+        report = read_report.ReadReport()
         t0 = time.time()
         if d.raw:
             log(
                 f"converting {len(d.raw)} raw input(s) to Parquet (test_fraction={d.test_fraction})"
             )
-            readers.convert(
+            shards.convert(
                 schema,
                 list(d.raw),
                 paths.data,
@@ -132,11 +132,11 @@ def prepare_data(cfg: PipelineConfig, paths: RunPaths, log: Log) -> tuple[Schema
             )
         else:
             log("converting Parquet inputs to the schema's fields")
-            readers.convert(
+            shards.convert(
                 schema, list(d.train), paths.data, max_bad_rows=d.max_bad_rows, report=report
             )
             if d.test:
-                readers.convert(
+                shards.convert(
                     schema,
                     list(d.test),
                     paths.data / "_test",

@@ -49,7 +49,7 @@ import numpy as np
 import pyarrow as pa
 
 import pipelines  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow loads)
-from features import synthetic
+from features import synthetic, synthetic_config
 from features.crosses import fives_config, fives_encoding, fives_search
 from features.dataset import list_parquet
 from features.schema import Schema, load_schema
@@ -299,7 +299,7 @@ def synthetic_split(
     schema, ground truth and training split."""
     data = work / f"synthetic_{rows}_{seed}"
     if not (data / "ground_truth.json").exists():
-        synthetic.write_dataset(synthetic.SyntheticConfig(rows=rows, seed=seed), data)
+        synthetic.write_dataset(synthetic_config.SyntheticConfig(rows=rows, seed=seed), data)
     schema = load_schema(data / "schema.toml")
     truth = json.loads((data / "ground_truth.json").read_text())
     return data, schema, truth, fives_encoding.read_table(schema, list_parquet(data / "train"))
@@ -377,7 +377,7 @@ def run_timing(args: argparse.Namespace, work: Path, log: Any) -> dict[str, Any]
     fields), timed end to end (encoding included), with the load before and after."""
     data = work / f"synthetic_{args.rows}_0"
     if not (data / "ground_truth.json").exists():
-        synthetic.write_dataset(synthetic.SyntheticConfig(rows=args.rows, seed=0), data)
+        synthetic.write_dataset(synthetic_config.SyntheticConfig(rows=args.rows, seed=0), data)
     schema = load_schema(data / "schema.toml")
     files = list_parquet(data / "train") + list_parquet(data / "test")
     t0 = time.time()

@@ -26,7 +26,7 @@ from features.crosses.pcf_graph import (
     vocab_ids,
 )
 from features.dataset import iter_record_batches
-from features.readers import DataError
+from features.read_report import DataError
 from features.schema import FeatureKind, Schema
 
 _MERGE_EVERY = 16  # batches between merges of the partial count tables

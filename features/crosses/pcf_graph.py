@@ -46,7 +46,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from features.readers import DataError
+from features.read_report import DataError
 
 GRAPH_FILE = "graph.json"
 

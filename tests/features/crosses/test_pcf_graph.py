@@ -12,7 +12,7 @@ import pytest
 
 from features.crosses.pcf_build import build_graph
 from features.crosses.pcf_graph import PairGraph, Relation, smoothed_ctr
-from features.readers import DataError
+from features.read_report import DataError
 from features.schema import load_schema
 from tests.testdata import TINY_SCHEMA, make_tiny_table
 
