@@ -123,10 +123,10 @@ def report(out: Path, t0: float, **extra: Any) -> dict[str, Any]:
 def synthetic_data(folder: Path, rows: int, rows_per_shard: int = 1_000_000, **config: Any) -> Path:
     """The synthetic set (seed 0, 20% test, ``SyntheticConfig`` fields in ``config``) written
     once into ``folder``; returns ``folder``."""
-    from features import synthetic
+    from features import synthetic, synthetic_config
 
     if not (folder / "schema.toml").exists():
-        cfg = synthetic.SyntheticConfig(rows=rows, seed=0, **config)
+        cfg = synthetic_config.SyntheticConfig(rows=rows, seed=0, **config)
         synthetic.write_dataset(cfg, folder, rows_per_shard=rows_per_shard)
     return folder
 

@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import tensorflow as tf
 
-from features.readers import DataError
+from features.read_report import DataError
 from features.schema import FeatureKind, FeatureSpec, Schema
 
 _TF_DTYPES = {"string": tf.string, "int64": tf.int64, "float32": tf.float32}

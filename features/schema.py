@@ -43,7 +43,7 @@ Kinds (``FeatureKind``):
   or numeric model inputs), computed inside the model from the raw values of its fields (there
   is no data column): numeric fields are bucketized by ``boundaries`` (``[[name, [b1, ...]], ...]``),
   the values are joined and fingerprint-hashed into ``hash_buckets`` rows (row 0: a field
-  missing). Written by ``features.crosses.add_crosses`` from a FIVES search (docs/fives.md).
+  missing). Written by ``features.crosses.artifact.add_crosses`` from a FIVES search (docs/fives.md).
 
 Every field also has a ``cost`` (its serving cost, used by FSCD pre-ranking), an optional
 ``embedding_dim`` overriding the model's default, and an optional ``group`` (``user``, ``item``,
@@ -413,7 +413,7 @@ class Schema:
         return dataclasses.replace(self, fields=tuple(f for f in self.fields if f.name in keep))
 
     def as_parquet(self) -> Schema:
-        """The schema of Parquet shards written by ``features.readers.convert``.
+        """The schema of Parquet shards written by ``features.shards.convert``.
 
         Converted shards hold one column per field, named by the field, with labels already
         thresholded to 0/1 and timestamps already in unix seconds.

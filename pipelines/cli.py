@@ -30,9 +30,9 @@ def _print(msg: str) -> None:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from features import synthetic
+    from features import synthetic, synthetic_config
 
-    cfg = synthetic.SyntheticConfig(rows=args.rows, seed=args.seed)
+    cfg = synthetic_config.SyntheticConfig(rows=args.rows, seed=args.seed)
     t0 = time.time()
     summary = synthetic.write_dataset(
         cfg, args.output, test_fraction=args.test_fraction, criteo_tsv=args.criteo_tsv
@@ -43,12 +43,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    from features import readers
+    from features import read_report, shards
     from features.schema import load_schema
 
     schema = load_schema(args.schema)
-    report = readers.ReadReport()
-    out = readers.convert(
+    report = read_report.ReadReport()
+    out = shards.convert(
         schema,
         args.input,
         args.output,
@@ -67,12 +67,12 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    from features import readers
+    from features import read_report, readers
     from features.schema import load_schema
     from features.stats import compute_stats
 
     schema = load_schema(args.schema)
-    report = readers.ReadReport()
+    report = read_report.ReadReport()
     batches = readers.read_batches(
         schema, args.input, max_bad_rows=args.max_bad_rows, report=report
     )
@@ -285,7 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from features.readers import DataError
+    from features.read_report import DataError
     from features.schema import SchemaError
     from pipelines.config import ConfigError
     from pipelines.distribute import PeerLostError

@@ -36,7 +36,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from features.pcf_config import PCFGNNConfig
+from features.crosses.pcf_config import PCFGNNConfig
 from ranking.config import ModelConfig, PrerankConfig
 
 _OPTIMIZERS = ("adam", "adagrad", "sgd")
@@ -251,7 +251,7 @@ class PairStatsConfig:
       alpha: smoothing, ``(clicks + alpha * prior) / (impressions + alpha)``.
       min_impressions: edges with fewer impressions are dropped.
       dim, layers, head, relation_dim, steps, batch_edges, learning_rate, l2, seed, log_every:
-        ``features.pcf_gnn.PCFGNNConfig``.
+        ``features.crosses.pcf_config.PCFGNNConfig``.
     """
 
     pairs: tuple[tuple[str, str], ...] = ()

@@ -6,17 +6,17 @@
 
 Reads the training split of a pipeline config's data (converting raw files into the run's
 ``data/`` folder once, exactly as ``stitchrec train`` does), runs the FIVES search
-(``features.fives``) with one progress line per epoch and writes the cross artifact
-(``features.crosses``; default ``<output_dir>/crosses_fives.json``). The training config then
+(``features.crosses.fives_search``) with one progress line per epoch and writes the cross artifact
+(``features.crosses.artifact``; default ``<output_dir>/crosses_fives.json``). The training config then
 names it::
 
     [data]
     crosses = "../runs/movielens/crosses_fives.json"
     cross_top_n = 5
 
-``--set`` takes ``features.fives.FivesConfig`` keys (``--set sparsity=0.02``). After the
+``--set`` takes ``features.crosses.fives_config.FivesConfig`` keys (``--set sparsity=0.02``). After the
 search, every triple (``screen_orders``) is also tested by the exhaustive interaction screen
-(``features.interaction_screen``), which finds pure interactions the edge search cannot;
+(``features.crosses.interaction_screen``), which finds pure interactions the edge search cannot;
 ``--no-screen`` leaves it out.
 """
 
@@ -57,7 +57,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--triple-search",
         action="store_true",
-        help="start from features.fives.TRIPLE_SEARCH (linear readout, contribution strength): "
+        help="start from features.crosses.fives_config.TRIPLE_SEARCH (linear readout, contribution strength): "
         "finds pure triples among a few fields (docs/fives.md); --set still overrides",
     )
     p.add_argument(
@@ -70,7 +70,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def fives_config(args: argparse.Namespace) -> Any:
     """``FivesConfig`` from ``--set`` and the shortcut flags (flags win)."""
-    from features.fives import TRIPLE_SEARCH, FivesConfig
+    from features.crosses.fives_config import TRIPLE_SEARCH, FivesConfig
     from pipelines.config import parse_override
 
     allowed = {f.name for f in dataclasses.fields(FivesConfig)}
@@ -91,7 +91,8 @@ def fives_config(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from features.fives import read_table, search
+    from features.crosses.fives_encoding import read_table
+    from features.crosses.fives_search import search
     from pipelines.config import load_config
     from pipelines.train import RunPaths, prepare_data
 

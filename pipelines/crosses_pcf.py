@@ -11,8 +11,8 @@ The config is a training config (``pipelines.config``) with a ``[pair_stats]`` s
     steps = 300
 
 The command converts the config's data like ``stitchrec train`` does (into the same run folder,
-so training reuses it), builds the graph (``features.pcf_graph.build_graph``) from the training
-split or ``graph_data``, pre-trains (``features.pcf_gnn.pretrain``) and writes the artifact:
+so training reuses it), builds the graph (``features.crosses.pcf_build.build_graph``) from the training
+split or ``graph_data``, pre-trains (``features.crosses.pcf_gnn.pretrain``) and writes the artifact:
 ``pcf_gnn.json`` + ``pcf_gnn.npz`` (vocabularies, cached node vectors, relation vectors, head),
 ``graph/`` (the pair counts; the table baseline reads them) and ``report.json``.
 ``stitchrec train`` with the same config then adds the pair statistics as dense model inputs
@@ -67,9 +67,9 @@ def cmd_pcf_gnn(args: argparse.Namespace) -> int:
 def run_pcf_gnn(cfg: Any, log: Any = _print) -> dict[str, Any]:
     """Builds the graph and pre-trains PCF-GNN for ``cfg`` (a ``PipelineConfig``); returns the
     report also written to ``<artifact>/report.json``."""
+    from features.crosses.pcf_build import build_graph
+    from features.crosses.pcf_gnn import pretrain
     from features.dataset import list_parquet
-    from features.pcf_gnn import pretrain
-    from features.pcf_graph import build_graph
     from pipelines.config import ConfigError
     from pipelines.train import RunPaths, prepare_data
 
@@ -163,8 +163,8 @@ def table_layer(graph: Any, pairs: list[tuple[str, str]], output: str = "logit")
 def pair_stats_layer(ps: Any, output_dir: str) -> Any:
     """The dense input block of a ``[pair_stats]`` config (``PairStatsConfig``): PCF-GNN's
     ``PairStatsGNN`` or the explicit ``PairStatsTable``, from the artifact folder."""
-    from features.pcf_gnn import GRAPH_DIR, PCFArtifact
-    from features.pcf_graph import PairGraph
+    from features.crosses.pcf_artifact import GRAPH_DIR, PCFArtifact
+    from features.crosses.pcf_graph import PairGraph
     from ranking.pair_stats import PairStatsGNN
 
     directory = Path(ps.artifact_dir(output_dir))

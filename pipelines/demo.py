@@ -25,7 +25,7 @@ def run_demo(
     seed: int = 0,
     log: Log = print,
 ) -> dict:
-    from features import synthetic
+    from features import synthetic, synthetic_config
     from pipelines.evaluate import evaluate
     from pipelines.export import export_run, saved_model_bytes
 
@@ -38,7 +38,7 @@ def run_demo(
         log(f"[1/5] reusing the {rows:,} synthetic rows in {data}")
     else:
         log(f"[1/5] generating {rows:,} synthetic rows into {data}")
-        synthetic.write_dataset(synthetic.SyntheticConfig(rows=rows, seed=seed), data)
+        synthetic.write_dataset(synthetic_config.SyntheticConfig(rows=rows, seed=seed), data)
         truth = json.loads(truth_file.read_text())
     t_data = time.time() - t0
 

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from features import readers
+from features import read_report, readers
 from features.dataset import iter_batches, list_parquet, table_to_numpy
 from features.schema import Schema, load_schema
 from pipelines.export import ASSETS_EXTRA
@@ -27,7 +27,7 @@ def _batches(
     data: Sequence[str | Path],
     batch_size: int,
     max_bad_rows: int,
-    report: readers.ReadReport,
+    report: read_report.ReadReport,
 ) -> Iterator[dict[str, np.ndarray]]:
     fields = [*model_schema.model_inputs, model_schema.label]
     if schema is None:
@@ -51,7 +51,7 @@ def score_saved_model(
     schema: Schema | None = None,
     batch_size: int = 8192,
     max_bad_rows: int = 0,
-) -> tuple[np.ndarray, np.ndarray, readers.ReadReport]:
+) -> tuple[np.ndarray, np.ndarray, read_report.ReadReport]:
     """(labels, scores, read report) of the SavedModel's ``serving_default`` over ``data``."""
     model_dir = Path(model_dir)
     schema_file = model_dir / ASSETS_EXTRA / "schema.toml"
@@ -61,7 +61,7 @@ def score_saved_model(
     fn = tf.saved_model.load(str(model_dir)).signatures["serving_default"]
     inputs = [f.name for f in model_schema.model_inputs]
     label = model_schema.label.name
-    report = readers.ReadReport()
+    report = read_report.ReadReport()
     labels, scores = [], []
     for batch in _batches(schema, model_schema, data, batch_size, max_bad_rows, report):
         out = fn(**{n: tf.constant(batch[n]) for n in inputs})

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from features import readers
+from features import read_report, shards
 from features.dataset import (
     count_rows,
     input_signature,
@@ -116,13 +116,13 @@ def prepare_data(cfg: PipelineConfig, paths: RunPaths, log: Log) -> tuple[Schema
         return schema.as_parquet(), train, test
     marker = paths.data / "_SUCCESS"
     if not marker.exists():
-        report = readers.ReadReport()
+        report = read_report.ReadReport()
         t0 = time.time()
         if d.raw:
             log(
                 f"converting {len(d.raw)} raw input(s) to Parquet (test_fraction={d.test_fraction})"
             )
-            readers.convert(
+            shards.convert(
                 schema,
                 list(d.raw),
                 paths.data,
@@ -133,11 +133,11 @@ def prepare_data(cfg: PipelineConfig, paths: RunPaths, log: Log) -> tuple[Schema
             )
         else:
             log("converting Parquet inputs to the schema's fields")
-            readers.convert(
+            shards.convert(
                 schema, list(d.train), paths.data, max_bad_rows=d.max_bad_rows, report=report
             )
             if d.test:
-                readers.convert(
+                shards.convert(
                     schema,
                     list(d.test),
                     paths.data / "_test",
@@ -161,7 +161,7 @@ def add_configured_crosses(cfg: PipelineConfig, schema: Schema, log: Log) -> Sch
     """The schema plus the top crosses of the artifact ``[data] crosses`` names (if any)."""
     if not cfg.data.crosses:
         return schema
-    from features.crosses import add_crosses, load_crosses
+    from features.crosses.artifact import add_crosses, load_crosses
 
     artifact = load_crosses(cfg.data.crosses)
     schema = add_crosses(schema, artifact, cfg.data.cross_top_n, cfg.data.cross_hash_buckets)

@@ -244,7 +244,7 @@ class PairStatsGNN(_PairStatsBase):
         output: str = "logit",
         name: str = "pcf_gnn_stats",
     ) -> PairStatsGNN:
-        """A layer holding a pre-trained artifact (``features.pcf_gnn.PCFArtifact`` or anything
+        """A layer holding a pre-trained artifact (``features.crosses.pcf_artifact.PCFArtifact`` or anything
         with its attributes) for ``pairs`` (default: all its pairs; each must be one of them,
         either order)."""
         known = [tuple(p) for p in artifact.pairs]

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from features import synthetic
+from features import synthetic, synthetic_config
 from features.dataset import input_signature, iter_batches, iter_record_batches, list_parquet
 from features.schema import load_schema
 from features.stats import compute_stats
@@ -74,7 +74,7 @@ def write_data(work: Path, rows: int, seed: int = 0) -> Path:
     """Synthetic Criteo-layout data under ``work/data`` (reused when present)."""
     data_dir = work / "data"
     if not (data_dir / "ground_truth.json").exists():
-        synthetic.write_dataset(synthetic.SyntheticConfig(rows=rows, seed=seed), data_dir)
+        synthetic.write_dataset(synthetic_config.SyntheticConfig(rows=rows, seed=seed), data_dir)
     return data_dir
 
 

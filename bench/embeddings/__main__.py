@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import pipelines  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow loads)
-from features import synthetic
+from features import synthetic, synthetic_config
 from features.schema import load_schema
 from pipelines.config import DataConfig, PipelineConfig, TrainConfig
 from pipelines.export import export_saved_model, load_trained_model, saved_model_bytes
@@ -101,11 +101,11 @@ def large_synthetic(work: Path, rows: int) -> tuple[DataConfig, ModelConfig, Tra
     """Criteo layout with C3 made huge and flat: 4M values, Zipf 0.5 (about 1.4M distinct in
     2M rows), every value seen once kept in its vocabulary (min_count 1)."""
     data_dir = work / "synthetic-data"
-    sizes = list(synthetic.DEFAULT_VOCAB_SIZES)
+    sizes = list(synthetic_config.DEFAULT_VOCAB_SIZES)
     sizes[2] = 4_000_000
     exponents = [1.1] * len(sizes)
     exponents[2] = 0.5
-    cfg = synthetic.SyntheticConfig(
+    cfg = synthetic_config.SyntheticConfig(
         rows=rows, vocab_sizes=tuple(sizes), zipf_exponents=tuple(exponents)
     )
     if not (data_dir / "ground_truth.json").exists():

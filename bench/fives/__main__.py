@@ -49,7 +49,8 @@ import numpy as np
 import pyarrow as pa
 
 import pipelines  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow loads)
-from features import fives, synthetic
+from features import synthetic, synthetic_config
+from features.crosses import fives_config, fives_encoding, fives_search
 from features.dataset import list_parquet
 from features.schema import Schema, load_schema
 
@@ -134,7 +135,7 @@ def fit_lr(tr, te, card, y_tr, y_te, seed: int) -> float:
 
     model = LogisticRegression(C=0.5, solver="liblinear", max_iter=200, random_state=seed)
     model.fit(one_hot(tr, card), y_tr)
-    return fives.auc(y_te, model.predict_proba(one_hot(te, card))[:, 1])
+    return fives_search.auc(y_te, model.predict_proba(one_hot(te, card))[:, 1])
 
 
 def fit_xgb(tr, te, card, y_tr, y_te, seed: int) -> float:
@@ -149,7 +150,7 @@ def fit_xgb(tr, te, card, y_tr, y_te, seed: int) -> float:
         random_state=seed,
     )
     model.fit(one_hot(tr, card), y_tr)
-    return fives.auc(y_te, model.predict_proba(one_hot(te, card))[:, 1])
+    return fives_search.auc(y_te, model.predict_proba(one_hot(te, card))[:, 1])
 
 
 def mi_pairs(x: np.ndarray, y: np.ndarray, sizes: list[int], n: int) -> list[list[int]]:
@@ -193,7 +194,7 @@ def random_crosses(
 
 
 def downstream(
-    result: fives.FivesResult,
+    result: fives_search.FivesResult,
     x_tr: np.ndarray,
     y_tr: np.ndarray,
     x_te: np.ndarray,
@@ -298,18 +299,18 @@ def synthetic_split(
     schema, ground truth and training split."""
     data = work / f"synthetic_{rows}_{seed}"
     if not (data / "ground_truth.json").exists():
-        synthetic.write_dataset(synthetic.SyntheticConfig(rows=rows, seed=seed), data)
+        synthetic.write_dataset(synthetic_config.SyntheticConfig(rows=rows, seed=seed), data)
     schema = load_schema(data / "schema.toml")
     truth = json.loads((data / "ground_truth.json").read_text())
-    return data, schema, truth, fives.read_table(schema, list_parquet(data / "train"))
+    return data, schema, truth, fives_encoding.read_table(schema, list_parquet(data / "train"))
 
 
 def run_synthetic(args: argparse.Namespace, seed: int, work: Path, log: Any) -> dict[str, Any]:
     data, schema, truth, train = synthetic_split(work, args.rows, seed)
-    test = fives.read_table(schema, list_parquet(data / "test"))
-    cfg = fives.FivesConfig(seed=seed, epochs=args.epochs)
+    test = fives_encoding.read_table(schema, list_parquet(data / "test"))
+    cfg = fives_config.FivesConfig(seed=seed, epochs=args.epochs)
     load_before = _load()
-    result = fives.search(schema, train, cfg, log=log)
+    result = fives_search.search(schema, train, cfg, log=log)
     entry: dict[str, Any] = {
         "seed": seed,
         "rows": {"train": train.num_rows, "test": test.num_rows},
@@ -328,7 +329,7 @@ def run_synthetic(args: argparse.Namespace, seed: int, work: Path, log: Any) -> 
     y_tr = train.column("label").to_numpy()
     y_te = test.column("label").to_numpy()
     x_te = result.encoder.transform(test)
-    entry["fives_test_auc"] = fives.auc(y_te, result.predict(x_te))
+    entry["fives_test_auc"] = fives_search.auc(y_te, result.predict(x_te))
     if not args.skip_downstream:
         n = args.downstream_rows
         sub = train.slice(0, n)
@@ -353,13 +354,13 @@ def run_synthetic(args: argparse.Namespace, seed: int, work: Path, log: Any) -> 
                     data / "schema.toml", sub_path.parent, data / "test", m, seed, work / "runs"
                 )
             # FIVES as a predictor on the same rows as the reference models
-            small = fives.search(  # the predictor does not use the screen
+            small = fives_search.search(  # the predictor does not use the screen
                 schema,
                 sub,
-                fives.FivesConfig(seed=seed, epochs=args.epochs, screen_orders=()),
+                fives_config.FivesConfig(seed=seed, epochs=args.epochs, screen_orders=()),
                 log=lambda _: None,
             )
-            entry["fives_sub_test_auc"] = fives.auc(
+            entry["fives_sub_test_auc"] = fives_search.auc(
                 y_te, small.predict(small.encoder.transform(test))
             )
             log(
@@ -376,14 +377,16 @@ def run_timing(args: argparse.Namespace, work: Path, log: Any) -> dict[str, Any]
     fields), timed end to end (encoding included), with the load before and after."""
     data = work / f"synthetic_{args.rows}_0"
     if not (data / "ground_truth.json").exists():
-        synthetic.write_dataset(synthetic.SyntheticConfig(rows=args.rows, seed=0), data)
+        synthetic.write_dataset(synthetic_config.SyntheticConfig(rows=args.rows, seed=0), data)
     schema = load_schema(data / "schema.toml")
     files = list_parquet(data / "train") + list_parquet(data / "test")
     t0 = time.time()
-    table = fives.read_table(schema, files)
+    table = fives_encoding.read_table(schema, files)
     read_seconds = time.time() - t0
     load_before = _load()
-    result = fives.search(schema, table, fives.FivesConfig(epochs=args.epochs), log=log)
+    result = fives_search.search(
+        schema, table, fives_config.FivesConfig(epochs=args.epochs), log=log
+    )
     entry = {
         "rows": table.num_rows,
         "fields": len(result.encoder.fields),
@@ -414,10 +417,10 @@ def movielens_data(work: Path) -> tuple[Schema, Path, Path, Path]:
 
 def run_movielens(args: argparse.Namespace, seed: int, work: Path, log: Any) -> dict[str, Any]:
     schema, schema_path, train_dir, test_dir = movielens_data(work)
-    train = fives.read_table(schema, list_parquet(train_dir))
-    test = fives.read_table(schema, list_parquet(test_dir))
-    cfg = fives.FivesConfig(seed=seed, epochs=args.epochs, batch_size=512)
-    result = fives.search(schema, train, cfg, log=log)
+    train = fives_encoding.read_table(schema, list_parquet(train_dir))
+    test = fives_encoding.read_table(schema, list_parquet(test_dir))
+    cfg = fives_config.FivesConfig(seed=seed, epochs=args.epochs, batch_size=512)
+    result = fives_search.search(schema, train, cfg, log=log)
     y_tr, y_te = train.column("label").to_numpy(), test.column("label").to_numpy()
     x_tr, x_te = result.encoder.transform(train), result.encoder.transform(test)
     entry: dict[str, Any] = {
@@ -425,7 +428,7 @@ def run_movielens(args: argparse.Namespace, seed: int, work: Path, log: Any) -> 
         "rows": {"train": train.num_rows, "test": test.num_rows},
         "search_seconds": round(result.seconds, 1),
         "top": [(c.name, c.source, c.effect) for c in result.crosses[:10]],
-        "fives_test_auc": fives.auc(y_te, result.predict(x_te)),
+        "fives_test_auc": fives_search.auc(y_te, result.predict(x_te)),
         "downstream": downstream(
             result, x_tr, y_tr, x_te, y_te, 3, seed, log, xgb_cap=args.xgb_cap
         ),
@@ -529,7 +532,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", type=int, default=1_000_000, help="synthetic rows (80%% train)")
     p.add_argument("--downstream-rows", type=int, default=200_000)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--epochs", type=int, default=fives.FivesConfig().epochs)
+    p.add_argument("--epochs", type=int, default=fives_config.FivesConfig().epochs)
     p.add_argument("--xgb-cap", type=int, default=XGB_CAP, help="xgboost one-hot values per column")
     p.add_argument("--timing", action="store_true", help="only the timed search on all rows")
     p.add_argument(

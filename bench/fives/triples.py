@@ -2,7 +2,7 @@
 
 The synthetic generator plants pure triples: their sub-pairs carry no signal. For each seed
 this runs the search on three field sets of the synthetic training split, with the default
-settings and with ``fives.TRIPLE_SEARCH`` (linear readout, contribution strength, W^(k) from
+settings and with ``features.crosses.fives_config.TRIPLE_SEARCH`` (linear readout, contribution strength, W^(k) from
 (F - 1) I), with and without Eq. 7's heredity, and prints where each planted cross ranks:
 
 * ``triple+6``: the fields of the first planted triple and 6 noise fields (9 fields);
@@ -23,12 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from bench.fives.__main__ import planted_scores, synthetic_split
-from features import fives
+from features.crosses import fives_config, fives_search
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
-    "triple": dict(fives.TRIPLE_SEARCH),
-    "triple, no heredity": {**fives.TRIPLE_SEARCH, "heredity": False},
+    "triple": dict(fives_config.TRIPLE_SEARCH),
+    "triple, no heredity": {**fives_config.TRIPLE_SEARCH, "heredity": False},
 }
 
 
@@ -63,13 +63,13 @@ def main(argv: list[str] | None = None) -> int:
         for set_name in args.sets:
             fields = field_set(set_name, truth)
             for variant in args.variants:
-                cfg = fives.FivesConfig(
+                cfg = fives_config.FivesConfig(
                     seed=seed,
                     epochs=args.epochs,
                     warmup_epochs=args.warmup_epochs,
                     **VARIANTS[variant],
                 )
-                res = fives.search(schema, train, cfg, fields=fields, log=lambda _: None)
+                res = fives_search.search(schema, train, cfg, fields=fields, log=lambda _: None)
                 keys = [c.key for c in res.crosses]
                 wanted = [frozenset(t["fields"]) for t in truth["triples"]]
                 if fields is not None:

@@ -41,10 +41,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 import pipelines  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow loads)
-from features import readers, synthetic
+from features import shards, synthetic, synthetic_config
+from features.crosses.pcf_build import build_graph, count_pairs
+from features.crosses.pcf_config import PCFGNNConfig
+from features.crosses.pcf_gnn import evaluate_pairs, pair_graph_like, pretrain
+from features.crosses.pcf_graph import PairGraph, Relation
 from features.dataset import iter_record_batches, list_parquet
-from features.pcf_gnn import PCFGNNConfig, evaluate_pairs, pair_graph_like, pretrain
-from features.pcf_graph import PairGraph, Relation, build_graph, count_pairs
 from features.schema import Schema, load_schema
 from pipelines.config import config_from_dict
 from pipelines.crosses_pcf import table_layer
@@ -87,7 +89,7 @@ def prepare_movielens(work: Path, fraction: float) -> dict[str, Any]:
     d = work / "movielens"
     schema = load_schema("movielens")
     if not (d / "data" / "_SUCCESS").exists():
-        readers.convert(
+        shards.convert(
             schema,
             [str(SHARED / "movielens-latest-small" / "ratings.csv")],
             d / "data",
@@ -124,7 +126,7 @@ def _synthetic_pairs(truth: dict[str, Any]) -> tuple[list[tuple], list[tuple]]:
 def prepare_synthetic(work: Path, rows: int, fraction: float) -> dict[str, Any]:
     d = work / f"synthetic_{rows}"
     if not (d / "ground_truth.json").exists():
-        synthetic.write_dataset(synthetic.SyntheticConfig(rows=rows, seed=0), d)
+        synthetic.write_dataset(synthetic_config.SyntheticConfig(rows=rows, seed=0), d)
     truth = json.loads((d / "ground_truth.json").read_text())
     planted, controls = _synthetic_pairs(truth)
     a, b = _split_train(d / "train", d / "split", fraction, seed=0)
@@ -257,7 +259,7 @@ def _summary(gm: list[dict[str, Any]]) -> dict[str, Any]:
 def run_cost(work: Path, rows: int, gnn: dict[str, Any]) -> dict[str, Any]:
     d = work / f"synthetic_{rows}"
     if not (d / "ground_truth.json").exists():
-        synthetic.write_dataset(synthetic.SyntheticConfig(rows=rows, seed=0), d)
+        synthetic.write_dataset(synthetic_config.SyntheticConfig(rows=rows, seed=0), d)
     planted, controls = _synthetic_pairs(json.loads((d / "ground_truth.json").read_text()))
     pairs = planted + controls
     schema = load_schema(d / "schema.toml")

@@ -58,6 +58,7 @@ import pipelines  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow load
 from features import synthetic
 from features.dataset import input_signature, iter_batches
 from features.schema import load_schema
+from features.synthetic_config import SyntheticConfig
 from pipelines.config import DataConfig, PipelineConfig, TrainConfig, load_config
 from pipelines.preranking import (
     build_fscd,
@@ -151,7 +152,7 @@ def synthetic_groups(truth: dict[str, Any], rule: str) -> dict[str, str]:
 
 def synthetic_config(out: Path, args: argparse.Namespace) -> PipelineConfig:
     data = out / "data"
-    scfg = synthetic.SyntheticConfig(
+    scfg = SyntheticConfig(
         rows=args.rows,
         num_numeric=4,
         num_categorical=12,

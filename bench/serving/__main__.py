@@ -80,7 +80,7 @@ class Plan:
 
 def build_model(cache: Path, rows: int) -> Path:
     """Trains and exports the bench model once (cached); returns the SavedModel folder."""
-    from features import synthetic
+    from features import synthetic, synthetic_config
     from pipelines.config import DataConfig, PipelineConfig, TrainConfig
     from pipelines.export import export_run
     from pipelines.train import train
@@ -91,7 +91,7 @@ def build_model(cache: Path, rows: int) -> Path:
     if (saved / "saved_model.pb").exists():
         return saved
     data_dir = model_dir / "data"
-    cfg = synthetic.SyntheticConfig(
+    cfg = synthetic_config.SyntheticConfig(
         rows=rows,
         num_numeric=4,
         num_categorical=8,

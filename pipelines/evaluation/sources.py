@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from features import readers
+from features import read_report, readers
 from features.dataset import column_to_numpy, list_parquet
 from features.schema import FeatureKind, Schema, load_schema
 
@@ -103,7 +103,7 @@ def load_logs(
     files: list = list(data)
     if sch.source.format == "parquet":
         files = list_parquet(files)  # a folder of shards holds schema.toml too
-    report = readers.ReadReport()
+    report = read_report.ReadReport()
     batches = list(readers.read_batches(sch, files, max_bad_rows=max_bad_rows, report=report))
     table = pa.Table.from_batches(batches)
     labels = column_to_numpy(table.column(sch.label.name), sch.label).astype(np.float64)

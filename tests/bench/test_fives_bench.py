@@ -13,7 +13,7 @@ from bench.fives.__main__ import (
     random_crosses,
     relative_gains,
 )
-from features.crosses import Cross
+from features.crosses.artifact import Cross
 
 
 def test_planted_scores_count_exact_field_sets_only():

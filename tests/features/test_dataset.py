@@ -12,7 +12,7 @@ from features.dataset import (
     make_dataset,
     shard_range,
 )
-from features.readers import DataError
+from features.read_report import DataError
 from features.schema import load_schema
 from tests.testdata import make_tiny_table
 

@@ -13,16 +13,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from features.readers import (
-    DataError,
-    ReadReport,
-    arrow_schema,
-    convert,
-    list_files,
-    read_batches,
-    split_mask,
-    write_parquet_shards,
-)
+from features.cells import arrow_schema
+from features.read_report import DataError, ReadReport
+from features.readers import list_files, read_batches
 from features.schema import (
     FeatureSpec,
     JoinSpec,
@@ -32,6 +25,7 @@ from features.schema import (
     load_schema,
     schema_from_dict,
 )
+from features.shards import convert, split_mask, write_parquet_shards
 
 CRITEO = load_schema("criteo")
 CRITEO_COLUMNS = ["label", *(f"I{i}" for i in range(1, 14)), *(f"C{i}" for i in range(1, 27))]

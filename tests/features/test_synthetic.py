@@ -16,18 +16,16 @@ import scipy.sparse as sp
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
 
-from features import synthetic
+from features import synthetic_config, synthetic_model
 from features.schema import FeatureKind, load_schema
-from features.synthetic import (
+from features.synthetic import click_probabilities, generate_batches, write_dataset
+from features.synthetic_config import (
     DEFAULT_VOCAB_SIZES,
     SyntheticConfig,
     arrow_schema,
-    click_probabilities,
-    generate_batches,
-    ground_truth,
     synthetic_schema,
-    write_dataset,
 )
+from features.synthetic_model import ground_truth
 
 SMALL = SyntheticConfig(rows=20_000, seed=3)
 
@@ -144,7 +142,7 @@ def test_batches_have_the_arrow_types_and_sizes() -> None:
 def test_same_config_gives_identical_rows_whatever_batch_rows() -> None:
     config = dataclasses.replace(SMALL, rows=150_000)  # more than two generation chunks
     reference = _table(config)
-    for batch_rows in (7_777, synthetic.CHUNK_ROWS, 150_000):
+    for batch_rows in (7_777, synthetic_config.CHUNK_ROWS, 150_000):
         assert _table(config, batch_rows).equals(reference)
     probs = np.concatenate(list(click_probabilities(config, 10_000)))
     assert np.array_equal(probs, np.concatenate(list(click_probabilities(config))))
@@ -166,7 +164,7 @@ def test_rows_are_a_prefix_of_a_longer_run_and_seeds_differ() -> None:
 
 
 def test_tokens_are_unique_per_field_value_and_hide_the_rank() -> None:
-    model = synthetic._model(SMALL)
+    model = synthetic_model.click_model(SMALL)
     all_tokens = np.concatenate([t.to_numpy(zero_copy_only=False) for t in model.tokens])
     assert len(np.unique(all_tokens)) == len(all_tokens) == sum(SMALL.vocab_sizes)
     head = model.tokens[2].to_pylist()[:50]  # the 50 most frequent values of C3
@@ -212,8 +210,10 @@ def test_ground_truth_is_json_and_unambiguous() -> None:
 def test_planted_crosses_are_pure_interactions() -> None:
     """Every effect table has p-weighted mean 0 along each axis and unit variance."""
     config = SyntheticConfig(seed=5)
-    model = synthetic._model(config)
-    probs = [synthetic.zipf_probabilities(v, config.zipf_exponent) for v in config.vocab_sizes]
+    model = synthetic_model.click_model(config)
+    probs = [
+        synthetic_model.zipf_probabilities(v, config.zipf_exponent) for v in config.vocab_sizes
+    ]
     for cross in (*model.singles, *model.pairs, *model.triples):
         table = cross.table[(slice(-1),) * len(cross.fields)]  # drop the missing-value padding
         ps = [probs[f] for f in cross.fields]

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 import tensorflow as tf
 
-from features.crosses import load_crosses
+from features.crosses.artifact import load_crosses
 from features.preprocessing import cross_ids
 from pipelines import cli
 from pipelines.config import ConfigError, load_config
@@ -130,7 +130,7 @@ def test_cli_errors_are_one_line(tiny_data, capsys):
 
 
 def test_triple_search_flag_starts_from_the_preset_and_set_overrides_it():
-    from features.fives import TRIPLE_SEARCH
+    from features.crosses.fives_config import TRIPLE_SEARCH
     from pipelines.crosses_fives import fives_config
 
     parse = cli.build_parser().parse_args

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from features.crosses.pcf_artifact import PCFArtifact
+from features.crosses.pcf_graph import PairGraph
 from features.dataset import iter_batches
-from features.pcf_gnn import PCFArtifact
-from features.pcf_graph import PairGraph
 from features.schema import load_schema
 from pipelines.cli import main
 from pipelines.config import load_config

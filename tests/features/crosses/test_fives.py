@@ -12,8 +12,15 @@ import pyarrow as pa
 import pytest
 import tensorflow as tf
 
-from features import fives
-from features.crosses import load_crosses
+from features.crosses import (
+    fives_config,
+    fives_encoding,
+    fives_graph,
+    fives_network,
+    fives_readout,
+    fives_search,
+)
+from features.crosses.artifact import load_crosses
 from features.schema import schema_from_dict
 
 SCHEMA = """
@@ -54,7 +61,7 @@ def test_adjacency_matches_numpy_and_binarizes_straight_through():
     rng = np.random.default_rng(0)
     h = rng.normal(0, 2, (2, 5, 5)).astype(np.float32)
     for tau in (1.0, 0.1):
-        got = [a.numpy() for a in fives.adjacency(tf.constant(h), tau)]
+        got = [a.numpy() for a in fives_graph.adjacency(tf.constant(h), tau)]
         for g, r in zip(got, _ref_adjacency(h.astype(np.float64), tau), strict=True):
             np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5)
     # binarization at 0.5 is the same at every temperature (a >= 0.5 iff logit >= 0)
@@ -65,7 +72,7 @@ def test_adjacency_matches_numpy_and_binarizes_straight_through():
     x = tf.constant([0.2, 0.7])
     with tf.GradientTape() as tape:
         tape.watch(x)
-        y = fives.binarize(x)
+        y = fives_graph.binarize(x)
     np.testing.assert_array_equal(y.numpy(), [0.0, 1.0])
     np.testing.assert_array_equal(tape.gradient(y, x).numpy(), [1.0, 1.0])
 
@@ -76,7 +83,9 @@ def test_propagate_matches_numpy():
     e = rng.normal(size=(b, f, d)).astype(np.float32)
     w = rng.normal(size=(2, f, d, d)).astype(np.float32)
     adj = [rng.uniform(0, 1, (f, f)).astype(np.float32) for _ in range(2)]
-    got = [s.numpy() for s in fives.propagate(tf.constant(e), [tf.constant(a) for a in adj], w)]
+    got = [
+        s.numpy() for s in fives_graph.propagate(tf.constant(e), [tf.constant(a) for a in adj], w)
+    ]
     state = e
     np.testing.assert_allclose(got[0], e)
     for k, a in enumerate(adj):
@@ -93,7 +102,7 @@ def test_extract_crosses_reads_paths_off_the_adjacency():
     a1[0, 1] = 0.9  # a -> b at layer 1: the pair {a, b}
     a2 = np.full((4, 4), 0.1)
     a2[0, 2] = 0.8  # root a, then c at layer 2: the triple {a, b, c}
-    ranked = fives.extract_crosses([a1, a2], names)
+    ranked = fives_readout.extract_crosses([a1, a2], names)
     assert ranked[0] == (("a", "b"), 0.9, True)
     assert ranked[1][0] == ("a", "b", "c")
     assert ranked[1][1] == pytest.approx(0.72) and ranked[1][2]
@@ -103,10 +112,10 @@ def test_extract_crosses_reads_paths_off_the_adjacency():
 
 
 def test_network_config_and_saved_model_round_trip(tmp_path):
-    net = fives.FivesNetwork([5, 4, 3], embedding_dim=3, max_order=3, mlp=[8], name="fives")
+    net = fives_network.FivesNetwork([5, 4, 3], embedding_dim=3, max_order=3, mlp=[8], name="fives")
     ids = tf.constant([[0, 1, 2], [4, 3, 2], [1, 0, 0]], tf.int32)
     before = net(ids).numpy()
-    again = fives.FivesNetwork.from_config(net.get_config())
+    again = fives_network.FivesNetwork.from_config(net.get_config())
     again(ids)
     again.set_weights(net.get_weights())
     np.testing.assert_allclose(again(ids).numpy(), before, rtol=1e-6)
@@ -126,9 +135,9 @@ def test_network_config_and_saved_model_round_trip(tmp_path):
     assert [v.name for v in net.arch_variables] == [net.h.name]
     assert all(v is not net.h for v in net.weight_variables)
     with pytest.raises(ValueError, match="two or more fields"):
-        fives.FivesNetwork([5])
+        fives_network.FivesNetwork([5])
     with pytest.raises(ValueError, match="max_order"):
-        fives.FivesNetwork([5, 5], max_order=1)
+        fives_network.FivesNetwork([5, 5], max_order=1)
 
 
 @pytest.mark.parametrize(
@@ -148,7 +157,7 @@ def test_network_config_and_saved_model_round_trip(tmp_path):
 )
 def test_config_validation(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        fives.FivesConfig(**kwargs)
+        fives_config.FivesConfig(**kwargs)
 
 
 def xor_table(rows: int, seed: int = 0) -> pa.Table:
@@ -167,8 +176,8 @@ def xor_table(rows: int, seed: int = 0) -> pa.Table:
 def test_search_ranks_the_planted_pure_pair_first():
     schema = schema_from_dict(tomllib.loads(SCHEMA))
     lines = []
-    cfg = fives.FivesConfig(epochs=6, batch_size=256, max_order=2, seed=0, screen_orders=())
-    result = fives.search(schema, xor_table(6000), cfg, log=lines.append)
+    cfg = fives_config.FivesConfig(epochs=6, batch_size=256, max_order=2, seed=0, screen_orders=())
+    result = fives_search.search(schema, xor_table(6000), cfg, log=lines.append)
     assert result.crosses[0].fields == ("c1", "c2")
     assert result.crosses[0].active and result.crosses[0].distinct == 16
     assert sum(c.active for c in result.crosses) <= 3
@@ -177,7 +186,7 @@ def test_search_ranks_the_planted_pure_pair_first():
     assert art.boundaries["n1"] and art.crosses[0].name == "c1_x_c2"
     p = result.predict(result.encoder.transform(xor_table(2000, seed=1)))
     y = xor_table(2000, seed=1).column("label").to_numpy()
-    assert fives.auc(y, p) > 0.75  # the pair explains the label: ~0.81 is the ceiling
+    assert fives_search.auc(y, p) > 0.75  # the pair explains the label: ~0.81 is the ceiling
 
 
 def test_useless_fields_are_skipped_and_reported():
@@ -185,7 +194,7 @@ def test_useless_fields_are_skipped_and_reported():
     t = xor_table(400)
     t = t.set_column(2, "c3", pa.array(["same"] * 400))
     t = t.set_column(3, "c4", pa.array([None] * 400, pa.string()))
-    enc = fives.fit_encoder(schema, t)
+    enc = fives_encoding.fit_encoder(schema, t)
     assert enc.fields == ["c1", "c2", "n1"]
     assert enc.skipped == [
         {"field": "c3", "reason": "a single value"},
@@ -193,11 +202,11 @@ def test_useless_fields_are_skipped_and_reported():
     ]
     t = t.set_column(4, "n1", pa.array([np.nan] * 400, pa.float32()))
     lines = []
-    with pytest.raises(fives.FivesDataError, match="1 usable field"):
-        fives.search(
+    with pytest.raises(fives_config.FivesDataError, match="1 usable field"):
+        fives_search.search(
             schema,
             t.drop_columns(["c2"]).append_column("c2", pa.array([""] * 400)),
-            fives.FivesConfig(epochs=1, warmup_epochs=0),
+            fives_config.FivesConfig(epochs=1, warmup_epochs=0),
             log=lines.append,
         )
     assert any("skipping field 'n1': all values missing" in m for m in lines)
@@ -207,16 +216,16 @@ def test_a_split_without_positives_is_an_error():
     schema = schema_from_dict(tomllib.loads(SCHEMA))
     t = xor_table(300)
     y = np.zeros(300, np.float32)
-    train, _ = fives.split_rows(300, 0.2, 0)
+    train, _ = fives_search.split_rows(300, 0.2, 0)
     y[train[:5]] = 1.0  # positives only in the training split
     t = t.set_column(t.column_names.index("label"), "label", pa.array(y))
-    with pytest.raises(fives.FivesDataError, match=r"validation split .* has no positive"):
-        fives.search(schema, t, fives.FivesConfig(epochs=1, warmup_epochs=0))
-    with pytest.raises(fives.FivesDataError, match=r"training split .* has no negative"):
+    with pytest.raises(fives_config.FivesDataError, match=r"validation split .* has no positive"):
+        fives_search.search(schema, t, fives_config.FivesConfig(epochs=1, warmup_epochs=0))
+    with pytest.raises(fives_config.FivesDataError, match=r"training split .* has no negative"):
         t1 = t.set_column(t.column_names.index("label"), "label", pa.array(np.ones(300, "f4")))
-        fives.search(schema, t1, fives.FivesConfig(epochs=1, warmup_epochs=0))
+        fives_search.search(schema, t1, fives_config.FivesConfig(epochs=1, warmup_epochs=0))
     with pytest.raises(ValueError, match="only categorical, multi_categorical and numeric"):
-        fives.fit_encoder(schema, t, ["label"])
+        fives_encoding.fit_encoder(schema, t, ["label"])
 
 
 def _ref_contributions(net, ids):
@@ -255,14 +264,16 @@ def _ref_contributions(net, ids):
 
 def test_contributions_match_plain_loops_over_the_product_terms():
     tf.keras.utils.set_random_seed(3)
-    net = fives.FivesNetwork([3, 4, 2, 5], embedding_dim=2, max_order=3, mlp=[], name="fives")
+    net = fives_network.FivesNetwork(
+        [3, 4, 2, 5], embedding_dim=2, max_order=3, mlp=[], name="fives"
+    )
     ids = np.stack([np.random.default_rng(0).integers(0, v, 40) for v in [3, 4, 2, 5]], 1)
     net(ids[:2])
     net.h.assign(np.random.default_rng(1).normal(0, 2, net.h.shape))
     net.w.assign(np.random.default_rng(2).normal(0, 1, net.w.shape))
     net.out.kernel.assign(np.random.default_rng(4).normal(0, 1, net.out.kernel.shape))
     names = ["a", "b", "c", "d"]
-    got = fives.contributions(net, ids.astype(np.int32), names, chunk=16)
+    got = fives_readout.contributions(net, ids.astype(np.int32), names, chunk=16)
     ref = _ref_contributions(net, ids)
     assert len(got) == 6 + 4
     for fields, strength, _ in got:
@@ -270,12 +281,14 @@ def test_contributions_match_plain_loops_over_the_product_terms():
         assert strength == pytest.approx(ref.get(key, 0.0), rel=1e-4, abs=1e-6)
     assert got[0][1] == pytest.approx(1.0)
     with pytest.raises(ValueError, match="linear readout"):
-        fives.contributions(fives.FivesNetwork([3, 3], mlp=[4]), ids[:, :2], names[:2])
+        fives_readout.contributions(
+            fives_network.FivesNetwork([3, 3], mlp=[4]), ids[:, :2], names[:2]
+        )
 
 
 def test_adjacency_without_heredity_is_one_sigmoid_per_layer():
     h = np.random.default_rng(5).normal(0, 2, (2, 4, 4)).astype(np.float32)
-    got = fives.adjacency(tf.constant(h), 0.5, heredity=False)
+    got = fives_graph.adjacency(tf.constant(h), 0.5, heredity=False)
     off = 1 - np.eye(4)
     for k in range(2):
         np.testing.assert_allclose(got[k].numpy(), _sigmoid(h[k] / 0.5) * off, rtol=1e-5)
@@ -297,10 +310,10 @@ def triple_table(rows: int = 8000) -> tuple[Any, pa.Table]:
 
 def test_contribution_search_ranks_a_pure_triple_first():
     schema, table = triple_table()
-    cfg = fives.FivesConfig(
-        **fives.TRIPLE_SEARCH, epochs=4, warmup_epochs=2, batch_size=256, screen_orders=()
+    cfg = fives_config.FivesConfig(
+        **fives_config.TRIPLE_SEARCH, epochs=4, warmup_epochs=2, batch_size=256, screen_orders=()
     )
-    result = fives.search(schema, table, cfg, log=lambda _: None)
+    result = fives_search.search(schema, table, cfg, log=lambda _: None)
     assert result.crosses[0].fields == ("c1", "c2", "c3")
     assert result.crosses[0].strength == 1.0 and result.crosses[0].source == "fives"
     assert all(c.strength < 0.5 for c in result.crosses[1:])
@@ -309,8 +322,8 @@ def test_contribution_search_ranks_a_pure_triple_first():
 def test_the_screen_adds_the_pure_triple_the_default_search_cannot_see(tmp_path):
     schema, table = triple_table()
     lines: list[str] = []
-    cfg = fives.FivesConfig(epochs=2, batch_size=512)
-    result = fives.search(schema, table, cfg, log=lines.append)
+    cfg = fives_config.FivesConfig(epochs=2, batch_size=512)
+    result = fives_search.search(schema, table, cfg, log=lines.append)
     top = result.crosses[0]
     assert top.fields == ("c1", "c2", "c3") and top.active and "screen" in top.source
     # +-0.42 around the mean click rate (sigmoid(2.5) - 1/2): most of var(y) = 0.25
@@ -328,11 +341,15 @@ def test_the_screen_adds_the_pure_triple_the_default_search_cannot_see(tmp_path)
     assert back.crosses[0] == dataclasses.replace(top, effect=round(top.effect, 8))
     # too many sets for the budget: that order is skipped, and the report says why
     lines.clear()
-    few = fives.search(schema, table, dataclasses.replace(cfg, screen_max_sets=9), log=lines.append)
+    few = fives_search.search(
+        schema, table, dataclasses.replace(cfg, screen_max_sets=9), log=lines.append
+    )
     assert few.screen["orders"]["3"]["skipped"].startswith("5 fields give 10 sets of 3")
     assert any("order 3 skipped" in m and "screen_max_sets = 9" in m for m in lines)
     assert not any(c.order == 3 and c.active for c in few.crosses)
     # without the screen the same search has no selected triple at all
-    plain = fives.search(schema, table, dataclasses.replace(cfg, screen_orders=()), log=print)
+    plain = fives_search.search(
+        schema, table, dataclasses.replace(cfg, screen_orders=()), log=print
+    )
     assert not any(c.active and c.order == 3 for c in plain.crosses)
     assert all(c.source == "fives" and c.effect is None for c in plain.crosses)

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from features import interaction_screen as isc
+from features.crosses import interaction_screen as isc
 
 
 def _table(effect: np.ndarray, count: float) -> tuple[np.ndarray, np.ndarray]:

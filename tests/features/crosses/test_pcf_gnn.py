@@ -9,17 +9,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from features.pcf_gnn import (
-    PCFGNN,
-    PCFArtifact,
-    PCFGNNConfig,
-    evaluate_pairs,
-    head_forward,
-    pretrain,
-    table_lookup,
-)
-from features.pcf_graph import PairGraph, Relation
-from features.readers import DataError
+from features.crosses.pcf_artifact import PCFArtifact, head_forward
+from features.crosses.pcf_config import PCFGNNConfig
+from features.crosses.pcf_gnn import PCFGNN, evaluate_pairs, pretrain, table_lookup
+from features.crosses.pcf_graph import PairGraph, Relation
+from features.read_report import DataError
 
 
 def _graph(seed: int = 0, users: int = 30, items: int = 20, tags: int = 4) -> PairGraph:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from features.crosses import (
+from features.crosses.artifact import (
     Cross,
     CrossArtifact,
     CrossArtifactError,

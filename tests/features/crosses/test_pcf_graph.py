@@ -10,8 +10,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from features.pcf_graph import PairGraph, Relation, build_graph, smoothed_ctr
-from features.readers import DataError
+from features.crosses.pcf_build import build_graph
+from features.crosses.pcf_graph import PairGraph, Relation, smoothed_ctr
+from features.read_report import DataError
 from features.schema import load_schema
 from tests.testdata import TINY_SCHEMA, make_tiny_table
 

@@ -1,7 +1,7 @@
 """An exhaustive screen for pure field interactions: a weighted ANOVA test per field set.
 
-FIVES (``features.fives``) builds an order-k cross on an active order-(k-1) edge, so it assumes
-heredity: a useful triple has a useful sub-pair. A *pure* triple, whose sub-pairs and fields
+FIVES (``features.crosses.fives_search``) builds an order-k cross on an active order-(k-1)
+edge, so it assumes heredity: a useful triple has a useful sub-pair. A *pure* triple, whose sub-pairs and fields
 carry no signal on their own, gives that search nothing to start from (docs/fives.md). This
 module tests every field set of a given order directly, by counting, and so finds pure
 interactions whatever their sub-crosses do.
@@ -142,7 +142,7 @@ def _stats(ss: float, df: int, var: float, n: int) -> tuple[float, float]:
 
 def critical_z(alpha: float, tests: int) -> float:
     """The one-sided normal quantile of ``alpha / tests`` (Bonferroni)."""
-    from scipy.stats import norm
+    from scipy.stats import norm  # here: the screen's counting needs numpy only
 
     return float(norm.isf(alpha / max(tests, 1)))
 

@@ -1,6 +1,6 @@
 """The cross artifact: a ranked list of explicit feature crosses, as readable JSON.
 
-A cross search (``features.fives``) writes one artifact; a training config names it
+A cross search (``features.crosses.fives_search``) writes one artifact; a training config names it
 (``[data] crosses = "crosses.json"``) and ``add_crosses`` turns its top-N crosses into schema
 fields of kind ``cross``, which the model computes from raw features (``features.preprocessing``),
 in training and inside the exported SavedModel. The file::
@@ -53,7 +53,7 @@ class Cross:
     """One ranked cross: ``fields`` (in order), its ``order`` (= len(fields)) and strength.
 
     ``source`` says what selected it (``"fives"``, ``"screen"`` or ``"fives+screen"``) and
-    ``effect`` is its held-out pure-interaction effect (eta^2, ``features.interaction_screen``)
+    ``effect`` is its held-out pure-interaction effect (eta^2, ``features.crosses.interaction_screen``)
     when it was measured, else None.
     """
 

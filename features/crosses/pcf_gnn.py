@@ -1,7 +1,7 @@
 """PCF-GNN pre-training: a relation-aware GNN over the pair graph and an edge head that predicts
 each pair's smoothed CTR; the cached node vectors and the head are the serving artifact.
 
-PCF-GNN (SIGIR'21, arXiv 2105.07752). On the graph of ``features.pcf_graph`` (nodes = values of
+PCF-GNN (SIGIR'21, arXiv 2105.07752). On the graph of ``features.crosses.pcf_graph`` (nodes = values of
 chosen fields, edges = co-occurring pairs with a statistic ``a_uv``), with ``N_r(i)`` the
 neighbours of node ``i`` through relation direction ``r`` and ``s_ij`` the edge feature
 ``logit(a_ij) - logit(prior)``::
@@ -17,155 +17,27 @@ own ``W_r``. Training samples a batch of supervision edges per step and removes 
 message passing of that step, so a pair's own statistic never reaches the node vectors that
 predict it (otherwise the encoder would learn to copy it, which does not generalise to unseen
 pairs). After training, ``h^K`` of every node is computed once over all edges and cached:
-serving holds the node table ``[num_nodes, dim]``, the relation table and the head, no graph.
-Nodes unseen in pre-training fall back to their field's OOV node (``features.pcf_graph``).
+serving holds the node table ``[num_nodes, dim]``, the relation table and the head, no graph
+(``features.crosses.pcf_artifact``). Nodes unseen in pre-training fall back to their field's OOV
+node (``features.crosses.pcf_graph``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
-from features.pcf_config import PCFGNNConfig
-from features.pcf_graph import PairGraph, field_offsets, smoothed_ctr
-
-ARTIFACT_FILE = "pcf_gnn.json"
-ARRAYS_FILE = "pcf_gnn.npz"
-GRAPH_DIR = "graph"
-_LOGIT_CLIP = 1e-4
+from features.crosses.pcf_artifact import PCFArtifact, logit
+from features.crosses.pcf_config import PCFGNNConfig
+from features.crosses.pcf_graph import PairGraph, smoothed_ctr
 
 Log = Callable[[str], None]
-
-
-def logit(p: np.ndarray | float) -> np.ndarray:
-    p = np.clip(np.asarray(p, np.float64), _LOGIT_CLIP, 1 - _LOGIT_CLIP)
-    return np.log(p / (1 - p))
-
-
-def head_forward(
-    hu: np.ndarray, hv: np.ndarray, rel: np.ndarray, head: list[tuple[np.ndarray, np.ndarray]]
-) -> np.ndarray:
-    """The edge head in numpy: ``sigmoid(MLP([hu; hv; hu*hv; rel]))``, ``[n]`` float64.
-
-    ``head``: ``(kernel, bias)`` per dense layer, ReLU between them, the last one of width 1.
-    """
-    x = np.concatenate([hu, hv, hu * hv, rel], axis=1).astype(np.float64)
-    for i, (w, b) in enumerate(head):
-        x = x @ w + b
-        if i < len(head) - 1:
-            x = np.maximum(x, 0.0)
-    return 1.0 / (1.0 + np.exp(-x[:, 0]))
-
-
-@dataclasses.dataclass
-class PCFArtifact:
-    """What serving needs: node vocabularies, cached node vectors, relation vectors, the head.
-
-    Attributes:
-      fields: node fields; ``offsets[f] + local id`` indexes ``nodes``.
-      vocab: ``{field: values}`` (local id ``i + 1``; 0 the OOV node).
-      multi: ``{field: separator}`` of multi-valued fields.
-      pairs: the relations, in order; ``relations[r]`` is relation ``r``'s vector.
-      nodes: cached ``h^K``, float32 ``[num_nodes, dim]``.
-      relations: float32 ``[n_pairs, relation_dim]``.
-      head: ``(kernel, bias)`` float32 per dense layer.
-      prior, alpha: the graph's training click rate and smoothing strength.
-      config: the ``PCFGNNConfig`` as a dict; ``history``: training progress.
-    """
-
-    fields: list[str]
-    vocab: dict[str, list[str]]
-    multi: dict[str, str]
-    pairs: list[tuple[str, str]]
-    nodes: np.ndarray
-    relations: np.ndarray
-    head: list[tuple[np.ndarray, np.ndarray]]
-    prior: float
-    alpha: float
-    config: dict[str, Any] = dataclasses.field(default_factory=dict)
-    history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-
-    @property
-    def offsets(self) -> dict[str, int]:
-        return field_offsets(self.fields, self.vocab)
-
-    def predict(self, r: int, u: np.ndarray, v: np.ndarray) -> np.ndarray:
-        """Predicted statistic of relation ``r`` for local ids ``u`` (field a), ``v`` (field b)."""
-        a, b = self.pairs[r]
-        off = self.offsets
-        hu = self.nodes[off[a] + np.asarray(u)]
-        hv = self.nodes[off[b] + np.asarray(v)]
-        rel = np.repeat(self.relations[r : r + 1], len(hu), axis=0)
-        return head_forward(hu, hv, rel, self.head)
-
-    def serving_bytes(self) -> dict[str, int]:
-        """Bytes serving holds: node table + relation table + head, and the node vocabularies
-        (UTF-8 bytes plus an 8-byte offset per value, as an Arrow string array holds them)."""
-        params = self.nodes.nbytes + self.relations.nbytes
-        params += sum(w.nbytes + b.nbytes for w, b in self.head)
-        vocab = sum(len(s.encode()) + 8 for f in self.fields for s in self.vocab[f])
-        return {"parameters": int(params), "vocabulary": int(vocab), "total": int(params + vocab)}
-
-    def save(self, directory: str | Path, graph: PairGraph | None = None) -> Path:
-        """Writes ``pcf_gnn.json``, ``pcf_gnn.npz`` (and the graph, for the table baseline)."""
-        d = Path(directory)
-        d.mkdir(parents=True, exist_ok=True)
-        arrays = {"nodes": self.nodes, "relations": self.relations}
-        for i, (w, b) in enumerate(self.head):
-            arrays[f"head_{i}_kernel"] = w
-            arrays[f"head_{i}_bias"] = b
-        np.savez(d / ARRAYS_FILE, **arrays)
-        meta = {
-            "fields": self.fields,
-            "vocab": self.vocab,
-            "multi": self.multi,
-            "pairs": [list(p) for p in self.pairs],
-            "head_layers": len(self.head),
-            "prior": self.prior,
-            "alpha": self.alpha,
-            "config": self.config,
-            "history": self.history,
-        }
-        (d / ARTIFACT_FILE).write_text(json.dumps(meta))
-        if graph is not None:
-            graph.save(d / GRAPH_DIR)
-        return d
-
-    @classmethod
-    def load(cls, directory: str | Path) -> PCFArtifact:
-        d = Path(directory)
-        if not (d / ARTIFACT_FILE).exists():
-            raise FileNotFoundError(
-                f"{d}: no {ARTIFACT_FILE}; create it with `stitchrec crosses pcf-gnn --config ...`"
-            )
-        meta = json.loads((d / ARTIFACT_FILE).read_text())
-        with np.load(d / ARRAYS_FILE) as z:
-            nodes = z["nodes"]
-            relations = z["relations"]
-            head = [
-                (z[f"head_{i}_kernel"], z[f"head_{i}_bias"]) for i in range(meta["head_layers"])
-            ]
-        return cls(
-            fields=meta["fields"],
-            vocab=meta["vocab"],
-            multi=meta["multi"],
-            pairs=[(p[0], p[1]) for p in meta["pairs"]],
-            nodes=nodes,
-            relations=relations,
-            head=head,
-            prior=meta["prior"],
-            alpha=meta["alpha"],
-            config=meta.get("config", {}),
-            history=meta.get("history", []),
-        )
 
 
 class PCFGNN(tf.Module):

@@ -1,0 +1,90 @@
+"""CSV/TSV format helpers of the readers: string-only conversion options, the header line,
+delimiter names, record line numbers and the wrong-column-count message.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+
+from features.read_report import DataError, short_list
+
+_DELIMITER_NAMES = {"\t": "tab", ",": "comma", ";": "semicolon", "|": "pipe", " ": "space"}
+
+
+# --------------------------------------------------------------------------------------------
+# CSV
+
+
+def string_convert_options(names: Sequence[str]) -> pacsv.ConvertOptions:
+    """Every column as a string; only an empty cell is null ("NA", "nan" stay text)."""
+    return pacsv.ConvertOptions(
+        column_types={n: pa.string() for n in names},
+        null_values=[""],
+        strings_can_be_null=True,
+        quoted_strings_can_be_null=True,
+    )
+
+
+def read_header(path: Path, delimiter: str) -> list[str]:
+    """The column names on the first line of a CSV file (BOM and line end stripped)."""
+    with pa.input_stream(str(path), compression="detect") as stream:
+        chunks = []
+        while True:
+            chunk = stream.read(65536)
+            chunks.append(chunk)
+            if not chunk or b"\n" in chunk:
+                break
+    raw = b"".join(chunks).split(b"\n", 1)[0]
+    if not raw.strip():
+        raise DataError(
+            f"file {str(path)!r} is empty or starts with a blank line: expected a header line "
+            f"naming the columns"
+        )
+    text = raw.decode("utf-8", errors="replace").lstrip("\ufeff").rstrip("\r")
+    return next(csv.reader([text], delimiter=delimiter))
+
+
+class LineMap:
+    """Maps the rows pyarrow yields to 1-based line numbers, around rows it skipped."""
+
+    def __init__(self, first_line: int) -> None:
+        self.next = first_line  # the line of the next row pyarrow will yield, if not skipped
+        self.skipped: list[int] = []  # lines of rows the invalid-row handler skipped, ascending
+        self._p = 0  # skipped[_p:] are the skipped lines at or after `next`
+
+    def take(self, n: int) -> np.ndarray:
+        """The line numbers of the next ``n`` yielded rows."""
+        while self._p < len(self.skipped) and self.skipped[self._p] < self.next:
+            self._p += 1
+        pending = np.array(self.skipped[self._p :], dtype=np.int64)
+        cand = np.arange(self.next, self.next + n + len(pending), dtype=np.int64)
+        lines = cand[~np.isin(cand, pending)][:n]
+        if n:
+            self.next = int(lines[-1]) + 1
+        return lines
+
+
+def delimiter_name(d: str) -> str:
+    return _DELIMITER_NAMES.get(d, repr(d))
+
+
+def column_count_message(file: Path, names: list[str], row: Any, delimiter: str) -> str:
+    """The message for a line with the wrong number of columns."""
+    exp, act = row.expected_columns, row.actual_columns
+    line = f"line {row.number}" if row.number is not None and row.number >= 0 else "a line"
+    if act < exp:
+        detail = f"no value for column(s) {short_list(names[act:exp])} (a truncated or short line)"
+    else:
+        detail = f"{act - exp} value(s) after the last column {names[exp - 1]!r}"
+    text = row.text if len(row.text) <= 200 else row.text[:200] + "..."
+    return (
+        f"{file}: {line}: expected {exp} {delimiter_name(delimiter)}-separated columns, "
+        f"found {act}: {detail}: {text!r}"
+    )

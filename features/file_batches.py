@@ -1,0 +1,141 @@
+"""One data file as raw string/typed Arrow columns, before cell conversion: CSV/TSV (with any
+one-character delimiter, optionally compressed) and Parquet, each with its joins applied and
+the line (CSV) or row (Parquet) number of every record.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from features.cells import is_null
+from features.csv_format import LineMap, column_count_message, read_header, string_convert_options
+from features.joins import ReadPlan, SideTable, apply_joins, plan_file
+from features.read_report import DataError
+from features.schema import Schema
+
+
+@dataclasses.dataclass
+class RawBatch:
+    """One chunk of a file before conversion.
+
+    ``cols`` holds n rows by source column name (joined columns included), ``positions`` their
+    1-based ``unit`` numbers ("line" in a CSV file, "row" in Parquet), ``notes`` a note per
+    joined column for messages, and ``earlier_bad`` (position, message) of rows the parser
+    already rejected, to report in file order with the bad cells of ``cols``.
+    """
+
+    cols: dict[str, pa.Array]
+    positions: np.ndarray
+    unit: str
+    notes: dict[str, str]
+    earlier_bad: list[tuple[int, str]] = dataclasses.field(default_factory=list)
+
+
+def csv_batches(file: Path, schema: Schema, cache: dict[Any, SideTable]) -> Iterator[RawBatch]:
+    """Streams one CSV file as raw string columns, one chunk per parsed block.
+
+    Lines with the wrong number of columns are skipped by the parser and handed on as
+    ``earlier_bad`` of the chunk they precede (or of a last, empty chunk).
+    """
+    src = schema.source
+    names = read_header(file, src.delimiter) if src.header else list(src.columns or ())
+    plan = plan_file(schema, file, names, cache)
+    lines = LineMap(2 if src.header else 1)
+    rejected: list[tuple[int, str]] = []
+
+    def on_invalid_row(row: Any) -> str:
+        known = row.number is not None and row.number >= 0
+        if known:
+            lines.skipped.append(row.number)
+        message = column_count_message(file, names, row, src.delimiter)
+        rejected.append((row.number if known else lines.next, message))
+        return "skip"
+
+    read_opts = pacsv.ReadOptions(use_threads=False, column_names=None if src.header else names)
+    parse_opts = pacsv.ParseOptions(
+        delimiter=src.delimiter, ignore_empty_lines=False, invalid_row_handler=on_invalid_row
+    )
+    try:
+        reader = pacsv.open_csv(
+            pa.input_stream(str(file), compression="detect"),
+            read_options=read_opts,
+            parse_options=parse_opts,
+            convert_options=string_convert_options(names),
+        )
+        while True:
+            try:
+                batch = reader.read_next_batch()
+            except StopIteration:
+                break
+            yield _csv_chunk(batch, plan, lines, rejected)
+    except pa.ArrowException as e:
+        if "Empty CSV file" in str(e):
+            raise DataError(f"file {str(file)!r} is empty: expected lines of data") from None
+        raise DataError(f"{file}: could not parse CSV at or after line {lines.next}: {e}") from None
+    if rejected:
+        yield RawBatch({}, np.zeros(0, np.int64), "line", plan.notes, list(rejected))
+
+
+def _csv_chunk(
+    batch: pa.RecordBatch, plan: ReadPlan, lines: LineMap, rejected: list[tuple[int, str]]
+) -> RawBatch:
+    """One parsed block as a raw chunk: blank lines dropped, joined columns added.
+
+    Takes from ``rejected`` the rejected lines that come before the block's last row (all of
+    them if the block has no rows).
+    """
+    line_no = lines.take(batch.num_rows)
+    upto = lines.next if batch.num_rows else None
+    earlier = [r for r in rejected if upto is None or r[0] < upto]
+    rejected[:] = [r for r in rejected if upto is not None and r[0] >= upto]
+    blank = np.ones(batch.num_rows, dtype=bool)
+    for col in batch.columns:
+        blank &= is_null(col)
+        if not blank.any():
+            break
+    cols = {c: batch.column(c) for c in plan.read}
+    if blank.any():
+        keep = pa.array(~blank)
+        cols = {c: a.filter(keep) for c, a in cols.items()}
+        line_no = line_no[~blank]
+    return RawBatch(apply_joins(cols, plan), line_no, "line", plan.notes, earlier)
+
+
+# --------------------------------------------------------------------------------------------
+# Parquet
+
+
+def parquet_batches(
+    file: Path, schema: Schema, batch_rows: int, cache: dict[Any, SideTable]
+) -> Iterator[RawBatch]:
+    """Streams one Parquet file as raw columns (the needed ones) in chunks of ``batch_rows``."""
+    try:
+        pf = pq.ParquetFile(str(file))
+        names = list(pf.schema_arrow.names)
+    except (pa.ArrowException, OSError) as e:
+        raise DataError(f"file {str(file)!r} is not a readable Parquet file: {e}") from None
+    plan = plan_file(schema, file, names, cache)
+    start = 0
+    batches = pf.iter_batches(batch_size=batch_rows, columns=plan.read)
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except (pa.ArrowException, OSError) as e:
+            raise DataError(
+                f"file {str(file)!r}: Parquet data after row {start} could not be read "
+                f"(truncated or corrupt file?): {e}"
+            ) from None
+        cols = {c: batch.column(c) for c in plan.read}
+        rows = np.arange(start + 1, start + batch.num_rows + 1, dtype=np.int64)
+        yield RawBatch(apply_joins(cols, plan), rows, "row", plan.notes)
+        start += batch.num_rows
