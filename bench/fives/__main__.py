@@ -53,6 +53,7 @@ from features import synthetic, synthetic_config
 from features.crosses import fives_config, fives_encoding, fives_search
 from features.dataset import list_parquet
 from features.schema import Schema, load_schema
+from ranking.metrics import auc
 
 ROOT = Path(__file__).resolve().parents[2]
 MOVIELENS = ROOT.parent / "shared" / "data" / "movielens-latest-small"
@@ -135,7 +136,7 @@ def fit_lr(tr, te, card, y_tr, y_te, seed: int) -> float:
 
     model = LogisticRegression(C=0.5, solver="liblinear", max_iter=200, random_state=seed)
     model.fit(one_hot(tr, card), y_tr)
-    return fives_search.auc(y_te, model.predict_proba(one_hot(te, card))[:, 1])
+    return auc(y_te, model.predict_proba(one_hot(te, card))[:, 1])
 
 
 def fit_xgb(tr, te, card, y_tr, y_te, seed: int) -> float:
@@ -150,7 +151,7 @@ def fit_xgb(tr, te, card, y_tr, y_te, seed: int) -> float:
         random_state=seed,
     )
     model.fit(one_hot(tr, card), y_tr)
-    return fives_search.auc(y_te, model.predict_proba(one_hot(te, card))[:, 1])
+    return auc(y_te, model.predict_proba(one_hot(te, card))[:, 1])
 
 
 def mi_pairs(x: np.ndarray, y: np.ndarray, sizes: list[int], n: int) -> list[list[int]]:
@@ -329,7 +330,7 @@ def run_synthetic(args: argparse.Namespace, seed: int, work: Path, log: Any) -> 
     y_tr = train.column("label").to_numpy()
     y_te = test.column("label").to_numpy()
     x_te = result.encoder.transform(test)
-    entry["fives_test_auc"] = fives_search.auc(y_te, result.predict(x_te))
+    entry["fives_test_auc"] = auc(y_te, result.predict(x_te))
     if not args.skip_downstream:
         n = args.downstream_rows
         sub = train.slice(0, n)
@@ -360,9 +361,7 @@ def run_synthetic(args: argparse.Namespace, seed: int, work: Path, log: Any) -> 
                 fives_config.FivesConfig(seed=seed, epochs=args.epochs, screen_orders=()),
                 log=lambda _: None,
             )
-            entry["fives_sub_test_auc"] = fives_search.auc(
-                y_te, small.predict(small.encoder.transform(test))
-            )
+            entry["fives_sub_test_auc"] = auc(y_te, small.predict(small.encoder.transform(test)))
             log(
                 f"seed {seed}: test auc FIVES {entry['fives_sub_test_auc']:.4f} "
                 f"DNN {entry['dnn_test_auc']:.4f} DCN-v2 {entry['dcn_v2_test_auc']:.4f} "
@@ -428,7 +427,7 @@ def run_movielens(args: argparse.Namespace, seed: int, work: Path, log: Any) -> 
         "rows": {"train": train.num_rows, "test": test.num_rows},
         "search_seconds": round(result.seconds, 1),
         "top": [(c.name, c.source, c.effect) for c in result.crosses[:10]],
-        "fives_test_auc": fives_search.auc(y_te, result.predict(x_te)),
+        "fives_test_auc": auc(y_te, result.predict(x_te)),
         "downstream": downstream(
             result, x_tr, y_tr, x_te, y_te, 3, seed, log, xgb_cap=args.xgb_cap
         ),

@@ -48,7 +48,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import tensorflow as tf
-from scipy.stats import rankdata
 
 from features.crosses.artifact import Cross, CrossArtifact
 from features.crosses.fives_config import CONTRIBUTION_ROWS, FivesConfig, FivesDataError, Log
@@ -58,6 +57,7 @@ from features.crosses.fives_network import FivesNetwork, predict_probabilities
 from features.crosses.fives_readout import contributions, extract_crosses, with_distinct
 from features.crosses.fives_screen import screen_and_rank
 from features.schema import Schema
+from ranking.metrics import auc
 
 DEFAULT_CONFIG = FivesConfig()
 
@@ -116,16 +116,6 @@ def _check_labels(y: np.ndarray, split: str) -> None:
             f"both classes in the training and validation splits (more rows, or another "
             f"validation_fraction / seed)"
         )
-
-
-def auc(y: np.ndarray, p: np.ndarray) -> float:
-    """Rank AUC (ties get the average rank)."""
-    y = np.asarray(y) > 0.5
-    n_pos, n_neg = int(y.sum()), int((~y).sum())
-    if n_pos == 0 or n_neg == 0:
-        return float("nan")
-    r = rankdata(p)
-    return float((r[y].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
 
 
 def split_rows(rows: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
