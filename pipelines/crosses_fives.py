@@ -28,6 +28,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pipelines.config import load_config, parse_override
+from pipelines.run.paths import RunPaths
+
 DEFAULT_NAME = "crosses_fives.json"
 
 
@@ -70,8 +73,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def fives_config(args: argparse.Namespace) -> Any:
     """``FivesConfig`` from ``--set`` and the shortcut flags (flags win)."""
-    from features.fives import TRIPLE_SEARCH, FivesConfig
-    from pipelines.config import parse_override
+    from features.fives import TRIPLE_SEARCH, FivesConfig  # off `stitchrec --help`
 
     allowed = {f.name for f in dataclasses.fields(FivesConfig)}
     values: dict[str, Any] = dict(TRIPLE_SEARCH) if getattr(args, "triple_search", False) else {}
@@ -91,9 +93,9 @@ def fives_config(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    # TensorFlow and the search load only when the command runs, off `stitchrec --help`
     from features.fives import read_table, search
-    from pipelines.config import load_config
-    from pipelines.train import RunPaths, prepare_data
+    from pipelines.run.data import prepare_data
 
     def log(msg: str) -> None:
         print(msg, flush=True)

@@ -18,7 +18,7 @@ from features import readers
 from features.dataset import iter_batches, list_parquet, table_to_numpy
 from features.schema import Schema, load_schema
 from pipelines import metrics
-from pipelines.export import ASSETS_EXTRA
+from pipelines.run.paths import ASSETS_EXTRA
 
 
 def _batches(

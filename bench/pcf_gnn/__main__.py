@@ -47,7 +47,7 @@ from features.pcf_gnn import PCFGNNConfig, evaluate_pairs, pair_graph_like, pret
 from features.pcf_graph import PairGraph, Relation, build_graph, count_pairs
 from features.schema import Schema, load_schema
 from pipelines.config import config_from_dict
-from pipelines.crosses_pcf import table_layer
+from pipelines.run.model import table_layer
 from pipelines.train import train
 from ranking.pair_stats import PairStatsGNN
 
