@@ -7,7 +7,7 @@
 Reads the training split of a pipeline config's data (converting raw files into the run's
 ``data/`` folder once, exactly as ``stitchrec train`` does), runs the FIVES search
 (``features.crosses.fives_search``) with one progress line per epoch and writes the cross artifact
-(``features.crosses.artifact``; default ``<output_dir>/crosses_fives.json``). The training config then
+(``features.crosses``; default ``<output_dir>/crosses_fives.json``). The training config then
 names it::
 
     [data]
@@ -27,6 +27,9 @@ import dataclasses
 import time
 from pathlib import Path
 from typing import Any
+
+from pipelines.config import load_config, parse_override
+from pipelines.run.paths import RunPaths
 
 DEFAULT_NAME = "crosses_fives.json"
 
@@ -70,8 +73,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def fives_config(args: argparse.Namespace) -> Any:
     """``FivesConfig`` from ``--set`` and the shortcut flags (flags win)."""
-    from features.crosses.fives_config import TRIPLE_SEARCH, FivesConfig
-    from pipelines.config import parse_override
+    from features.crosses.fives_config import TRIPLE_SEARCH, FivesConfig  # off `stitchrec --help`
 
     allowed = {f.name for f in dataclasses.fields(FivesConfig)}
     values: dict[str, Any] = dict(TRIPLE_SEARCH) if getattr(args, "triple_search", False) else {}
@@ -91,10 +93,10 @@ def fives_config(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    # TensorFlow and the search load only when the command runs, off `stitchrec --help`
     from features.crosses.fives_encoding import read_table
     from features.crosses.fives_search import search
-    from pipelines.config import load_config
-    from pipelines.train import RunPaths, prepare_data
+    from pipelines.run.data import prepare_data
 
     def log(msg: str) -> None:
         print(msg, flush=True)

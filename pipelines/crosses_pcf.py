@@ -16,7 +16,7 @@ split or ``graph_data``, pre-trains (``features.crosses.pcf_gnn.pretrain``) and 
 ``pcf_gnn.json`` + ``pcf_gnn.npz`` (vocabularies, cached node vectors, relation vectors, head),
 ``graph/`` (the pair counts; the table baseline reads them) and ``report.json``.
 ``stitchrec train`` with the same config then adds the pair statistics as dense model inputs
-(``pair_stats_layer``), computed inside the exported SavedModel from raw features.
+(``pipelines.run.model.pair_stats_layer``), computed inside the exported SavedModel from raw features.
 """
 
 from __future__ import annotations
@@ -27,6 +27,9 @@ import json
 import time
 from pathlib import Path
 from typing import Any
+
+from pipelines.config import ConfigError, load_config
+from pipelines.run.paths import RunPaths
 
 REPORT_FILE = "report.json"
 
@@ -52,8 +55,6 @@ def _print(msg: str) -> None:
 
 
 def cmd_pcf_gnn(args: argparse.Namespace) -> int:
-    from pipelines.config import load_config
-
     cfg = load_config(args.config, list(args.set))
     report = run_pcf_gnn(cfg, log=_print)
     _print(
@@ -67,11 +68,11 @@ def cmd_pcf_gnn(args: argparse.Namespace) -> int:
 def run_pcf_gnn(cfg: Any, log: Any = _print) -> dict[str, Any]:
     """Builds the graph and pre-trains PCF-GNN for ``cfg`` (a ``PipelineConfig``); returns the
     report also written to ``<artifact>/report.json``."""
+    # TensorFlow and the graph code load only when the command runs, off `stitchrec --help`
     from features.crosses.pcf_build import build_graph
     from features.crosses.pcf_gnn import pretrain
     from features.dataset import list_parquet
-    from pipelines.config import ConfigError
-    from pipelines.train import RunPaths, prepare_data
+    from pipelines.run.data import prepare_data
 
     ps = cfg.pair_stats
     if ps is None:
@@ -123,52 +124,3 @@ def run_pcf_gnn(cfg: Any, log: Any = _print) -> dict[str, Any]:
     }
     (out / REPORT_FILE).write_text(json.dumps(report, indent=1))
     return report
-
-
-def table_layer(graph: Any, pairs: list[tuple[str, str]], output: str = "logit") -> Any:
-    """The explicit statistics table (``ranking.pair_stats.PairStatsTable``) of a pair graph:
-    every seen pair of two known values -> its smoothed CTR; the prior otherwise."""
-    from ranking.pair_stats import PairStatsTable
-
-    known = graph.pairs
-    entries, oriented = [], []
-    for p in pairs:
-        if tuple(p) in known:
-            r = known.index(tuple(p))
-        elif (p[1], p[0]) in known:
-            r = known.index((p[1], p[0]))
-        else:
-            raise ValueError(f"pair {list(p)} is not in the pair graph; it has {known}")
-        rel = graph.relations[r]
-        keep = (rel.u > 0) & (rel.v > 0)
-        va, vb = graph.vocab[rel.pair[0]], graph.vocab[rel.pair[1]]
-        entries.append(
-            (
-                [va[i - 1] for i in rel.u[keep]],
-                [vb[i - 1] for i in rel.v[keep]],
-                graph.statistic(r)[keep],
-            )
-        )
-        oriented.append(rel.pair)
-    used = {f for p in oriented for f in p}
-    return PairStatsTable.from_pairs(
-        oriented,
-        entries,
-        prior=graph.prior,
-        separators={f: s for f, s in graph.multi.items() if f in used},
-        output=output,
-    )
-
-
-def pair_stats_layer(ps: Any, output_dir: str) -> Any:
-    """The dense input block of a ``[pair_stats]`` config (``PairStatsConfig``): PCF-GNN's
-    ``PairStatsGNN`` or the explicit ``PairStatsTable``, from the artifact folder."""
-    from features.crosses.pcf_artifact import GRAPH_DIR, PCFArtifact
-    from features.crosses.pcf_graph import PairGraph
-    from ranking.pair_stats import PairStatsGNN
-
-    directory = Path(ps.artifact_dir(output_dir))
-    pairs = [tuple(p) for p in ps.pairs]
-    if ps.source == "table":
-        return table_layer(PairGraph.load(directory / GRAPH_DIR), pairs, ps.output)
-    return PairStatsGNN.from_artifact(PCFArtifact.load(directory), pairs, output=ps.output)

@@ -12,8 +12,12 @@ import shutil
 import time
 from pathlib import Path
 
+from features import synthetic, synthetic_config
 from pipelines.config import DataConfig, PipelineConfig, TrainConfig
-from pipelines.train import Log, RunPaths, train
+from pipelines.evaluate import evaluate
+from pipelines.export import export_run, saved_model_bytes
+from pipelines.run.paths import Log, RunPaths
+from pipelines.train import train
 from ranking.config import ModelConfig
 
 
@@ -25,9 +29,6 @@ def run_demo(
     seed: int = 0,
     log: Log = print,
 ) -> dict:
-    from features import synthetic, synthetic_config
-    from pipelines.evaluate import evaluate
-    from pipelines.export import export_run, saved_model_bytes
 
     out = Path(output).resolve()
     data = out / "data"

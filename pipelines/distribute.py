@@ -16,8 +16,9 @@ Multi-worker mirrored (synchronous data parallelism, one replica per worker):
   loop reads and keeps only its slice of rows ``[w * ceil(n / W), (w + 1) * ceil(n / W))`` of
   each batch of ``n`` rows (disjoint slices that together are the batch): the run follows the
   single-process trajectory up to float rounding, at the cost of reading everything W times.
-* Each replica's loss is ``sum_i BCE(y_i, logit_i) / n + L2 / W`` over its rows, ``n`` the
-  global batch's rows; the optimizer sums the replicas' gradients (an all-reduce), which is
+* Each replica's loss is its rows' mean task loss times ``rows / n`` plus ``L2 / W``
+  (``sum_i BCE(y_i, logit_i) / n + L2 / W``, ``n`` the global batch's rows;
+  ``pipelines.run.step.make_train_step``); the optimizer sums the replicas' gradients (an all-reduce), which is
   exactly the gradient of the mean loss of the whole batch.
 * The chief (task ``chief``, or ``worker`` 0 when the cluster has no chief) writes the run
   folder; the other workers write into a temporary folder that is deleted at the end, and restore
@@ -46,7 +47,9 @@ from typing import Any, Protocol
 
 import tensorflow as tf
 
+from pipelines import distribute_ps
 from pipelines.config import ConfigError, DistributeConfig
+from pipelines.run.step import make_train_step
 
 Log = Callable[[str], None]
 
@@ -187,9 +190,7 @@ def resolve_strategy(cfg: DistributeConfig | None, spec: ClusterSpec | None) -> 
             f"process's task); see {_DOCS}"
         )
     if name == "parameter_server":
-        from pipelines.distribute_ps import check_cluster
-
-        check_cluster(spec)
+        distribute_ps.check_cluster(spec)
         return name
     if "ps" in spec.cluster:
         raise ConfigError("multi_worker_mirrored: TF_CONFIG must not list ps tasks")
@@ -328,37 +329,18 @@ class Distribution:
         self,
         model: tf.keras.Model,
         optimizer: tf.keras.optimizers.Optimizer,
-        label: str,
         loss_metric: tf.keras.metrics.Mean,
         auc_metric: tf.keras.metrics.AUC,
     ) -> Callable[[Any], tf.Tensor]:
         """One synchronous step on an element of ``batches``; returns the batch's mean loss.
 
         Replica loss ``sum(BCE over its rows) / batch rows + L2 / workers``; gradients are summed
-        over replicas by the optimizer, giving the gradient of the batch's mean loss.
+        over replicas by the optimizer, giving the gradient of the batch's mean loss
+        (``pipelines.run.step.make_train_step`` under the strategy).
         """
-        strategy = self.strategy
-        replicas = float(self.workers)
-
-        def replica_step(features: dict[str, tf.Tensor], rows: tf.Tensor) -> tf.Tensor:
-            y = features[label]
-            with tf.GradientTape() as tape:
-                logits = model(features, training=True)
-                per_example = tf.nn.sigmoid_cross_entropy_with_logits(labels=y, logits=logits)
-                loss = tf.reduce_sum(per_example) / tf.cast(rows, per_example.dtype)
-                total = loss + tf.add_n(model.losses) / replicas if model.losses else loss
-            grads = tape.gradient(total, model.trainable_variables)
-            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
-            loss_metric.update_state(per_example)
-            auc_metric.update_state(y, tf.sigmoid(logits))
-            return loss
-
-        @tf.function
-        def step(element: tuple[dict[str, tf.Tensor], tf.Tensor]) -> tf.Tensor:
-            per_replica = strategy.run(replica_step, args=element)
-            return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
-
-        return step
+        return make_train_step(
+            model, optimizer, self.strategy, loss_metric=loss_metric, auc_metric=auc_metric
+        )
 
     def finish(self) -> None:
         """Deletes a non-chief worker's temporary folder."""
@@ -402,8 +384,6 @@ def setup(cfg: DistributeConfig | None, log: Log = print) -> Distribution:
     if name == "none":
         return Distribution()
     if name == "parameter_server":
-        from pipelines import distribute_ps
-
         return distribute_ps.setup(cfg, spec, log)
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)

@@ -55,6 +55,7 @@ import numpy as np
 import tensorflow as tf
 
 from pipelines.config import ConfigError, DistributeConfig
+from pipelines.run.step import make_train_step
 
 Log = Callable[[str], None]
 
@@ -288,7 +289,6 @@ class PSDistribution:
         self,
         model: tf.keras.Model,
         optimizer: tf.keras.optimizers.Optimizer,
-        label: str,
         loss_metric: tf.keras.metrics.Mean,
         auc_metric: tf.keras.metrics.AUC,
     ) -> Callable[[Any], Any]:
@@ -308,23 +308,9 @@ class PSDistribution:
             what = f"no variable is over ps_min_shard_bytes: none sharded over {self.ps_tasks} ps"
         self.log(f"parameter_server: {what}")
 
-        def replica_step(features: dict[str, tf.Tensor]) -> tf.Tensor:
-            y = features[label]
-            with tf.GradientTape() as tape:
-                logits = model(features, training=True)
-                loss = tf.reduce_mean(
-                    tf.nn.sigmoid_cross_entropy_with_logits(labels=y, logits=logits)
-                )
-                total = loss + tf.add_n(model.losses) if model.losses else loss
-            grads = tape.gradient(total, model.trainable_variables)
-            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
-            loss_metric.update_state(loss)
-            auc_metric.update_state(y, tf.sigmoid(logits))
-            return loss
-
-        @tf.function(reduce_retracing=True)
-        def worker_step(features: dict[str, tf.Tensor]) -> tf.Tensor:
-            return strategy.run(replica_step, args=(features,))
+        worker_step = make_train_step(
+            model, optimizer, strategy, loss_metric=loss_metric, auc_metric=auc_metric
+        )
 
         def step(features: dict[str, tf.Tensor]) -> Any:
             return coordinator.schedule(worker_step, args=(features,))

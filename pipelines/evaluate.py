@@ -17,7 +17,7 @@ import tensorflow as tf
 from features import read_report, readers
 from features.dataset import iter_batches, list_parquet, table_to_numpy
 from features.schema import Schema, load_schema
-from pipelines.export import ASSETS_EXTRA
+from pipelines.run.paths import ASSETS_EXTRA
 from ranking import metrics
 
 

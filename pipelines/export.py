@@ -21,12 +21,12 @@ from typing import Any
 import tensorflow as tf
 from tf_keras.src.saving.legacy.saved_model.utils import keras_option_scope
 
-from features.dataset import field_tf_dtype, input_signature
-from features.schema import FeatureSpec, Schema, load_schema
-from pipelines.train import RunPaths
+from compiler_opt import codegen
+from features.dataset import input_signature
+from features.schema import FeatureSpec, Schema
+from pipelines.run.model import load_trained_model
+from pipelines.run.paths import ASSETS_EXTRA, RunPaths
 from ranking.models import RankingModel
-
-ASSETS_EXTRA = "assets.extra"
 
 
 class ServingModule(tf.Module):
@@ -40,44 +40,6 @@ class ServingModule(tf.Module):
     def _serve(self, features: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
         logits = self.model(features, training=False)
         return {"score": tf.sigmoid(logits), "logit": logits}
-
-
-def _dummy_batch(fields: list[FeatureSpec]) -> dict[str, tf.Tensor]:
-    out = {}
-    for f in fields:
-        dtype = field_tf_dtype(f)
-        value = "" if dtype == tf.string else 0
-        out[f.name] = tf.constant([value], dtype=dtype)
-    return out
-
-
-def load_trained_model(run_dir: str | Path) -> tuple[RankingModel, Schema, str]:
-    """Rebuilds the run's model from ``model.json`` and restores its latest checkpoint (a run
-    trained with ``[fusion] tables = true`` is restored fused, then mapped back to the plain
-    model's per-field tables: ``compiler_opt.table_fusion``)."""
-    paths = RunPaths(Path(run_dir))
-    if not paths.model_json.exists():
-        raise FileNotFoundError(
-            f"{str(paths.root)!r} is not a training run: it has no model.json "
-            f"(run `stitchrec train` first)"
-        )
-    latest = tf.train.latest_checkpoint(str(paths.checkpoints))
-    if latest is None:
-        raise FileNotFoundError(f"training run {str(paths.root)!r} has no checkpoint yet")
-    model = tf.keras.layers.deserialize(json.loads(paths.model_json.read_text()))
-    schema = load_schema(paths.schema)
-    model(_dummy_batch(list(schema.model_inputs)))
-    from compiler_opt import table_fusion
-
-    fused = table_fusion.run_has_fused_tables(paths.checkpoints)  # [fusion] tables = true
-    if fused:
-        table_fusion.fuse_tables(model)
-    tf.train.Checkpoint(model=model).restore(
-        latest
-    ).expect_partial().assert_existing_objects_matched()
-    if fused:  # back to the plain model's per-field tables (the mapping's row blocks)
-        table_fusion.unfuse_tables(model)
-    return model, schema, latest
 
 
 def next_version(base: Path) -> Path:
@@ -108,8 +70,6 @@ def export_saved_model(
         model.embedding = model.embedding.serving_form()
     fused = None
     if kernels:
-        from compiler_opt import codegen
-
         fused = codegen.fuse_embeddings(model)
     out = Path(output)
     if out.exists():
@@ -121,8 +81,6 @@ def export_saved_model(
     with keras_option_scope(save_traces=False, in_tf_saved_model_scope=True):
         tf.saved_model.save(module, str(out), signatures={"serving_default": module.serve})
     if fused is not None:
-        from compiler_opt import codegen
-
         if fused.kernel is None:
             shutil.rmtree(out)
             raise ValueError(

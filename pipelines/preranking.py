@@ -30,7 +30,7 @@ FSCD (``method = "fscd"``), ``ranking.fscd``:
 3. fine-tune the same architecture on the kept fields, initialized from the stage-1 weights
    (``ranking.fscd.transfer_weights``), with the plain loss.
 
-The run folder is laid out as ``pipelines.train.RunPaths`` with the stage-3 (or two-tower) model
+The run folder is laid out as ``pipelines.run.paths.RunPaths`` with the stage-3 (or two-tower) model
 at its root, so ``stitchrec export --run DIR`` exports the pre-ranking model; the stage-1 model
 sits in ``fscd_stage1/``. Every field needs an explicit ``cost`` in the schema file
 (``require_costs``). A preranking run does not resume: it retrains from its converted data and
@@ -42,16 +42,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
-import shutil
 import time
 import tomllib
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
+import yaml
 
 from features.dataset import count_rows, input_signature, iter_batches, make_dataset
 from features.preprocessing import FeaturePreprocessor, plan_fields
@@ -65,16 +63,19 @@ from features.schema import (
 )
 from features.stats import DatasetStats
 from pipelines.config import ConfigError, PipelineConfig, load_config
-from pipelines.train import (
-    RunPaths,
+from pipelines.run.data import prepare_data, prepare_stats, use_gpus_if_present
+from pipelines.run.model import (
+    build_on_sample,
     build_run_model,
-    evaluate_model,
+    initial_bias,
+    load_trained_model,
     make_optimizer,
-    make_scorer,
-    prepare_data,
-    prepare_stats,
-    use_gpus_if_present,
+    save_model,
 )
+from pipelines.run.paths import Log, RunPaths
+from pipelines.run.scoring import evaluate_model, make_scorer
+from pipelines.run.step import make_train_step
+from ranking.cascade import export_cascade
 from ranking.config import PrerankConfig
 from ranking.fscd import (
     FSCDRankingModel,
@@ -90,7 +91,6 @@ from ranking.fscd import (
 from ranking.models import RankingModel
 from ranking.two_tower import build_two_tower, tower_fields
 
-Log = Callable[[str], None]
 _INPUT_KINDS = ("categorical", "multi_categorical", "numeric")
 
 
@@ -113,12 +113,8 @@ def check_costs(schema: str) -> None:
     """
     p = schema_file(schema)
     load_schema(p)  # a clear SchemaError for a file that is not a valid schema
-    if p.suffix == ".toml":
-        data = tomllib.loads(p.read_text())
-    else:
-        import yaml
-
-        data = yaml.safe_load(p.read_text())
+    text = p.read_text()
+    data = tomllib.loads(text) if p.suffix == ".toml" else yaml.safe_load(text)
     missing = []
     for entry in data.get("fields") or []:
         if entry.get("kind") in _INPUT_KINDS and "cost" not in entry:
@@ -169,15 +165,6 @@ def prerank_model_config(cfg: PipelineConfig) -> PipelineConfig:
     return dataclasses.replace(cfg, model=model)
 
 
-def initial_bias(stats: DatasetStats) -> float:
-    p = min(max(stats.label_mean, 1e-6), 1 - 1e-6)
-    return math.log(p / (1 - p))
-
-
-def build_on_sample(model: tf.keras.Model, schema: Schema, files: list[Path]) -> None:
-    model(next(iter(make_dataset(schema, files, batch_size=2))))
-
-
 def fit(
     model: tf.keras.Model,
     schema: Schema,
@@ -194,7 +181,7 @@ def fit(
     """Trains ``model`` for ``epochs`` (``[train]`` batch size, optimizer, seed, max_steps).
 
     The loss is the task's mean binary cross-entropy plus the model's added losses (FSCD's
-    penalty, embedding L2). Returns steps, seconds and the last epoch's mean loss.
+    penalty, embedding L2). Returns steps, epochs run, seconds and the last epoch's mean loss.
 
     Early stopping: with ``valid_files`` (rows held out of ``files``), ``epochs`` is the most
     epochs; the model's AUC on ``valid_files`` is measured before training and after each
@@ -211,25 +198,13 @@ def fit(
         tc.optimizer, tc.learning_rate if learning_rate is None else learning_rate
     )
     gate_optimizer = tf.keras.optimizers.Adam(pr.selection_learning_rate)
-    label = schema.label.name
     spec = make_dataset(schema, files, batch_size=tc.batch_size).element_spec
     gates = model.selection.trainable_variables if isinstance(model, FSCDRankingModel) else []
-    gate_ids = {id(v) for v in gates}
-    weights = [v for v in model.trainable_variables if id(v) not in gate_ids]
+    step = make_train_step(
+        model, optimizer, element_spec=spec, gates=gates, gate_optimizer=gate_optimizer
+    )
 
-    @tf.function(input_signature=[spec])
-    def step(features: dict[str, tf.Tensor]) -> tf.Tensor:
-        with tf.GradientTape() as tape:
-            logits = model(features, training=True)
-            loss = model.task(labels=features[label], predictions=logits, compute_metrics=False)
-            total = loss + tf.add_n(model.losses) if model.losses else loss
-        grads = tape.gradient(total, weights + gates)
-        optimizer.apply_gradients(zip(grads[: len(weights)], weights, strict=True))
-        if gates:
-            gate_optimizer.apply_gradients(zip(grads[len(weights) :], gates, strict=True))
-        return loss
-
-    t0, steps, last = time.time(), 0, float("nan")
+    t0, steps, last, epochs_run = time.time(), 0, float("nan"), 0
     valid_auc: list[float] = []
     best: tuple[float, int, list[np.ndarray]] | None = None
     if valid_files is not None:  # epoch 0: a warm-started model (stage 3) may need no epoch
@@ -255,6 +230,7 @@ def fit(
             if tc.max_steps and steps >= tc.max_steps:
                 break
         last = float(total) / max(n, 1)
+        epochs_run = epoch + 1
         note = ""
         if valid_files is not None:
             auc = float(evaluate_model(make_scorer(model, schema), schema, valid_files)["auc"])
@@ -267,7 +243,12 @@ def fit(
             break
         if best is not None and epoch - best[1] >= patience:
             break
-    summary = {"steps": steps, "seconds": round(time.time() - t0, 2), "loss": last}
+    summary = {
+        "steps": steps,
+        "epochs": epochs_run,
+        "seconds": round(time.time() - t0, 2),
+        "loss": last,
+    }
     if best is not None:
         for w, value in zip(model.weights, best[2], strict=True):
             w.assign(value)
@@ -276,21 +257,6 @@ def fit(
         )
         log(f"{stage}: restored epoch {best[1] + 1} (validation AUC {best[0]:.4f})")
     return summary
-
-
-def save_model(model: tf.keras.Model, schema: Schema, root: Path) -> str:
-    """``model.json``, ``schema.toml`` and one checkpoint under ``root`` (what
-    ``pipelines.export.load_trained_model`` reads)."""
-    paths = RunPaths(root)
-    root.mkdir(parents=True, exist_ok=True)
-    if paths.checkpoints.exists():
-        shutil.rmtree(paths.checkpoints)
-    paths.model_json.write_text(json.dumps(tf.keras.layers.serialize(model)))
-    schema.save(paths.schema)
-    manager = tf.train.CheckpointManager(
-        tf.train.Checkpoint(model=model), paths.checkpoints, max_to_keep=1
-    )
-    return manager.save()
 
 
 # ---- FSCD stages -------------------------------------------------------------------------------
@@ -593,9 +559,6 @@ def export_cascade_runs(
     """One SavedModel chaining a pre-ranking run (FSCD stage 3 or two-tower) and a ranking run
     (``ranking.cascade.export_cascade``; the ranking run's schema gives the groups; ``kernels``:
     the candidates' lookups as generated ops)."""
-    from pipelines.export import load_trained_model
-    from ranking.cascade import export_cascade
-
     prerank, _, pre_ckpt = load_trained_model(prerank_run)
     rank, schema, rank_ckpt = load_trained_model(rank_run)
     out = export_cascade(

@@ -30,7 +30,8 @@ from features.dataset import input_signature, iter_batches, iter_record_batches,
 from features.schema import load_schema
 from features.stats import compute_stats
 from pipelines.config import DataConfig, PipelineConfig
-from pipelines.train import build_run_model
+from pipelines.run.model import build_run_model
+from pipelines.run.step import optimizer_step
 from ranking.config import ModelConfig
 
 METHODS = ("full", "amtl", "bh")
@@ -59,12 +60,7 @@ def sgd_step(model: Any, optimizer: Any, core: Any) -> Any:
     ``core(ids, dense, training=True)`` (the task's loss plus the model's own losses)."""
 
     def train_step(ids: dict[str, tf.Tensor], dense: tf.Tensor | None, y: tf.Tensor) -> tf.Tensor:
-        with tf.GradientTape() as tape:
-            logits = core(ids, dense, True)
-            loss = model.task(labels=y, predictions=logits, compute_metrics=False)
-            total = loss + tf.add_n(model.losses) if model.losses else loss
-        grads = tape.gradient(total, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        loss, _ = optimizer_step(model, optimizer, y, lambda: core(ids, dense, True))
         return loss
 
     return train_step

@@ -34,7 +34,8 @@ import pipelines  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow load
 from features import synthetic, synthetic_config
 from features.schema import load_schema
 from pipelines.config import DataConfig, PipelineConfig, TrainConfig
-from pipelines.export import export_saved_model, load_trained_model, saved_model_bytes
+from pipelines.export import export_saved_model, saved_model_bytes
+from pipelines.run.model import load_trained_model
 from pipelines.train import train
 from ranking.config import ModelConfig
 

@@ -404,7 +404,8 @@ def run_timing(args: argparse.Namespace, work: Path, log: Any) -> dict[str, Any]
 
 def movielens_data(work: Path) -> tuple[Schema, Path, Path, Path]:
     from pipelines.config import load_config
-    from pipelines.train import RunPaths, prepare_data
+    from pipelines.run.data import prepare_data
+    from pipelines.run.paths import RunPaths
 
     cfg = load_config(ROOT / "configs" / "movielens.toml")
     paths = RunPaths(work / "movielens")

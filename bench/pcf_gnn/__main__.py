@@ -49,7 +49,7 @@ from features.crosses.pcf_graph import PairGraph, Relation
 from features.dataset import iter_record_batches, list_parquet
 from features.schema import Schema, load_schema
 from pipelines.config import config_from_dict
-from pipelines.crosses_pcf import table_layer
+from pipelines.run.model import table_layer
 from pipelines.train import train
 from ranking.pair_stats import PairStatsGNN
 

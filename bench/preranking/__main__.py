@@ -62,7 +62,6 @@ from features.synthetic_config import SyntheticConfig
 from pipelines.config import DataConfig, PipelineConfig, TrainConfig, load_config
 from pipelines.preranking import (
     build_fscd,
-    build_on_sample,
     build_run_two_tower,
     field_groups,
     finetune_stage,
@@ -70,14 +69,10 @@ from pipelines.preranking import (
     prerank_model_config,
     select_stage,
 )
-from pipelines.train import (
-    RunPaths,
-    build_run_model,
-    evaluate_model,
-    make_scorer,
-    prepare_data,
-    prepare_stats,
-)
+from pipelines.run.data import prepare_data, prepare_stats
+from pipelines.run.model import build_on_sample, build_run_model
+from pipelines.run.paths import RunPaths
+from pipelines.run.scoring import evaluate_model, make_scorer
 from ranking.cascade import RequestScorer, model_inputs
 from ranking.config import ModelConfig, PrerankConfig
 from ranking.fscd import model_flops

@@ -11,7 +11,7 @@ test): in each of ``--processes`` fresh processes, one after the other on the sa
 * ``input pipeline``: the tf.data dataset training consumes (``features.dataset.make_dataset``:
   the above plus conversion to tensors), one full epoch;
 * ``input, one worker's shard``: the same for worker 0 of 2 (``[distribute] input = "shard"``);
-* ``step alone``: the training step (``pipelines.train.make_train_step``) on ``--cached``
+* ``step alone``: the training step (``pipelines.run.step.make_train_step``) on ``--cached``
   batches held in memory, cycled;
 * ``training loop``: input pipeline and step together, as ``stitchrec train`` runs them.
 
@@ -76,13 +76,10 @@ def measure_stages(data: Path, batch_size: int, cached: int, steps: int) -> dict
     from features.dataset import iter_batches, iter_record_batches, list_parquet, make_dataset
     from features.schema import load_schema
     from pipelines.config import load_config
-    from pipelines.train import (
-        RunPaths,
-        build_run_model,
-        make_optimizer,
-        make_train_step,
-        prepare_stats,
-    )
+    from pipelines.run.data import prepare_stats
+    from pipelines.run.model import build_run_model, make_optimizer
+    from pipelines.run.paths import RunPaths
+    from pipelines.run.step import make_train_step
 
     schema = load_schema(data / "schema.toml").as_parquet()
     files = list_parquet(data / "train")
@@ -116,7 +113,9 @@ def measure_stages(data: Path, batch_size: int, cached: int, steps: int) -> dict
     batches = list(ds.take(cached))
     model(batches[0])
     loss, auc = tf.keras.metrics.Mean(), tf.keras.metrics.AUC(num_thresholds=1000)
-    step = make_train_step(model, optimizer, schema.label.name, loss, auc, ds.element_spec)
+    step = make_train_step(
+        model, optimizer, element_spec=ds.element_spec, loss_metric=loss, auc_metric=auc
+    )
     for b in batches[:2]:  # trace and warm up
         step(b)
     float(loss.result())

@@ -40,7 +40,7 @@ def tiny_dcn_v2(
     from features.schema import load_schema
     from features.stats import compute_stats
     from pipelines.config import DataConfig, PipelineConfig
-    from pipelines.train import build_run_model
+    from pipelines.run.model import build_run_model
     from ranking.config import ModelConfig
 
     data = write_tiny_dataset(directory, rows=rows, train_rows=train_rows)

@@ -41,7 +41,7 @@ def test_fused_serving_equals_the_saved_model(tiny, model_type, method, hand):
     from features.dataset import make_dataset
     from pipelines.config import DataConfig, PipelineConfig
     from pipelines.export import export_saved_model
-    from pipelines.train import build_run_model
+    from pipelines.run.model import build_run_model
     from ranking.config import ModelConfig
 
     d, data, schema, files, stats = tiny
@@ -83,7 +83,7 @@ def test_fm_and_wide_weights_run_as_generated_ops(tiny, model_type, tmp_path):
     from features.dataset import make_dataset
     from pipelines.config import DataConfig, PipelineConfig
     from pipelines.export import export_saved_model
-    from pipelines.train import build_run_model
+    from pipelines.run.model import build_run_model
     from ranking.config import ModelConfig
     from serving.repository import ModelVersion
 

@@ -384,8 +384,10 @@ def test_stitchrec_train_with_fused_tables(tmp_path):
     export (mapped back to per-field tables) scores like the fused in-memory model."""
     from pipelines import cli
     from pipelines.config import ConfigError, load_config
-    from pipelines.export import _dummy_batch
-    from pipelines.train import RunPaths, make_scorer, predict, train
+    from pipelines.run.model import dummy_batch as _dummy_batch
+    from pipelines.run.paths import RunPaths
+    from pipelines.run.scoring import make_scorer, predict
+    from pipelines.train import train
     from tests.testdata import write_run_config, write_tiny_dataset
 
     (tmp_path / "data").mkdir()

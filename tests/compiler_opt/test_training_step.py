@@ -15,7 +15,8 @@ from tests.testdata import write_run_config, write_tiny_dataset
 
 def _model_and_step(tmp_path, optimizer: str):
     from features.dataset import make_dataset
-    from pipelines.train import make_optimizer, make_train_step
+    from pipelines.run.model import make_optimizer
+    from pipelines.run.step import make_train_step
 
     tf.keras.utils.set_random_seed(0)
     model, schema, files = tiny_dcn_v2(tmp_path, rows=400, train_rows=300, mlp=(8,))
@@ -24,7 +25,9 @@ def _model_and_step(tmp_path, optimizer: str):
     opt = make_optimizer(optimizer, 0.05)
     opt.build(model.trainable_variables)
     metrics = (tf.keras.metrics.Mean(), tf.keras.metrics.AUC(num_thresholds=50))
-    step = make_train_step(model, opt, schema.label.name, *metrics, ds.element_spec)
+    step = make_train_step(
+        model, opt, element_spec=ds.element_spec, loss_metric=metrics[0], auc_metric=metrics[1]
+    )
     variables = [*model.variables, *opt.variables(), *metrics[0].variables, *metrics[1].variables]
     return step, variables, batches
 

@@ -3,6 +3,7 @@ from pathlib import Path
 import pytest
 
 from pipelines.config import ConfigError, load_config, parse_override
+from pipelines.run.model import make_optimizer
 
 CONFIG = """
 output_dir = "runs/x"
@@ -74,3 +75,11 @@ def test_override_parsing():
         parse_override("epochs")
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(Path("/nonexistent.toml"))
+
+
+def test_an_unknown_optimizer_name_is_a_config_error():
+    assert type(make_optimizer("sgd", 0.1)).__name__ == "SGD"
+    with pytest.raises(
+        ConfigError, match=r"\[train\] optimizer = 'adamw'.*'adagrad', 'adam', 'sgd'"
+    ):
+        make_optimizer("adamw", 0.1)

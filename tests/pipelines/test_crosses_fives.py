@@ -14,7 +14,8 @@ from features.crosses.artifact import load_crosses
 from features.preprocessing import cross_ids
 from pipelines import cli
 from pipelines.config import ConfigError, load_config
-from pipelines.export import export_run, load_trained_model
+from pipelines.export import export_run
+from pipelines.run.model import load_trained_model
 from pipelines.train import train
 from tests.testdata import write_run_config
 

@@ -16,7 +16,8 @@ from features.dataset import iter_batches
 from features.schema import load_schema
 from pipelines.cli import main
 from pipelines.config import load_config
-from pipelines.export import export_run, load_trained_model
+from pipelines.export import export_run
+from pipelines.run.model import load_trained_model
 from tests.testdata import write_run_config, write_tiny_dataset
 
 

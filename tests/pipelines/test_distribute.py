@@ -23,7 +23,8 @@ from pipelines.distribute import (
     slice_bounds,
     worker_tf_config,
 )
-from pipelines.train import RunPaths, train
+from pipelines.run.paths import RunPaths
+from pipelines.train import train
 from tests.testdata import write_run_config
 
 ROOT = Path(__file__).resolve().parents[2]

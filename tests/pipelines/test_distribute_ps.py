@@ -342,8 +342,9 @@ def test_ps_cluster_survives_faults_trains_like_one_process_and_exports(tiny_dat
       test metrics), and the export succeeds.
     """
     from features.dataset import list_parquet
-    from pipelines.export import export_run, load_trained_model
-    from pipelines.train import evaluate_model, make_scorer
+    from pipelines.export import export_run
+    from pipelines.run.model import load_trained_model
+    from pipelines.run.scoring import evaluate_model, make_scorer
 
     config = _config(tiny_data, "ps", {"user": "bh", "item": "amtl", "tags": "hashing"}, epochs=4)
     out = config.parent / "ps"

@@ -12,8 +12,10 @@ import tensorflow as tf
 
 from features.dataset import list_parquet
 from pipelines.config import load_config
-from pipelines.export import export_run, load_trained_model
-from pipelines.train import make_scorer, predict, train
+from pipelines.export import export_run
+from pipelines.run.model import load_trained_model
+from pipelines.run.scoring import make_scorer, predict
+from pipelines.train import train
 from tests.testdata import write_run_config
 
 

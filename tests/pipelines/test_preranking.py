@@ -19,20 +19,16 @@ from pipelines.config import ConfigError, load_config
 from pipelines.export import export_run
 from pipelines.preranking import (
     build_fscd,
-    build_on_sample,
     check_costs,
     fit,
     penalty_weight,
     select_stage,
 )
-from pipelines.train import (
-    RunPaths,
-    evaluate_model,
-    make_scorer,
-    prepare_data,
-    prepare_stats,
-    train,
-)
+from pipelines.run.data import prepare_data, prepare_stats
+from pipelines.run.model import build_on_sample
+from pipelines.run.paths import RunPaths
+from pipelines.run.scoring import evaluate_model, make_scorer
+from pipelines.train import train
 from ranking.config import PrerankConfig
 from tests.ranking.prerank_data import GROUPED_SCHEMA, write_grouped
 from tests.testdata import write_run_config
@@ -178,10 +174,12 @@ def test_fit_stops_early_and_restores_the_best_epoch(tmp_path):
     )  # fmt: skip
     aucs = out["valid_auc"]
     assert 1 <= len(aucs) <= 6 and out["best_epoch"] >= 1
+    # it stopped early: fewer epochs than the 6 allowed, `patience` (1) after the best one
+    assert len(aucs) == out["epochs"] < 6
+    assert out["epochs"] - out["best_epoch"] == 1
     best = max(aucs)
     assert aucs[out["best_epoch"] - 1] == best
-    if len(aucs) < 6:  # stopped: the last epoch did not beat the best
-        assert aucs[-1] < best
+    assert aucs[-1] < best  # stopped: the last epoch did not beat the best
     restored = evaluate_model(make_scorer(model, schema), schema, test_files)["auc"]
     assert restored == pytest.approx(best, abs=1e-6)
     with pytest.raises(ValueError, match="patience"):

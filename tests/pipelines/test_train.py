@@ -18,8 +18,11 @@ import pytest
 import tensorflow as tf
 
 from pipelines.config import ConfigError, load_config
-from pipelines.export import export_run, load_trained_model
-from pipelines.train import RunPaths, make_scorer, predict, train
+from pipelines.export import export_run
+from pipelines.run.model import load_trained_model
+from pipelines.run.paths import RunPaths
+from pipelines.run.scoring import make_scorer, predict
+from pipelines.train import train
 from tests.testdata import TINY_SCHEMA, make_tiny_table, write_run_config
 
 

@@ -1,0 +1,69 @@
+"""The ``[fusion]`` transformations ``stitchrec train`` applies to a model before training."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import tensorflow as tf
+
+from compiler_opt import codegen, cost, realize, table_fusion
+from pipelines.config import ConfigError, PipelineConfig
+from pipelines.run.model import make_optimizer
+from pipelines.run.paths import Log, RunPaths
+
+Step = Callable[[Any], Any]
+
+
+def fuse_for_training(
+    cfg: PipelineConfig,
+    model: tf.keras.Model,
+    optimizer: tf.keras.optimizers.Optimizer,
+    paths: RunPaths,
+    build_step: Callable[[tf.keras.optimizers.Optimizer], Step],
+    *,
+    distributed: bool,
+    log: Log,
+) -> tuple[tf.keras.optimizers.Optimizer, Step, realize.TrainingStep | None]:
+    """Applies ``[fusion]`` to ``model`` (after ``model.json`` is written: export rebuilds the
+    plain model) and builds the training step; returns ``(optimizer, step, clusters step)``.
+
+    * ``kernels``: the embedding block runs as one generated kernel (``compiler_opt.codegen``;
+      same variables and checkpoint);
+    * ``tables``: the per-field tables fused into group tables
+      (``compiler_opt.table_fusion``), with a fresh optimizer (the plain tables it was built on
+      are gone); a run fused the other way is refused on resume;
+    * ``clusters``: the step ``build_step(optimizer)`` makes runs its planned groups as XLA
+      clusters (``compiler_opt.realize.TrainingStep``), returned also as the third item.
+
+    Raises:
+      ConfigError: ``tables`` or ``clusters`` with a distribution strategy (``distributed``).
+    """
+    fusion = cfg.fusion
+    tc = cfg.train
+    if fusion is not None and fusion.kernels:
+        codegen.fuse_embeddings(model)
+        log("fusion: the embedding block runs as one generated kernel (compiler_opt.codegen)")
+    tables = fusion is not None and fusion.tables
+    if tables and distributed:
+        raise ConfigError("[fusion] tables = true: not supported with a distribution strategy yet")
+    fused_tables = table_fusion.fuse_for_training(model, paths.checkpoints, enabled=tables)
+    if fused_tables is not None:
+        optimizer = make_optimizer(tc.optimizer, tc.learning_rate)
+        optimizer.build(model.trainable_variables)
+        log(
+            f"fusion: {len(fused_tables.fused_fields)} tables as {len(fused_tables.group_tables)} "
+            f"(compiler_opt.table_fusion); unfused: {fused_tables.uncovered or 'none'}"
+        )
+    step = build_step(optimizer)
+    if fusion is None or not fusion.clusters:
+        return optimizer, step, None
+    if distributed:
+        raise ConfigError("[fusion] clusters = true: not supported with a distribution strategy")
+    fused_step = realize.TrainingStep(step, cost.load_or_calibrate(), tc.batch_size)
+    log(
+        f"fusion: the training step's planned groups as {fused_step.clusters} XLA clusters "
+        "(compiler_opt.realize.TrainingStep; the first steps time them against the step "
+        "without clusters and keep the faster)"
+    )
+    return optimizer, fused_step, fused_step

@@ -1,0 +1,243 @@
+"""The model of a run: building it from the config and statistics (with the ``[pair_stats]``
+block), warm start, the optimizer, saving it, and loading a trained run's model."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+import tensorflow as tf
+
+from compiler_opt import table_fusion
+from features.crosses.pcf_artifact import GRAPH_DIR, PCFArtifact
+from features.crosses.pcf_graph import PairGraph
+from features.dataset import field_tf_dtype, make_dataset
+from features.preprocessing import build_preprocessor
+from features.schema import FeatureKind, FeatureSpec, Schema, load_schema
+from features.stats import DatasetStats
+from pipelines.config import ConfigError, PipelineConfig
+from pipelines.run.paths import Log, RunPaths
+from ranking.models import RankingModel, build_model, planned_method
+from ranking.pair_stats import PairStatsGNN, PairStatsTable
+
+#: ``[train] optimizer`` names and the Keras optimizers they make.
+OPTIMIZERS = {
+    "adam": tf.keras.optimizers.Adam,
+    "adagrad": tf.keras.optimizers.Adagrad,
+    "sgd": tf.keras.optimizers.SGD,
+}
+
+
+def initial_bias(stats: DatasetStats) -> float:
+    """The logit of the training label mean (clipped to [1e-6, 1 - 1e-6]): the output bias a
+    model starts with."""
+    p = min(max(stats.label_mean, 1e-6), 1 - 1e-6)
+    return math.log(p / (1 - p))
+
+
+def build_run_model(cfg: PipelineConfig, schema: Schema, stats: DatasetStats) -> RankingModel:
+    """The ranking model of ``cfg`` over ``schema`` (its preprocessor from ``stats``)."""
+    categorical = [
+        f.name
+        for f in schema.model_inputs
+        if f.kind in (FeatureKind.CATEGORICAL, FeatureKind.MULTI_CATEGORICAL)
+    ]
+    dims = {f.name: f.embedding_dim or cfg.model.embedding_dim for f in schema.model_inputs}
+    codes = {
+        n: cfg.model.bh_codes()
+        for n in categorical
+        if planned_method(cfg.model, n, stats[n].vocab_size + 1, dims[n], True) == "bh"
+    }
+    # count per id: row 0 gathers the OOV and missing cells, rows 1.. the vocabulary
+    counts = {
+        n: [stats[n].oov_count + stats[n].missing, *stats[n].vocab_counts] for n in categorical
+    }
+    return build_model(
+        cfg.model,
+        build_preprocessor(schema, stats, codes),
+        schema.label.name,
+        field_dims={f.name: f.embedding_dim for f in schema.model_inputs if f.embedding_dim},
+        field_combiners={
+            f.name: f.combiner
+            for f in schema.model_inputs
+            if f.kind == FeatureKind.MULTI_CATEGORICAL
+        },
+        counts=counts,
+        initial_bias=initial_bias(stats),
+        dense_blocks=pair_stats_blocks(cfg),
+    )
+
+
+def pair_stats_blocks(cfg: PipelineConfig) -> list[tf.keras.layers.Layer]:
+    """The ``[pair_stats]`` input block (PCF-GNN or the explicit table), or none."""
+    if cfg.pair_stats is None:
+        return []
+    return [pair_stats_layer(cfg.pair_stats, cfg.output_dir)]
+
+
+def table_layer(graph: Any, pairs: list[tuple[str, str]], output: str = "logit") -> Any:
+    """The explicit statistics table (``ranking.pair_stats.PairStatsTable``) of a pair graph:
+    every seen pair of two known values -> its smoothed CTR; the prior otherwise."""
+
+    known = graph.pairs
+    entries, oriented = [], []
+    for p in pairs:
+        if tuple(p) in known:
+            r = known.index(tuple(p))
+        elif (p[1], p[0]) in known:
+            r = known.index((p[1], p[0]))
+        else:
+            raise ValueError(f"pair {list(p)} is not in the pair graph; it has {known}")
+        rel = graph.relations[r]
+        keep = (rel.u > 0) & (rel.v > 0)
+        va, vb = graph.vocab[rel.pair[0]], graph.vocab[rel.pair[1]]
+        entries.append(
+            (
+                [va[i - 1] for i in rel.u[keep]],
+                [vb[i - 1] for i in rel.v[keep]],
+                graph.statistic(r)[keep],
+            )
+        )
+        oriented.append(rel.pair)
+    used = {f for p in oriented for f in p}
+    return PairStatsTable.from_pairs(
+        oriented,
+        entries,
+        prior=graph.prior,
+        separators={f: s for f, s in graph.multi.items() if f in used},
+        output=output,
+    )
+
+
+def pair_stats_layer(ps: Any, output_dir: str) -> Any:
+    """The dense input block of a ``[pair_stats]`` config (``PairStatsConfig``): PCF-GNN's
+    ``PairStatsGNN`` or the explicit ``PairStatsTable``, from the artifact folder."""
+
+    directory = Path(ps.artifact_dir(output_dir))
+    pairs = [tuple(p) for p in ps.pairs]
+    if ps.source == "table":
+        return table_layer(PairGraph.load(directory / GRAPH_DIR), pairs, ps.output)
+    return PairStatsGNN.from_artifact(PCFArtifact.load(directory), pairs, output=ps.output)
+
+
+def warm_start(model: RankingModel, run_dir: str, log: Log) -> None:
+    """Copies a trained run's weights into ``model`` (built, same fields and architecture).
+
+    Embedding layers of the same class copy all their weights; an AMTL layer replacing a full
+    table takes the trained table (``warm_start_from``) and starts at full length, so training
+    continues from the trained model's behaviour (AMTL's warm start).
+    """
+
+    source, _, ckpt = load_trained_model(run_dir)
+    for part in ("interaction", "tower", "head", "wide"):
+        dst, src = getattr(model, part), getattr(source, part)
+        if (dst is None) != (src is None):
+            raise ValueError(f"warm_start {run_dir}: the models differ in their {part!r} block")
+        if dst is not None and part != "wide":
+            if type(dst) is not type(src):
+                raise ValueError(
+                    f"warm_start {run_dir}: {part!r} is a {type(src).__name__} there, a "
+                    f"{type(dst).__name__} here"
+                )
+            try:
+                dst.set_weights(src.get_weights())
+            except ValueError as e:
+                raise ValueError(f"warm_start {run_dir}: {part!r} differs: {e}") from None
+    if model.wide is not None:
+        _copy_embeddings(model.wide.field_weights, source.wide.field_weights, run_dir)
+    if model.embedding is not None:
+        _copy_embeddings(model.embedding, source.embedding, run_dir)
+    model.bias.assign(source.bias)
+    log(f"warm start from {ckpt}")
+
+
+def _copy_embeddings(dst: Any, src: Any, run_dir: str) -> None:
+    if dst is None or src is None:
+        return
+    for name, layer in dst.layers_by_field.items():
+        if name not in src.layers_by_field:
+            raise ValueError(f"warm_start {run_dir}: the trained model has no field {name!r}")
+        other = src.layers_by_field[name]
+        if type(layer) is type(other):
+            layer.set_weights(other.get_weights())
+        elif hasattr(layer, "warm_start_from") and hasattr(other, "table"):
+            layer.warm_start_from(other.table.numpy())
+        else:
+            raise ValueError(
+                f"warm_start {run_dir}: field {name!r} cannot go from {type(other).__name__} "
+                f"to {type(layer).__name__}"
+            )
+
+
+def make_optimizer(name: str, lr: float) -> tf.keras.optimizers.Optimizer:
+    """The Keras optimizer ``[train] optimizer = name`` names, at learning rate ``lr``.
+
+    Raises:
+      ConfigError: ``name`` is not one of ``OPTIMIZERS``.
+    """
+    if name not in OPTIMIZERS:
+        raise ConfigError(
+            f"[train] optimizer = {name!r} is not an optimizer; expected one of "
+            f"{sorted(OPTIMIZERS)}"
+        )
+    return OPTIMIZERS[name](lr)
+
+
+def build_on_sample(model: tf.keras.Model, schema: Schema, files: list[Path]) -> None:
+    """Builds ``model``'s variables by calling it on two rows of ``files``."""
+    model(next(iter(make_dataset(schema, files, batch_size=2))))
+
+
+def save_model(model: tf.keras.Model, schema: Schema, root: Path) -> str:
+    """``model.json``, ``schema.toml`` and one checkpoint under ``root`` (what
+    ``pipelines.export.load_trained_model`` reads)."""
+    paths = RunPaths(root)
+    root.mkdir(parents=True, exist_ok=True)
+    if paths.checkpoints.exists():
+        shutil.rmtree(paths.checkpoints)
+    paths.model_json.write_text(json.dumps(tf.keras.layers.serialize(model)))
+    schema.save(paths.schema)
+    manager = tf.train.CheckpointManager(
+        tf.train.Checkpoint(model=model), paths.checkpoints, max_to_keep=1
+    )
+    return manager.save()
+
+
+def dummy_batch(fields: list[FeatureSpec]) -> dict[str, tf.Tensor]:
+    out = {}
+    for f in fields:
+        dtype = field_tf_dtype(f)
+        value = "" if dtype == tf.string else 0
+        out[f.name] = tf.constant([value], dtype=dtype)
+    return out
+
+
+def load_trained_model(run_dir: str | Path) -> tuple[RankingModel, Schema, str]:
+    """Rebuilds the run's model from ``model.json`` and restores its latest checkpoint (a run
+    trained with ``[fusion] tables = true`` is restored fused, then mapped back to the plain
+    model's per-field tables: ``compiler_opt.table_fusion``)."""
+    paths = RunPaths(Path(run_dir))
+    if not paths.model_json.exists():
+        raise FileNotFoundError(
+            f"{str(paths.root)!r} is not a training run: it has no model.json "
+            f"(run `stitchrec train` first)"
+        )
+    latest = tf.train.latest_checkpoint(str(paths.checkpoints))
+    if latest is None:
+        raise FileNotFoundError(f"training run {str(paths.root)!r} has no checkpoint yet")
+    model = tf.keras.layers.deserialize(json.loads(paths.model_json.read_text()))
+    schema = load_schema(paths.schema)
+    model(dummy_batch(list(schema.model_inputs)))
+
+    fused = table_fusion.run_has_fused_tables(paths.checkpoints)  # [fusion] tables = true
+    if fused:
+        table_fusion.fuse_tables(model)
+    tf.train.Checkpoint(model=model).restore(
+        latest
+    ).expect_partial().assert_existing_objects_matched()
+    if fused:  # back to the plain model's per-field tables (the mapping's row blocks)
+        table_fusion.unfuse_tables(model)
+    return model, schema, latest
