@@ -27,11 +27,11 @@ from tensorflow.python.framework import convert_to_constants
 from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
 
 from compiler_opt import ir, xy_op
+from compiler_opt.cost import Coefficients
 from compiler_opt.graph_io import GraphFunction, load_graph_def, replace_nodes
 from compiler_opt.loop_op import groups as loop_groups
-from compiler_opt.row_op import groups as row_groups
-from compiler_opt.cost import Coefficients
 from compiler_opt.planner import Plan, plan
+from compiler_opt.row_op import groups as row_groups
 
 
 @dataclasses.dataclass
@@ -448,9 +448,7 @@ def plan_loops(
         rest.update({n: g.id for n in g.nodes if n not in taken})
     attached = 0
     if matmuls:
-        loops, attached = loop_groups.attach_matmuls(
-            graph, frozen.graph_def, loops, frozen.outputs
-        )
+        loops, attached = loop_groups.attach_matmuls(graph, frozen.graph_def, loops, frozen.outputs)
     return LoopPlan(frozen, graph, p, loops, left, rest, attached)
 
 

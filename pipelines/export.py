@@ -108,9 +108,10 @@ def export_saved_model(
         model.embedding = model.embedding.serving_form()
     fused = None
     if kernels:
-        from compiler_opt import codegen
+        from compiler_opt.embedding_op import assets as emb_assets
+        from compiler_opt.embedding_op import layer as emb_layer
 
-        fused = codegen.fuse_embeddings(model)
+        fused = emb_layer.fuse_embeddings(model)
     out = Path(output)
     if out.exists():
         shutil.rmtree(out)
@@ -121,7 +122,8 @@ def export_saved_model(
     with keras_option_scope(save_traces=False, in_tf_saved_model_scope=True):
         tf.saved_model.save(module, str(out), signatures={"serving_default": module.serve})
     if fused is not None:
-        from compiler_opt import codegen
+        from compiler_opt.embedding_op import assets as emb_assets
+        from compiler_opt.embedding_op import layer as emb_layer
 
         if fused.kernel is None:
             shutil.rmtree(out)
@@ -129,8 +131,8 @@ def export_saved_model(
                 f"export --fuse-kernels: no generated op for {model.name}'s embeddings "
                 f"({fused.fallback_reason or f'no field covered: {fused.uncovered}'})"
             )
-        kernels = [c.kernel for c in codegen.fused_collections(model) if c.kernel is not None]
-        codegen.write_saved_model_assets(out, kernels)
+        kernels = [c.kernel for c in emb_layer.fused_collections(model) if c.kernel is not None]
+        emb_assets.write_saved_model_assets(out, kernels)
     assets = out / ASSETS_EXTRA
     assets.mkdir(exist_ok=True)
     schema.select([f.name for f in fields]).save(assets / "schema.toml")

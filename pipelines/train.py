@@ -418,14 +418,15 @@ def _train(cfg: PipelineConfig, log: Log) -> dict[str, Any]:
     paths.model_json.write_text(json.dumps(tf.keras.layers.serialize(model)))
     if cfg.fusion is not None and cfg.fusion.kernels:
         # after model.json: export rebuilds the plain model (same variables and checkpoint)
-        from compiler_opt import codegen
+        from compiler_opt.embedding_op import layer as emb_layer
 
-        codegen.fuse_embeddings(model)
+        emb_layer.fuse_embeddings(model)
         log("fusion: the embedding block runs as one generated kernel (compiler_opt.codegen)")
     tables = cfg.fusion is not None and cfg.fusion.tables
     if tables and dist.active:
         raise ConfigError("[fusion] tables = true: not supported with a distribution strategy yet")
     from compiler_opt import table_fusion
+    from compiler_opt.embedding_op import layer as emb_layer
 
     # after model.json (export maps the fused tables back to it); a fresh optimizer: the
     # plain tables it was built on are gone. Refuses to resume a run fused the other way.
@@ -480,6 +481,7 @@ def _train(cfg: PipelineConfig, log: Log) -> dict[str, Any]:
                 "[fusion] clusters = true: not supported with a distribution strategy"
             )
         from compiler_opt import cost, realize
+        from compiler_opt.embedding_op import layer as emb_layer
 
         fused_step = realize.TrainingStep(train_step, cost.load_or_calibrate(), tc.batch_size)
         log(

@@ -45,8 +45,9 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from compiler_opt import codegen
 from compiler_opt.cost import load_or_calibrate
+from compiler_opt.embedding_op import assets as emb_assets
+from compiler_opt.embedding_op import ops as emb_ops
 from compiler_opt.fused_signature import FusedSignature, read_spec
 from serving.batching import DynamicBatcher
 from serving.config import BatchingConfig, VersionPolicy
@@ -105,7 +106,7 @@ def kernel_devices(kernels: list[str], devices: list[str]) -> tuple[list[str], s
         return devices, ""
     reasons = []
     for name in kernels:
-        why = codegen.gpu_fallback(codegen.kernel_named(name), gpus)
+        why = emb_ops.gpu_fallback(emb_ops.kernel_named(name), gpus)
         if why:
             reasons.append(why)
     if not reasons:
@@ -163,7 +164,7 @@ class ModelVersion:
         self.path = path
         self.devices = devices
         # Generated kernels an export uses (compiler_opt.codegen) must be loaded first.
-        self.kernels = codegen.load_for_saved_model(path)
+        self.kernels = emb_assets.load_for_saved_model(path)
         self.devices, self.placement_note = kernel_devices(self.kernels, devices)
         if self.placement_note:
             log.warning("%s v%d: %s", name, version, self.placement_note)
