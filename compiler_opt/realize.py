@@ -383,7 +383,7 @@ def tabulated(frozen: Frozen) -> tuple[Frozen, Any]:
 @dataclasses.dataclass
 class LoopPlan:
     """A frozen graph planned for generated loop ops (``plan_loops``): ``loops`` the planned
-    ``loop`` groups ``codegen_loop`` can express (``xy_op.LoopGroup``), ``left`` why the
+    ``loop`` groups ``compiler_opt.loop_op`` can express (``xy_op.LoopGroup``), ``left`` why the
     other loop groups cannot (group id -> reason), ``rest`` the nodes of every planned group
     not generated (node -> group id)."""
 

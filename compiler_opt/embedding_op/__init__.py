@@ -1,12 +1,12 @@
 """Generated C++ kernels: one TensorFlow op per embedding block, gather + mask + pool + concat.
 
 From an ``EmbeddingCollection`` (embeddings/collection.py) and the structure of its ids,
-:func:`build_spec` derives a :class:`KernelSpec`: the tables (one per trainable table
+``spec.build_spec`` derives a ``KernelSpec``: the tables (one per trainable table
 variable), and per field the method, the row-index rule, the pooling, the mask and the output
-columns. :func:`generate` turns the spec into the C++ source of one op, specialized to it
+columns. ``cpu.generate`` turns the spec into the C++ source of one op, specialized to it
 (every dimension, offset, hash constant and table shape is a compile-time constant, so the
-inner loops over a row unroll and vectorize), :func:`compile_kernel` compiles it with g++
-against the TensorFlow wheel and caches the library by content hash, and :func:`load`
+inner loops over a row unroll and vectorize), ``toolchain.compile_kernel`` compiles it with g++
+against the TensorFlow wheel and caches the library by content hash, and ``ops.load``
 registers the op and its gradient in the process.
 
 Forward, for example ``b`` and field ``f`` at columns ``[o_f, o_f + d_f)`` of the output ``y``::
@@ -35,7 +35,7 @@ full / hashing ``g``; amtl ``g * M[w]`` and ``dM[w] += g * T[row]``; qr mult ``g
 ``g * Q[q]``, add ``g`` / ``g``, concat the two halves of ``g``; bh sum ``g`` per block row,
 concat block ``j``'s slice of ``g``. The dense input's gradient is ``dy[:, D:]``.
 
-Not covered (left to the layers, reported by :func:`build_spec` in ``KernelSpec.uncovered``):
+Not covered (left to the layers, reported by ``spec.build_spec`` in ``KernelSpec.uncovered``):
 fields with an L2 penalty (``l2 > 0``, the penalty needs the rows in TF) or AMTL's
 ``length_penalty``, dense ids of rank > 1,
 tables that are not plain resource variables (sharded or distributed).
