@@ -1,4 +1,8 @@
-"""FusionStitching-style fusion of memory-bound ops (see the compiler_opt issue)."""
+"""FusionStitching-style fusion of memory-bound ops: the IR of a TensorFlow graph (``ir``), a cost
+model (``cost``) and a fusion planner (``planner``); planned groups realized as XLA clusters or as
+generated C++/CUDA ops (``realize``): elementwise loop ops (``loop_op``), row programs with
+reductions (``row_op``) and the fused embedding op (``embedding_op``), compiled by ``toolchain``
+and loaded through one ``registry``."""
 
 import os
 

@@ -10,10 +10,10 @@ model instance, on that instance's device:
    where it runs, not where the model was exported;
 2. with ``realization = "xla_clusters"`` every planned group becomes one XLA cluster
    (``realize.xla_clusters``); with ``"generated"`` every planned elementwise ``loop`` group
-   that ``codegen_loop`` can express becomes one generated C++ op and the rest stays
+   that ``compiler_opt.loop_op`` can express becomes one generated C++ op and the rest stays
    TensorFlow ops (``realize.generated_loops``): shape-generic, so batches run unpadded and
    nothing compiles per shape; on a GPU the generated ops run their CUDA form
-   (``codegen_cuda``), and where it cannot be built (no nvcc) ``"generated"`` falls back to
+   (their CUDA form), and where it cannot be built (no nvcc) ``"generated"`` falls back to
    ``"xla_clusters"`` (``describe()`` says which ran);
 3. with XLA clusters, every batch is padded to the next size of the spec's ladder
    (``buckets.Bucketed``), so at most ``len(ladder)`` shapes ever reach the clusters, and
@@ -40,9 +40,10 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from compiler_opt import codegen_cuda, realize
+from compiler_opt import realize
 from compiler_opt.buckets import Bucketed, count_compilations, powers_of_two, validate_ladder
 from compiler_opt.cost import Coefficients
+from compiler_opt.toolchain import cuda_enabled
 
 FUSION_FILE = "fusion.json"
 ASSETS_EXTRA = "assets.extra"
@@ -65,7 +66,7 @@ class FusionSpec:
     plan_batch: the batch size the cost model plans at.
     signature: the signature that is fused (the others run unfused).
     loop_matmuls: with ``generated``, also realize the plan with each loop op taking the
-      matmul that feeds it (``codegen_loop.attach_matmuls``: fewer ops, Eigen's GEMM) and keep
+      matmul that feeds it (``loop_op.groups.attach_matmuls``: fewer ops, Eigen's GEMM) and keep
       it if the warm-up times it faster. Off by default: slower than the runtime's matmuls on
       the CPUs measured, and its GEMM ops take ~15 s each to compile on first load.
     """
@@ -153,7 +154,7 @@ class FusedSignature:
         self.spec = spec
         self.realization = spec.realization
         on_gpu = coefficients.device.startswith("gpu")
-        if self.realization == "generated" and on_gpu and not codegen_cuda.enabled():
+        if self.realization == "generated" and on_gpu and not cuda_enabled():
             self.realization = "xla_clusters"  # the generated ops get no GPU kernel here
         # candidate realizations, chosen between by timing them in ``warmup``
         self._candidates: dict[str, realize.Realized] = {}

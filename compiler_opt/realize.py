@@ -26,9 +26,12 @@ from tensorflow.core.framework import attr_value_pb2, graph_pb2, node_def_pb2
 from tensorflow.python.framework import convert_to_constants
 from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
 
-from compiler_opt import ir
+from compiler_opt import ir, xy_op
 from compiler_opt.cost import Coefficients
+from compiler_opt.graph_io import GraphFunction, load_graph_def, replace_nodes
+from compiler_opt.loop_op import groups as loop_groups
 from compiler_opt.planner import Plan, plan
+from compiler_opt.row_op import groups as row_groups
 
 
 @dataclasses.dataclass
@@ -89,7 +92,7 @@ def _reads_handle_itself(graph_def: graph_pb2.GraphDef, placeholder: str) -> boo
 
 def handles_kept(concrete_fn: Any) -> set[str]:
     """Captured variable handles that some op reads through the handle itself (a generated
-    kernel of ``compiler_opt.codegen``, which reads its tables under the variables' locks, even
+    kernel of ``compiler_opt.embedding_op``, which reads its tables under the variables' locks, even
     inside nested functions): freezing must leave these as resource inputs (``Frozen.bound``)
     instead of constants."""
     resources = [p.op.name for _, p in concrete_fn.graph.captures if p.dtype == tf.resource]
@@ -172,48 +175,6 @@ def tag_clusters(graph_def: graph_pb2.GraphDef, assignment: dict[str, int]) -> g
     return out
 
 
-class GraphFunction:
-    """``f(*flat_inputs) -> [outputs]``: a GraphDef imported with ``wrap_function`` and pruned
-    to ``inputs`` -> ``outputs``.
-
-    Calls go straight to the pruned function's flat call: its structured-signature binding
-    fails for positional tensors and formats every input into an error message before falling
-    back, which cost ~10 ms per call on DCN-v2's 27 inputs.
-    """
-
-    def __init__(
-        self,
-        graph_def: graph_pb2.GraphDef,
-        inputs: list[str],
-        outputs: list[str],
-        bound: Sequence[Any] = (),
-    ):
-        def _import() -> None:
-            tf.graph_util.import_graph_def(graph_def, name="")
-
-        wrapped = tf.compat.v1.wrap_function(_import, [])
-        g = wrapped.graph
-        self.function = wrapped.prune(
-            [g.get_tensor_by_name(n) for n in inputs], [g.get_tensor_by_name(n) for n in outputs]
-        )
-        self.input_names, self.output_names = list(inputs), list(outputs)
-        self.bound = list(bound)  # values of the last inputs (``Frozen.bound``)
-        self.num_inputs = len(inputs) - len(self.bound)
-
-    def __call__(self, *args: Any) -> list[tf.Tensor]:
-        if len(args) != self.num_inputs:
-            raise ValueError(f"expected {self.num_inputs} flat input tensors, got {len(args)}")
-        tensors = [tf.convert_to_tensor(a) for a in args] + self.bound
-        return self.function._call_flat(tensors, self.function.captured_inputs)
-
-
-def load_graph_def(
-    graph_def: graph_pb2.GraphDef, inputs: list[str], outputs: list[str], bound: Sequence[Any] = ()
-) -> GraphFunction:
-    """``GraphFunction(graph_def, inputs, outputs, bound)``."""
-    return GraphFunction(graph_def, inputs, outputs, bound)
-
-
 def single_cluster(frozen: Frozen) -> GraphFunction:
     """The frozen graph with every op but the arguments tagged into one XLA scope: whole-graph
     XLA on the same (frozen) graph, the baseline a plan's clusters are compared with."""
@@ -235,7 +196,7 @@ class Realized:
     left: dict[int, str] = dataclasses.field(default_factory=dict)  # group -> why not generated
     tabulation: Any = None  # ``tabulate.Tabulation`` of ``generated_loops``
     matmuls: int = 0  # loop ops that took their matmul (``generated_loops``)
-    rows: int = 0  # of ``loops``, the row programs with reductions (``codegen_row``)
+    rows: int = 0  # of ``loops``, the row programs with reductions (``compiler_opt.row_op``)
 
     @functools.cached_property
     def unfused(self) -> GraphFunction:
@@ -260,8 +221,8 @@ def xla_clusters(
 
     ``keep_variables``: every variable stays a handle (``freeze``), for a training step: the
     realized step reads the variables and updates them as the traced one does (its planned
-    groups are the training realization of issue 9's "jit_compile sub-functions": each group
-    one compiled cluster, its gradient and optimizer arithmetic included)."""
+    groups are the training realization of jit_compile sub-functions: each group one compiled
+    cluster, its gradient and optimizer arithmetic included)."""
     frozen = freeze(concrete_fn, keep_variables=keep_variables)
     graph = ir.from_graph_def(frozen.graph_def, outputs=frozen.outputs)
     p = plan(graph, coefficients, batch, **plan_options)
@@ -376,8 +337,6 @@ def fold_epilogues(
     because Grappler's remapper folds them in a traced graph; in a frozen serving graph on
     oneDNN it does not (the ``Relu`` runs apart), so the realization folds them itself.
     Other activations (and ``Conv2D``) stay as they are."""
-    from compiler_opt import codegen_loop
-
     by = {n.name: n for n in graph_def.node}
     chains: dict[str, list[str]] = {}
     for node, matmul in epilogues.items():
@@ -407,7 +366,7 @@ def fold_epilogues(
         new_nodes.append(fused)
         removed.update(dict.fromkeys([matmul, *nodes], fused.name))
         tensors[f"{last.name}:0"] = f"{fused.name}:0"
-    return codegen_loop.replace_nodes(graph_def, new_nodes, removed, tensors, outputs)
+    return replace_nodes(graph_def, new_nodes, removed, tensors, outputs)
 
 
 def tabulated(frozen: Frozen) -> tuple[Frozen, Any]:
@@ -424,7 +383,7 @@ def tabulated(frozen: Frozen) -> tuple[Frozen, Any]:
 @dataclasses.dataclass
 class LoopPlan:
     """A frozen graph planned for generated loop ops (``plan_loops``): ``loops`` the planned
-    ``loop`` groups ``codegen_loop`` can express (``codegen_loop.LoopGroup``), ``left`` why the
+    ``loop`` groups ``compiler_opt.loop_op`` can express (``xy_op.LoopGroup``), ``left`` why the
     other loop groups cannot (group id -> reason), ``rest`` the nodes of every planned group
     not generated (node -> group id)."""
 
@@ -449,11 +408,9 @@ def plan_loops(
 ) -> LoopPlan:
     """Plans ``frozen`` at ``batch`` and sorts its groups into generated loop ops and the rest
     (no compiler needed: ``stitchrec fuse explain`` prints it); with ``matmuls`` a loop op
-    also takes the matmul that feeds it (``codegen_loop.attach_matmuls``); with ``rows`` the
+    also takes the matmul that feeds it (``loop_groups.attach_matmuls``); with ``rows`` the
     groups with reductions, and such pieces of other groups, become row programs
-    (``codegen_row``)."""
-    from compiler_opt import codegen_loop, codegen_row
-
+    (``compiler_opt.row_op``)."""
     graph = ir.from_graph_def(frozen.graph_def, outputs=frozen.outputs)
     p = plan(graph, coefficients, batch, **plan_options)
     loops, left, rest = [], {}, {}
@@ -464,12 +421,12 @@ def plan_loops(
             # a loop group as a loop op; reductions (and a loop group over mixed row shapes)
             # as a row program
             group, reason = (
-                codegen_loop.loop_spec(graph, g.nodes, frozen.outputs)
+                loop_groups.loop_spec(graph, g.nodes, frozen.outputs)
                 if g.kind == "loop"
                 else (None, "")
             )
             if group is None and rows:
-                group, row_reason = codegen_row.row_spec(graph, g.nodes, frozen.outputs)
+                group, row_reason = row_groups.row_spec(graph, g.nodes, frozen.outputs)
                 reason = reason or row_reason
             if group is not None:
                 loops.append(group)
@@ -478,7 +435,7 @@ def plan_loops(
         # what cannot be generated whole may hold row programs (the FM term in a concat
         # group with the lookups): those pieces are generated, the rest stays as planned
         pieces = (
-            codegen_row.expressible_parts(graph, g.nodes, frozen.outputs, min_group_size)
+            row_groups.expressible_parts(graph, g.nodes, frozen.outputs, min_group_size)
             if rows and g.kind != "horizontal-gather"
             else []
         )
@@ -491,9 +448,7 @@ def plan_loops(
         rest.update({n: g.id for n in g.nodes if n not in taken})
     attached = 0
     if matmuls:
-        loops, attached = codegen_loop.attach_matmuls(
-            graph, frozen.graph_def, loops, frozen.outputs
-        )
+        loops, attached = loop_groups.attach_matmuls(graph, frozen.graph_def, loops, frozen.outputs)
     return LoopPlan(frozen, graph, p, loops, left, rest, attached)
 
 
@@ -511,18 +466,16 @@ def generated_loops(
     **plan_options: Any,
 ) -> Realized:
     """Plans ``concrete_fn`` (frozen; ``frozen`` when the caller has frozen it already) at
-    ``batch`` and runs every planned ``loop`` group that ``codegen_loop.loop_spec`` can express
-    as one generated C++ op (``plan_loops``, ``codegen_loop``); with ``xla_rest`` the other
+    ``batch`` and runs every planned ``loop`` group that ``loop_groups.loop_spec`` can express
+    as one generated C++ op (``plan_loops``, ``compiler_opt.loop_op``); with ``xla_rest`` the other
     planned groups become XLA clusters, as in ``xla_clusters``. The matmul epilogues the plan
     left out of its groups are folded into ``_FusedMatMul`` nodes (``fold_epilogues``).
     ``Realized.loops`` counts the generated ops, ``Realized.left`` says why a loop group was
     not generated. With ``tabulate_masks`` the per-id masks the generated embedding op reads
     become constant tables first (``compiler_opt.tabulate``; ``Realized.tabulation``). With
-    ``matmuls`` a loop op takes the matmul feeding it (``codegen_loop.attach_matmuls``;
-    ``Realized.matmuls``); with ``rows`` the row programs (``codegen_row``; ``Realized.rows``).
-    Raises ``codegen.CompilerUnavailable`` without a compiler."""
-    from compiler_opt import codegen_loop, codegen_row
-
+    ``matmuls`` a loop op takes the matmul feeding it (``loop_groups.attach_matmuls``;
+    ``Realized.matmuls``); with ``rows`` the row programs (``compiler_opt.row_op``; ``Realized.rows``).
+    Raises ``toolchain.CompilerUnavailable`` without a compiler."""
     frozen = frozen if frozen is not None else freeze(concrete_fn)
     original, tabulation = frozen, None
     if tabulate_masks:
@@ -537,7 +490,7 @@ def generated_loops(
         **plan_options,
     )
     graph, p, loops, left, rest = lp.graph, lp.plan, lp.loops, lp.left, lp.rest
-    graph_def, outputs = codegen_loop.rewrite(frozen.graph_def, loops, frozen.outputs)
+    graph_def, outputs = xy_op.rewrite(frozen.graph_def, loops, frozen.outputs)
     if p.epilogues:  # make the planner's assumption true: each matmul runs its epilogue
         graph_def, outputs = fold_epilogues(graph_def, p.epilogues, outputs)
     tagged = graph_def
@@ -555,5 +508,5 @@ def generated_loops(
         left=left,
         tabulation=tabulation,
         matmuls=lp.matmuls,
-        rows=sum(isinstance(g.spec, codegen_row.RowSpec) for g in loops),
+        rows=sum(g.kind is row_groups.ROW for g in loops),
     )

@@ -2,7 +2,7 @@
 
 In a frozen serving graph, AMTL's mask of an id (counts -> frequency features -> twin MLPs ->
 argmax -> prefix mask; ``embeddings/amtl.py``) depends on nothing but the id and constants, and
-the id is bounded: the generated embedding op (``compiler_opt.codegen``) reads it as
+the id is bounded: the generated embedding op (``compiler_opt.embedding_op``) reads it as
 ``M[w(k)]`` with ``M = mask(unique(oov(ids)))`` and ``w`` the ``Unique`` index, and ``oov``
 (``embeddings.full.oov_safe``: ``where(0 <= x < n, x, 0)``) maps every id into ``[0, n)``. So
 ``mask`` can be evaluated once for all ``n`` ids when the graph is realized, and the op reads
@@ -37,9 +37,12 @@ import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2, graph_pb2, node_def_pb2, types_pb2
 from tensorflow.python.framework import op_def_registry, tensor_util
 
+from compiler_opt.embedding_op import ops as embedding_ops
+from compiler_opt.graph_io import load_graph_def
 from compiler_opt.ir import split_ref
+from compiler_opt.toolchain import CompilerUnavailable
 
-#: the forward op of ``compiler_opt.codegen`` (its gradient op is ``StitchrecFusedEmbGrad...``)
+#: the forward op of ``compiler_opt.embedding_op`` (its gradient op is ``StitchrecFusedEmbGrad...``)
 EMBEDDING_OP_PREFIX = "StitchrecFusedEmb"
 DEFAULT_MAX_BYTES = 64 << 20
 
@@ -123,7 +126,6 @@ def _evaluate(
     graph_def: graph_pb2.GraphDef, nodes: set[str], source: Any, ref: str, ids: np.ndarray
 ) -> np.ndarray:
     """The subgraph ``nodes`` computing ``ref`` from ``source:0``, run on ``ids``."""
-    from compiler_opt.realize import load_graph_def
 
     sub = graph_pb2.GraphDef()
     sub.versions.CopyFrom(graph_def.versions)
@@ -173,14 +175,12 @@ def _row_form(op_type: str) -> str | None:
     """The op type of the loaded kernel ``op_type`` in its ``mask_rows`` form (generated and
     loaded here), or None when ``op_type`` is not a kernel loaded in this process or no
     compiler is available (the caller then keeps the op and feeds it the rows as wheres)."""
-    from compiler_opt import codegen
-
-    kernel = next((k for k in codegen.loaded_kernels() if k.forward_name == op_type), None)
+    kernel = next((k for k in embedding_ops.loaded_kernels() if k.forward_name == op_type), None)
     if kernel is None:
         return None
     try:
-        return codegen.load(dataclasses.replace(kernel.spec, mask_rows=True)).forward_name
-    except codegen.CompilerUnavailable:
+        return embedding_ops.load(dataclasses.replace(kernel.spec, mask_rows=True)).forward_name
+    except CompilerUnavailable:
         return None
 
 

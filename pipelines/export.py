@@ -21,7 +21,8 @@ from typing import Any
 import tensorflow as tf
 from tf_keras.src.saving.legacy.saved_model.utils import keras_option_scope
 
-from compiler_opt import codegen
+from compiler_opt.embedding_op import assets as emb_assets
+from compiler_opt.embedding_op import layer as emb_layer
 from features.dataset import input_signature
 from features.schema import FeatureSpec, Schema
 from pipelines.run.model import load_trained_model
@@ -70,7 +71,7 @@ def export_saved_model(
         model.embedding = model.embedding.serving_form()
     fused = None
     if kernels:
-        fused = codegen.fuse_embeddings(model)
+        fused = emb_layer.fuse_embeddings(model)
     out = Path(output)
     if out.exists():
         shutil.rmtree(out)
@@ -87,8 +88,8 @@ def export_saved_model(
                 f"export --fuse-kernels: no generated op for {model.name}'s embeddings "
                 f"({fused.fallback_reason or f'no field covered: {fused.uncovered}'})"
             )
-        kernels = [c.kernel for c in codegen.fused_collections(model) if c.kernel is not None]
-        codegen.write_saved_model_assets(out, kernels)
+        kernels = [c.kernel for c in emb_layer.fused_collections(model) if c.kernel is not None]
+        emb_assets.write_saved_model_assets(out, kernels)
     assets = out / ASSETS_EXTRA
     assets.mkdir(exist_ok=True)
     schema.select([f.name for f in fields]).save(assets / "schema.toml")

@@ -39,9 +39,11 @@ def _generated_forms(args: argparse.Namespace, coefficients: Any) -> str:
     why the others do not, and the matmul epilogues left to the matmul."""
     import tensorflow as tf
 
-    from compiler_opt import codegen, codegen_row, realize
+    from compiler_opt import realize
+    from compiler_opt.embedding_op import assets as emb_assets
+    from compiler_opt.row_op import spec as row_def
 
-    codegen.load_for_saved_model(args.saved_model)  # an export with the embedding op
+    emb_assets.load_for_saved_model(args.saved_model)  # an export with the embedding op
     loaded = tf.saved_model.load(args.saved_model)
     frozen, tabulation = realize.tabulated(realize.freeze(loaded.signatures[args.signature]))
     lp = realize.plan_loops(
@@ -53,7 +55,7 @@ def _generated_forms(args: argparse.Namespace, coefficients: Any) -> str:
     )
     graph, plan = lp.graph, lp.plan
     generated = {n for g in lp.loops for n in g.nodes}
-    rows = sum(isinstance(g.spec, codegen_row.RowSpec) for g in lp.loops)
+    rows = sum(isinstance(g.spec, row_def.RowSpec) for g in lp.loops)
     loops = [
         g
         for g in plan.groups
@@ -88,12 +90,11 @@ def _cuda_forms(graph_def: Any, generated: int) -> list[str]:
     """Lines: which generated ops of the served graph (``graph_def``, tabulated) would run on a
     GPU (``compiler_opt.codegen_cuda``): every loop op and row program (a loop op's matmul
     stays apart there), and each embedding op whose spec has a CUDA form."""
-    from compiler_opt import codegen, codegen_cuda
+    from compiler_opt.embedding_op import cuda as emb_cuda
+    from compiler_opt.embedding_op import ops as emb_ops
 
     embedding = sorted({n.op for n in graph_def.node if n.op.startswith("StitchrecFusedEmb")})
-    why = {
-        op: codegen_cuda.embedding_unsupported(codegen.kernel_named(op).spec) for op in embedding
-    }
+    why = {op: emb_cuda.embedding_unsupported(emb_ops.kernel_named(op).spec) for op in embedding}
     lines = [
         f"on a GPU with nvcc (CUDA forms): {generated} of {generated} generated loop/row ops, "
         f"{sum(not w for w in why.values())} of {len(why)} embedding ops"

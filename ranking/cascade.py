@@ -279,12 +279,12 @@ class RequestScorer(tf.Module):
         names = [n for n in emb.field_names if n in ids_c]
         if not self.kernels or not names:
             return {n: emb.layers_by_field[n](ids_c[n]) for n in names}
-        from compiler_opt import codegen
+        from compiler_opt.embedding_op import layer as emb_layer
 
-        block, kernel = codegen.fused_block(emb, ids_c, fields=names)
+        block, kernel = emb_layer.fused_block(emb, ids_c, fields=names)
         if kernel not in self._used.kernels:
             self._used.kernels.append(kernel)
-        fused = codegen.fused_concat(block, kernel, ids_c)
+        fused = emb_layer.fused_concat(block, kernel, ids_c)
         parts = tf.split(fused, [f.dim for f in kernel.spec.fields], axis=1)
         out = dict(zip([f.name for f in kernel.spec.fields], parts, strict=True))
         for n in names:
@@ -486,13 +486,13 @@ def export_cascade(
             signatures={"serving_default": module.serve, "rank_request": module.rank_request},
         )
     if kernels:
-        from compiler_opt import codegen
+        from compiler_opt.embedding_op import assets as emb_assets
 
         used = module.prerank_scorer.kernels_used + module.rank_scorer.kernels_used
         if not used:
             shutil.rmtree(out)
             raise ValueError("export --fuse-kernels: no generated op for the cascade's lookups")
-        codegen.write_saved_model_assets(out, used)
+        emb_assets.write_saved_model_assets(out, used)
     assets = out / "assets.extra"
     assets.mkdir(exist_ok=True)
     meta = {

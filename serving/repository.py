@@ -45,8 +45,9 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from compiler_opt import codegen
 from compiler_opt.cost import load_or_calibrate
+from compiler_opt.embedding_op import assets as emb_assets
+from compiler_opt.embedding_op import ops as emb_ops
 from compiler_opt.fused_signature import FusedSignature, read_spec
 from serving.batching import DynamicBatcher
 from serving.config import BatchingConfig, VersionPolicy, VersionState
@@ -100,7 +101,7 @@ def kernel_devices(kernels: list[str], devices: list[str]) -> tuple[list[str], s
         return devices, ""
     reasons = []
     for name in kernels:
-        why = codegen.gpu_fallback(codegen.kernel_named(name), gpus)
+        why = emb_ops.gpu_fallback(emb_ops.kernel_named(name), gpus)
         if why:
             reasons.append(why)
     if not reasons:
@@ -187,7 +188,7 @@ class ModelVersion:
         signatures, feature groups and fusion plan; returns ``self``."""
         self.state = VersionState.LOADING
         # Generated kernels an export uses (compiler_opt.codegen) must be loaded first.
-        self.kernels = codegen.load_for_saved_model(self.path)
+        self.kernels = emb_assets.load_for_saved_model(self.path)
         self.devices, self.placement_note = kernel_devices(self.kernels, self.devices)
         if self.placement_note:
             log.warning("%s v%d: %s", self.name, self.version, self.placement_note)

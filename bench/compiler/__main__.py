@@ -82,7 +82,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     import tensorflow as tf
 
     from bench.compiler import profile, workload
-    from compiler_opt import codegen, cost, ir, planner, realize
+    from compiler_opt import cost, graph_io, ir, planner, realize, toolchain
 
     tf.keras.utils.set_random_seed(args.seed)
     coefficients = cost.load_or_calibrate()
@@ -103,7 +103,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         if args.kernels:
             try:
                 fused = workload.fused_functions(w, coefficients)
-            except codegen.CompilerUnavailable as e:
+            except toolchain.CompilerUnavailable as e:
                 print(f"[process {args.process}] no generated kernels: {e}", flush=True)
         kernel_fns = {m: tf.function(fused[m]) for m in MODES if m in fused}
         kernel_xla_fns = {
@@ -172,7 +172,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
                     ref = plain[mode](*call).numpy()
                     row["clusters_max_abs_diff"] = float(abs(r.fused(*flat)[0].numpy() - ref).max())
                     row["frozen_max_abs_diff"] = float(abs(r.unfused(*flat)[0].numpy() - ref).max())
-                    if args.kernels and codegen.compiler() is not None:
+                    if args.kernels and toolchain.compiler() is not None:
                         # the plan's elementwise loop groups as generated ops (codegen_loop)
                         rl = realize.generated_loops(
                             plain[mode].get_concrete_function(*spec), coefficients, batch
@@ -323,21 +323,21 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
                         fresh["kernel_xla"] = (tf.function(fused[mode + "_xla_rest"]), call)
                     if "kernel_loops_apart" in variants:
                         fresh["kernel_loops_apart"] = (
-                            realize.load_graph_def(
+                            graph_io.load_graph_def(
                                 ra.tagged, ra.frozen.inputs, ra.fused.output_names, ra.frozen.bound
                             ),
                             flat,
                         )
                     if "kernel_loops" in variants:
                         fresh["kernel_loops"] = (
-                            realize.load_graph_def(
+                            graph_io.load_graph_def(
                                 rk.tagged, rk.frozen.inputs, rk.fused.output_names, rk.frozen.bound
                             ),
                             flat,
                         )
                     if "frozen" in variants:
                         fresh["frozen"] = (
-                            realize.load_graph_def(
+                            graph_io.load_graph_def(
                                 r.frozen.graph_def,
                                 r.frozen.inputs,
                                 r.frozen.outputs,

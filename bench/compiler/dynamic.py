@@ -55,7 +55,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     import tensorflow as tf
 
     from bench.compiler import workload
-    from compiler_opt import buckets, cost, realize
+    from compiler_opt import buckets, cost, graph_io, realize
 
     coefficients = cost.load_or_calibrate()
     data_dir = workload.write_data(Path(args.out) / "work", args.rows)
@@ -73,7 +73,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     ladder = buckets.powers_of_two(8, args.max_batch)
 
     def graph_fn(graph_def: Any) -> Any:
-        return realize.load_graph_def(graph_def, r.frozen.inputs, r.frozen.outputs, r.frozen.bound)
+        return graph_io.load_graph_def(graph_def, r.frozen.inputs, r.frozen.outputs, r.frozen.bound)
 
     res: dict[str, Any] = {"seed": args.seed, "sizes": sizes, "load_start": os.getloadavg()}
     res["n_clusters"] = r.clusters

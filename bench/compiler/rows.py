@@ -66,7 +66,8 @@ def _fn(case: str) -> Any:
 def worker(batches: list[int], rounds: int, calls: int, seed: int) -> dict[str, Any]:
     import tensorflow as tf
 
-    from compiler_opt import codegen_loop, codegen_row, ir, realize
+    from compiler_opt import graph_io, ir, realize, xy_op
+    from compiler_opt.row_op import groups as row_groups
 
     out: dict[str, Any] = {}
     rng = np.random.default_rng(seed)
@@ -77,13 +78,13 @@ def worker(batches: list[int], rounds: int, calls: int, seed: int) -> dict[str, 
         frozen = realize.freeze(concrete)
         graph = ir.from_graph_def(frozen.graph_def, outputs=frozen.outputs)
         order = ir.topological_order(graph.nodes)
-        nodes = [n for n in order if codegen_row.expressible(graph, n)]
-        group, reason = codegen_row.row_spec(graph, nodes, frozen.outputs)
+        nodes = [n for n in order if row_groups.expressible(graph, n)]
+        group, reason = row_groups.row_spec(graph, nodes, frozen.outputs)
         if group is None:
             raise RuntimeError(f"{case}: no row program: {reason}")
-        graph_def, outputs = codegen_loop.rewrite(frozen.graph_def, [group], frozen.outputs)
-        plain = realize.load_graph_def(frozen.graph_def, frozen.inputs, frozen.outputs)
-        row = realize.load_graph_def(graph_def, frozen.inputs, outputs)
+        graph_def, outputs = xy_op.rewrite(frozen.graph_def, [group], frozen.outputs)
+        plain = graph_io.load_graph_def(frozen.graph_def, frozen.inputs, frozen.outputs)
+        row = graph_io.load_graph_def(graph_def, frozen.inputs, outputs)
         xla = tf.function(fn, jit_compile=True)
         kernels = sum(
             n.op not in ("Placeholder", "Const", "Identity", "NoOp") for n in frozen.graph_def.node

@@ -209,12 +209,12 @@ def fused_functions(w: Workload, coefficients: Any = None) -> dict[str, Any]:
     front of it); ``inference`` / ``train`` run the op and then the rest of the model in plain
     graph mode; the ``*_xla_rest`` variants run the rest (cross network, MLP, head) as one
     ``jit_compile`` sub-function (a custom op cannot be inside an XLA cluster). Raises
-    ``compiler_opt.codegen.CompilerUnavailable`` without a compiler. With ``coefficients``
+    ``compiler_opt.toolchain.CompilerUnavailable`` without a compiler. With ``coefficients``
     (``compiler_opt.cost``), the fields put in the kernel are those the fusion planner puts in
-    its ``concat`` group (``codegen.planned_fields`` at the largest batch; ``"plan"`` in the
+    its ``concat`` group (``emb_layer.planned_fields`` at the largest batch; ``"plan"`` in the
     result); without, every covered field.
     """
-    from compiler_opt import codegen
+    from compiler_opt.embedding_op import layer as emb_layer
 
     model = w.model
     ids, dense = w.inputs[min(w.inputs)]
@@ -224,10 +224,10 @@ def fused_functions(w: Workload, coefficients: Any = None) -> dict[str, Any]:
     dense_dim = 0 if dense is None or not concat else int(dense.shape[1])
     fields, plan = None, None
     if coefficients is not None:
-        fields, plan = codegen.planned_fields(
+        fields, plan = emb_layer.planned_fields(
             model.embedding, ids, dense, coefficients, max(w.inputs)
         )
-    block, kernel = codegen.fused_block(model.embedding, ids, dense_dim=dense_dim, fields=fields)
+    block, kernel = emb_layer.fused_block(model.embedding, ids, dense_dim=dense_dim, fields=fields)
     if block.uncovered:
         raise ValueError(f"fields left unfused in the {w.method} model: {block.uncovered}")
     optimizer = tf.keras.optimizers.SGD(0.01)
@@ -235,14 +235,14 @@ def fused_functions(w: Workload, coefficients: Any = None) -> dict[str, Any]:
 
     def sparse(ids: dict[str, tf.Tensor], dense: tf.Tensor | None) -> tf.Tensor:
         if concat or dense is None:
-            return codegen.fused_concat(block, kernel, ids, dense)
-        return tf.concat([codegen.fused_concat(block, kernel, ids), dense], axis=1)
+            return emb_layer.fused_concat(block, kernel, ids, dense)
+        return tf.concat([emb_layer.fused_concat(block, kernel, ids), dense], axis=1)
 
-    # FM (as codegen.fuse_embeddings fuses it): the wide term's per-field weights as a second
+    # FM (as emb_layer.fuse_embeddings fuses it): the wide term's per-field weights as a second
     # op, summed; built apart from the model, whose plain functions keep the plain layers
     weights = getattr(model.wide, "field_weights", None) if model.wide is not None else None
     wide_fused = (
-        codegen.FusedEmbeddingCollection.from_collection(weights, "concat")
+        emb_layer.FusedEmbeddingCollection.from_collection(weights, "concat")
         if not concat and weights is not None
         else None
     )

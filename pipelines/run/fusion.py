@@ -7,7 +7,8 @@ from typing import Any
 
 import tensorflow as tf
 
-from compiler_opt import codegen, cost, realize, table_fusion
+from compiler_opt import cost, realize, table_fusion
+from compiler_opt.embedding_op import layer as emb_layer
 from pipelines.config import ConfigError, PipelineConfig
 from pipelines.run.model import make_optimizer
 from pipelines.run.paths import Log, RunPaths
@@ -42,7 +43,7 @@ def fuse_for_training(
     fusion = cfg.fusion
     tc = cfg.train
     if fusion is not None and fusion.kernels:
-        codegen.fuse_embeddings(model)
+        emb_layer.fuse_embeddings(model)
         log("fusion: the embedding block runs as one generated kernel (compiler_opt.codegen)")
     tables = fusion is not None and fusion.tables
     if tables and distributed:

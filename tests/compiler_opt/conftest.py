@@ -73,9 +73,9 @@ def need_compiler() -> None:
     back to the plain layers, which ``test_without_a_compiler_warns_and_runs_unfused``
     checks), unless ``STITCHREC_REQUIRE_CXX`` is set: ``.ci/run`` sets it wherever g++ is
     present, so there the tests must run."""
-    from compiler_opt import codegen
+    from compiler_opt import toolchain
 
-    if codegen.compiler() is None:
+    if toolchain.compiler() is None:
         if os.environ.get("STITCHREC_REQUIRE_CXX"):
             pytest.fail("STITCHREC_REQUIRE_CXX is set but no C++ compiler was found")
         pytest.skip("no C++ compiler ($CXX or g++): generated kernels cannot be built here")

@@ -19,7 +19,11 @@ import numpy as np
 import pytest
 import tensorflow as tf  # tests/conftest.py sets TF_USE_LEGACY_KERAS first
 
-from compiler_opt import codegen
+from compiler_opt import toolchain
+from compiler_opt.embedding_op import assets as emb_assets
+from compiler_opt.embedding_op import layer as emb_layer
+from compiler_opt.embedding_op import ops as emb_ops
+from compiler_opt.embedding_op import spec as emb_spec
 from embeddings.collection import EmbeddingCollection
 from tests.compiler_opt.conftest import need_compiler
 
@@ -119,7 +123,7 @@ def block(cache):
         for mlp in (layer.h_aml, layer.l_aml):
             k = mlp[-1].kernel
             k.assign(tf.random.stateless_normal(k.shape, seed=[1, 2]) * 3.0)
-    spec_block, kernel = codegen.fused_block(coll, ids, dense_dim=DENSE)
+    spec_block, kernel = emb_layer.fused_block(coll, ids, dense_dim=DENSE)
     return coll, spec_block, kernel
 
 
@@ -130,7 +134,7 @@ def reference_and_fused(coll, spec_block, kernel, ids, dense, jit_fn=False):
         with tf.GradientTape(persistent=True) as tape:
             tape.watch(dense)
             ref = tf.concat([*coll(ids).values(), dense], axis=1)
-            fused = codegen.fused_concat(spec_block, kernel, ids, dense)
+            fused = emb_layer.fused_concat(spec_block, kernel, ids, dense)
             wr = w[:, : ref.shape[1]]
             lr, lf = tf.reduce_sum(ref * wr), tf.reduce_sum(fused * wr)
         sources = [*coll.trainable_variables, dense]
@@ -184,10 +188,10 @@ def test_outputs_and_gradients_match_the_layers(block, graph):
 def test_the_planner_puts_every_lookup_in_its_concat_group(block, hand):
     coll, _, _ = block
     dense = tf.zeros([B, DENSE])
-    fields, summary = codegen.planned_fields(coll, make_ids(9), dense, hand, batch=B)
+    fields, summary = emb_layer.planned_fields(coll, make_ids(9), dense, hand, batch=B)
     assert fields == coll.field_names
     assert summary["concat_groups"] >= 1 and summary["fields_planned"] == len(TABLES)
-    sub = codegen.build_spec(coll, make_ids(9), fields=fields[:3])
+    sub = emb_spec.build_spec(coll, make_ids(9), fields=fields[:3])
     assert [f.name for f in sub.spec.fields] == fields[:3]
     assert set(sub.uncovered) == set(fields[3:])
     assert all(r == "not in the planned concat group" for r in sub.uncovered.values())
@@ -199,7 +203,7 @@ def test_a_batch_of_several_tiles_and_shards(block):
     ids = make_ids(10, batch=300)
     dense = tf.constant(np.random.default_rng(3).normal(size=(300, DENSE)), tf.float32)
     ref = tf.concat([*coll(ids).values(), dense], axis=1)
-    got = codegen.fused_concat(spec_block, kernel, ids, dense)
+    got = emb_layer.fused_concat(spec_block, kernel, ids, dense)
     np.testing.assert_allclose(got.numpy(), ref.numpy(), atol=1e-5, rtol=0)
 
 
@@ -218,7 +222,7 @@ def test_hand_checked_values(block):
         tf.constant([2, 3, 5, 100], tf.int64), tf.constant([0, 2, 1, 1, 0, 0, 0], tf.int64)
     )
     dense = tf.reshape(tf.range(B * DENSE, dtype=tf.float32), [B, DENSE])
-    y = codegen.fused_concat(spec_block, kernel, ids, dense).numpy()
+    y = emb_layer.fused_concat(spec_block, kernel, ids, dense).numpy()
     full = coll.layers_by_field["full"].table.numpy()
     tags = coll.layers_by_field["tags"].table.numpy()
     np.testing.assert_array_equal(y[:, 0:4], full[[1, 0, 0, 49, 0, 7, 0]])
@@ -236,7 +240,7 @@ def test_training_step_with_sparse_updates(block):
     before = [v.numpy() for v in spec_block.variables]
     opt = tf.keras.optimizers.SGD(0.5)
     with tf.GradientTape() as tape:
-        loss = tf.reduce_sum(tf.square(codegen.fused_concat(spec_block, kernel, ids, dense)))
+        loss = tf.reduce_sum(tf.square(emb_layer.fused_concat(spec_block, kernel, ids, dense)))
     grads = tape.gradient(loss, spec_block.variables)
     with tf.GradientTape() as tape:
         ref = tf.reduce_sum(tf.square(tf.concat([*coll(ids).values(), dense], axis=1)))
@@ -250,10 +254,10 @@ def test_training_step_with_sparse_updates(block):
 
 def test_cache_is_reused_and_keyed_by_source(block):
     _, spec_block, kernel = block
-    again = codegen.compile_kernel(kernel.source)
+    again = toolchain.compile_kernel(kernel.source)
     assert not again.compiled and again.path == kernel.library.path
-    assert codegen.load(spec_block.spec) is kernel  # once per process
-    other = codegen.toolchain().key(kernel.source + "\n// changed")
+    assert emb_ops.load(spec_block.spec) is kernel  # once per process
+    other = toolchain.cxx_toolchain().key(kernel.source + "\n// changed")
     assert other != kernel.library.key
 
 
@@ -262,9 +266,9 @@ def test_bad_inputs_raise_errors_naming_them(block):
     ids = make_ids(6)
     ids["full"] = tf.constant([1, 2, 3], tf.int64)  # batch 3, the others 7
     with pytest.raises(tf.errors.InvalidArgumentError, match="batch"):
-        codegen.fused_concat(spec_block, kernel, ids, tf.zeros([B, DENSE]))
+        emb_layer.fused_concat(spec_block, kernel, ids, tf.zeros([B, DENSE]))
     with pytest.raises(ValueError, match="dense"):
-        codegen.fused_concat(spec_block, kernel, make_ids(6), None)
+        emb_layer.fused_concat(spec_block, kernel, make_ids(6), None)
 
 
 def test_uncovered_fields_are_reported_and_run_unfused(cache):
@@ -282,7 +286,7 @@ def test_uncovered_fields_are_reported_and_run_unfused(cache):
         "grid": tf.constant([[1, 2], [3, 4]], tf.int64),  # dense rank 2: not covered
     }
     ref = plain(ids)
-    fused = codegen.FusedEmbeddingCollection.from_collection(plain, output_form="concat")
+    fused = emb_layer.FusedEmbeddingCollection.from_collection(plain, output_form="concat")
     with pytest.warns(RuntimeWarning, match="left unfused"):
         out = fused(ids)
     assert set(fused.uncovered) == {"l2", "grid"}
@@ -294,7 +298,7 @@ def test_uncovered_fields_are_reported_and_run_unfused(cache):
     # the covered field alone: one op, the concat form, no warning (and the same kernel: the
     # spec holds shapes and rules, not variable names)
     alone = EmbeddingCollection(tables[:1], name="alone")
-    only = codegen.FusedEmbeddingCollection.from_collection(alone)
+    only = emb_layer.FusedEmbeddingCollection.from_collection(alone)
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         out = only({"a": ids["a"]})
@@ -304,17 +308,17 @@ def test_uncovered_fields_are_reported_and_run_unfused(cache):
 
 def test_without_a_compiler_warns_and_runs_unfused(cache, monkeypatch):
     monkeypatch.setenv("CXX", "/nonexistent/c++")
-    monkeypatch.setattr(codegen, "_TOOLCHAIN", None)
+    monkeypatch.setattr(toolchain, "_TOOLCHAIN", None)
     tf.keras.utils.set_random_seed(2)
     plain = EmbeddingCollection([{"name": "x", "num_rows": 13, "dim": 5}], name="nocc")
     ids = {"x": tf.constant([1, 2, 30], tf.int64)}
     ref = plain(ids)
-    fused = codegen.FusedEmbeddingCollection.from_collection(plain)
+    fused = emb_layer.FusedEmbeddingCollection.from_collection(plain)
     with pytest.warns(RuntimeWarning, match="no C\\+\\+ compiler"):
         out = fused(ids)
     assert fused.kernel is None and "CXX" in fused.fallback_reason
     np.testing.assert_array_equal(out["x"].numpy(), ref["x"].numpy())
-    monkeypatch.setattr(codegen, "_TOOLCHAIN", None)
+    monkeypatch.setattr(toolchain, "_TOOLCHAIN", None)
 
 
 def test_saved_model_loads_in_a_fresh_process_after_the_library(block, tmp_path):
@@ -330,7 +334,7 @@ def test_saved_model_loads_in_a_fresh_process_after_the_library(block, tmp_path)
 
         @tf.function
         def __call__(self):
-            return codegen.fused_concat(spec_block, kernel, ids, dense)
+            return emb_layer.fused_concat(spec_block, kernel, ids, dense)
 
         @tf.function(input_signature=[tf.TensorSpec([None], tf.float32, name="x")])
         def serve(self, x):
@@ -340,20 +344,20 @@ def test_saved_model_loads_in_a_fresh_process_after_the_library(block, tmp_path)
     want = m().numpy()
     path = tmp_path / "sm"
     tf.saved_model.save(m, str(path), signatures={"serving_default": m.serve})
-    codegen.write_saved_model_assets(path, [kernel])
+    emb_assets.write_saved_model_assets(path, [kernel])
     np.save(tmp_path / "want.npy", want)
     script = (
         "import sys, numpy as np\n"
         "from pathlib import Path\n"
         "import pipelines\n"
         "import tensorflow as tf\n"
-        "from compiler_opt import codegen\n"
+        "from compiler_opt.embedding_op import assets as emb_assets\n"
         "from serving.repository import ModelVersion\n"
         "mv = ModelVersion('m', 1, Path(sys.argv[1]), ['/CPU:0']).load()  # the server loads the op\n"
         "out = mv.run(0, {'x': np.ones(3, np.float32)})['out']\n"
         "assert np.abs(out - np.load(sys.argv[2]).sum(1)).max() <= 1e-5, 'server differs'\n"
         "print('server', mv.kernels)\n"
-        "names = codegen.load_for_saved_model(sys.argv[1])\n"
+        "names = emb_assets.load_for_saved_model(sys.argv[1])\n"
         "m = tf.saved_model.load(sys.argv[1])\n"
         "got = m().numpy()\n"
         "assert np.abs(got - np.load(sys.argv[2])).max() <= 1e-6, 'outputs differ'\n"
@@ -371,4 +375,4 @@ def test_saved_model_loads_in_a_fresh_process_after_the_library(block, tmp_path)
     assert f"ok ['{kernel.forward_name}']" in r.stdout
     assert f"server ['{kernel.forward_name}']" in r.stdout
     # a SavedModel without generated ops has nothing to load
-    assert codegen.load_for_saved_model(tmp_path) == []
+    assert emb_assets.load_for_saved_model(tmp_path) == []

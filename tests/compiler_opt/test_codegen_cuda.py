@@ -21,7 +21,16 @@ import pytest
 import tensorflow as tf  # tests/conftest.py sets TF_USE_LEGACY_KERAS first
 from tensorflow.python.framework import kernels as tf_kernels
 
-from compiler_opt import codegen, codegen_cuda, codegen_loop
+from compiler_opt import registry, toolchain, xy_op
+from compiler_opt.embedding_op import cuda as emb_cuda
+from compiler_opt.embedding_op import gpu_kernels as emb_gpu
+from compiler_opt.embedding_op import layer as emb_layer
+from compiler_opt.embedding_op import ops as emb_ops
+from compiler_opt.embedding_op import spec as emb_spec
+from compiler_opt.loop_op import cpu as loop_cpu
+from compiler_opt.loop_op import cuda as loop_cuda
+from compiler_opt.loop_op import groups as loop_groups
+from compiler_opt.loop_op import spec as loop_def
 from embeddings.collection import EmbeddingCollection
 from serving.repository import kernel_devices
 from tests.compiler_opt.conftest import need_compiler
@@ -35,7 +44,7 @@ def need_nvcc() -> None:
     """Skips without nvcc, unless ``STITCHREC_REQUIRE_NVCC`` is set (``.ci/run`` sets it where
     nvcc exists: there these tests must run)."""
     need_compiler()
-    if codegen_cuda.nvcc() is None:
+    if toolchain.nvcc() is None:
         if os.environ.get("STITCHREC_REQUIRE_NVCC"):
             pytest.fail("STITCHREC_REQUIRE_NVCC is set but nvcc was not found")
         pytest.skip("no nvcc: the CUDA forms cannot be compiled here")
@@ -62,55 +71,55 @@ def devices_of(op: str) -> set[str]:
 
 def test_enabled_follows_the_environment(monkeypatch):
     monkeypatch.setenv("STITCHREC_CUDA", "0")
-    assert codegen_cuda.enabled() is False
+    assert toolchain.cuda_enabled() is False
     monkeypatch.setenv("STITCHREC_CUDA", "yes")
     with pytest.raises(ValueError, match=r"STITCHREC_CUDA must be '0', '1' or unset, got 'yes'"):
-        codegen_cuda.enabled()
+        toolchain.cuda_enabled()
     monkeypatch.setenv("STITCHREC_CUDA", "1")
     monkeypatch.setenv("NVCC", "/nonexistent/nvcc")
-    with pytest.raises(codegen.CompilerUnavailable, match="nvcc was not found"):
-        codegen_cuda.enabled()
+    with pytest.raises(toolchain.CompilerUnavailable, match="nvcc was not found"):
+        toolchain.cuda_enabled()
     monkeypatch.delenv("STITCHREC_CUDA")
     monkeypatch.delenv("NVCC")
     if not tf.config.list_physical_devices("GPU"):
-        assert codegen_cuda.enabled() is False  # no GPU: CPU kernels only
+        assert toolchain.cuda_enabled() is False  # no GPU: CPU kernels only
     # with a GPU: built only when nvcc exists and the driver supports nvcc's runtime
-    monkeypatch.setattr(codegen_cuda, "_WARNED", set())
+    monkeypatch.setattr(toolchain, "_WARNED", set())
     gpu = [tf.config.PhysicalDevice("/physical_device:GPU:0", "GPU")]
-    monkeypatch.setattr(codegen_cuda.tf.config, "list_physical_devices", lambda kind=None: gpu)
-    monkeypatch.setattr(codegen_cuda, "nvcc", lambda: "/opt/cuda/bin/nvcc")
-    monkeypatch.setattr(codegen_cuda, "nvcc_version", lambda path: 13000)
-    monkeypatch.setattr(codegen_cuda, "driver_version", lambda: 13000)
-    assert codegen_cuda.enabled() is True
-    monkeypatch.setattr(codegen_cuda, "driver_version", lambda: 12040)
+    monkeypatch.setattr(toolchain.tf.config, "list_physical_devices", lambda kind=None: gpu)
+    monkeypatch.setattr(toolchain, "nvcc", lambda: "/opt/cuda/bin/nvcc")
+    monkeypatch.setattr(toolchain, "nvcc_version", lambda path: 13000)
+    monkeypatch.setattr(toolchain, "driver_version", lambda: 13000)
+    assert toolchain.cuda_enabled() is True
+    monkeypatch.setattr(toolchain, "driver_version", lambda: 12040)
     with pytest.warns(RuntimeWarning, match=r"CUDA 13\.0 but the driver supports CUDA 12\.4"):
-        assert codegen_cuda.enabled() is False
-    monkeypatch.setattr(codegen_cuda, "nvcc", lambda: None)
+        assert toolchain.cuda_enabled() is False
+    monkeypatch.setattr(toolchain, "nvcc", lambda: None)
     with pytest.warns(RuntimeWarning, match="nvcc is not found"):
-        assert codegen_cuda.enabled() is False
+        assert toolchain.cuda_enabled() is False
 
 
 def test_nvcc_version_is_read_from_its_banner():
-    path = codegen_cuda.nvcc()
+    path = toolchain.nvcc()
     if path is None:
         pytest.skip("no nvcc")
     banner = subprocess.run([path, "--version"], capture_output=True, text=True).stdout
     major, minor = banner.split("release ")[1].split(",")[0].split(".")
-    assert codegen_cuda.nvcc_version(path) == int(major) * 1000 + int(minor) * 10
+    assert toolchain.nvcc_version(path) == int(major) * 1000 + int(minor) * 10
 
 
 # ----------------------------------------------------------------------------- loop ops
 
 LOOP_SPECS = [
     # y = relu(x0 * b + s), z = sigmoid(x0 * b): row and scalar inputs, two outputs
-    codegen_loop.LoopSpec(
+    loop_def.LoopSpec(
         width=5,
         inputs=("full", "row", "scalar"),
         body=(("Mul", (0, 1)), ("AddV2", (3, 2)), ("Relu", (4,)), ("Sigmoid", (3,))),
         outputs=(2, 3),
     ),
     # every other op once, on two full inputs
-    codegen_loop.LoopSpec(
+    loop_def.LoopSpec(
         width=3,
         inputs=("full", "full"),
         body=(
@@ -137,13 +146,13 @@ LOOP_SPECS = [
 
 def test_every_elementwise_op_is_in_some_spec():
     used = {op for s in LOOP_SPECS for op, _ in s.body}
-    assert used == set(codegen_loop.OPS)
+    assert used == set(xy_op.OPS)
 
 
 @pytest.mark.parametrize("spec", LOOP_SPECS, ids=["row_scalar", "every_op"])
 def test_loop_op_device_code_equals_the_cpu_kernel(cuda, spec):
-    name = codegen_loop.load(spec)
-    assert codegen_loop.has_gpu_kernel(name)
+    name = loop_groups.load(spec)
+    assert registry.has_gpu_kernel(name)
     assert devices_of(name) == {"CPU", "GPU"}
     rng = np.random.default_rng(0)
     rows = 37
@@ -153,15 +162,15 @@ def test_loop_op_device_code_equals_the_cpu_kernel(cuda, spec):
         (rng.uniform(0.5, 2.0, size[k]) * rng.choice([-1, 1], size[k])).astype(np.float32)
         for k in spec.inputs
     ]
-    cpu = codegen_loop.loaded_op(name)([tf.constant(x) for x in xs], M=len(spec.outputs))
-    host = codegen_cuda.run_loop_on_host(codegen_loop.library_path(spec), spec, xs, rows)
+    cpu = registry.op_function(name)([tf.constant(x) for x in xs], M=len(spec.outputs))
+    host = loop_cuda.run_loop_on_host(loop_groups.library_path(spec), spec, xs, rows)
     for want, got in zip(cpu, host, strict=True):
         assert not np.isnan(got).any()  # every element written
         np.testing.assert_allclose(got, want.numpy(), rtol=1e-6, atol=1e-7)
 
 
 def test_a_loop_op_with_its_matmul_has_no_cuda_form():
-    spec = codegen_loop.LoopSpec(
+    spec = loop_def.LoopSpec(
         width=4,
         inputs=("full", "full"),
         body=(("AddV2", (0, 1)),),
@@ -169,9 +178,9 @@ def test_a_loop_op_with_its_matmul_has_no_cuda_form():
         dims=(4,),
         matmul=(0, 3, True),
     )
-    assert "matmul" in codegen_cuda.loop_unsupported(spec)
+    assert "matmul" in loop_cuda.loop_unsupported(spec)
     with pytest.raises(ValueError, match="no CUDA form"):
-        codegen_cuda.loop_source(spec)
+        loop_cuda.loop_source(spec)
 
 
 # ------------------------------------------------------------------------- embedding op
@@ -184,7 +193,7 @@ def _ids(seed: int, batch: int) -> dict[str, tf.Tensor]:
     return {f"cu_{k}": v for k, v in ids.items() if f"cu_{k}" in {t["name"] for t in CUDA_TABLES}}
 
 
-def _id_arrays(spec: codegen.KernelSpec, ids: dict[str, tf.Tensor]) -> list[np.ndarray]:
+def _id_arrays(spec: emb_spec.KernelSpec, ids: dict[str, tf.Tensor]) -> list[np.ndarray]:
     out = []
     for f in spec.fields:
         x = ids[f.name]
@@ -200,7 +209,7 @@ def cuda_block(cuda):
     coll = EmbeddingCollection(CUDA_TABLES, name="cuda_block")
     ids = _ids(0, 7)
     coll(ids)
-    block, kernel = codegen.fused_block(coll, ids, dense_dim=DENSE)
+    block, kernel = emb_layer.fused_block(coll, ids, dense_dim=DENSE)
     return block, kernel
 
 
@@ -208,7 +217,7 @@ def cuda_block(cuda):
 def test_embedding_device_code_equals_the_cpu_kernel(cuda_block, seed, batch):
     block, kernel = cuda_block
     spec = kernel.spec
-    assert kernel.gpu and codegen.gpu_fallback(kernel, [GPU]) == ""
+    assert kernel.gpu and emb_ops.gpu_fallback(kernel, [GPU]) == ""
     assert devices_of(kernel.forward_name) == {"CPU", "GPU"}
     assert devices_of(kernel.gradient_name) == {"CPU", "GPU"}
     ids = _ids(seed, batch)
@@ -218,8 +227,8 @@ def test_embedding_device_code_equals_the_cpu_kernel(cuda_block, seed, batch):
     arrays = _id_arrays(spec, ids)
     lib = kernel.library.path
 
-    want = codegen.fused_concat(block, kernel, ids, tf.constant(dense)).numpy()
-    got = codegen_cuda.run_embedding_on_host(lib, spec, tables, arrays, dense=dense)
+    want = emb_layer.fused_concat(block, kernel, ids, tf.constant(dense)).numpy()
+    got = emb_gpu.run_embedding_on_host(lib, spec, tables, arrays, dense=dense)
     assert not np.isnan(got).any()
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
 
@@ -229,7 +238,7 @@ def test_embedding_device_code_equals_the_cpu_kernel(cuda_block, seed, batch):
         ids=[tf.constant(x) for x in arrays],
         dy=tf.constant(dy),
     )
-    rows, values = codegen_cuda.run_embedding_on_host(lib, spec, tables, arrays, dy=dy)
+    rows, values = emb_gpu.run_embedding_on_host(lib, spec, tables, arrays, dy=dy)
     for t in range(len(spec.tables)):
         np.testing.assert_array_equal(rows[t], grad[0][t].numpy())
         assert not np.isnan(values[t]).any()
@@ -255,9 +264,9 @@ def test_embedding_spec_with_hand_checked_values(cuda):
     layers = coll.layers_by_field
     layers["cu_hand"].table.assign([[0, 1], [10, 11], [20, 21], [30, 31]])
     layers["cu_hand_tags"].table.assign([[1, 2], [3, 4], [5, 6]])
-    block, kernel = codegen.fused_block(coll, ids)
+    block, kernel = emb_layer.fused_block(coll, ids)
     tables = [v.numpy() for v in block.variables]
-    got = codegen_cuda.run_embedding_on_host(
+    got = emb_gpu.run_embedding_on_host(
         kernel.library.path, kernel.spec, tables, _id_arrays(kernel.spec, ids)
     )
     want = [[10, 11, 3, 4], [0, 1, 0, 0], [30, 31, 5, 6]]  # row 0 of tags: mean of 0 and 2
@@ -287,27 +296,27 @@ def test_tabulated_masks_and_int64_compact_tables_have_a_cuda_form(cuda):
         ),
     }
     coll(ids)
-    block = codegen.build_spec(coll, ids)
-    training = codegen.load(block.spec)
-    assert not training.gpu and "wheres" in codegen_cuda.embedding_unsupported(block.spec)
+    block = emb_spec.build_spec(coll, ids)
+    training = emb_ops.load(block.spec)
+    assert not training.gpu and "wheres" in emb_cuda.embedding_unsupported(block.spec)
     assert devices_of(training.forward_name) == {"CPU"}
 
-    rows = codegen.load(dataclasses.replace(block.spec, mask_rows=True))
+    rows = emb_ops.load(dataclasses.replace(block.spec, mask_rows=True))
     assert rows.gpu and devices_of(rows.forward_name) == {"CPU", "GPU"}
     masks = [rng.uniform(0, 1, (n, 4)).astype(np.float32) for _ in range(2)]
     arrays = _id_arrays(rows.spec, ids)
     want = rows(block.variables, [tf.constant(x) for x in arrays], [tf.constant(m) for m in masks])
-    got = codegen_cuda.run_embedding_on_host(
+    got = emb_gpu.run_embedding_on_host(
         rows.library.path, rows.spec, [v.numpy() for v in block.variables], arrays, masks
     )
     np.testing.assert_allclose(got, want.numpy(), rtol=1e-6, atol=1e-7)
 
-    serving = codegen.FusedEmbeddingCollection.from_collection(coll.serving_form())
+    serving = emb_layer.FusedEmbeddingCollection.from_collection(coll.serving_form())
     serving(ids)
     compact = serving.kernel
-    assert "int32" in codegen_cuda.embedding_unsupported(compact.spec)
-    assert "has no GPU kernel" in codegen.gpu_fallback(compact, [GPU])
-    assert codegen.gpu_fallback(compact, [CPU]) == ""
+    assert "int32" in emb_cuda.embedding_unsupported(compact.spec)
+    assert "has no GPU kernel" in emb_ops.gpu_fallback(compact, [GPU])
+    assert emb_ops.gpu_fallback(compact, [CPU]) == ""
     wide = dataclasses.replace(
         compact.spec,
         tables=tuple(
@@ -315,7 +324,7 @@ def test_tabulated_masks_and_int64_compact_tables_have_a_cuda_form(cuda):
             for t in compact.spec.tables
         ),
     )
-    kernel = codegen.load(wide)
+    kernel = emb_ops.load(wide)
     assert kernel.gpu
     variables = [
         tf.Variable(tf.cast(v, tf.int64)) if v.dtype == tf.int32 else v
@@ -323,7 +332,7 @@ def test_tabulated_masks_and_int64_compact_tables_have_a_cuda_form(cuda):
     ]
     arrays = _id_arrays(wide, ids)
     want = kernel(variables, [tf.constant(x) for x in arrays]).numpy()
-    got = codegen_cuda.run_embedding_on_host(
+    got = emb_gpu.run_embedding_on_host(
         kernel.library.path, wide, [v.numpy() for v in variables], arrays
     )
     np.testing.assert_array_equal(got, want)
@@ -332,14 +341,14 @@ def test_tabulated_masks_and_int64_compact_tables_have_a_cuda_form(cuda):
     )  # the same values as the training layers
 
 
-def _compact_variables(fused: codegen.FusedEmbeddingCollection) -> list[tf.Variable]:
+def _compact_variables(fused: emb_layer.FusedEmbeddingCollection) -> list[tf.Variable]:
     ids = {
         f.name: tf.constant([0], tf.int64)
         if not f.ragged
         else tf.RaggedTensor.from_row_lengths(tf.constant([0], tf.int64), [1])
         for f in fused.kernel.spec.fields
     }
-    return codegen.build_spec(fused, ids).variables
+    return emb_spec.build_spec(fused, ids).variables
 
 
 def test_a_version_whose_op_has_no_gpu_kernel_is_served_on_the_cpu(cuda):
@@ -350,7 +359,7 @@ def test_a_version_whose_op_has_no_gpu_kernel_is_served_on_the_cpu(cuda):
     )
     ids = {"cu_srv": tf.constant([1, 2], tf.int64)}
     coll(ids)
-    kernel = codegen.load(codegen.build_spec(coll, ids).spec)  # training form: CPU only
+    kernel = emb_ops.load(emb_spec.build_spec(coll, ids).spec)  # training form: CPU only
     devices, note = kernel_devices([kernel.forward_name], [GPU, GPU.replace("GPU:0", "GPU:1")])
     assert devices == ["/device:CPU:0"]
     assert "served on the CPU" in note and kernel.forward_name in note and "wheres" in note
@@ -359,14 +368,14 @@ def test_a_version_whose_op_has_no_gpu_kernel_is_served_on_the_cpu(cuda):
 
 def test_the_cuda_form_has_its_own_cache_entry_and_nvcc_errors_are_reported(cuda, tmp_path):
     spec = LOOP_SPECS[0]
-    plain = codegen.compile_kernel(codegen_loop.generate(spec), tmp_path)
-    with_cuda = codegen.compile_kernel(
-        codegen_loop.generate(spec, cuda=True), tmp_path, cuda_source=codegen_cuda.loop_source(spec)
+    plain = toolchain.compile_kernel(loop_cpu.generate(spec), tmp_path)
+    with_cuda = toolchain.compile_kernel(
+        loop_cpu.generate(spec, cuda=True), tmp_path, cuda_source=loop_cuda.loop_source(spec)
     )
     assert plain.key != with_cuda.key and plain.path.exists() and with_cuda.path.exists()
-    with pytest.raises(codegen_cuda.CudaUnavailable, match=r"nvcc failed .*\.cu"):
-        codegen.compile_kernel(
-            codegen_loop.generate(spec, cuda=True), tmp_path, cuda_source="this is not CUDA"
+    with pytest.raises(toolchain.CudaUnavailable, match=r"nvcc failed .*\.cu"):
+        toolchain.compile_kernel(
+            loop_cpu.generate(spec, cuda=True), tmp_path, cuda_source="this is not CUDA"
         )
     assert not list(tmp_path.glob("tmp*.so"))  # no half-written library left behind
 
@@ -377,10 +386,10 @@ def test_the_gpu_check_harness_builds_and_runs_its_host_part(cuda_block, tmp_pat
     from bench.compiler import cuda_check
 
     _, kernel = cuda_block
-    (tmp_path / "k.cu").write_text(codegen_cuda.embedding_source(kernel.spec))
+    (tmp_path / "k.cu").write_text(emb_cuda.embedding_source(kernel.spec))
     (tmp_path / "h.cu").write_text(cuda_check.harness_source(kernel.spec, "test"))
     exe = tmp_path / "check"
-    tc = codegen_cuda.toolchain()
+    tc = toolchain.cuda_toolchain()
     flags = [f for f in tc.flags if f not in ("-Xcompiler", "-fPIC")]
     build = subprocess.run(
         [tc.nvcc, *flags, "-o", str(exe), str(tmp_path / "h.cu"), str(tmp_path / "k.cu")],

@@ -8,14 +8,16 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from compiler_opt import codegen, codegen_loop, ir, planner, realize
-from compiler_opt.codegen_loop import LoopSpec
+from compiler_opt import graph_io, ir, planner, realize, registry
+from compiler_opt.embedding_op import layer as emb_layer
+from compiler_opt.loop_op import groups as loop_groups
+from compiler_opt.loop_op.spec import LoopSpec
 from tests.compiler_opt.conftest import need_compiler
 
 
 def _op(spec: LoopSpec):
-    name = codegen_loop.load(spec)
-    return codegen_loop.loaded_op(name)
+    name = loop_groups.load(spec)
+    return registry.op_function(name)
 
 
 def test_spec_rejects_what_it_cannot_generate():
@@ -132,17 +134,17 @@ def test_freeze_keeps_the_handles_a_generated_embedding_kernel_reads():
     )
     ids = {"a": tf.constant([0, 4, 2], tf.int64), "b": tf.constant([1, 1, 2], tf.int64)}
     coll(ids)
-    block, kernel = codegen.fused_block(coll, ids, dense_dim=0)
+    block, kernel = emb_layer.fused_block(coll, ids, dense_dim=0)
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.int64), tf.TensorSpec([None], tf.int64)])
     def f(a, b):
-        return codegen.fused_concat(block, kernel, {"a": a, "b": b}, None) * 2.0
+        return emb_layer.fused_concat(block, kernel, {"a": a, "b": b}, None) * 2.0
 
     concrete = f.get_concrete_function()
     assert len(realize.handles_kept(concrete)) == 2  # both tables, read by the kernel
     frozen = realize.freeze(concrete)
     assert len(frozen.bound) == 2
-    fn = realize.load_graph_def(frozen.graph_def, frozen.inputs, frozen.outputs, frozen.bound)
+    fn = graph_io.load_graph_def(frozen.graph_def, frozen.inputs, frozen.outputs, frozen.bound)
     got = fn(ids["a"], ids["b"])[0].numpy()
     want = 2.0 * tf.concat(list(coll(ids).values()), axis=1).numpy()
     np.testing.assert_allclose(got, want, rtol=1e-6)

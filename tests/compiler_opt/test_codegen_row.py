@@ -17,8 +17,15 @@ import numpy as np
 import pytest
 import tensorflow as tf  # tests/conftest.py sets TF_USE_LEGACY_KERAS first
 
-from compiler_opt import codegen_cuda, codegen_loop, codegen_row, ir, realize
-from compiler_opt.codegen_row import RowSpec, RowValue
+from compiler_opt import graph_io, ir, realize, registry, toolchain, xy_op
+from compiler_opt.loop_op import cpu as loop_cpu
+from compiler_opt.loop_op import groups as loop_groups
+from compiler_opt.loop_op import spec as loop_def
+from compiler_opt.row_op import cpu as row_cpu
+from compiler_opt.row_op import cuda as row_cuda
+from compiler_opt.row_op import groups as row_groups
+from compiler_opt.row_op import spec as row_def
+from compiler_opt.row_op.spec import RowSpec, RowValue
 from tests.compiler_opt.conftest import HAND, need_compiler, tiny_dcn_v2
 
 GAMMA = np.linspace(0.5, 1.5, 8).astype(np.float32)
@@ -68,12 +75,12 @@ def _topo(graph, names=None):
 
 def _whole_program(frozen):
     graph = ir.from_graph_def(frozen.graph_def, outputs=frozen.outputs)
-    nodes = [n for n in _topo(graph) if codegen_row.expressible(graph, n)]
-    return graph, codegen_row.row_spec(graph, nodes, frozen.outputs)
+    nodes = [n for n in _topo(graph) if row_groups.expressible(graph, n)]
+    return graph, row_groups.row_spec(graph, nodes, frozen.outputs)
 
 
 def _run(graph_def, frozen, outputs, x):
-    out = realize.load_graph_def(graph_def, frozen.inputs, outputs)(tf.constant(x))
+    out = graph_io.load_graph_def(graph_def, frozen.inputs, outputs)(tf.constant(x))
     return [o.numpy() for o in out]
 
 
@@ -85,7 +92,7 @@ def test_a_program_equals_the_ops_it_replaces(case):
     _, (group, reason) = _whole_program(frozen)
     assert group is not None, reason
     assert isinstance(group.spec, RowSpec)
-    graph_def, outputs = codegen_loop.rewrite(frozen.graph_def, [group], frozen.outputs)
+    graph_def, outputs = xy_op.rewrite(frozen.graph_def, [group], frozen.outputs)
     kept = [n.op for n in graph_def.node if n.op not in ("Placeholder", "Const", "Identity")]
     assert kept == [group.spec.op_name]  # one op in place of the whole computation
     rng = np.random.default_rng(0)
@@ -103,7 +110,7 @@ def test_hand_checked_fm_term():
     need_compiler()
     frozen = _frozen(fm, [None, 2, 2])
     _, (group, _) = _whole_program(frozen)
-    graph_def, outputs = codegen_loop.rewrite(frozen.graph_def, [group], frozen.outputs)
+    graph_def, outputs = xy_op.rewrite(frozen.graph_def, [group], frozen.outputs)
     x = np.array([[[1, 2], [3, 4]], [[0, 0], [0, 1]]], np.float32)
     np.testing.assert_array_equal(_run(graph_def, frozen, outputs, x)[0], [[11.0], [0.0]])
 
@@ -115,7 +122,7 @@ def test_what_a_program_cannot_express_is_named():
     frozen = _frozen(batch_sum, [None, 4])
     graph = ir.from_graph_def(frozen.graph_def, outputs=frozen.outputs)
     nodes = [n.name for n in graph.nodes.values() if n.op in ("Mul", "Sum", "AddV2")]
-    group, reason = codegen_row.row_spec(graph, _topo(graph, nodes), frozen.outputs)
+    group, reason = row_groups.row_spec(graph, _topo(graph, nodes), frozen.outputs)
     assert group is None and "is not [rows (unknown), static...]" in reason  # [1, 4]: no rows
 
     def cast(x):
@@ -124,7 +131,7 @@ def test_what_a_program_cannot_express_is_named():
     frozen = _frozen(cast, [None, 4])
     graph = ir.from_graph_def(frozen.graph_def, outputs=frozen.outputs)
     nodes = [n.name for n in graph.nodes.values() if n.op in ("Sum", "Cast")]
-    group, reason = codegen_row.row_spec(graph, _topo(graph, nodes), frozen.outputs)
+    group, reason = row_groups.row_spec(graph, _topo(graph, nodes), frozen.outputs)
     assert group is None and "Cast has no row form" in reason
 
 
@@ -145,7 +152,7 @@ def test_a_piece_that_would_close_a_cycle_is_left():
         frozen = _frozen(fn, [None, 4])
         graph = ir.from_graph_def(frozen.graph_def, outputs=frozen.outputs)
         nodes = _topo(graph)
-        assert len(codegen_row.expressible_parts(graph, nodes, frozen.outputs)) == pieces
+        assert len(row_groups.expressible_parts(graph, nodes, frozen.outputs)) == pieces
 
 
 def test_spec_validation():
@@ -155,8 +162,8 @@ def test_spec_validation():
         RowSpec(((True, (4,)),), (RowValue("Neg", (0,), (3,)),), (0,))
     with pytest.raises(ValueError, match="MAX_ROW_FLOATS"):
         RowSpec(((True, (100, 200)),), (RowValue("Neg", (0,), (100, 200)),), (0,))
-    assert codegen_row.broadcast((3, 1), (4,)) == (3, 4)
-    assert codegen_row.broadcast((3,), (4,)) is None
+    assert row_def.broadcast((3, 1), (4,)) == (3, 4)
+    assert row_def.broadcast((3,), (4,)) is None
 
 
 def test_the_fm_model_serves_its_pairwise_term_as_one_op(tmp_path):
@@ -198,7 +205,7 @@ def test_the_fm_model_serves_its_pairwise_term_as_one_op(tmp_path):
 
 def test_the_cuda_form_runs_the_same_program(tmp_path):
     need_compiler()
-    if codegen_cuda.nvcc() is None:
+    if toolchain.nvcc() is None:
         if os.environ.get("STITCHREC_REQUIRE_NVCC"):
             pytest.fail("STITCHREC_REQUIRE_NVCC is set but nvcc was not found")
         pytest.skip("no nvcc")
@@ -208,8 +215,8 @@ def test_the_cuda_form_runs_the_same_program(tmp_path):
     old = {k: os.environ.get(k) for k in ("STITCHREC_CUDA", "STITCHREC_CACHE")}
     os.environ.update({"STITCHREC_CUDA": "1", "STITCHREC_CACHE": str(tmp_path)})
     try:
-        name = codegen_row.load(spec)
-        assert codegen_row.has_gpu_kernel(name)
+        name = row_groups.load(spec)
+        assert registry.has_gpu_kernel(name)
         x = np.random.default_rng(1).normal(size=(9, 3, 6)).astype(np.float32)
         nodes = {n.name: n for n in frozen.graph_def.node}
         inputs = []
@@ -219,8 +226,8 @@ def test_the_cuda_form_runs_the_same_program(tmp_path):
                 node = nodes[node.input[0].split(":")[0]]
             is_arg = node.op == "Placeholder"
             inputs.append(x if is_arg else tf.make_ndarray(node.attr["value"].tensor))
-        want = codegen_row.loaded_op(name)([tf.constant(v) for v in inputs], M=len(spec.outputs))
-        got = codegen_cuda.run_row_on_host(codegen_row.library_path(spec), spec, inputs, 9)
+        want = registry.op_function(name)([tf.constant(v) for v in inputs], M=len(spec.outputs))
+        got = row_cuda.run_row_on_host(row_groups.library_path(spec), spec, inputs, 9)
     finally:
         for k, v in old.items():
             os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
@@ -230,18 +237,18 @@ def test_the_cuda_form_runs_the_same_program(tmp_path):
 
 
 def test_precompile_builds_a_graphs_libraries_side_by_side(tmp_path, monkeypatch):
-    """``codegen_loop.precompile`` (called by ``rewrite``) compiles the missing libraries of a
+    """``registry.precompile`` (called by ``xy_op.rewrite``) compiles the missing libraries of a
     loop op and a row program concurrently; loading them afterwards compiles nothing."""
     need_compiler()
-    from compiler_opt import codegen
-
     monkeypatch.setenv("STITCHREC_CACHE", str(tmp_path))
-    loop = codegen_loop.LoopSpec(width=6, inputs=("full",), body=(("Neg", (0,)),), outputs=(0,))
+    loop = loop_def.LoopSpec(width=6, inputs=("full",), body=(("Neg", (0,)),), outputs=(0,))
     row = RowSpec(((True, (2, 6)),), (RowValue("Sum", (0,), (6,), (0,)),), (0,))
-    codegen_loop.precompile([loop, row])
-    assert not codegen.compile_kernel(codegen_loop.generate(loop)).compiled
-    assert not codegen.compile_kernel(codegen_row.generate(row)).compiled
+    registry.precompile([(loop, loop_groups.LOOP), (row, row_groups.ROW)])
+    assert not toolchain.compile_kernel(loop_cpu.generate(loop)).compiled
+    assert not toolchain.compile_kernel(row_cpu.generate(row)).compiled
     bad = RowSpec(((True, (3,)),), (RowValue("Sum", (0,), (), (0,)),), (0,))
-    monkeypatch.setattr(codegen_row, "generate", lambda spec, cuda=False: "not C++")
-    with pytest.raises(codegen.CompilerUnavailable, match="failed"):
-        codegen_loop.precompile([bad, dataclasses.replace(loop, width=7)])
+    monkeypatch.setattr(row_cpu, "generate", lambda spec, cuda=False: "not C++")
+    with pytest.raises(toolchain.CompilerUnavailable, match="failed"):
+        registry.precompile(
+            [(bad, row_groups.ROW), (dataclasses.replace(loop, width=7), loop_groups.LOOP)]
+        )

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from compiler_opt import codegen
+from compiler_opt.embedding_op import assets as emb_assets
 from tests.compiler_opt.conftest import need_compiler
 from tests.testdata import write_run_config, write_tiny_dataset
 
@@ -70,7 +70,7 @@ def test_stitchrec_train_with_fusion_reaches_the_same_auc(cache, tmp_path):
     assert cli.main(["export", "--run", str(run), "--output", str(tmp_path / "plain")]) == 0
     argv = ["export", "--run", str(run), "--output", str(tmp_path / "fused"), "--fuse-kernels"]
     assert cli.main(argv) == 0
-    assert (tmp_path / "fused" / "assets" / codegen.ASSETS_DIR / "manifest.json").exists()
+    assert (tmp_path / "fused" / "assets" / emb_assets.ASSETS_DIR / "manifest.json").exists()
     # and with the server fusing the rest: the elementwise loop groups as generated ops around
     # the embedding op (its tables stay handles when the signature is frozen)
     argv[4] = str(tmp_path / "both")

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from compiler_opt import cost
+from compiler_opt.embedding_op import layer as emb_layer
 from pipelines import cli
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -80,7 +81,6 @@ def test_explain_names_the_embedding_ops_without_a_cuda_form():
     import tensorflow as tf
     from tensorflow.core.framework import graph_pb2
 
-    from compiler_opt import codegen
     from embeddings.collection import EmbeddingCollection
     from pipelines import fuse
     from tests.compiler_opt.conftest import need_compiler
@@ -93,7 +93,7 @@ def test_explain_names_the_embedding_ops_without_a_cuda_form():
     )
     ids = {"fx_a": tf.constant([1, 5, 40], tf.int64)}
     coll(ids)
-    fused = codegen.FusedEmbeddingCollection.from_collection(coll.serving_form())
+    fused = emb_layer.FusedEmbeddingCollection.from_collection(coll.serving_form())
     fused(ids)
     graph_def = graph_pb2.GraphDef()
     graph_def.node.add(name="emb", op=fused.kernel.forward_name)

@@ -79,7 +79,7 @@ def test_fm_and_wide_weights_run_as_generated_ops(tiny, model_type, tmp_path):
     from tests.compiler_opt.conftest import need_compiler
 
     need_compiler()
-    from compiler_opt import codegen
+    from compiler_opt.embedding_op import layer as emb_layer
     from features.dataset import make_dataset
     from pipelines.config import DataConfig, PipelineConfig
     from pipelines.export import export_saved_model
@@ -109,8 +109,8 @@ def test_fm_and_wide_weights_run_as_generated_ops(tiny, model_type, tmp_path):
         return logits.numpy(), [tf.convert_to_tensor(g).numpy() for g in grads]
 
     want, want_grads = logits_and_grads()
-    fused = codegen.fuse_embeddings(model)
-    collections = codegen.fused_collections(model)
+    fused = emb_layer.fuse_embeddings(model)
+    collections = emb_layer.fused_collections(model)
     assert [c.output_form for c in collections] == ["stacked", "concat"]
     got, got_grads = logits_and_grads()
     assert all(c.kernel is not None and not c.uncovered for c in collections)

@@ -9,7 +9,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from compiler_opt import codegen, realize, tabulate
+from compiler_opt import graph_io, realize, tabulate
+from compiler_opt.embedding_op import layer as emb_layer
+from compiler_opt.embedding_op import ops as emb_ops
+from compiler_opt.embedding_op import spec as emb_spec
 from embeddings.collection import EmbeddingCollection
 from embeddings.full import oov_safe
 from tests.compiler_opt.conftest import need_compiler
@@ -22,7 +25,7 @@ def _frozen(fn, *specs) -> realize.Frozen:
 
 
 def _run(graph_def, frozen, *args) -> np.ndarray:
-    f = realize.load_graph_def(graph_def, frozen.inputs, frozen.outputs, frozen.bound)
+    f = graph_io.load_graph_def(graph_def, frozen.inputs, frozen.outputs, frozen.bound)
     return f(*tf.nest.flatten(list(args), expand_composites=True))[0].numpy()
 
 
@@ -48,7 +51,7 @@ def amtl_block():
     ]
     counts = {n: (np.arange(N)[::-1] ** 2).tolist() for n in ("a", "tags")}
     coll = EmbeddingCollection(tables, counts=counts, name="block")
-    fused = codegen.FusedEmbeddingCollection.from_collection(coll)
+    fused = emb_layer.FusedEmbeddingCollection.from_collection(coll)
     fused(_ids(0))
     for name in ("a", "tags"):
         layer = coll.layers_by_field[name]
@@ -132,8 +135,8 @@ def _one_amtl_field():
     )
     ids = {"a": tf.constant([0, 3, 39], tf.int64)}
     coll(ids)
-    block = codegen.build_spec(coll, ids)
-    return block, codegen.load(block.spec)
+    block = emb_spec.build_spec(coll, ids)
+    return block, emb_ops.load(block.spec)
 
 
 @pytest.mark.parametrize(
@@ -181,7 +184,7 @@ def test_the_row_form_checks_its_mask_table():
     block, kernel = _one_amtl_field()
     import dataclasses
 
-    row = codegen.load(dataclasses.replace(block.spec, mask_rows=True))
+    row = emb_ops.load(dataclasses.replace(block.spec, mask_rows=True))
     assert row.forward_name != kernel.forward_name
     assert "mask_rows" not in block.spec.to_json()  # the training form's hash is unchanged
     x = tf.constant([0, 2, 99], tf.int64)
@@ -198,7 +201,7 @@ def test_the_op_reads_the_compact_serving_form(amtl_block):
     serving layers and the training layers; frozen, the offsets stay handles too."""
     coll, _ = amtl_block
     serving = coll.serving_form()
-    fused = codegen.FusedEmbeddingCollection.from_collection(serving)
+    fused = emb_layer.FusedEmbeddingCollection.from_collection(serving)
     for seed, batch in ((6, 33), (7, 1)):
         ids = _ids(seed, batch)
         want = tf.concat(list(serving(ids).values()), axis=1).numpy()
