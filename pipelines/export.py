@@ -21,6 +21,7 @@ from typing import Any
 import tensorflow as tf
 from tf_keras.src.saving.legacy.saved_model.utils import keras_option_scope
 
+from embeddings.protocols import HasServingForm
 from features.dataset import field_tf_dtype, input_signature
 from features.schema import FeatureSpec, Schema, load_schema
 from pipelines.train import RunPaths
@@ -104,7 +105,7 @@ def export_saved_model(
       ValueError: ``kernels`` and no generated op could be built (no compiler, or no field
         covered): the export would not hold what was asked for.
     """
-    if getattr(model, "embedding", None) is not None and hasattr(model.embedding, "serving_form"):
+    if isinstance(getattr(model, "embedding", None), HasServingForm):
         model.embedding = model.embedding.serving_form()
     fused = None
     if kernels:

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from embeddings.protocols import WarmStartable
 from features import readers
 from features.dataset import (
     count_rows,
@@ -263,7 +264,7 @@ def _copy_embeddings(dst: Any, src: Any, run_dir: str) -> None:
         other = src.layers_by_field[name]
         if type(layer) is type(other):
             layer.set_weights(other.get_weights())
-        elif hasattr(layer, "warm_start_from") and hasattr(other, "table"):
+        elif isinstance(layer, WarmStartable) and hasattr(other, "table"):
             layer.warm_start_from(other.table.numpy())
         else:
             raise ValueError(
