@@ -46,15 +46,9 @@ class TableConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """The stored form: every key of ``TABLE_KEYS``, ``options`` a plain dict."""
-        return {
-            "name": self.name,
-            "num_rows": self.num_rows,
-            "dim": self.dim,
-            "combiner": self.combiner,
-            "method": self.method,
-            "l2": self.l2,
-            "options": dict(self.options),
-        }
+        stored = {key: getattr(self, key) for key in TABLE_KEYS}
+        stored["options"] = dict(self.options)
+        return stored
 
     @classmethod
     def from_dict(cls, spec: Mapping[str, Any]) -> TableConfig:
