@@ -19,6 +19,7 @@ from typing import Any
 import tensorflow as tf
 
 from embeddings.amtl import AMTLEmbedding
+from embeddings.base import EmbeddingLayer
 from embeddings.binary_hash import BinaryHashEmbedding
 from embeddings.full import FullEmbedding
 from embeddings.hashing import HashingEmbedding
@@ -26,7 +27,7 @@ from embeddings.protocols import HasServingForm, LearnsFromCounts
 from embeddings.qr import QREmbedding
 from embeddings.table_config import TableConfig
 
-EMBEDDING_METHODS: dict[str, type[tf.keras.layers.Layer]] = {
+EMBEDDING_METHODS: dict[str, type[EmbeddingLayer]] = {
     "full": FullEmbedding,
     "hashing": HashingEmbedding,
     "qr": QREmbedding,
