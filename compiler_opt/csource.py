@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from embeddings.hashing import _MIX1, _MIX2
+from embeddings.hashing import MIX1, MIX2
 
 C_TYPES = {
     "float32": ("float", "DT_FLOAT"),
@@ -43,7 +43,7 @@ _ID_HELPERS = """\
 
 def id_helpers(qual: str = "") -> str:
     """C++ of ``OovSafe`` and ``HashBucket`` (splitmix64, as embeddings/hashing.py)."""
-    return _ID_HELPERS.format(qual=qual, mix1=_MIX1, mix2=_MIX2)
+    return _ID_HELPERS.format(qual=qual, mix1=MIX1, mix2=MIX2)
 
 
 def c_list(values: Sequence[Any]) -> str:

@@ -39,6 +39,7 @@ from embeddings.collection import EmbeddingCollection
 from embeddings.common import flat_ids, pool_and_regularize
 from embeddings.full import FullEmbedding, oov_safe
 from embeddings.hashing import HashingEmbedding
+from embeddings.table_config import TableConfig
 
 #: the mapping a fused training run writes next to its checkpoints
 MAPPING_FILE = "table_fusion.json"
@@ -89,8 +90,8 @@ class _Plan:
         self.fields = {f.name: f for g in groups for f in g.fields}
 
 
-def _uncovered_reason(table: dict[str, Any], layer: tf.keras.layers.Layer) -> str | None:
-    method = table.get("method", "full")
+def _uncovered_reason(table: TableConfig, layer: tf.keras.layers.Layer) -> str | None:
+    method = table.method
     if method not in FUSED_METHODS:
         return f"method {method!r}: only {list(FUSED_METHODS)} tables are fused"
     if type(layer) not in (FullEmbedding, HashingEmbedding):
@@ -106,11 +107,11 @@ def _plain_variable(v: Any) -> bool:
     return type(v).__name__ in ("ResourceVariable", "UninitializedVariable")
 
 
-def _plan(tables: list[dict[str, Any]], layers: dict[str, tf.keras.layers.Layer]) -> _Plan:
+def _plan(tables: list[TableConfig], layers: dict[str, tf.keras.layers.Layer]) -> _Plan:
     uncovered: dict[str, str] = {}
     by_key: dict[tuple[int, str], list[_Field]] = {}
     for i, t in enumerate(tables):
-        name = t["name"]
+        name = t.name
         layer = layers[name]
         reason = _uncovered_reason(t, layer)
         if reason is not None:
@@ -155,7 +156,7 @@ class HorizontalEmbeddingCollection(tf.keras.layers.Layer):
 
     def __init__(
         self,
-        tables: list[dict[str, Any]],
+        tables: list[TableConfig | dict[str, Any]],
         counts: dict[str, Sequence[int]] | None = None,
         layers: dict[str, tf.keras.layers.Layer] | None = None,
         **kwargs: Any,
@@ -163,7 +164,7 @@ class HorizontalEmbeddingCollection(tf.keras.layers.Layer):
         super().__init__(**kwargs)
         # the plain collection validates the specs and makes the layers; it is not kept
         plain = EmbeddingCollection(tables, counts=counts, layers=layers)
-        self.tables = [dict(t) for t in plain.tables]
+        self.tables = list(plain.tables)
         self._table_plan = _plan(self.tables, plain.layers_by_field)
         self.layers_by_field: dict[str, tf.keras.layers.Layer] = {
             name: layer
@@ -176,11 +177,11 @@ class HorizontalEmbeddingCollection(tf.keras.layers.Layer):
 
     @property
     def field_names(self) -> list[str]:
-        return [t["name"] for t in self.tables]
+        return [t.name for t in self.tables]
 
     @property
     def dims(self) -> list[int]:
-        return [t["dim"] for t in self.tables]
+        return [t.dim for t in self.tables]
 
     @property
     def uncovered(self) -> dict[str, str]:
@@ -338,7 +339,7 @@ class HorizontalEmbeddingCollection(tf.keras.layers.Layer):
         return totals
 
     def get_config(self) -> dict[str, Any]:
-        return {**super().get_config(), "tables": self.tables}
+        return {**super().get_config(), "tables": [t.to_dict() for t in self.tables]}
 
 
 def _block_initializer(group: _Group) -> Any:
@@ -398,12 +399,12 @@ def load_unfused(
             f"source must be an EmbeddingCollection or a checkpoint path, got "
             f"{type(source).__name__}"
         )
-    if [t["name"] for t in plain.tables] != fused.field_names or [
-        (t["num_rows"], t["dim"]) for t in plain.tables
-    ] != [(t["num_rows"], t["dim"]) for t in fused.tables]:
+    if [t.name for t in plain.tables] != fused.field_names or [
+        (t.num_rows, t.dim) for t in plain.tables
+    ] != [(t.num_rows, t.dim) for t in fused.tables]:
         raise ValueError(
-            f"source has fields {[(t['name'], t['num_rows'], t['dim']) for t in plain.tables]}, "
-            f"expected {[(t['name'], t['num_rows'], t['dim']) for t in fused.tables]}"
+            f"source has fields {[(t.name, t.num_rows, t.dim) for t in plain.tables]}, "
+            f"expected {[(t.name, t.num_rows, t.dim) for t in fused.tables]}"
         )
     for g in fused._table_plan.groups:
         blocks = []

@@ -1,4 +1,12 @@
-"""Embedding layers: the full table now; hashing trick, QR, binary-code hash (BH) and AMTL to come."""
+"""Embedding layers of categorical fields, one table config per field.
+
+Methods (``embeddings.collection.EMBEDDING_METHODS``): the full table (``full``), the hashing
+trick (``hashing``), quotient-remainder (``qr``), binary-code hash (``bh``) and AMTL's learned
+per-value lengths (``amtl``), all on the shared ``EmbeddingLayer`` (embeddings/base.py).
+``EmbeddingCollection`` holds one layer per field from its ``TableConfig``
+(embeddings/table_config.py); embeddings/protocols.py names the optional capabilities (a serving
+form, a warm start, training counts, sizing for a compression ratio).
+"""
 
 import os
 

@@ -58,6 +58,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from embeddings.base import EmbeddingLayer
 from embeddings.common import check_common_args, flat_ids, pool_and_regularize
 from embeddings.full import FullEmbedding, oov_safe
 
@@ -66,7 +67,7 @@ _INT32_MAX = 2**31 - 1
 
 
 @tf.keras.utils.register_keras_serializable(package="stitchrec")
-class AMTLEmbedding(tf.keras.layers.Layer):
+class AMTLEmbedding(EmbeddingLayer):
     """Embedding table with a learned, frequency-driven length per value (AMTL, CIKM'21).
 
     Calling convention of every layer of embeddings/ (embeddings/common.py): ids int ``[batch]``
@@ -95,18 +96,15 @@ class AMTLEmbedding(tf.keras.layers.Layer):
         self,
         num_rows: int,
         dim: int,
-        combiner: str = "mean",
-        l2: float = 0.0,
+        *,
         counts: Sequence[float] | np.ndarray | None = None,
         hidden: Sequence[int] = (32,),
         temperature: float = 1.0,
         length_bias: float = 1.0,
         length_penalty: float = 0.0,
-        initializer: str | dict = "truncated_normal",
         **kwargs: Any,
     ):
-        super().__init__(**kwargs)
-        check_common_args(num_rows, dim, combiner, l2)
+        super().__init__(num_rows, dim, **kwargs)
         hidden = tuple(hidden)
         if any(not isinstance(h, int | np.integer) or isinstance(h, bool) or h < 1 for h in hidden):
             raise ValueError(f"hidden must hold integers >= 1, got {hidden!r}")
@@ -116,15 +114,10 @@ class AMTLEmbedding(tf.keras.layers.Layer):
             raise ValueError(f"length_bias must be > 0, got {length_bias!r}")
         if length_penalty < 0:
             raise ValueError(f"length_penalty must be >= 0, got {length_penalty!r}")
-        self.num_rows = int(num_rows)
-        self.dim = int(dim)
-        self.combiner = combiner
-        self.l2 = float(l2)
         self.hidden = tuple(int(h) for h in hidden)
         self.temperature = float(temperature)
         self.length_bias = float(length_bias)
         self.length_penalty = float(length_penalty)
-        self.initializer = tf.keras.initializers.get(initializer)
         self._initial_counts = None if counts is None else self._check_counts(counts)
         last_bias = np.zeros(self.dim, np.float32)
         last_bias[-1] = self.length_bias
@@ -158,13 +151,8 @@ class AMTLEmbedding(tf.keras.layers.Layer):
 
     # ------------------------------------------------------------------ weights
 
-    def build(self, input_shape: Any = None) -> None:
-        self.table = self.add_weight(
-            name="table",
-            shape=(self.num_rows, self.dim),
-            initializer=self.initializer,
-            trainable=True,
-        )
+    def create_weights(self) -> None:
+        self.add_table()
         self.counts = self.add_weight(
             name="counts", shape=(self.num_rows,), initializer="zeros", trainable=False
         )
@@ -175,6 +163,8 @@ class AMTLEmbedding(tf.keras.layers.Layer):
             trainable=False,
         )
         self._build_mlps()
+
+    def build(self, input_shape: Any = None) -> None:
         super().build(input_shape)
         if self._initial_counts is not None:
             self.set_counts(self._initial_counts)
@@ -337,18 +327,12 @@ class AMTLEmbedding(tf.keras.layers.Layer):
         layer.row_splits.assign(row_splits.astype(layer.row_splits.dtype.as_numpy_dtype))
         return layer
 
-    def get_config(self) -> dict[str, Any]:
+    def options_config(self) -> dict[str, Any]:
         return {
-            **super().get_config(),
-            "num_rows": self.num_rows,
-            "dim": self.dim,
-            "combiner": self.combiner,
-            "l2": self.l2,
             "hidden": list(self.hidden),
             "temperature": self.temperature,
             "length_bias": self.length_bias,
             "length_penalty": self.length_penalty,
-            "initializer": tf.keras.initializers.serialize(self.initializer),
         }
 
 

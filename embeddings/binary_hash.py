@@ -37,24 +37,13 @@ below ``2 * n_blocks`` rows, i.e. ``2 * L * dim`` floats with ``sum`` fusion.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import tensorflow as tf
 
-from embeddings.common import (
-    RATIO_TOLERANCE,
-    bits_for,
-    ceil_div,
-    check_choice,
-    check_common_args,
-    check_int,
-    check_ratio,
-    flat_ids,
-    log_distance,
-    pool_and_regularize,
-    ratio_or_raise,
-)
+from embeddings import common
+from embeddings.base import EmbeddingLayer
 
 SPLITS = ("succession", "skip")
 FUSIONS = ("sum", "concat")
@@ -64,7 +53,7 @@ MAX_ROWS = 1 << 32
 
 def block_positions(code_bits: int, block_bits: int, split: str) -> list[list[int]]:
     """Global bit positions of each block, in local order (``[j][k] = p_{j,k}``)."""
-    n = ceil_div(code_bits, block_bits)
+    n = common.ceil_div(code_bits, block_bits)
     if split == "succession":
         return [list(range(j * block_bits, min((j + 1) * block_bits, code_bits))) for j in range(n)]
     return [list(range(j, code_bits, n)) for j in range(n)]
@@ -87,11 +76,11 @@ def _table_layout(
 
 def default_code_bits(num_rows: int) -> int:
     """``bits(num_rows - 1) + 1`` (at most 63): the vocabulary ids plus as many unseen codes."""
-    return min(bits_for(num_rows) + 1, 63)
+    return min(common.bits_for(num_rows) + 1, 63)
 
 
 @tf.keras.utils.register_keras_serializable(package="stitchrec")
-class BinaryHashEmbedding(tf.keras.layers.Layer):
+class BinaryHashEmbedding(EmbeddingLayer):
     """BH embedding; see the module docstring for the formula.
 
     ids (codes) int ``[batch]`` -> ``[batch, dim]``; ragged ``[batch, None]`` -> ``[batch, dim]``
@@ -111,34 +100,34 @@ class BinaryHashEmbedding(tf.keras.layers.Layer):
       initializer: initializer of the table.
     """
 
+    #: the option that sets the table size, and the others ``options_for_ratio`` takes
+    size_options: ClassVar[tuple[str, ...]] = ("block_bits",)
+    ratio_options: ClassVar[tuple[str, ...]] = ("code_bits", "split", "fusion")
+
     def __init__(
         self,
         num_rows: int,
         dim: int,
-        combiner: str = "mean",
-        l2: float = 0.0,
         *,
         block_bits: int,
         code_bits: int | None = None,
         split: str = "succession",
         fusion: str = "sum",
-        initializer: str | dict = "truncated_normal",
         **kwargs: Any,
     ):
-        super().__init__(**kwargs)
-        check_common_args(num_rows, dim, combiner, l2)
-        needed = bits_for(num_rows)
+        super().__init__(num_rows, dim, **kwargs)
+        needed = common.bits_for(num_rows)
         if code_bits is None:
             code_bits = default_code_bits(num_rows)
-        check_int("code_bits", code_bits, 1, 63)
+        common.check_int("code_bits", code_bits, 1, 63)
         if code_bits < needed:
             raise ValueError(
                 f"code_bits={code_bits} cannot give the num_rows={num_rows} vocabulary ids "
                 f"distinct codes; it must be >= {needed}"
             )
-        check_int("block_bits", block_bits, 1, code_bits)
-        check_choice("split", split, SPLITS)
-        check_choice("fusion", fusion, FUSIONS)
+        common.check_int("block_bits", block_bits, 1, code_bits)
+        common.check_choice("split", split, SPLITS)
+        common.check_choice("fusion", fusion, FUSIONS)
         self.n_blocks, self.table_rows, self.block_dim = _table_layout(
             num_rows, dim, code_bits, block_bits, split, fusion
         )
@@ -147,15 +136,10 @@ class BinaryHashEmbedding(tf.keras.layers.Layer):
                 f"block_bits={block_bits} makes a table of {self.table_rows} rows, more than "
                 f"{MAX_ROWS}; use a smaller block_bits"
             )
-        self.num_rows = num_rows
-        self.dim = dim
-        self.combiner = combiner
-        self.l2 = float(l2)
         self.code_bits = code_bits
         self.block_bits = block_bits
         self.split = split
         self.fusion = fusion
-        self.initializer = tf.keras.initializers.get(initializer)
         blocks = block_positions(code_bits, block_bits, split)
         sizes = [len(b) for b in blocks]
         self.block_sizes = sizes
@@ -168,14 +152,9 @@ class BinaryHashEmbedding(tf.keras.layers.Layer):
             self._positions[j, : len(b)] = b
             self._weights[j, : len(b)] = [1 << k for k in range(len(b))]
 
-    def build(self, input_shape: Any) -> None:
-        self.table = self.add_weight(
-            name="table",
-            shape=(self.table_rows, self.block_dim),
-            initializer=self.initializer,
-            trainable=True,
-        )
-        super().build(input_shape)
+    @property
+    def table_shape(self) -> tuple[int, int]:
+        return (self.table_rows, self.block_dim)
 
     def block_indices(self, codes: tf.Tensor) -> tf.Tensor:
         """Table rows ``offset_j + v_j`` of each code: int64 ``[n, n_blocks]`` for codes ``[n]``."""
@@ -200,17 +179,12 @@ class BinaryHashEmbedding(tf.keras.layers.Layer):
 
     def call(self, ids: tf.Tensor | tf.RaggedTensor) -> tf.Tensor:
         # [n, n_blocks, bd]; embedding_lookup also reads a ShardedVariable shard by shard
-        rows = tf.nn.embedding_lookup(self.table, self.block_indices(flat_ids(ids)))
+        rows = tf.nn.embedding_lookup(self.table, self.block_indices(common.flat_ids(ids)))
         if self.fusion == "sum":
             vectors = tf.reduce_sum(rows, axis=1)
         else:
             vectors = tf.reshape(rows, [-1, self.dim])
-        return pool_and_regularize(self, ids, vectors, components=[rows])
-
-    def memory_bytes(self) -> dict[str, int]:
-        """float32 bytes of the block table: ``sum_j 2**t_j * block_dim * 4``."""
-        n = self.table_rows * self.block_dim * 4
-        return {"train": n, "serve": n}
+        return common.pool_and_regularize(self, ids, vectors, components=[rows])
 
     @staticmethod
     def options_for_ratio(
@@ -221,7 +195,7 @@ class BinaryHashEmbedding(tf.keras.layers.Layer):
         code_bits: int | None = None,
         split: str = "succession",
         fusion: str = "sum",
-        tolerance: float = RATIO_TOLERANCE,
+        tolerance: float = common.RATIO_TOLERANCE,
     ) -> dict[str, Any]:
         """The ``block_bits`` whose table bytes come closest (in log scale) to
         ``num_rows * dim * 4 / ratio``, with ``L = max(bits(num_rows - 1), code_bits)``.
@@ -231,13 +205,13 @@ class BinaryHashEmbedding(tf.keras.layers.Layer):
         ``skip`` balances the blocks, so its set is coarser than ``succession``'s. A ratio off
         the closest one by more than ``tolerance``x raises ValueError listing the set.
         """
-        check_common_args(num_rows, dim, "mean", 0.0)
-        check_choice("split", split, SPLITS)
-        check_choice("fusion", fusion, FUSIONS)
-        check_ratio(ratio, tolerance)
+        common.check_common_args(num_rows, dim, "mean", 0.0)
+        common.check_choice("split", split, SPLITS)
+        common.check_choice("fusion", fusion, FUSIONS)
+        common.check_ratio(ratio, tolerance)
         bits = default_code_bits(num_rows)
         if code_bits is not None:
-            bits = max(bits_for(num_rows), check_int("code_bits", code_bits, 1, 63))
+            bits = max(common.bits_for(num_rows), common.check_int("code_bits", code_bits, 1, 63))
         full = num_rows * dim * 4
         found: dict[int, int] = {}  # block_bits -> serve bytes
         for t in range(1, bits + 1):
@@ -252,9 +226,9 @@ class BinaryHashEmbedding(tf.keras.layers.Layer):
                 f"BinaryHashEmbedding: no block_bits fits dim={dim} with fusion {fusion!r} "
                 f"and code_bits={bits}"
             )
-        best = min(found, key=lambda t: (log_distance(full / found[t], ratio), t))
+        best = min(found, key=lambda t: (common.log_distance(full / found[t], ratio), t))
         reachable = sorted({float(f"{full / b:.3g}") for b in found.values()})
-        ratio_or_raise(
+        common.ratio_or_raise(
             f"BinaryHashEmbedding({split}, {fusion}, code_bits={bits})",
             num_rows,
             dim,
@@ -265,16 +239,10 @@ class BinaryHashEmbedding(tf.keras.layers.Layer):
         )
         return {"code_bits": bits, "block_bits": best, "split": split, "fusion": fusion}
 
-    def get_config(self) -> dict[str, Any]:
+    def options_config(self) -> dict[str, Any]:
         return {
-            **super().get_config(),
-            "num_rows": self.num_rows,
-            "dim": self.dim,
-            "combiner": self.combiner,
-            "l2": self.l2,
             "code_bits": self.code_bits,
             "block_bits": self.block_bits,
             "split": self.split,
             "fusion": self.fusion,
-            "initializer": tf.keras.initializers.serialize(self.initializer),
         }

@@ -1,7 +1,7 @@
 """One embedding layer per field, behind one call: ``{field: ids} -> {field: [batch, dim]}``.
 
-``EmbeddingCollection(tables)`` takes the per-field specs as plain dicts
-``{"name", "num_rows", "dim", "combiner", "method", "l2", "options"}``; ``method`` picks the layer
+``EmbeddingCollection(tables)`` takes one ``TableConfig`` per field (embeddings/table_config.py;
+its stored dict form is accepted too, as ``from_config`` passes it); ``method`` picks the layer
 class from ``EMBEDDING_METHODS`` and ``options`` are that method's own arguments, so a training
 config chooses the method per field. ``counts`` (``{field: training count per id}``, id 0 the
 OOV row) feeds the layers that learn from frequencies (AMTL); it is data, not config: a
@@ -13,19 +13,21 @@ compact inference form (AMTL rows truncated to their learned lengths) is replace
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import tensorflow as tf
 
 from embeddings.amtl import AMTLEmbedding
+from embeddings.base import EmbeddingLayer
 from embeddings.binary_hash import BinaryHashEmbedding
 from embeddings.full import FullEmbedding
 from embeddings.hashing import HashingEmbedding
+from embeddings.protocols import HasServingForm, LearnsFromCounts
 from embeddings.qr import QREmbedding
+from embeddings.table_config import TableConfig
 
-EMBEDDING_METHODS: dict[str, type[tf.keras.layers.Layer]] = {
+EMBEDDING_METHODS: dict[str, type[EmbeddingLayer]] = {
     "full": FullEmbedding,
     "hashing": HashingEmbedding,
     "qr": QREmbedding,
@@ -34,23 +36,19 @@ EMBEDDING_METHODS: dict[str, type[tf.keras.layers.Layer]] = {
 }
 
 
-def takes_counts(cls: type) -> bool:
-    return "counts" in inspect.signature(cls.__init__).parameters
-
-
 @tf.keras.utils.register_keras_serializable(package="stitchrec")
 class EmbeddingCollection(tf.keras.layers.Layer):
     """Per-field embedding layers; outputs keep the order of ``tables``.
 
     Args:
-      tables: one dict per field: ``name``, ``num_rows``, ``dim``, optional ``combiner``
-        (``mean``), ``method`` (``full``), ``l2`` (0) and ``options`` (method arguments).
-      counts: ``{field: count per id}`` for methods that take counts.
+      tables: one ``TableConfig`` (or its dict form) per field.
+      counts: ``{field: count per id}`` for the methods that learn from counts.
+      layers: ``{field: layer}`` to hold instead of building them from ``tables``.
     """
 
     def __init__(
         self,
-        tables: list[dict[str, Any]],
+        tables: Sequence[TableConfig | Mapping[str, Any]],
         counts: dict[str, Sequence[int]] | None = None,
         layers: dict[str, tf.keras.layers.Layer] | None = None,
         **kwargs: Any,
@@ -58,44 +56,29 @@ class EmbeddingCollection(tf.keras.layers.Layer):
         super().__init__(**kwargs)
         if not tables:
             raise ValueError("tables must hold at least one field")
-        names = [t.get("name") for t in tables]
+        self.tables = [TableConfig.of(t) for t in tables]
+        names = [t.name for t in self.tables]
         if len(set(names)) != len(names):
             raise ValueError(f"tables has duplicate field names: {names}")
-        self.tables = [dict(t) for t in tables]
         self.layers_by_field: dict[str, tf.keras.layers.Layer] = {}
         for i, t in enumerate(self.tables):
-            method = t.get("method", "full")
-            if method not in EMBEDDING_METHODS:
+            if t.method not in EMBEDDING_METHODS:
                 raise ValueError(
-                    f"field {t['name']!r}: embedding method {method!r} is not one of "
+                    f"field {t.name!r}: embedding method {t.method!r} is not one of "
                     f"{sorted(EMBEDDING_METHODS)}"
                 )
             if layers is not None:
-                self.layers_by_field[t["name"]] = layers[t["name"]]
+                self.layers_by_field[t.name] = layers[t.name]
                 continue
-            cls = EMBEDDING_METHODS[method]
-            options = dict(t.get("options") or {})
-            if takes_counts(cls) and counts is not None and t["name"] in counts:
-                options["counts"] = counts[t["name"]]
-            try:
-                self.layers_by_field[t["name"]] = cls(
-                    num_rows=t["num_rows"],
-                    dim=t["dim"],
-                    combiner=t.get("combiner", "mean"),
-                    l2=t.get("l2", 0.0),
-                    name=f"emb_{i:03d}",
-                    **options,
-                )
-            except (TypeError, ValueError) as e:
-                raise ValueError(f"field {t['name']!r}, embedding method {method!r}: {e}") from None
+            self.layers_by_field[t.name] = _build_layer(t, i, counts)
 
     @property
     def field_names(self) -> list[str]:
-        return [t["name"] for t in self.tables]
+        return [t.name for t in self.tables]
 
     @property
     def dims(self) -> list[int]:
-        return [t["dim"] for t in self.tables]
+        return [t.dim for t in self.tables]
 
     def call(self, ids: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
         missing = [n for n in self.field_names if n not in ids]
@@ -106,7 +89,7 @@ class EmbeddingCollection(tf.keras.layers.Layer):
     def serving_form(self) -> EmbeddingCollection:
         """The same fields with each layer's compact inference form where it has one."""
         layers = {
-            name: layer.serving_form() if hasattr(layer, "serving_form") else layer
+            name: layer.serving_form() if isinstance(layer, HasServingForm) else layer
             for name, layer in self.layers_by_field.items()
         }
         return EmbeddingCollection(self.tables, layers=layers, name=self.name)
@@ -122,4 +105,25 @@ class EmbeddingCollection(tf.keras.layers.Layer):
         return totals
 
     def get_config(self) -> dict[str, Any]:
-        return {**super().get_config(), "tables": self.tables}
+        return {**super().get_config(), "tables": [t.to_dict() for t in self.tables]}
+
+
+def _build_layer(
+    table: TableConfig, index: int, counts: dict[str, Sequence[int]] | None
+) -> tf.keras.layers.Layer:
+    """The layer of ``table`` (named ``emb_{index:03d}``), its counts passed when it takes them."""
+    cls = EMBEDDING_METHODS[table.method]
+    options = dict(table.options)
+    if issubclass(cls, LearnsFromCounts) and counts is not None and table.name in counts:
+        options["counts"] = counts[table.name]
+    try:
+        return cls(
+            num_rows=table.num_rows,
+            dim=table.dim,
+            combiner=table.combiner,
+            l2=table.l2,
+            name=f"emb_{index:03d}",
+            **options,
+        )
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"field {table.name!r}, embedding method {table.method!r}: {e}") from None

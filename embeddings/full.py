@@ -14,11 +14,9 @@ TensorFlow would silently return zeros there).
 
 from __future__ import annotations
 
-from typing import Any
-
 import tensorflow as tf
 
-from embeddings.common import check_common_args, flat_ids, pool_and_regularize
+from embeddings.base import EmbeddingLayer
 
 
 def oov_safe(ids: tf.Tensor, num_rows: int) -> tf.Tensor:
@@ -29,58 +27,14 @@ def oov_safe(ids: tf.Tensor, num_rows: int) -> tf.Tensor:
 
 
 @tf.keras.utils.register_keras_serializable(package="stitchrec")
-class FullEmbedding(tf.keras.layers.Layer):
+class FullEmbedding(EmbeddingLayer):
     """One ``dim``-vector per id: ``e(i) = W[i]``, W of shape ``[num_rows, dim]``.
 
-    Args:
-      num_rows: rows of the table, row 0 being the OOV row.
-      dim: embedding dimension.
-      combiner: pooling of multi-valued (ragged) ids: ``mean`` or ``sum``.
-      l2: L2 penalty on the rows looked up in a batch (added to the layer's losses).
-      initializer: initializer of the table.
+    Takes the arguments of ``EmbeddingLayer``: ``num_rows`` (row 0 the OOV row), ``dim``,
+    ``combiner`` (``mean`` or ``sum``), ``l2`` (penalty on the rows looked up) and
+    ``initializer`` (of the table).
     """
 
-    def __init__(
-        self,
-        num_rows: int,
-        dim: int,
-        combiner: str = "mean",
-        l2: float = 0.0,
-        initializer: str | dict = "truncated_normal",
-        **kwargs: Any,
-    ):
-        super().__init__(**kwargs)
-        check_common_args(num_rows, dim, combiner, l2)
-        self.num_rows = num_rows
-        self.dim = dim
-        self.combiner = combiner
-        self.l2 = float(l2)
-        self.initializer = tf.keras.initializers.get(initializer)
-
-    def build(self, input_shape: Any) -> None:
-        self.table = self.add_weight(
-            name="table",
-            shape=(self.num_rows, self.dim),
-            initializer=self.initializer,
-            trainable=True,
-        )
-        super().build(input_shape)
-
-    def call(self, ids: tf.Tensor | tf.RaggedTensor) -> tf.Tensor:
-        vectors = tf.nn.embedding_lookup(self.table, oov_safe(flat_ids(ids), self.num_rows))
-        return pool_and_regularize(self, ids, vectors)
-
-    def memory_bytes(self) -> dict[str, int]:
-        """Bytes of parameters training holds and serving must hold (float32 table)."""
-        n = self.num_rows * self.dim * 4
-        return {"train": n, "serve": n}
-
-    def get_config(self) -> dict[str, Any]:
-        return {
-            **super().get_config(),
-            "num_rows": self.num_rows,
-            "dim": self.dim,
-            "combiner": self.combiner,
-            "l2": self.l2,
-            "initializer": tf.keras.initializers.serialize(self.initializer),
-        }
+    def row_index(self, ids: tf.Tensor) -> tf.Tensor:
+        """The id itself, or 0 (the OOV row) outside ``[0, num_rows)``."""
+        return oov_safe(ids, self.num_rows)

@@ -21,39 +21,33 @@ bucket. With ``open_vocabulary=False`` they take the OOV path (bucket 0), like `
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import tensorflow as tf
 
-from embeddings.common import (
-    RATIO_TOLERANCE,
-    check_common_args,
-    check_int,
-    check_ratio,
-    flat_ids,
-    pool_and_regularize,
-    ratio_or_raise,
-)
+from embeddings import common
+from embeddings.base import EmbeddingLayer
 
-_GOLDEN = 0x9E3779B97F4A7C15
-_MIX1 = 0xBF58476D1CE4E5B9
-_MIX2 = 0x94D049BB133111EB
-_U64 = (1 << 64) - 1
+#: splitmix64 constants (also written into the generated C++ of compiler_opt.embedding_op)
+GOLDEN = 0x9E3779B97F4A7C15
+MIX1 = 0xBF58476D1CE4E5B9
+MIX2 = 0x94D049BB133111EB
+U64 = (1 << 64) - 1
 
 
 def splitmix64(x: tf.Tensor, seed: int = 0) -> tf.Tensor:
     """The splitmix64 output of ``x + (seed + 1) * golden`` (int64 in, uint64 out, wrapping)."""
     z = tf.bitcast(tf.cast(x, tf.int64), tf.uint64)
-    z = z + tf.constant(((seed + 1) * _GOLDEN) & _U64, tf.uint64)
+    z = z + tf.constant(((seed + 1) * GOLDEN) & U64, tf.uint64)
     z = tf.bitwise.bitwise_xor(z, tf.bitwise.right_shift(z, tf.constant(30, tf.uint64)))
-    z = z * tf.constant(_MIX1, tf.uint64)
+    z = z * tf.constant(MIX1, tf.uint64)
     z = tf.bitwise.bitwise_xor(z, tf.bitwise.right_shift(z, tf.constant(27, tf.uint64)))
-    z = z * tf.constant(_MIX2, tf.uint64)
+    z = z * tf.constant(MIX2, tf.uint64)
     return tf.bitwise.bitwise_xor(z, tf.bitwise.right_shift(z, tf.constant(31, tf.uint64)))
 
 
 @tf.keras.utils.register_keras_serializable(package="stitchrec")
-class HashingEmbedding(tf.keras.layers.Layer):
+class HashingEmbedding(EmbeddingLayer):
     """Hashing-trick embedding: ``e(i) = W[bucket(i)]``, ``W`` of shape ``[buckets, dim]``.
 
     ids int ``[batch]`` -> ``[batch, dim]``; ragged ``[batch, None]`` -> ``[batch, dim]`` pooled
@@ -70,42 +64,32 @@ class HashingEmbedding(tf.keras.layers.Layer):
       initializer: initializer of the table.
     """
 
+    #: the option that sets the table size, and the others ``options_for_ratio`` takes
+    size_options: ClassVar[tuple[str, ...]] = ("buckets",)
+    ratio_options: ClassVar[tuple[str, ...]] = ()
+
     def __init__(
         self,
         num_rows: int,
         dim: int,
-        combiner: str = "mean",
-        l2: float = 0.0,
         *,
         buckets: int,
         seed: int = 0,
         open_vocabulary: bool = True,
-        initializer: str | dict = "truncated_normal",
         **kwargs: Any,
     ):
-        super().__init__(**kwargs)
-        check_common_args(num_rows, dim, combiner, l2)
-        check_int("buckets", buckets, 1)
-        check_int("seed", seed, 0, (1 << 63) - 1)
+        super().__init__(num_rows, dim, **kwargs)
+        common.check_int("buckets", buckets, 1)
+        common.check_int("seed", seed, 0, (1 << 63) - 1)
         if not isinstance(open_vocabulary, bool):
             raise ValueError(f"open_vocabulary must be a bool, got {open_vocabulary!r}")
-        self.num_rows = num_rows
-        self.dim = dim
-        self.combiner = combiner
-        self.l2 = float(l2)
         self.buckets = buckets
         self.seed = seed
         self.open_vocabulary = open_vocabulary
-        self.initializer = tf.keras.initializers.get(initializer)
 
-    def build(self, input_shape: Any) -> None:
-        self.table = self.add_weight(
-            name="table",
-            shape=(self.buckets, self.dim),
-            initializer=self.initializer,
-            trainable=True,
-        )
-        super().build(input_shape)
+    @property
+    def table_shape(self) -> tuple[int, int]:
+        return (self.buckets, self.dim)
 
     def bucket(self, ids: tf.Tensor) -> tf.Tensor:
         """The bucket in ``[0, buckets)`` of each id (int64, same shape as ``ids``)."""
@@ -119,28 +103,22 @@ class HashingEmbedding(tf.keras.layers.Layer):
         b = 1 + tf.math.floormod(tf.bitcast(h, tf.int64), self.buckets - 1)
         return tf.where(oov, tf.zeros_like(b), b)
 
-    def call(self, ids: tf.Tensor | tf.RaggedTensor) -> tf.Tensor:
-        vectors = tf.nn.embedding_lookup(self.table, self.bucket(flat_ids(ids)))
-        return pool_and_regularize(self, ids, vectors)
-
-    def memory_bytes(self) -> dict[str, int]:
-        """float32 bytes of the ``[buckets, dim]`` table, for training and for serving."""
-        n = self.buckets * self.dim * 4
-        return {"train": n, "serve": n}
+    def row_index(self, ids: tf.Tensor) -> tf.Tensor:
+        return self.bucket(ids)
 
     @staticmethod
     def options_for_ratio(
-        num_rows: int, dim: int, ratio: float, *, tolerance: float = RATIO_TOLERANCE
+        num_rows: int, dim: int, ratio: float, *, tolerance: float = common.RATIO_TOLERANCE
     ) -> dict[str, Any]:
         """``{"buckets": round(num_rows / ratio)}`` (at least 1).
 
         Any ratio up to ``num_rows`` (one bucket) is reachable; beyond it by more than
         ``tolerance``x raises ValueError.
         """
-        check_common_args(num_rows, dim, "mean", 0.0)
-        check_ratio(ratio, tolerance)
+        common.check_common_args(num_rows, dim, "mean", 0.0)
+        common.check_ratio(ratio, tolerance)
         buckets = max(1, round(num_rows / ratio))
-        ratio_or_raise(
+        common.ratio_or_raise(
             "HashingEmbedding",
             num_rows,
             dim,
@@ -151,15 +129,5 @@ class HashingEmbedding(tf.keras.layers.Layer):
         )
         return {"buckets": buckets}
 
-    def get_config(self) -> dict[str, Any]:
-        return {
-            **super().get_config(),
-            "num_rows": self.num_rows,
-            "dim": self.dim,
-            "combiner": self.combiner,
-            "l2": self.l2,
-            "buckets": self.buckets,
-            "seed": self.seed,
-            "open_vocabulary": self.open_vocabulary,
-            "initializer": tf.keras.initializers.serialize(self.initializer),
-        }
+    def options_config(self) -> dict[str, Any]:
+        return {"buckets": self.buckets, "seed": self.seed, "open_vocabulary": self.open_vocabulary}

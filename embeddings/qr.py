@@ -28,22 +28,12 @@ product starts at the scale of a plain embedding and the quotient rows get full-
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 import tensorflow as tf
 
-from embeddings.common import (
-    RATIO_TOLERANCE,
-    ceil_div,
-    check_choice,
-    check_common_args,
-    check_int,
-    check_ratio,
-    flat_ids,
-    log_distance,
-    pool_and_regularize,
-    ratio_or_raise,
-)
+from embeddings import common
+from embeddings.base import EmbeddingLayer
 from embeddings.full import oov_safe
 
 OPERATIONS = ("mult", "add", "concat")
@@ -54,7 +44,7 @@ def _component_dim(dim: int, operation: str) -> int:
 
 
 @tf.keras.utils.register_keras_serializable(package="stitchrec")
-class QREmbedding(tf.keras.layers.Layer):
+class QREmbedding(EmbeddingLayer):
     """Quotient-remainder embedding; see the module docstring for the formula.
 
     ids int ``[batch]`` -> ``[batch, dim]``; ragged ``[batch, None]`` -> ``[batch, dim]`` pooled
@@ -74,32 +64,27 @@ class QREmbedding(tf.keras.layers.Layer):
         ``RandomNormal(1, 0.05)`` for ``mult``.
     """
 
+    #: the option that sets the table size, and the others ``options_for_ratio`` takes
+    size_options: ClassVar[tuple[str, ...]] = ("collisions",)
+    ratio_options: ClassVar[tuple[str, ...]] = ("operation",)
+
     def __init__(
         self,
         num_rows: int,
         dim: int,
-        combiner: str = "mean",
-        l2: float = 0.0,
         *,
         collisions: int,
         operation: str = "mult",
-        initializer: str | dict = "truncated_normal",
         remainder_initializer: str | dict | None = None,
         **kwargs: Any,
     ):
-        super().__init__(**kwargs)
-        check_common_args(num_rows, dim, combiner, l2)
-        check_int("collisions", collisions, 1)
-        check_choice("operation", operation, OPERATIONS)
+        super().__init__(num_rows, dim, **kwargs)
+        common.check_int("collisions", collisions, 1)
+        common.check_choice("operation", operation, OPERATIONS)
         if operation == "concat" and dim % 2:
             raise ValueError(f"dim must be even with operation 'concat', got {dim!r}")
-        self.num_rows = num_rows
-        self.dim = dim
-        self.combiner = combiner
-        self.l2 = float(l2)
         self.collisions = collisions
         self.operation = operation
-        self.initializer = tf.keras.initializers.get(initializer)
         if remainder_initializer is not None:
             self.remainder_initializer = tf.keras.initializers.get(remainder_initializer)
         elif operation == "mult":
@@ -111,13 +96,13 @@ class QREmbedding(tf.keras.layers.Layer):
 
     @property
     def quotient_rows(self) -> int:
-        return ceil_div(self.num_rows, self.collisions)
+        return common.ceil_div(self.num_rows, self.collisions)
 
     @property
     def component_dim(self) -> int:
         return _component_dim(self.dim, self.operation)
 
-    def build(self, input_shape: Any) -> None:
+    def create_weights(self) -> None:
         self.quotient = self.add_weight(
             name="quotient",
             shape=(self.quotient_rows, self.component_dim),
@@ -130,7 +115,6 @@ class QREmbedding(tf.keras.layers.Layer):
             initializer=self.remainder_initializer,
             trainable=True,
         )
-        super().build(input_shape)
 
     def indices(self, ids: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         """``(i // m, i mod m)`` after the OOV mapping (int64, shapes of ``ids``)."""
@@ -138,7 +122,7 @@ class QREmbedding(tf.keras.layers.Layer):
         return ids // self.collisions, tf.math.floormod(ids, self.collisions)
 
     def call(self, ids: tf.Tensor | tf.RaggedTensor) -> tf.Tensor:
-        q, r = self.indices(flat_ids(ids))
+        q, r = self.indices(common.flat_ids(ids))
         qv = tf.nn.embedding_lookup(self.quotient, q)
         rv = tf.nn.embedding_lookup(self.remainder, r)
         if self.operation == "mult":
@@ -147,7 +131,7 @@ class QREmbedding(tf.keras.layers.Layer):
             vectors = qv + rv
         else:
             vectors = tf.concat([qv, rv], axis=-1)
-        return pool_and_regularize(self, ids, vectors, components=[qv, rv])
+        return common.pool_and_regularize(self, ids, vectors, components=[qv, rv])
 
     def memory_bytes(self) -> dict[str, int]:
         """float32 bytes of both tables: ``(ceil(num_rows / m) + m) * d' * 4``."""
@@ -161,7 +145,7 @@ class QREmbedding(tf.keras.layers.Layer):
         ratio: float,
         *,
         operation: str = "mult",
-        tolerance: float = RATIO_TOLERANCE,
+        tolerance: float = common.RATIO_TOLERANCE,
     ) -> dict[str, Any]:
         """``{"collisions": m, "operation": operation}`` with ``m <= sqrt(num_rows)`` (the
         smaller table is the remainder one) bringing the bytes closest to
@@ -170,11 +154,11 @@ class QREmbedding(tf.keras.layers.Layer):
         Reachable: up to ``num_rows / (2 * ceil(sqrt(num_rows)))``, ~``sqrt(num_rows) / 2``
         (twice that with ``concat``); a ratio off by more than ``tolerance``x raises ValueError.
         """
-        check_common_args(num_rows, dim, "mean", 0.0)
-        check_choice("operation", operation, OPERATIONS)
+        common.check_common_args(num_rows, dim, "mean", 0.0)
+        common.check_choice("operation", operation, OPERATIONS)
         if operation == "concat" and dim % 2:
             raise ValueError(f"dim must be even with operation 'concat', got {dim!r}")
-        check_ratio(ratio, tolerance)
+        common.check_ratio(ratio, tolerance)
         cdim = _component_dim(dim, operation)
         target_rows = num_rows * dim / (ratio * cdim)
         root = max(1, math.isqrt(num_rows - 1) + 1)  # ceil(sqrt(num_rows))
@@ -186,11 +170,11 @@ class QREmbedding(tf.keras.layers.Layer):
             candidates.update({min(max(m + k, 1), root) for k in (-1, 0, 1)})
 
         def rows(m: int) -> int:
-            return ceil_div(num_rows, m) + m
+            return common.ceil_div(num_rows, m) + m
 
-        best = min(sorted(candidates), key=lambda m: log_distance(rows(m), target_rows))
+        best = min(sorted(candidates), key=lambda m: common.log_distance(rows(m), target_rows))
         max_ratio = num_rows * dim / (rows(root) * cdim)
-        ratio_or_raise(
+        common.ratio_or_raise(
             f"QREmbedding({operation})",
             num_rows,
             dim,
@@ -201,17 +185,13 @@ class QREmbedding(tf.keras.layers.Layer):
         )
         return {"collisions": best, "operation": operation}
 
+    def options_config(self) -> dict[str, Any]:
+        return {"collisions": self.collisions, "operation": self.operation}
+
     def get_config(self) -> dict[str, Any]:
         rem = self._remainder_initializer_arg
         return {
             **super().get_config(),
-            "num_rows": self.num_rows,
-            "dim": self.dim,
-            "combiner": self.combiner,
-            "l2": self.l2,
-            "collisions": self.collisions,
-            "operation": self.operation,
-            "initializer": tf.keras.initializers.serialize(self.initializer),
             "remainder_initializer": (
                 None if rem is None else tf.keras.initializers.serialize(self.remainder_initializer)
             ),

@@ -23,6 +23,7 @@ from tf_keras.src.saving.legacy.saved_model.utils import keras_option_scope
 
 from compiler_opt.embedding_op import assets as emb_assets
 from compiler_opt.embedding_op import layer as emb_layer
+from embeddings.protocols import HasServingForm
 from features.dataset import input_signature
 from features.schema import FeatureSpec, Schema
 from pipelines.run.model import load_trained_model
@@ -67,7 +68,7 @@ def export_saved_model(
       ValueError: ``kernels`` and no generated op could be built (no compiler, or no field
         covered): the export would not hold what was asked for.
     """
-    if getattr(model, "embedding", None) is not None and hasattr(model.embedding, "serving_form"):
+    if isinstance(getattr(model, "embedding", None), HasServingForm):
         model.embedding = model.embedding.serving_form()
     fused = None
     if kernels:

@@ -130,8 +130,8 @@ class PrerankConfig:
       reg_weight: weight of the complexity penalty sum_j alpha_j * theta_j on the mean loss.
         None (the default): the paper's 1/N, N the stage-1 training rows (the penalty is then
         the prior's term of the summed loss: a field stays if it saves alpha_j nats over the
-        whole training set). A fixed value (e.g. 0.01, the default before) selects harder and
-        can close a useful field's gate before its embedding has learned anything.
+        whole training set). A fixed value (e.g. 0.01) selects harder and can close a useful
+        field's gate before its embedding has learned anything.
       init_keep: starting keep probability of every field (the paper's 0.5).
       selection_learning_rate: learning rate of the keep logits (their own Adam; the model's
         weights use ``[train] learning_rate``), so the gates settle within a few epochs.

@@ -195,23 +195,8 @@ def select_fields(
       ValueError: the budget keeps no per-candidate field (it names the top one and what it
         needs), or every field is request-side.
     """
-    if budget not in BUDGET_KINDS:
-        raise ValueError(f"budget {budget!r} is not one of {list(BUDGET_KINDS)}")
-    if len(names) != len(keep_prob):
-        raise ValueError(f"{len(names)} names but {len(keep_prob)} keep probabilities")
-    if not names:
-        raise ValueError("no fields to select from")
-    if budget != "fields" and usage is None:
-        raise ValueError(f"budget {budget!r} needs a usage function")
-    unknown = sorted(set(request) - set(names))
-    if unknown:
-        raise ValueError(f"request fields {unknown} are not among the fields {list(names)}")
+    _check_selection(names, keep_prob, budget, usage, request)
     is_request = set(request)
-    if all(n in is_request for n in names):
-        raise ValueError(
-            f"every field {list(names)} is request-side: a pre-ranking model needs at least one "
-            f"per-candidate (item) field to order the candidates of a request"
-        )
     order = sorted(range(len(names)), key=lambda i: (-float(keep_prob[i]), i))
     base = [names[i] for i in order if names[i] in is_request]
 
@@ -225,63 +210,112 @@ def select_fields(
     decisions = []
     full = False
     for rank, i in enumerate(order, start=1):
-        name = names[i]
+        name, prob = names[i], float(keep_prob[i])
         if name in is_request:
-            decisions.append(
-                {
-                    "name": name,
-                    "rank": rank,
-                    "keep_prob": float(keep_prob[i]),
-                    "side": "request",
-                    "kept": True,
-                    "usage": base_used,
-                    "reason": (
-                        f"request-side: computed once per request, so always kept; the "
-                        f"request-side fields together use {budget} {base_used:g}"
-                    ),
-                }
-            )
+            decisions.append(_request_decision(name, rank, prob, budget, base_used))
             continue
-        trial = [*kept, name]
-        used = used_by(trial)
-        fits = not full and used <= budget_value
-        if fits:
+        used = used_by([*kept, name])
+        decision = _candidate_decision(name, rank, prob, budget, budget_value, used, full)
+        decisions.append(decision)
+        if decision["kept"]:
             kept.append(name)
-            reason = (
-                f"rank {rank} by keep probability; {budget} {used:g} <= budget {budget_value:g}"
-            )
-        elif full:
-            reason = f"rank {rank}: a higher-ranked field already exhausted the budget"
-        else:
-            full = True
-            reason = f"rank {rank}: keeping it needs {budget} {used:g} > budget {budget_value:g}"
-        decisions.append(
-            {
-                "name": name,
-                "rank": rank,
-                "keep_prob": float(keep_prob[i]),
-                "side": "candidate",
-                "kept": fits,
-                "usage": used,
-                "reason": reason,
-            }
-        )
+        full = full or not decision["kept"]
     if len(kept) == len(base):
-        top = next(d for d in decisions if d["side"] == "candidate")
-        if base:
-            raise ValueError(
-                f"the {budget} budget {budget_value:g} keeps no per-candidate field: the top "
-                f"one {top['name']!r} (keep probability {top['keep_prob']:.3f}) with the "
-                f"request-side fields {base} (always kept) needs {top['usage']:g}; raise "
-                f"budget_value"
-            )
-        raise ValueError(
-            f"the {budget} budget {budget_value:g} keeps no field: the top field "
-            f"{top['name']!r} (keep probability {top['keep_prob']:.3f}) alone "
-            f"needs {top['usage']:g}; raise budget_value"
-        )
+        _raise_nothing_kept(decisions, base, budget, budget_value)
     kept = [d["name"] for d in decisions if d["kept"]]
     return kept, decisions
+
+
+def _check_selection(
+    names: Sequence[str],
+    keep_prob: Sequence[float],
+    budget: str,
+    usage: Any,
+    request: Sequence[str],
+) -> None:
+    """Raises ValueError on the arguments of ``select_fields`` it cannot select with."""
+    if budget not in BUDGET_KINDS:
+        raise ValueError(f"budget {budget!r} is not one of {list(BUDGET_KINDS)}")
+    if len(names) != len(keep_prob):
+        raise ValueError(f"{len(names)} names but {len(keep_prob)} keep probabilities")
+    if not names:
+        raise ValueError("no fields to select from")
+    if budget != "fields" and usage is None:
+        raise ValueError(f"budget {budget!r} needs a usage function")
+    unknown = sorted(set(request) - set(names))
+    if unknown:
+        raise ValueError(f"request fields {unknown} are not among the fields {list(names)}")
+    if all(n in set(request) for n in names):
+        raise ValueError(
+            f"every field {list(names)} is request-side: a pre-ranking model needs at least one "
+            f"per-candidate (item) field to order the candidates of a request"
+        )
+
+
+def _request_decision(
+    name: str, rank: int, keep_prob: float, budget: str, base_used: float
+) -> dict[str, Any]:
+    """The decision of a request-side field: always kept."""
+    return {
+        "name": name,
+        "rank": rank,
+        "keep_prob": keep_prob,
+        "side": "request",
+        "kept": True,
+        "usage": base_used,
+        "reason": (
+            f"request-side: computed once per request, so always kept; the "
+            f"request-side fields together use {budget} {base_used:g}"
+        ),
+    }
+
+
+def _candidate_decision(
+    name: str,
+    rank: int,
+    keep_prob: float,
+    budget: str,
+    budget_value: float,
+    used: float,
+    full: bool,
+) -> dict[str, Any]:
+    """The decision of a per-candidate field that would bring the usage to ``used``; ``full``:
+    a higher-ranked field already did not fit."""
+    fits = not full and used <= budget_value
+    if fits:
+        reason = f"rank {rank} by keep probability; {budget} {used:g} <= budget {budget_value:g}"
+    elif full:
+        reason = f"rank {rank}: a higher-ranked field already exhausted the budget"
+    else:
+        reason = f"rank {rank}: keeping it needs {budget} {used:g} > budget {budget_value:g}"
+    return {
+        "name": name,
+        "rank": rank,
+        "keep_prob": keep_prob,
+        "side": "candidate",
+        "kept": fits,
+        "usage": used,
+        "reason": reason,
+    }
+
+
+def _raise_nothing_kept(
+    decisions: list[dict[str, Any]], base: list[str], budget: str, budget_value: float
+) -> None:
+    """The ValueError of a budget that keeps no per-candidate field, naming the top one."""
+    top = next(d for d in decisions if d["side"] == "candidate")
+    if base:
+        raise ValueError(
+            f"the {budget} budget {budget_value:g} keeps no per-candidate field: the top "
+            f"one {top['name']!r} (keep probability {top['keep_prob']:.3f}) with the "
+            f"request-side fields {base} (always kept) needs {top['usage']:g}; raise "
+            f"budget_value"
+        )
+    raise ValueError(
+        f"the {budget} budget {budget_value:g} keeps no field: the top field "
+        f"{top['name']!r} (keep probability {top['keep_prob']:.3f}) alone "
+        f"needs {top['usage']:g}; raise budget_value"
+    )
 
 
 @tf.keras.utils.register_keras_serializable(package="stitchrec")

@@ -20,13 +20,14 @@ standard models from a ``ModelConfig``:
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 import tensorflow as tf
 import tensorflow_recommenders as tfrs
 
 from embeddings.collection import EMBEDDING_METHODS, EmbeddingCollection
+from embeddings.protocols import RatioSized
+from embeddings.table_config import TableConfig
 from ranking.blocks import MLP, ConcatInteraction, CrossInteraction, FMInteraction, LinearTerm
 from ranking.config import MODEL_TYPES, ModelConfig
 
@@ -186,18 +187,14 @@ def _sized_options(
         return None  # a small field: a full table costs little and loses nothing
     explicit = {k: v for k, v in config.embedding_options.get(method, {}).items() if k != "codes"}
     cls = EMBEDDING_METHODS[method]
-    sizer = getattr(cls, "options_for_ratio", None)
-    if config.embedding_compression > 1 and sizer:
+    if not isinstance(cls, RatioSized):
+        return explicit
+    if config.embedding_compression > 1:
         # explicit options that change the size (split, fusion, operation, ...) size it too
-        accepted = inspect.signature(sizer).parameters
-        given = {k: v for k, v in explicit.items() if k in accepted}
-        return {**sizer(num_rows, dim, config.embedding_compression, **given), **explicit}
-    required = [
-        name
-        for name, p in inspect.signature(cls.__init__).parameters.items()
-        if p.kind == p.KEYWORD_ONLY and p.default is p.empty
-    ]
-    if any(name not in explicit for name in required):
+        given = {k: v for k, v in explicit.items() if k in cls.ratio_options}
+        sized = cls.options_for_ratio(num_rows, dim, config.embedding_compression, **given)
+        return {**sized, **explicit}
+    if any(name not in explicit for name in cls.size_options):
         return None  # nothing to size it by (no compression, no explicit size): full table
     return explicit
 
@@ -217,8 +214,8 @@ def embedding_tables(
     dim_of: Any,
     combiners: dict[str, str],
     wide: bool = False,
-) -> list[dict[str, Any]]:
-    """One table spec per embedded field: method, options and size (see ``ModelConfig``).
+) -> list[TableConfig]:
+    """One table config per embedded field: method, options and size (see ``ModelConfig``).
 
     ``wide``: the dimension-1 weights of the linear term, where a learned length is moot, so
     ``amtl`` fields get full weight tables there.
@@ -232,15 +229,15 @@ def embedding_tables(
             method = "full"
         options = _sized_options(config, method, rows, dim)
         tables.append(
-            {
-                "name": name,
-                "num_rows": rows,
-                "dim": dim,
-                "combiner": combiners.get(name, "mean"),
-                "method": method,
-                "l2": config.l2,
-                "options": options,
-            }
+            TableConfig(
+                name=name,
+                num_rows=rows,
+                dim=dim,
+                combiner=combiners.get(name, "mean"),
+                method=method,
+                l2=config.l2,
+                options=options,
+            )
         )
     return tables
 

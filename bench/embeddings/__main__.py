@@ -143,7 +143,7 @@ def run_one(
         "embedding_serve_bytes": trained.embedding.memory_bytes()["serve"],
         "saved_model_variable_bytes": saved_model_bytes(saved)["variables"],
         "seconds": round(time.time() - t0, 1),
-        "methods": {t["name"]: [t["method"], t["options"]] for t in trained.embedding.tables},
+        "methods": {t.name: [t.method, dict(t.options)] for t in trained.embedding.tables},
     }
     (out / "bench.json").write_text(json.dumps(result, indent=1))
     return result

@@ -4,7 +4,7 @@ table rows of an id, the pointers to them, the pieces of a field's vector, its g
 from __future__ import annotations
 
 from compiler_opt.embedding_op.spec import FieldSpec, KernelSpec
-from embeddings.hashing import _GOLDEN, _U64
+from embeddings.hashing import GOLDEN, U64
 
 #: C++ of a kernel's Compute: the table variables through their handles, read-locked, their
 #: dtypes and shapes checked, their data pointers in ``tables`` (CPU and GPU kernels)
@@ -37,7 +37,7 @@ def row_code(f: FieldSpec, var: str) -> list[str]:
         buckets = p["buckets"]
         if buckets == 1:
             return ["const int64_t r0 = 0;"]
-        seed_add = ((p["seed"] + 1) * _GOLDEN) & _U64
+        seed_add = ((p["seed"] + 1) * GOLDEN) & U64
         oov = f"{var} <= 0" + ("" if p["open_vocabulary"] else f" || {var} >= {n}LL")
         return [f"const int64_t r0 = HashBucket({var}, 0x{seed_add:X}ULL, {buckets}LL, {oov});"]
     if f.method == "qr":

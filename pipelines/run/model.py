@@ -12,6 +12,7 @@ from typing import Any
 import tensorflow as tf
 
 from compiler_opt import table_fusion
+from embeddings.protocols import WarmStartable
 from features.crosses.pcf_artifact import GRAPH_DIR, PCFArtifact
 from features.crosses.pcf_graph import PairGraph
 from features.dataset import field_tf_dtype, make_dataset
@@ -163,7 +164,7 @@ def _copy_embeddings(dst: Any, src: Any, run_dir: str) -> None:
         other = src.layers_by_field[name]
         if type(layer) is type(other):
             layer.set_weights(other.get_weights())
-        elif hasattr(layer, "warm_start_from") and hasattr(other, "table"):
+        elif isinstance(layer, WarmStartable) and hasattr(other, "table"):
             layer.warm_start_from(other.table.numpy())
         else:
             raise ValueError(

@@ -23,6 +23,7 @@ from compiler_opt.table_fusion import (
     to_unfused,
 )
 from embeddings.collection import EmbeddingCollection
+from embeddings.table_config import TableConfig
 
 TABLES = [
     {"name": "a", "num_rows": 50, "dim": 4},
@@ -275,7 +276,7 @@ def test_config_and_saved_model_round_trip(tmp_path):
     _, fused = plain_and_fused()
     ids = make_ids(3)
     config = fused.get_config()
-    assert config["tables"] == TABLES
+    assert config["tables"] == [TableConfig.from_dict(t).to_dict() for t in TABLES]
     clone = tf.keras.layers.deserialize(json.loads(json.dumps(tf.keras.layers.serialize(fused))))
     assert type(clone) is HorizontalEmbeddingCollection
     assert clone.checkpoint_mapping() == fused.checkpoint_mapping()

@@ -46,7 +46,7 @@ def test_method_trains_exports_and_serves_the_same_scores(tiny_data, method):
     report = train(cfg, log=lambda _: None)
     assert report["test"]["auc"] > 0.6
     model, schema, _ = load_trained_model(cfg.output_dir)
-    methods = {t["name"]: t["method"] for t in model.embedding.tables}
+    methods = {t.name: t.method for t in model.embedding.tables}
     assert methods["user"] == method and methods["age"] == "full"  # numeric buckets stay full
     files = list_parquet(tiny_data["test"])
     _, expected = predict(make_scorer(model, schema), schema, files)
@@ -79,11 +79,11 @@ def test_per_field_method_in_every_model(tiny_data, model):
     assert report["test"]["auc"] > 0.6
     trained, _, _ = load_trained_model(cfg.output_dir)
     if trained.embedding is not None:
-        methods = {t["name"]: t["method"] for t in trained.embedding.tables}
+        methods = {t.name: t.method for t in trained.embedding.tables}
         assert methods == {"user": "bh", "item": "qr", "tags": "hashing", "age": "full"}
     wide = trained.wide.field_weights if trained.wide is not None else None
     if wide is not None:
-        assert {t["name"]: t["method"] for t in wide.tables}["user"] == "bh"
+        assert {t.name: t.method for t in wide.tables}["user"] == "bh"
 
 
 def test_config_names_every_registered_method_and_sizes_with_explicit_options(tiny_data):
@@ -108,10 +108,10 @@ def test_config_names_every_registered_method_and_sizes_with_explicit_options(ti
         compress_min_rows=10,
         embedding_dim=8,
     )
-    tables = {t["name"]: t for t in embedding_tables(config, pre, lambda _: 8, {})}
-    assert tables["item"]["options"]["operation"] == "concat"
-    assert tables["user"]["options"]["fusion"] == "concat"
-    assert tables["tags"]["method"] == "full"  # 5 rows < compress_min_rows
+    tables = {t.name: t for t in embedding_tables(config, pre, lambda _: 8, {})}
+    assert tables["item"].options["operation"] == "concat"
+    assert tables["user"].options["fusion"] == "concat"
+    assert tables["tags"].method == "full"  # 5 rows < compress_min_rows
     del cfg
 
 
@@ -130,7 +130,7 @@ def test_warm_start_puts_amtl_behind_the_trained_full_tables(tiny_data):
     assert any(line.startswith("warm start from") for line in lines)
     source, schema, _ = load_trained_model(full.output_dir)
     amtl, _, _ = load_trained_model(cfg.output_dir)
-    assert {t["method"] for t in amtl.embedding.tables} == {"amtl", "full"}
+    assert {t.method for t in amtl.embedding.tables} == {"amtl", "full"}
     files = list_parquet(tiny_data["test"])
     _, a = predict(make_scorer(source, schema), schema, files)
     _, b = predict(make_scorer(amtl, schema), schema, files)
