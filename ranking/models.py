@@ -35,10 +35,17 @@ __all__ = ["MODEL_TYPES", "ModelConfig", "RankingModel", "build_model"]
 
 
 def ranking_task() -> tfrs.tasks.Ranking:
-    """Binary cross-entropy on logits, with AUC and log loss metrics."""
+    """Binary cross-entropy on logits, with AUC and log loss metrics.
+
+    For labels and logits of shape ``[batch]`` the loss is their mean binary cross-entropy (the
+    loss function averages over the last axis), so it needs no reduction of its own:
+    ``Reduction.NONE`` gives the same value as a batch mean and keeps the task usable inside a
+    ``tf.distribute`` strategy, where the training step scales each replica's mean to the
+    global batch (``pipelines.run.step``).
+    """
     return tfrs.tasks.Ranking(
         loss=tf.keras.losses.BinaryCrossentropy(
-            from_logits=True, reduction=tf.keras.losses.Reduction.SUM_OVER_BATCH_SIZE
+            from_logits=True, reduction=tf.keras.losses.Reduction.NONE
         ),
         metrics=[
             tf.keras.metrics.AUC(from_logits=True, name="auc", num_thresholds=1000),
@@ -54,11 +61,19 @@ class ClickModel(tfrs.models.Model):
     label: str
     task: tfrs.tasks.Ranking
 
+    def task_loss(self, labels: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
+        """The task's loss of ``logits`` ``[batch]`` against ``labels`` ``[batch]``: the mean
+        binary cross-entropy, a scalar (metrics not updated). The training step and
+        ``compute_loss`` both take the loss from here."""
+        return self.task(labels=labels, predictions=logits, compute_metrics=False)
+
     def compute_loss(self, features: dict[str, tf.Tensor], training: bool = False) -> tf.Tensor:
+        """The tfrs ``Model`` contract (Keras ``fit``/``evaluate``): the task loss of the batch;
+        outside training the task's metrics are updated too."""
         logits = self(features, training=training)
-        return self.task(
-            labels=features[self.label], predictions=logits, compute_metrics=not training
-        )
+        if training:
+            return self.task_loss(features[self.label], logits)
+        return self.task(labels=features[self.label], predictions=logits, compute_metrics=True)
 
     def score(self, features: dict[str, tf.Tensor]) -> tf.Tensor:
         """Click probabilities ``[batch]``."""

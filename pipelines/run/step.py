@@ -1,5 +1,5 @@
-"""The one training step: the model's task loss (``tfrs.tasks.Ranking``, mean binary
-cross-entropy on logits) plus its added losses (embedding L2, FSCD's penalty), one optimizer
+"""The one training step: the model's task loss (``ClickModel.task_loss``: its
+``tfrs.tasks.Ranking``, mean binary cross-entropy on logits) plus its added losses (embedding L2, FSCD's penalty), one optimizer
 update. ``stitchrec train`` (one process, multi-worker mirrored, parameter servers), the
 pre-ranking stages and the benchmarks all train with it.
 
@@ -21,13 +21,6 @@ from typing import Any
 import tensorflow as tf
 
 Forward = Callable[[], tf.Tensor]
-
-
-def _task_loss(model: tf.keras.Model, labels: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
-    """The model's task loss (its ``tfrs`` Task, the loss ``compute_loss`` returns): the mean
-    over the rows, metrics not updated."""
-    task = model.task
-    return task(labels=labels, predictions=logits, compute_metrics=False)
 
 
 def optimizer_step(
@@ -54,7 +47,7 @@ def optimizer_step(
     gates = list(gates)
     with tf.GradientTape() as tape:
         logits = forward()
-        loss = _task_loss(model, labels, logits)
+        loss = model.task_loss(labels, logits)
         if rows_scale is not None:  # an empty slice of a short batch contributes nothing
             loss = tf.where(rows_scale > 0, loss, tf.zeros_like(loss)) * rows_scale
         added = None
@@ -114,9 +107,6 @@ def make_train_step(
     if strategy is None:
         signature = None if element_spec is None else [element_spec]
         return tf.function(whole_batch, input_signature=signature)
-    # the Task's mean over a replica's rows, scaled here to the global batch (as Keras does
-    # for the losses it manages under a strategy)
-    model.task._loss._allow_sum_over_batch_size = True
     if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
 
         @tf.function(reduce_retracing=True)
