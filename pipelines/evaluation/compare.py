@@ -481,17 +481,10 @@ class ABOptions:
     workers: int = 1
 
 
-def run_ab(opts: ABOptions, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Reads the logs and both sources, compares, writes ab.json / ab.html under ``output``."""
-    t0 = time.perf_counter()
-    logs = sources.load_logs(
-        opts.data,
-        opts.schema,
-        row_id=opts.row_id,
-        sources=[opts.control, opts.treatment],
-        max_bad_rows=opts.max_bad_rows,
-    )
-    log(f"logs: {logs.n:,} rows, {int(logs.labels.sum()):,} clicks from {logs.description}")
+def _score_logs(
+    opts: ABOptions, logs: sources.Logs
+) -> tuple[dict[str, sources.ScoreSource], dict[str, np.ndarray]]:
+    """The control and treatment sources, and their ``[n]`` scores of the logged rows."""
     srcs = {
         m: sources.open_source(
             spec,
@@ -510,6 +503,48 @@ def run_ab(opts: ABOptions, log: Callable[[str], None] = print) -> dict[str, Any
                 f"{m} source {src.name} returned {s.size} scores for {logs.n} logged rows"
             )
         scores[m] = s
+    return srcs, scores
+
+
+def _off_policy_of(
+    opts: ABOptions,
+    logs: sources.Logs,
+    srcs: Mapping[str, sources.ScoreSource],
+    log: Callable[[str], None],
+) -> tuple[dict[str, Any], float]:
+    """``off_policy`` of both sources and the extra ``opts.policies``, and its seconds."""
+    if not opts.action:
+        raise ValueError("off-policy estimates need --action (the logged action field)")
+    policies = dict(srcs)
+    for p in opts.policies:
+        policies[p] = sources.open_source(p, action=opts.action)
+    t0 = time.perf_counter()
+    estimates = off_policy(
+        logs,
+        policies,
+        action=opts.action,
+        propensity=opts.propensity,
+        temperature=opts.temperature,
+        reward_folds=opts.reward_folds,
+        resamples=max(opts.resamples, 200),
+        seed=opts.seed,
+        log=log,
+    )
+    return estimates, time.perf_counter() - t0
+
+
+def run_ab(opts: ABOptions, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Reads the logs and both sources, compares, writes ab.json / ab.html under ``output``."""
+    t0 = time.perf_counter()
+    logs = sources.load_logs(
+        opts.data,
+        opts.schema,
+        row_id=opts.row_id,
+        sources=[opts.control, opts.treatment],
+        max_bad_rows=opts.max_bad_rows,
+    )
+    log(f"logs: {logs.n:,} rows, {int(logs.labels.sum()):,} clicks from {logs.description}")
+    srcs, scores = _score_logs(opts, logs)
     t_scores = time.perf_counter() - t0
     for name in [opts.group, *opts.slices]:
         if name is not None and name not in logs.table.column_names:
@@ -542,24 +577,9 @@ def run_ab(opts: ABOptions, log: Callable[[str], None] = print) -> dict[str, Any
     result["verdict"] = verdict(result, opts.primary)
     result["timing_s"]["scoring"] = t_scores
     if opts.propensity:
-        if not opts.action:
-            raise ValueError("off-policy estimates need --action (the logged action field)")
-        policies = dict(srcs)
-        for p in opts.policies:
-            policies[p] = sources.open_source(p, action=opts.action)
-        t1 = time.perf_counter()
-        result["off_policy"] = off_policy(
-            logs,
-            policies,
-            action=opts.action,
-            propensity=opts.propensity,
-            temperature=opts.temperature,
-            reward_folds=opts.reward_folds,
-            resamples=max(opts.resamples, 200),
-            seed=opts.seed,
-            log=log,
+        result["off_policy"], result["timing_s"]["off_policy"] = _off_policy_of(
+            opts, logs, srcs, log
         )
-        result["timing_s"]["off_policy"] = time.perf_counter() - t1
     result["timing_s"]["total"] = time.perf_counter() - t0
     result = clean_json(result)
     if opts.output:
