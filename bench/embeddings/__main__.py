@@ -2,6 +2,8 @@
 
     .venv/bin/python -m bench.embeddings --dataset movielens --seeds 0 1 2
     .venv/bin/python -m bench.embeddings --dataset synthetic --seeds 0 --rows 2000000
+    .venv/bin/python -m bench.embeddings --plan-only     # the runs it would train, as JSON lines
+    .venv/bin/python -m bench.embeddings --plot-only     # redraw the plot from results.json
 
 Every method trains the same model with the same budget on the same split; only the embedding
 layer of the large categorical fields changes:
@@ -43,6 +45,22 @@ ROOT = Path(__file__).resolve().parents[2]
 SIZED_METHODS = ("hashing", "qr", "bh")
 RATIOS = (2, 10, 100, 1000)
 
+MODELS = {
+    # only movieId (8,959 rows) is compressed; userId (611), genres and time buckets stay full
+    "movielens": ModelConfig(
+        type="dcn_v2",
+        embedding_dim=24,
+        mlp=(128, 64),
+        cross_layers=3,
+        l2=1e-4,
+        compress_min_rows=1000,
+    ),
+    # only C3 (about 1.17M rows) is compressed; the other fields keep full tables
+    "synthetic": ModelConfig(
+        type="dnn", embedding_dim=16, mlp=(256, 128), compress_min_rows=100_000
+    ),
+}
+
 RSS_SCRIPT = """
 import json, sys
 import pipelines
@@ -79,26 +97,17 @@ def serving_rss_mb(model_dir: Path | None, data_dir: Path) -> float:
     return json.loads(out.strip().splitlines()[-1])["rss_kb"] / 1024
 
 
-def movielens(work: Path, shared: Path) -> tuple[DataConfig, ModelConfig, TrainConfig]:
+def movielens(work: Path, shared: Path) -> tuple[DataConfig, TrainConfig]:
     data = DataConfig(
         schema="movielens",
         raw=(str(shared / "movielens-latest-small" / "ratings.csv"),),
         test_fraction=0.2,
         split_seed=0,
     )
-    # only movieId (8,959 rows) is compressed; userId (611), genres and time buckets stay full
-    model = ModelConfig(
-        type="dcn_v2",
-        embedding_dim=24,
-        mlp=(128, 64),
-        cross_layers=3,
-        l2=1e-4,
-        compress_min_rows=1000,
-    )
-    return data, model, TrainConfig(batch_size=256, epochs=3, learning_rate=1e-3, log_every=10**6)
+    return data, TrainConfig(batch_size=256, epochs=3, learning_rate=1e-3, log_every=10**6)
 
 
-def large_synthetic(work: Path, rows: int) -> tuple[DataConfig, ModelConfig, TrainConfig]:
+def large_synthetic(work: Path, rows: int) -> tuple[DataConfig, TrainConfig]:
     """Criteo layout with C3 made huge and flat: 4M values, Zipf 0.5 (about 1.4M distinct in
     2M rows), every value seen once kept in its vocabulary (min_count 1)."""
     data_dir = work / "synthetic-data"
@@ -118,9 +127,7 @@ def large_synthetic(work: Path, rows: int) -> tuple[DataConfig, ModelConfig, Tra
         train=(str(data_dir / "train"),),
         test=(str(data_dir / "test"),),
     )
-    # only C3 (about 1.17M rows) is compressed; the other fields keep full tables
-    model = ModelConfig(type="dnn", embedding_dim=16, mlp=(256, 128), compress_min_rows=100_000)
-    return data, model, TrainConfig(batch_size=2048, epochs=1, learning_rate=2e-3, log_every=10**6)
+    return data, TrainConfig(batch_size=2048, epochs=1, learning_rate=2e-3, log_every=10**6)
 
 
 def run_one(
@@ -206,7 +213,7 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--dataset", choices=["movielens", "synthetic"], default="movielens")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -221,17 +228,46 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--out", default=str(ROOT / "runs" / "bench" / "embeddings"))
     p.add_argument("--shared", default=str(ROOT.parent / "shared" / "data"))
-    args = p.parse_args(argv)
-    work = Path(args.out) / args.dataset
-    work.mkdir(parents=True, exist_ok=True)
-    if args.dataset == "movielens":
-        data, model, tc = movielens(work, Path(args.shared))
-    else:
-        data, model, tc = large_synthetic(work, args.rows)
+    p.add_argument(
+        "--plan-only",
+        action="store_true",
+        help="print the planned runs (one JSON object a line) and exit without training",
+    )
+    p.add_argument(
+        "--plot-only",
+        action="store_true",
+        help="redraw the plot from the dataset's results.json under --out and exit",
+    )
+    return p.parse_args(argv)
 
+
+def print_plan(runs: list[tuple[str, str, ModelConfig]]) -> None:
+    """One JSON object a line per planned run: its method, ratio tag and embedding settings."""
+    for method, ratio, mc in runs:
+        print(
+            json.dumps(
+                {
+                    "method": method,
+                    "ratio": ratio,
+                    "embedding_method": mc.embedding_method,
+                    "embedding_compression": mc.embedding_compression,
+                    "embedding_options": mc.embedding_options,
+                }
+            )
+        )
+
+
+def sweep(
+    work: Path,
+    data: DataConfig,
+    runs: list[tuple[str, str, ModelConfig]],
+    tc: TrainConfig,
+    seeds: list[int],
+) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """Every planned run for every seed; a method stops at the first ratio it cannot reach."""
     results: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for method, ratio, mc in plan(model, tuple(args.ratios), tuple(args.amtl_penalties)):
-        for seed in args.seeds:
+    for method, ratio, mc in runs:
+        for seed in seeds:
             tag = f"{method}-{ratio}-seed{seed}"
             try:
                 r = run_one(work, data, mc, dataclasses.replace(tc, seed=seed), tag)
@@ -244,16 +280,17 @@ def main(argv: list[str] | None = None) -> int:
                 f"({r['seconds']} s)",
                 flush=True,
             )
+    return results
 
+
+def summary_rows(
+    work: Path, results: dict[tuple[str, str], list[dict[str, Any]]], test_dir: Path
+) -> tuple[list[dict[str, Any]], str]:
+    """One row per (method, ratio) with its means over seeds, and the largest field's name."""
     full_serve = statistics.mean(r["embedding_serve_bytes"] for r in results[("full", "1")])
     full_fields = field_serve_bytes(work / "runs" / results[("full", "1")][0]["tag"])
     largest = max(full_fields, key=full_fields.get)
     full_auc = statistics.mean(r["auc"] for r in results[("full", "1")])
-    test_dir = (
-        Path(data.test[0])
-        if data.test
-        else work / "runs" / f"full-1-seed{args.seeds[0]}" / "data" / "test"
-    )
     rss_base = serving_rss_mb(None, test_dir)
     rows = []
     for (method, ratio), rs in results.items():
@@ -278,13 +315,17 @@ def main(argv: list[str] | None = None) -> int:
                 "serving_rss_mb": serving_rss_mb(export, test_dir) - rss_base,
             }
         )
+    return rows, largest
+
+
+def print_table(rows: list[dict[str, Any]], dataset: str, seeds: list[int], largest: str) -> None:
     header = (
         f"{'method':8s} {'target':>7s} {'ratio':>8s} {largest + ' ratio':>14s} "
         f"{'AUC mean':>9s} {'± std':>7s} "
         f"{'vs full':>8s} {'serve B':>13s} {'SavedModel var B':>17s} {'RSS MB':>8s}"
     )
     print(
-        f"\n{args.dataset}: seeds {args.seeds}; ratio: all embedding bytes serving holds, "
+        f"\n{dataset}: seeds {seeds}; ratio: all embedding bytes serving holds, "
         f"against full; {largest} ratio: that field's table alone"
     )
     print(header)
@@ -295,9 +336,36 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['auc_std']:7.4f} {r['auc_vs_full']:8.4f} {r['serve_bytes']:13,.0f} "
             f"{r['saved_model_variable_bytes']:17,d} {r['serving_rss_mb']:8.1f}"
         )
-    (work / "results.json").write_text(json.dumps(rows, indent=1))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    work = Path(args.out) / args.dataset
     png = work / f"auc_vs_serving_bytes_{args.dataset}.png"
-    plot(rows, png, f"{args.dataset}: test AUC against serving bytes")
+    title = f"{args.dataset}: test AUC against serving bytes"
+    if args.plot_only:
+        plot(json.loads((work / "results.json").read_text()), png, title)
+        print(f"wrote {png}")
+        return 0
+    runs = plan(MODELS[args.dataset], tuple(args.ratios), tuple(args.amtl_penalties))
+    if args.plan_only:
+        print_plan(runs)
+        return 0
+    work.mkdir(parents=True, exist_ok=True)
+    if args.dataset == "movielens":
+        data, tc = movielens(work, Path(args.shared))
+    else:
+        data, tc = large_synthetic(work, args.rows)
+    results = sweep(work, data, runs, tc, args.seeds)
+    test_dir = (
+        Path(data.test[0])
+        if data.test
+        else work / "runs" / f"full-1-seed{args.seeds[0]}" / "data" / "test"
+    )
+    rows, largest = summary_rows(work, results, test_dir)
+    print_table(rows, args.dataset, args.seeds, largest)
+    (work / "results.json").write_text(json.dumps(rows, indent=1))
+    plot(rows, png, title)
     print(f"\nwrote {work / 'results.json'} and {png}")
     return 0
 

@@ -36,7 +36,6 @@ are the search, random-cross and model seeds. Results: JSON at ``--out``, tables
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import statistics
@@ -51,6 +50,7 @@ import pyarrow as pa
 import pipelines  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow loads)
 from features import synthetic, synthetic_config
 from features.crosses import fives_config, fives_encoding, fives_search
+from features.crosses.cross_columns import feature_columns, mi_pairs, one_hot
 from features.dataset import list_parquet
 from features.schema import Schema, load_schema
 from ranking.metrics import auc
@@ -78,59 +78,6 @@ def mean_std(values: list[float]) -> dict[str, float]:
 # ---------------------------------------------------------------------------------------------
 
 
-def tuple_keys(ids: np.ndarray, cols: list[int], sizes: list[int]) -> np.ndarray:
-    key = np.zeros(len(ids), np.int64)
-    for c in cols:
-        key = key * sizes[c] + ids[:, c]
-    return key
-
-
-def index_values(train: np.ndarray, test: np.ndarray, min_count: int = 2, cap: int = 0):
-    """Column ids 1.. of values seen ``min_count`` times in ``train`` (most frequent first,
-    at most ``cap``), 0 for the rest."""
-    values, counts = np.unique(train, return_counts=True)
-    keep = values[counts >= min_count]
-    if cap and keep.size > cap:
-        kept_counts = counts[counts >= min_count]
-        keep = np.sort(keep[np.argsort(-kept_counts, kind="stable")[:cap]])
-
-    def lookup(x: np.ndarray) -> np.ndarray:
-        pos = np.searchsorted(keep, x)
-        pos = np.minimum(pos, max(keep.size - 1, 0))
-        found = keep.size > 0
-        return np.where(found & (keep[pos] == x), pos + 1, 0) if found else np.zeros_like(x)
-
-    return lookup(train), lookup(test), keep.size + 1
-
-
-def feature_columns(
-    x_tr: np.ndarray, x_te: np.ndarray, sizes: list[int], crosses: list[list[int]], cap: int = 0
-) -> tuple[list[np.ndarray], list[np.ndarray], list[int]]:
-    """Per column (fields, then crosses): train ids, test ids, cardinality."""
-    tr, te, card = [], [], []
-    for c in range(x_tr.shape[1]):
-        a, b, n = index_values(x_tr[:, c], x_te[:, c], min_count=1, cap=cap)
-        tr.append(a), te.append(b), card.append(n)
-    for cols in crosses:
-        a, b, n = index_values(
-            tuple_keys(x_tr, cols, sizes), tuple_keys(x_te, cols, sizes), cap=cap
-        )
-        tr.append(a), te.append(b), card.append(n)
-    return tr, te, card
-
-
-def one_hot(cols: list[np.ndarray], card: list[int]) -> Any:
-    """Column ids -> a CSR one-hot matrix [rows, sum(card)]."""
-    from scipy import sparse
-
-    offsets = np.cumsum([0, *card[:-1]])
-    rows = np.repeat(np.arange(len(cols[0])), len(cols))
-    idx = (np.stack(cols, 1) + offsets).ravel()
-    return sparse.csr_matrix(
-        (np.ones(idx.size, np.float32), (rows, idx)), shape=(len(cols[0]), sum(card))
-    )
-
-
 def fit_lr(tr, te, card, y_tr, y_te, seed: int) -> float:
     from sklearn.linear_model import LogisticRegression
 
@@ -152,30 +99,6 @@ def fit_xgb(tr, te, card, y_tr, y_te, seed: int) -> float:
     )
     model.fit(one_hot(tr, card), y_tr)
     return auc(y_te, model.predict_proba(one_hot(te, card))[:, 1])
-
-
-def mi_pairs(x: np.ndarray, y: np.ndarray, sizes: list[int], n: int) -> list[list[int]]:
-    """The ``n`` pairs of highest interaction information I(y; a,b) - I(y; a) - I(y; b),
-    each plug-in MI less its Miller-Madow bias (cells - 1) / (2 N) (in nats)."""
-    yb = (y > 0.5).astype(np.int64)
-
-    def mi(key: np.ndarray) -> float:
-        _, inv = np.unique(key, return_inverse=True)
-        joint = np.bincount(inv * 2 + yb, minlength=2 * (inv.max() + 1)).reshape(-1, 2)
-        total = joint.sum()
-        px, py = joint.sum(1, keepdims=True) / total, joint.sum(0, keepdims=True) / total
-        pxy = joint / total
-        nz = pxy > 0
-        value = float(np.sum(pxy[nz] * np.log(pxy[nz] / (px @ py)[nz])))
-        return value - (joint.shape[0] - 1) / (2 * total)
-
-    single = [mi(x[:, c]) for c in range(x.shape[1])]
-    scores = []
-    for a, b in itertools.combinations(range(x.shape[1]), 2):
-        gain = mi(tuple_keys(x, [a, b], sizes)) - single[a] - single[b]
-        scores.append((gain, [a, b]))
-    scores.sort(key=lambda t: -t[0])
-    return [cols for _, cols in scores[:n]]
 
 
 def random_crosses(

@@ -89,6 +89,215 @@ def _grouped(
     return out
 
 
+@dataclass
+class _Builder:
+    """The rows, both models' scores and the bootstrap kernels collected scope by scope."""
+
+    y: np.ndarray
+    scores: dict[str, np.ndarray]
+    bins: int
+    resamples: int
+    kernels: dict[tuple[str, str, str], bootstrap.Kernel] = field(default_factory=dict)
+
+    def add_rows(self, scope: _Scope, rows: np.ndarray | None, both_classes: bool) -> None:
+        """Row metrics (AUC, logloss, calibration, mean score) of ``rows`` (None: all)."""
+        yy = self.y if rows is None else self.y[rows]
+        for m in MODELS:
+            s = self.scores[m] if rows is None else self.scores[m][rows]
+            cal = metrics.calibration(yy, s, self.bins)
+            scope.points[m].update(
+                {
+                    "auc": metrics.auc(yy, s) if both_classes else float("nan"),
+                    "logloss": metrics.logloss(yy, s),
+                    "ece": cal.ece,
+                    "calibration_ratio": cal.ratio,
+                    "mean_score": float(s.mean()),
+                }
+            )
+            scope.points[m]["_calibration"] = cal.to_dict()  # type: ignore[assignment]
+            if self.resamples:
+                self.kernels[(scope.name, "*rows", m)] = bootstrap.RowKernel(
+                    self.y, self.scores[m], self.bins, rows, auc=both_classes
+                )
+        scope.metrics += ["auc", "logloss", "ece", "calibration_ratio", "mean_score"]
+
+    def add_groups(
+        self,
+        scope: _Scope,
+        per_model: dict[str, dict[str, metrics.GroupValues]],
+        sel: np.ndarray | None,
+        cell_group: np.ndarray | None,
+    ) -> dict[str, int]:
+        """Group metrics (GAUC, NDCG@k, recall@k) of the cells ``sel`` (None: all); returns
+        how many groups each metric scored."""
+        counts = {}
+        for m in MODELS:
+            for name, gv in per_model[m].items():
+                if sel is not None:
+                    gv = metrics.GroupValues(gv.values[sel], gv.weights[sel], gv.valid[sel])
+                scope.points[m][name] = gv.mean()
+                counts[name] = int(gv.valid.sum())
+                if self.resamples:
+                    cg = None if cell_group is None else cell_group[sel]
+                    self.kernels[(scope.name, name, m)] = bootstrap.GroupKernel(gv, cg)
+        scope.metrics += list(per_model["control"])
+        return counts
+
+
+def _slice_flags(rows: int, positives: int, min_slice_rows: int) -> list[str]:
+    flags = []
+    if rows < min_slice_rows:
+        flags.append(f"too few rows ({rows} < {min_slice_rows})")
+    if positives == 0 or positives == rows:
+        flags.append(f"single class ({'all clicks' if positives else 'no clicks'}): AUC undefined")
+    return flags
+
+
+def _slice_scopes(
+    b: _Builder,
+    fname: str,
+    values: np.ndarray,
+    group: tuple[np.ndarray, int] | None,
+    ks: Sequence[int],
+    min_slice_rows: int,
+    max_slice_values: int,
+    numeric_slice_bins: int,
+) -> tuple[str, list[tuple[_Scope, dict[str, Any]]]]:
+    """How one slice field was cut, and a scope with its row info per slice."""
+    n = b.y.size
+    if len(values) != n:
+        raise ValueError(f"slice field {fname!r} has {len(values)} values for {n} rows")
+    codes, labels_, how = _slice_codes(values, max_slice_values, numeric_slice_bins)
+    cell_group = cell_code = per_model_cells = None
+    if group is not None:
+        pair = group[0] * len(labels_) + codes
+        uniq_pairs, cells = np.unique(pair, return_inverse=True)
+        cells = cells.ravel()
+        cell_group = uniq_pairs // len(labels_)
+        cell_code = uniq_pairs % len(labels_)
+        per_model_cells = {
+            m: _grouped(cells, uniq_pairs.size, b.y, b.scores[m], ks) for m in MODELS
+        }
+    items = []
+    for code, lab in enumerate(labels_):
+        rows = np.flatnonzero(codes == code)
+        pos = int(b.y[rows].sum())
+        scope = _Scope(f"slice:{fname}={lab}")
+        if rows.size:
+            b.add_rows(scope, rows, 0 < pos < rows.size)
+            if per_model_cells is not None:
+                b.add_groups(scope, per_model_cells, cell_code == code, cell_group)
+        flags = _slice_flags(rows.size, pos, min_slice_rows)
+        items.append(
+            (scope, {"value": lab, "rows": int(rows.size), "positives": pos, "flags": flags})
+        )
+    return how, items
+
+
+def _overall_scope(
+    b: _Builder, group: tuple[np.ndarray, int] | None, ks: Sequence[int]
+) -> tuple[_Scope, dict[str, Any]]:
+    """The scope of all rows, and the group counts (empty without groups)."""
+    overall = _Scope("overall")
+    b.add_rows(overall, None, metrics.both_classes(b.y))
+    if group is None:
+        return overall, {}
+    per_model = {m: _grouped(group[0], group[1], b.y, b.scores[m], ks) for m in MODELS}
+    counts = b.add_groups(overall, per_model, None, None)
+    return overall, {"groups": group[1], "scored_groups": counts}
+
+
+def _overall_result(
+    b: _Builder, overall: _Scope, boot: Mapping[tuple[str, str, str], np.ndarray], level: float
+) -> dict[str, Any]:
+    return {
+        "metrics": _diffs(overall, boot, level),
+        "calibration": {m: overall.points[m]["_calibration"] for m in MODELS},
+        "reliability": {m: metrics.reliability(b.y, b.scores[m], b.bins) for m in MODELS},
+    }
+
+
+def _bootstrap_values(
+    b: _Builder,
+    group: tuple[np.ndarray, int] | None,
+    seed: int,
+    unit: str,
+    workers: int | None,
+) -> dict[tuple[str, str, str], np.ndarray]:
+    """Every kernel's resampled values by (scope, metric, model), none without resamples; a
+    kernel of several metrics (the row kernels) is spread into one entry per metric."""
+    boot: dict[tuple[str, str, str], np.ndarray] = {}
+    if not b.resamples:
+        return boot
+    gidx, n_groups = group if group is not None else (None, 0)
+    res = bootstrap.Resampler(b.y.size, b.resamples, seed, gidx, n_groups, unit)
+    for key, val in bootstrap.run(b.kernels, res, workers).items():
+        if isinstance(val, dict):
+            for sub, v in val.items():
+                boot[(key[0], sub, key[2])] = v
+        else:
+            boot[key] = val
+    return boot
+
+
+def _diffs(
+    scope: _Scope, boot: Mapping[tuple[str, str, str], np.ndarray], level: float
+) -> dict[str, Any]:
+    """Control, treatment, delta and (when bootstrapped) its interval and verdict per metric."""
+    out = {}
+    for name in scope.metrics:
+        c, t = scope.points["control"][name], scope.points["treatment"][name]
+        bc = boot.get((scope.name, name, "control"))
+        bt = boot.get((scope.name, name, "treatment"))
+        if bc is None or bt is None:
+            out[name] = {
+                "control": c,
+                "treatment": t,
+                "delta": t - c,
+                "ci_low": None,
+                "ci_high": None,
+                "p_value": None,
+                "verdict": "undefined" if not math.isfinite(t - c) else "not bootstrapped",
+                "resamples": 0,
+            }
+        else:
+            out[name] = bootstrap.difference(name, c, t, bc, bt, level).to_dict()
+    return out
+
+
+def _slice_results(
+    how: str,
+    items: list[tuple[_Scope, dict[str, Any]]],
+    boot: Mapping[tuple[str, str, str], np.ndarray],
+    level: float,
+) -> dict[str, Any]:
+    entries = []
+    for scope, info in items:
+        info = dict(info)
+        info["metrics"] = _diffs(scope, boot, level) if info["rows"] else {}
+        entries.append(info)
+    return {"how": how, "flagged": sum(1 for e in entries if e["flags"]), "slices": entries}
+
+
+def _check_inputs(
+    labels: np.ndarray,
+    control: np.ndarray,
+    treatment: np.ndarray,
+    groups: np.ndarray | None,
+    ks: Sequence[int],
+) -> tuple[np.ndarray, dict[str, np.ndarray], tuple[np.ndarray, int] | None]:
+    """(labels, scores by model, (group index, number of groups) or None), checked."""
+    y, sc = metrics.check_labels_scores(labels, control, "control scores")
+    _, st = metrics.check_labels_scores(labels, treatment, "treatment scores")
+    if any(k < 1 for k in ks):
+        raise ValueError(f"k for NDCG@k / recall@k must be >= 1, got {list(ks)}")
+    if groups is None:
+        return y, {"control": sc, "treatment": st}, None
+    if len(groups) != y.size:
+        raise ValueError(f"group field has {len(groups)} values for {y.size} rows")
+    return y, {"control": sc, "treatment": st}, metrics.group_index(groups)
+
+
 def compare_scores(
     labels: np.ndarray,
     control: np.ndarray,
@@ -118,143 +327,16 @@ def compare_scores(
       workers: threads for the bootstrap kernels (None: one per CPU, at most 8).
     """
     t0 = time.perf_counter()
-    y, sc = metrics.check_labels_scores(labels, control, "control scores")
-    _, st = metrics.check_labels_scores(labels, treatment, "treatment scores")
-    n = y.size
-    if any(k < 1 for k in ks):
-        raise ValueError(f"k for NDCG@k / recall@k must be >= 1, got {list(ks)}")
-    scores = {"control": sc, "treatment": st}
-    gidx, n_groups = (None, 0)
-    if groups is not None:
-        if len(groups) != n:
-            raise ValueError(f"group field has {len(groups)} values for {n} rows")
-        gidx, n_groups = metrics.group_index(groups)
-
-    kernels: dict[tuple[str, str, str], bootstrap.Kernel] = {}
-    scopes: list[_Scope] = []
-
-    def add_row_scope(scope: _Scope, rows: np.ndarray | None, both_classes: bool) -> None:
-        yy = y if rows is None else y[rows]
-        for m in MODELS:
-            s = scores[m] if rows is None else scores[m][rows]
-            cal = metrics.calibration(yy, s, bins)
-            scope.points[m].update(
-                {
-                    "auc": metrics.auc(yy, s) if both_classes else float("nan"),
-                    "logloss": metrics.logloss(yy, s),
-                    "ece": cal.ece,
-                    "calibration_ratio": cal.ratio,
-                    "mean_score": float(s.mean()),
-                }
-            )
-            scope.points[m]["_calibration"] = cal.to_dict()  # type: ignore[assignment]
-            if resamples:
-                kernels[(scope.name, "*rows", m)] = bootstrap.RowKernel(
-                    y, scores[m], bins, rows, auc=both_classes
-                )
-        scope.metrics += ["auc", "logloss", "ece", "calibration_ratio", "mean_score"]
-
-    def add_group_scope(
-        scope: _Scope,
-        per_model: dict[str, dict[str, metrics.GroupValues]],
-        sel: np.ndarray | None,
-        cell_group: np.ndarray | None,
-    ) -> dict[str, int]:
-        counts = {}
-        for m in MODELS:
-            for name, gv in per_model[m].items():
-                if sel is not None:
-                    gv = metrics.GroupValues(gv.values[sel], gv.weights[sel], gv.valid[sel])
-                scope.points[m][name] = gv.mean()
-                counts[name] = int(gv.valid.sum())
-                if resamples:
-                    cg = None if cell_group is None else cell_group[sel]
-                    kernels[(scope.name, name, m)] = bootstrap.GroupKernel(gv, cg)
-        scope.metrics += list(per_model["control"])
-        return counts
-
-    overall = _Scope("overall")
-    add_row_scope(overall, None, metrics.both_classes(y))
-    group_info: dict[str, Any] = {}
-    if gidx is not None:
-        per_model = {m: _grouped(gidx, n_groups, y, scores[m], ks) for m in MODELS}
-        counts = add_group_scope(overall, per_model, None, None)
-        group_info = {"groups": n_groups, "scored_groups": counts}
-    scopes.append(overall)
-
-    slice_out: dict[str, Any] = {}
-    slice_scopes: dict[str, list[tuple[_Scope, dict[str, Any]]]] = {}
-    for fname, values in (slices or {}).items():
-        if len(values) != n:
-            raise ValueError(f"slice field {fname!r} has {len(values)} values for {n} rows")
-        codes, labels_, how = _slice_codes(values, max_slice_values, numeric_slice_bins)
-        cells = cell_group = None
-        per_model_cells = None
-        if gidx is not None:
-            pair = gidx * len(labels_) + codes
-            uniq_pairs, cells = np.unique(pair, return_inverse=True)
-            cells = cells.ravel()
-            cell_group = uniq_pairs // len(labels_)
-            cell_code = uniq_pairs % len(labels_)
-            per_model_cells = {
-                m: _grouped(cells, uniq_pairs.size, y, scores[m], ks) for m in MODELS
-            }
-        slice_scopes[fname] = []
-        slice_out[fname] = {"how": how, "slices": []}
-        for code, lab in enumerate(labels_):
-            rows = np.flatnonzero(codes == code)
-            pos = int(y[rows].sum())
-            flags = []
-            if rows.size < min_slice_rows:
-                flags.append(f"too few rows ({rows.size} < {min_slice_rows})")
-            if pos == 0 or pos == rows.size:
-                flags.append(
-                    f"single class ({'all clicks' if pos else 'no clicks'}): AUC undefined"
-                )
-            scope = _Scope(f"slice:{fname}={lab}")
-            if rows.size:
-                add_row_scope(scope, rows, 0 < pos < rows.size)
-                if per_model_cells is not None:
-                    add_group_scope(scope, per_model_cells, cell_code == code, cell_group)
-            info = {"value": lab, "rows": int(rows.size), "positives": pos, "flags": flags}
-            slice_scopes[fname].append((scope, info))
-            scopes.append(scope)
+    y, scores, group = _check_inputs(labels, control, treatment, groups, ks)
+    b = _Builder(y, scores, bins, resamples)
+    overall, group_info = _overall_scope(b, group, ks)
+    cut = (min_slice_rows, max_slice_values, numeric_slice_bins)
+    sliced = {f: _slice_scopes(b, f, v, group, ks, *cut) for f, v in (slices or {}).items()}
     t_points = time.perf_counter() - t0
-
-    boot: dict[tuple[str, str, str], np.ndarray] = {}
-    if resamples:
-        res = bootstrap.Resampler(n, resamples, seed, gidx, n_groups, unit)
-        for key, val in bootstrap.run(kernels, res, workers).items():
-            if isinstance(val, dict):
-                for sub, v in val.items():
-                    boot[(key[0], sub, key[2])] = v
-            else:
-                boot[key] = val
+    boot = _bootstrap_values(b, group, seed, unit, workers)
     t_boot = time.perf_counter() - t0 - t_points
-
-    def diffs(scope: _Scope) -> dict[str, Any]:
-        out = {}
-        for name in scope.metrics:
-            c, t = scope.points["control"][name], scope.points["treatment"][name]
-            bc = boot.get((scope.name, name, "control"))
-            bt = boot.get((scope.name, name, "treatment"))
-            if bc is None or bt is None:
-                out[name] = {
-                    "control": c,
-                    "treatment": t,
-                    "delta": t - c,
-                    "ci_low": None,
-                    "ci_high": None,
-                    "p_value": None,
-                    "verdict": "undefined" if not math.isfinite(t - c) else "not bootstrapped",
-                    "resamples": 0,
-                }
-            else:
-                out[name] = bootstrap.difference(name, c, t, bc, bt, level).to_dict()
-        return out
-
-    result: dict[str, Any] = {
-        "rows": n,
+    return {
+        "rows": y.size,
         "positives": int(y.sum()),
         "settings": {
             "resamples": resamples,
@@ -265,27 +347,13 @@ def compare_scores(
             "k": list(ks),
             "min_slice_rows": min_slice_rows,
         },
-        "overall": {
-            "metrics": diffs(overall),
-            "calibration": {m: overall.points[m]["_calibration"] for m in MODELS},
-            "reliability": {m: metrics.reliability(y, scores[m], bins) for m in MODELS},
-        },
+        "overall": _overall_result(b, overall, boot, level),
         "groups": group_info or None,
-        "slices": {},
+        "slices": {
+            f: _slice_results(how, items, boot, level) for f, (how, items) in sliced.items()
+        },
+        "timing_s": {"points": t_points, "bootstrap": t_boot},
     }
-    for fname, items in slice_scopes.items():
-        entries = []
-        for scope, info in items:
-            info = dict(info)
-            info["metrics"] = diffs(scope) if info["rows"] else {}
-            entries.append(info)
-        result["slices"][fname] = {
-            "how": slice_out[fname]["how"],
-            "flagged": sum(1 for e in entries if e["flags"]),
-            "slices": entries,
-        }
-    result["timing_s"] = {"points": t_points, "bootstrap": t_boot}
-    return result
 
 
 def verdict(result: Mapping[str, Any], primary: str) -> dict[str, Any]:
@@ -413,17 +481,10 @@ class ABOptions:
     workers: int = 1
 
 
-def run_ab(opts: ABOptions, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Reads the logs and both sources, compares, writes ab.json / ab.html under ``output``."""
-    t0 = time.perf_counter()
-    logs = sources.load_logs(
-        opts.data,
-        opts.schema,
-        row_id=opts.row_id,
-        sources=[opts.control, opts.treatment],
-        max_bad_rows=opts.max_bad_rows,
-    )
-    log(f"logs: {logs.n:,} rows, {int(logs.labels.sum()):,} clicks from {logs.description}")
+def _score_logs(
+    opts: ABOptions, logs: sources.Logs
+) -> tuple[dict[str, sources.ScoreSource], dict[str, np.ndarray]]:
+    """The control and treatment sources, and their ``[n]`` scores of the logged rows."""
     srcs = {
         m: sources.open_source(
             spec,
@@ -442,6 +503,48 @@ def run_ab(opts: ABOptions, log: Callable[[str], None] = print) -> dict[str, Any
                 f"{m} source {src.name} returned {s.size} scores for {logs.n} logged rows"
             )
         scores[m] = s
+    return srcs, scores
+
+
+def _off_policy_of(
+    opts: ABOptions,
+    logs: sources.Logs,
+    srcs: Mapping[str, sources.ScoreSource],
+    log: Callable[[str], None],
+) -> tuple[dict[str, Any], float]:
+    """``off_policy`` of both sources and the extra ``opts.policies``, and its seconds."""
+    if not opts.action:
+        raise ValueError("off-policy estimates need --action (the logged action field)")
+    policies = dict(srcs)
+    for p in opts.policies:
+        policies[p] = sources.open_source(p, action=opts.action)
+    t0 = time.perf_counter()
+    estimates = off_policy(
+        logs,
+        policies,
+        action=opts.action,
+        propensity=opts.propensity,
+        temperature=opts.temperature,
+        reward_folds=opts.reward_folds,
+        resamples=max(opts.resamples, 200),
+        seed=opts.seed,
+        log=log,
+    )
+    return estimates, time.perf_counter() - t0
+
+
+def run_ab(opts: ABOptions, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Reads the logs and both sources, compares, writes ab.json / ab.html under ``output``."""
+    t0 = time.perf_counter()
+    logs = sources.load_logs(
+        opts.data,
+        opts.schema,
+        row_id=opts.row_id,
+        sources=[opts.control, opts.treatment],
+        max_bad_rows=opts.max_bad_rows,
+    )
+    log(f"logs: {logs.n:,} rows, {int(logs.labels.sum()):,} clicks from {logs.description}")
+    srcs, scores = _score_logs(opts, logs)
     t_scores = time.perf_counter() - t0
     for name in [opts.group, *opts.slices]:
         if name is not None and name not in logs.table.column_names:
@@ -474,24 +577,9 @@ def run_ab(opts: ABOptions, log: Callable[[str], None] = print) -> dict[str, Any
     result["verdict"] = verdict(result, opts.primary)
     result["timing_s"]["scoring"] = t_scores
     if opts.propensity:
-        if not opts.action:
-            raise ValueError("off-policy estimates need --action (the logged action field)")
-        policies = dict(srcs)
-        for p in opts.policies:
-            policies[p] = sources.open_source(p, action=opts.action)
-        t1 = time.perf_counter()
-        result["off_policy"] = off_policy(
-            logs,
-            policies,
-            action=opts.action,
-            propensity=opts.propensity,
-            temperature=opts.temperature,
-            reward_folds=opts.reward_folds,
-            resamples=max(opts.resamples, 200),
-            seed=opts.seed,
-            log=log,
+        result["off_policy"], result["timing_s"]["off_policy"] = _off_policy_of(
+            opts, logs, srcs, log
         )
-        result["timing_s"]["off_policy"] = time.perf_counter() - t1
     result["timing_s"]["total"] = time.perf_counter() - t0
     result = clean_json(result)
     if opts.output:
