@@ -7,6 +7,8 @@
   Keras layer), ``fives_readout`` (crosses read off a trained network), ``fives_screen`` (the
   interaction screen merged into the ranking) and ``fives_search`` (the search itself).
 * ``interaction_screen``: an exhaustive weighted-ANOVA test of every field pair or triple.
+* ``cross_columns``: cross columns of a table as integer ids and one-hot matrices, and pairwise
+  mutual information (the baselines that searched crosses are compared against).
 * PCF-GNN pre-training (SIGIR'21): ``pcf_config`` (settings), ``pcf_graph`` (the pair graph),
   ``pcf_build`` (building it from record batches), ``pcf_gnn`` (the GNN and its training) and
   ``pcf_artifact`` (the serving artifact).
