@@ -7,6 +7,7 @@ click probabilities, the ceiling any model can reach on this data.
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 import time
@@ -110,3 +111,15 @@ def run_demo(
     for line in lines:
         log(line)
     return summary
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """``stitchrec demo`` (flags in ``pipelines.cli_args``)."""
+    run_demo(
+        rows=args.rows,
+        output=args.output,
+        model=args.model,
+        epochs=args.epochs,
+        log=lambda msg: print(msg, flush=True),
+    )
+    return 0
