@@ -32,6 +32,7 @@ from typing import Any
 from features.crosses.pcf_build import build_graph
 from features.crosses.pcf_gnn import pretrain
 from features.dataset import list_parquet
+from features.schema import FeatureKind
 from pipelines.config import ConfigError, load_config
 from pipelines.run.data import prepare_data
 from pipelines.run.paths import RunPaths
@@ -72,6 +73,12 @@ def run_pcf_gnn(cfg: Any, log: Any = _print) -> dict[str, Any]:
                 raise ConfigError(
                     f"[pair_stats] pairs: {f!r} is not a field of schema {schema.name!r}; "
                     f"fields: {schema.names}"
+                )
+            kind = schema.field(f).kind
+            if kind not in (FeatureKind.CATEGORICAL, FeatureKind.MULTI_CATEGORICAL):
+                raise ConfigError(
+                    f"[pair_stats] pairs: {list(p)}: {f!r} is {kind.value}; pairs need "
+                    f"categorical or multi_categorical fields"
                 )
     t0 = time.time()
     graph = build_graph(
