@@ -1,4 +1,13 @@
-"""The ``stitchrec`` command line: demo, generate, convert, stats, train, export, evaluate."""
+"""The ``stitchrec`` command line and the pipelines behind it (``pipelines.cli``).
+
+Commands: ``demo`` (the whole pipeline on synthetic data), ``generate`` (the synthetic
+Criteo-layout dataset), ``convert`` (raw files to Parquet shards), ``stats`` (vocabularies and
+numeric statistics), ``train`` (a model from a TOML config), ``export`` (a run's SavedModel,
+or a pre-ranking + ranking cascade), ``evaluate`` (AUC and log loss of a SavedModel),
+``crosses fives`` (FIVES search for feature crosses), ``crosses pcf-gnn`` (pair graph and
+PCF-GNN pre-training), ``serve`` (the gRPC model server), ``ab`` (offline A/B comparison of two
+models on logged data) and ``fuse explain`` (the fusion plan of a SavedModel signature).
+"""
 
 import os
 

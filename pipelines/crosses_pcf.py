@@ -17,6 +17,7 @@ split or ``graph_data``, pre-trains (``features.crosses.pcf_gnn.pretrain``) and 
 ``graph/`` (the pair counts; the table baseline reads them) and ``report.json``.
 ``stitchrec train`` with the same config then adds the pair statistics as dense model inputs
 (``pipelines.run.model.pair_stats_layer``), computed inside the exported SavedModel from raw features.
+The flags are defined in ``pipelines.cli_args``.
 """
 
 from __future__ import annotations
@@ -28,26 +29,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from features.crosses.pcf_build import build_graph
+from features.crosses.pcf_gnn import pretrain
+from features.dataset import list_parquet
+from features.schema import FeatureKind
 from pipelines.config import ConfigError, load_config
+from pipelines.run.data import prepare_data
 from pipelines.run.paths import RunPaths
 
 REPORT_FILE = "report.json"
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "pcf-gnn",
-        help="build the pair graph and pre-train PCF-GNN (config section [pair_stats])",
-    )
-    p.add_argument("--config", required=True, help="training config with a [pair_stats] section")
-    p.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config value, e.g. --set pair_stats.steps=100",
-    )
-    p.set_defaults(func=cmd_pcf_gnn)
 
 
 def _print(msg: str) -> None:
@@ -68,12 +58,6 @@ def cmd_pcf_gnn(args: argparse.Namespace) -> int:
 def run_pcf_gnn(cfg: Any, log: Any = _print) -> dict[str, Any]:
     """Builds the graph and pre-trains PCF-GNN for ``cfg`` (a ``PipelineConfig``); returns the
     report also written to ``<artifact>/report.json``."""
-    # TensorFlow and the graph code load only when the command runs, off `stitchrec --help`
-    from features.crosses.pcf_build import build_graph
-    from features.crosses.pcf_gnn import pretrain
-    from features.dataset import list_parquet
-    from pipelines.run.data import prepare_data
-
     ps = cfg.pair_stats
     if ps is None:
         raise ConfigError(
@@ -89,6 +73,12 @@ def run_pcf_gnn(cfg: Any, log: Any = _print) -> dict[str, Any]:
                 raise ConfigError(
                     f"[pair_stats] pairs: {f!r} is not a field of schema {schema.name!r}; "
                     f"fields: {schema.names}"
+                )
+            kind = schema.field(f).kind
+            if kind not in (FeatureKind.CATEGORICAL, FeatureKind.MULTI_CATEGORICAL):
+                raise ConfigError(
+                    f"[pair_stats] pairs: {list(p)}: {f!r} is {kind.value}; pairs need "
+                    f"categorical or multi_categorical fields"
                 )
     t0 = time.time()
     graph = build_graph(

@@ -7,6 +7,7 @@ click probabilities, the ceiling any model can reach on this data.
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 import time
@@ -29,7 +30,7 @@ def run_demo(
     seed: int = 0,
     log: Log = print,
 ) -> dict:
-
+    """Runs the demo under ``output``; returns the summary it also writes to demo_report.json."""
     out = Path(output).resolve()
     data = out / "data"
     t0 = time.time()
@@ -91,22 +92,40 @@ def run_demo(
         "total_seconds": round(time.time() - t0, 1),
     }
     (out / "demo_report.json").write_text(json.dumps(summary, indent=1))
+    for line in _report(summary):
+        log(line)
+    return summary
+
+
+def _report(summary: dict) -> list[str]:
+    """The demo report's lines, from the summary ``run_demo`` returns."""
     oracle = summary["oracle_auc"]
-    lines = [
+    art = summary["artifacts"]
+    return [
         "",
         "StitchRec demo report",
         f"  rows            train {summary['rows']['train']:,} / test {summary['rows']['test']:,}",
-        f"  model           {model}, {summary['parameters']:,} parameters",
+        f"  model           {summary['model']}, {summary['parameters']:,} parameters",
         f"  train time      {summary['train_seconds']} s, {summary['examples_per_second']:,} examples/s "
         f"(data generation {summary['data_seconds']} s)",
         f"  test AUC        {summary['test_auc']:.4f}"
         + (f"   (oracle AUC of the true click probabilities: {oracle:.4f})" if oracle else ""),
         f"  test logloss    {summary['test_logloss']:.4f}",
-        f"  SavedModel      {size['total']:,} bytes ({size['variables']:,} in variables)",
-        f"  artifacts       {export_dir}",
-        f"                  run: {cfg.output_dir}  (tensorboard --logdir {summary['artifacts']['tensorboard']})",
+        f"  SavedModel      {summary['saved_model_bytes']:,} bytes "
+        f"({summary['saved_model_variable_bytes']:,} in variables)",
+        f"  artifacts       {art['saved_model']}",
+        f"                  run: {art['run']}  (tensorboard --logdir {art['tensorboard']})",
         f"  total           {summary['total_seconds']} s",
     ]
-    for line in lines:
-        log(line)
-    return summary
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """``stitchrec demo`` (flags in ``pipelines.cli_args``)."""
+    run_demo(
+        rows=args.rows,
+        output=args.output,
+        model=args.model,
+        epochs=args.epochs,
+        log=lambda msg: print(msg, flush=True),
+    )
+    return 0

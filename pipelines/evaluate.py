@@ -7,6 +7,8 @@ from the SavedModel's ``assets.extra/schema.toml``), or raw files read with a sc
 
 from __future__ import annotations
 
+import argparse
+import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -16,7 +18,7 @@ import tensorflow as tf
 
 from features import read_report, readers
 from features.dataset import iter_batches, list_parquet, table_to_numpy
-from features.schema import Schema, load_schema
+from features.schema import Schema, SchemaError, load_schema
 from pipelines.run.paths import ASSETS_EXTRA
 from ranking import metrics
 
@@ -37,7 +39,7 @@ def _batches(
         return
     missing = [f.name for f in fields if f.name not in schema.names]
     if missing:
-        raise ValueError(f"schema {schema.name!r} lacks fields the model needs: {missing}")
+        raise SchemaError(f"schema {schema.name!r} lacks fields the model needs: {missing}")
     for batch in readers.read_batches(
         schema, data, batch_rows=batch_size, max_bad_rows=max_bad_rows, report=report
     ):
@@ -68,7 +70,7 @@ def score_saved_model(
         labels.append(batch[label])
         scores.append(out["score"].numpy())
     if not labels:
-        raise ValueError(f"no rows to evaluate in {[str(d) for d in data]}")
+        raise read_report.DataError(f"no rows to evaluate in {[str(d) for d in data]}")
     return np.concatenate(labels), np.concatenate(scores), report
 
 
@@ -95,3 +97,10 @@ def evaluate(
         "mean_score": float(p.mean()),
         "bad_rows_skipped": report.bad_rows,
     }
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    """``stitchrec evaluate`` (flags in ``pipelines.cli_args``): prints the metrics as JSON."""
+    result = evaluate(args.model, args.data, schema=args.schema, max_bad_rows=args.max_bad_rows)
+    print(json.dumps(result, indent=1), flush=True)
+    return 0

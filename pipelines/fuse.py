@@ -8,6 +8,7 @@ the cost coefficients of this machine's device (``compiler_opt.cost``; cached un
 ``~/.cache/stitchrec/compiler_opt/``, ``$STITCHREC_CACHE`` to move it) and prints the planned
 groups (kind, ops, launches, bytes before and after, estimated time saved), the totals, and
 which elementwise loop groups have a generated C++ form (``--fuse-realization generated``).
+The flags are defined in ``pipelines.cli_args``.
 """
 
 from __future__ import annotations
@@ -17,32 +18,21 @@ import json
 from pathlib import Path
 from typing import Any
 
+import tensorflow as tf
+from tensorflow.core.protobuf import saved_model_pb2
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("fuse", help="fusion of memory-bound ops (compiler_opt)")
-    fsub = p.add_subparsers(dest="fuse_command", required=True)
-    e = fsub.add_parser("explain", help="print the fusion plan of a SavedModel signature")
-    e.add_argument("saved_model", help="SavedModel folder (e.g. <run>/export/1)")
-    e.add_argument("--batch", type=int, default=256, help="examples per call (unknown dim 0)")
-    e.add_argument("--signature", default="serving_default")
-    e.add_argument("--unknown-dim", type=int, default=1, help="value of later unknown dimensions")
-    e.add_argument("--max-args", type=int, default=64, help="kernel arguments per group")
-    e.add_argument("--max-groups", type=int, default=30, help="groups to list")
-    e.add_argument("--json", default=None, help="also write the full plan to this file")
-    e.add_argument("--recalibrate", action="store_true", help="measure the device again")
-    e.set_defaults(func=cmd_explain)
+from compiler_opt import cost, ir, planner, realize
+from compiler_opt.embedding_op import assets as emb_assets
+from compiler_opt.embedding_op import cuda as emb_cuda
+from compiler_opt.embedding_op import ops as emb_ops
+from compiler_opt.row_op import spec as row_def
+from pipelines.errors import UsageError
 
 
 def _generated_forms(args: argparse.Namespace, coefficients: Any) -> str:
     """As the server runs ``--fuse-realization generated``: the signature frozen and planned,
-    which of its ``loop`` groups have a generated C++ form (``compiler_opt.codegen_loop``) and
+    which of its ``loop`` groups have a generated C++ form (``compiler_opt.loop_op``) and
     why the others do not, and the matmul epilogues left to the matmul."""
-    import tensorflow as tf
-
-    from compiler_opt import realize
-    from compiler_opt.embedding_op import assets as emb_assets
-    from compiler_opt.row_op import spec as row_def
-
     emb_assets.load_for_saved_model(args.saved_model)  # an export with the embedding op
     loaded = tf.saved_model.load(args.saved_model)
     frozen, tabulation = realize.tabulated(realize.freeze(loaded.signatures[args.signature]))
@@ -88,11 +78,8 @@ def _generated_forms(args: argparse.Namespace, coefficients: Any) -> str:
 
 def _cuda_forms(graph_def: Any, generated: int) -> list[str]:
     """Lines: which generated ops of the served graph (``graph_def``, tabulated) would run on a
-    GPU (``compiler_opt.codegen_cuda``): every loop op and row program (a loop op's matmul
+    GPU (the CUDA forms of ``compiler_opt``): every loop op and row program (a loop op's matmul
     stays apart there), and each embedding op whose spec has a CUDA form."""
-    from compiler_opt.embedding_op import cuda as emb_cuda
-    from compiler_opt.embedding_op import ops as emb_ops
-
     embedding = sorted({n.op for n in graph_def.node if n.op.startswith("StitchrecFusedEmb")})
     why = {op: emb_cuda.embedding_unsupported(emb_ops.kernel_named(op).spec) for op in embedding}
     lines = [
@@ -105,15 +92,28 @@ def _cuda_forms(graph_def: Any, generated: int) -> list[str]:
     return lines
 
 
+def _check_signature(saved_model: str, signature: str) -> None:
+    """``UsageError`` when ``--signature`` is not a signature of the SavedModel (read from its
+    ``saved_model.pb``; ``ir.from_saved_model`` says what is wrong with the folder itself)."""
+    pb = Path(saved_model) / "saved_model.pb"
+    if not pb.is_file():
+        return
+    meta_graphs = saved_model_pb2.SavedModel.FromString(pb.read_bytes()).meta_graphs
+    names = sorted({n for mg in meta_graphs for n in mg.signature_def if not n.startswith("__")})
+    if signature not in names:
+        raise UsageError(
+            f"--signature: signature {signature!r} is not in SavedModel {saved_model!r}; "
+            f"it has {names}"
+        )
+
+
 def cmd_explain(args: argparse.Namespace) -> int:
     for flag in ("batch", "unknown_dim", "max_groups"):
         if getattr(args, flag) < 1:
-            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+            raise UsageError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     if args.max_args < 2:
-        raise ValueError(f"--max-args must be >= 2, got {args.max_args}")
-    import compiler_opt  # noqa: F401  (environment before TensorFlow loads)
-    from compiler_opt import cost, ir, planner
-
+        raise UsageError(f"--max-args must be >= 2, got {args.max_args}")
+    _check_signature(args.saved_model, args.signature)
     graph = ir.from_saved_model(args.saved_model, args.signature)
     coefficients = cost.load_or_calibrate(recalibrate=args.recalibrate)
     plan = planner.plan(

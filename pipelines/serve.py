@@ -10,12 +10,13 @@
 
 With ``--workers N > 1`` the command reserves the port, starts N server processes that bind it
 with SO_REUSEPORT (worker i serves metrics on ``--metrics-port + i``), forwards SIGTERM/SIGINT
-to them and waits.
+to them and waits. The flags are defined in ``pipelines.cli_args``.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import signal
@@ -23,62 +24,19 @@ import socket
 import subprocess
 import sys
 
+from pipelines.errors import UsageError
 from serving.config import BatchingConfig, Limits, ServerOptions, VersionPolicy
 
 
-def int_list(text: str) -> tuple[int, ...]:
-    """``"8,16,32"`` -> ``(8, 16, 32)`` (an argparse type; also ``export --fuse-ladder``)."""
-    try:
-        return tuple(int(s) for s in text.split(",") if s.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers, got {text!r}"
-        ) from None
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("serve", help="serve a model repository over gRPC")
-    p.add_argument("--repo", required=True, help="model repository: <repo>/<name>/<version>/")
-    p.add_argument("--host", default="0.0.0.0")
-    p.add_argument("--port", type=int, default=8500)
-    p.add_argument("--metrics-port", type=int, default=None, help="Prometheus /metrics port")
-    p.add_argument("--metrics-host", default=None, help="default: --host")
-    p.add_argument("--workers", type=int, default=1, help="server processes on one port")
-    p.add_argument(
-        "--version-policy",
-        action="append",
-        default=[],
-        metavar="[NAME=]POLICY",
-        help="latest (default), latest:N, all or specific:V1,V2; NAME= for one model",
-    )
-    p.add_argument("--poll-seconds", type=float, default=5.0, help="0: load once, no polling")
-    p.add_argument("--max-batch-size", type=int, default=4096, help="examples per batch")
-    p.add_argument("--max-queue-delay-us", type=int, default=500)
-    p.add_argument("--preferred-batch-sizes", type=int_list, default=())
-    p.add_argument("--max-queue-size", type=int, default=2048, help="requests waiting")
-    p.add_argument("--batch-concurrency", type=int, default=1, help="batches at once per device")
-    p.add_argument("--no-batching", action="store_true", help="run each request alone")
-    p.add_argument("--max-request-rows", type=int, default=100_000)
-    p.add_argument("--max-message-mb", type=float, default=64.0)
-    p.add_argument("--token", action="append", default=[], help="accepted bearer token")
-    p.add_argument("--tls-cert")
-    p.add_argument("--tls-key")
-    p.add_argument("--tls-client-ca")
-    p.add_argument("--grace-seconds", type=float, default=10.0)
-    p.add_argument("--access-log", action="store_true", help="one JSON log line per call")
-    p.add_argument(
-        "--no-fusion",
-        action="store_true",
-        help="serve exports made with `stitchrec export --fuse` unfused",
-    )
-    p.add_argument("--log-level", default="INFO")
-    p.add_argument("--intra-op-threads", type=int, default=0, help="TensorFlow; 0: default")
-    p.add_argument("--inter-op-threads", type=int, default=0, help="TensorFlow; 0: default")
-    p.set_defaults(func=cmd_serve)
-
-
 def _options(args: argparse.Namespace) -> ServerOptions:
+    """The server's options from the flags; a flag value they reject is a ``UsageError``."""
+    try:
+        return _checked_options(args)
+    except ValueError as e:  # the option classes check each value and name it
+        raise UsageError(str(e)) from None
 
+
+def _checked_options(args: argparse.Namespace) -> ServerOptions:
     policy = "latest"
     per_model: list[tuple[str, str]] = []
     for text in args.version_policy:
@@ -189,21 +147,25 @@ def _worker_argv(args: argparse.Namespace, port: int, index: int) -> list[str]:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     if args.workers < 1:
-        raise ValueError(f"--workers must be >= 1, got {args.workers}")
+        raise UsageError(f"--workers must be >= 1, got {args.workers}")
     options = _options(args)  # validate before starting anything
     if args.workers > 1:
         return _run_workers(args)
-    import asyncio
+    return _serve(args, options)
+
+
+def _serve(args: argparse.Namespace, options: ServerOptions) -> int:
+    """One server process: the only one, or a worker of ``--workers N``."""
+    # TensorFlow and the server load here, not at the top: the supervisor of `--workers N`
+    # (``_run_workers``) only starts and signals the workers and stays a small process.
+    import tensorflow as tf
 
     from serving.server import configure_logging, serve_forever
 
     configure_logging(args.log_level)
-    if args.intra_op_threads or args.inter_op_threads:
-        import tensorflow as tf
-
-        if args.intra_op_threads:
-            tf.config.threading.set_intra_op_parallelism_threads(args.intra_op_threads)
-        if args.inter_op_threads:
-            tf.config.threading.set_inter_op_parallelism_threads(args.inter_op_threads)
+    if args.intra_op_threads:
+        tf.config.threading.set_intra_op_parallelism_threads(args.intra_op_threads)
+    if args.inter_op_threads:
+        tf.config.threading.set_inter_op_parallelism_threads(args.inter_op_threads)
     address = f"[{args.host}]:{args.port}" if ":" in args.host else f"{args.host}:{args.port}"
     return asyncio.run(serve_forever(address, args.repo, options, grace=args.grace_seconds))

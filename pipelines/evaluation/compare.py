@@ -548,7 +548,7 @@ def run_ab(opts: ABOptions, log: Callable[[str], None] = print) -> dict[str, Any
     t_scores = time.perf_counter() - t0
     for name in [opts.group, *opts.slices]:
         if name is not None and name not in logs.table.column_names:
-            raise KeyError(
+            raise sources.SourceError(
                 f"field {name!r} is not in the logs; fields: {logs.table.column_names[:40]}"
             )
     result = compare_scores(

@@ -24,9 +24,12 @@ import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import tensorflow as tf
+from tensorflow_serving.apis import get_model_metadata_pb2, predict_pb2, prediction_service_pb2_grpc
 
 from features import read_report, readers
 from features.dataset import column_to_numpy, list_parquet
@@ -179,9 +182,6 @@ class SavedModelSource(ScoreSource):
     """A SavedModel exported by ``stitchrec export`` (``serving_default`` returns ``score``)."""
 
     def __init__(self, path: str | Path, batch_size: int = 8192) -> None:
-        # TensorFlow loads only for SavedModel sources; score files and uniform need none.
-        import tensorflow as tf
-
         self.path = Path(path)
         self.name = str(path)
         self.batch_size = batch_size
@@ -193,8 +193,6 @@ class SavedModelSource(ScoreSource):
         self.input_names = [f.name for f in self.model_schema.model_inputs]
 
     def score_table(self, table: pa.Table, schema: Schema) -> np.ndarray:
-        import tensorflow as tf  # only for SavedModel sources (see __init__)
-
         out = []
         for lo in range(0, table.num_rows, self.batch_size):
             part = table.slice(lo, self.batch_size)
@@ -208,10 +206,6 @@ class GrpcSource(ScoreSource):
     """A TF-Serving-compatible ``PredictionService`` at ``grpc://host:port/model``."""
 
     def __init__(self, url: str, batch_size: int = 2048, timeout_s: float = 60.0) -> None:
-        # grpc and the TF-Serving stubs load only for grpc:// sources.
-        import grpc
-        from tensorflow_serving.apis import prediction_service_pb2_grpc
-
         u = urllib.parse.urlparse(url)
         if u.scheme != "grpc" or not u.hostname or not u.port or not u.path.strip("/"):
             raise SourceError(
@@ -234,9 +228,6 @@ class GrpcSource(ScoreSource):
             msg.model_spec.version.value = self.version
 
     def _server_inputs(self) -> list[str] | None:
-        import grpc  # only for grpc:// sources (see __init__)
-        from tensorflow_serving.apis import get_model_metadata_pb2
-
         req = get_model_metadata_pb2.GetModelMetadataRequest()
         self._spec(req)
         req.metadata_field.append("signature_def")
@@ -258,10 +249,6 @@ class GrpcSource(ScoreSource):
         return sorted(sig_map.signature_def[self.signature].inputs)
 
     def score_table(self, table: pa.Table, schema: Schema) -> np.ndarray:
-        import grpc  # only for grpc:// sources, TF for its tensor protos (see __init__)
-        import tensorflow as tf
-        from tensorflow_serving.apis import predict_pb2
-
         if self.input_names is None:
             names = self._server_inputs()
             self.input_names = names or [f.name for f in schema.model_inputs]

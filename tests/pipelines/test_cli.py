@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import argparse
+import importlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from pipelines import cli
 from pipelines.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
 
 CRITEO_ROWS = [
     "1\t5\t\t3\t0\t1\t2\t3\t4\t5\t6\t7\t8\t9" + "\tab" * 26,
@@ -88,6 +94,110 @@ def test_console_script_is_installed():
     out = subprocess.run([str(exe), "--help"], capture_output=True, text=True, check=True).stdout
     for command in ("demo", "generate", "convert", "stats", "train", "export", "evaluate"):
         assert command in out
+    for command in ("crosses fives", "crosses pcf-gnn", "serve", "ab", "fuse explain"):
+        assert command in " ".join(out.split()), command
+
+
+COMMANDS = [
+    ("demo",),
+    ("generate",),
+    ("convert",),
+    ("stats",),
+    ("train",),
+    ("export",),
+    ("evaluate",),
+    ("crosses", "fives"),
+    ("crosses", "pcf-gnn"),
+    ("serve",),
+    ("ab",),
+    ("fuse", "explain"),
+]
+
+
+def _subparser(*names: str) -> argparse.ArgumentParser:
+    parser = cli.build_parser()
+    for name in names:
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        parser = sub.choices[name]
+    return parser
+
+
+def test_every_command_is_described_in_the_help_and_the_package_docstring():
+    import pipelines
+
+    top = " ".join(cli.build_parser().format_help().split())
+    doc = " ".join(pipelines.__doc__.split())
+    for names in COMMANDS:
+        command = " ".join(names)
+        assert command in top and f"``{command}``" in doc, command
+        assert _subparser(*names).format_help()  # each command parses on its own
+
+
+@pytest.mark.parametrize("names", COMMANDS, ids=" ".join)
+def test_every_option_has_a_help_text(names):
+    parser = _subparser(*names)
+    bare = [
+        a.option_strings[0] if a.option_strings else a.dest
+        for a in parser._actions
+        if not a.help and not isinstance(a, argparse._SubParsersAction)
+    ]
+    assert not bare, f"stitchrec {' '.join(names)}: options without help: {bare}"
+
+
+def test_every_handler_and_named_error_resolves():
+    parsers = [_subparser(*names) for names in COMMANDS]
+    for parser in parsers:
+        module, _, name = parser.get_default("handler").partition(":")
+        assert callable(getattr(importlib.import_module(module), name)), module
+    for qualified in [*cli.NAMED_USER_ERRORS, cli.LOST_PEER]:
+        module, _, name = qualified.rpartition(".")
+        assert issubclass(getattr(importlib.import_module(module), name), Exception), qualified
+
+
+def test_help_does_not_import_tensorflow():
+    code = (
+        "import sys\n"
+        "from pipelines import cli\n"
+        "for argv in (['--help'], ['train', '--help'], ['crosses', 'fives', '--help']):\n"
+        "    try:\n"
+        "        cli.main(argv)\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "print(sorted(m for m in ('tensorflow', 'pandas') if m in sys.modules))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env, cwd=ROOT
+    ).stdout
+    assert out.splitlines()[-1] == "[]"
+
+
+def test_an_internal_value_error_is_a_traceback_not_a_user_error(tmp_path, monkeypatch, capsys):
+    """Only the user-error types print `error:` and exit 2; a ValueError from a bug propagates."""
+    from features import synthetic
+
+    def broken(*args, **kwargs):
+        raise ValueError("an internal bug")
+
+    monkeypatch.setattr(synthetic, "write_dataset", broken)
+    with pytest.raises(ValueError, match="an internal bug"):
+        main(["generate", "--output", str(tmp_path), "--rows", "10"])
+    assert "error:" not in capsys.readouterr().err
+
+
+def test_usage_errors_exit_2_and_a_lost_peer_exits_3(monkeypatch, capsys):
+    from features import synthetic
+    from pipelines.distribute import PeerLostError
+    from pipelines.errors import UsageError
+
+    for error, status in ((UsageError("--rows: bad"), 2), (PeerLostError("peer a:1 lost"), 3)):
+
+        def raising(*args, error=error, **kwargs):
+            raise error
+
+        monkeypatch.setattr(synthetic, "write_dataset", raising)
+        assert main(["generate", "--output", "x"]) == status
+        assert capsys.readouterr().err == f"error: {error}\n"
 
 
 def test_train_from_raw_csv_skips_counted_bad_rows(tmp_path, capsys):
@@ -118,3 +228,8 @@ def test_train_from_raw_csv_skips_counted_bad_rows(tmp_path, capsys):
     assert rc == 0 and "fusion:" in out
     spec = json.loads(next(run.glob("export/*/assets.extra/fusion.json")).read_text())
     assert spec["ladder"] == [8, 64] and spec["realization"] == "xla_clusters"
+    saved = next(run.glob("export/*/saved_model.pb")).parent
+    raw = ["--data", str(tmp_path / "log.csv"), "--schema", str(tmp_path / "schema.toml")]
+    rc, out, _ = _run(capsys, "evaluate", "--model", str(saved), *raw, "--max-bad-rows", "1")
+    result = json.loads(out)
+    assert rc == 0 and result["rows"] == 599 and result["bad_rows_skipped"] == 1

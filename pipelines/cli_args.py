@@ -1,0 +1,444 @@
+"""The flags of every ``stitchrec`` command, and which function runs it.
+
+Each function here adds one command's sub-parser and names its handler as
+``"module:function"`` (``set_defaults(handler=...)``); ``pipelines.cli`` imports that module only
+when the command runs. This module imports argparse only, so ``stitchrec --help`` and every
+command's ``--help`` start without TensorFlow.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+Subparsers = argparse._SubParsersAction
+
+MODEL_TYPES = ("lr", "fm", "dnn", "dcn_v2")
+FIVES_ARTIFACT = "crosses_fives.json"  # default file name of `crosses fives`' artifact
+FIVES_DESCRIPTION = f"""\
+Search which feature crosses matter (FIVES) and write them.
+
+Reads the training split of a pipeline config's data (converting raw files into the run's
+``data/`` folder once, exactly as ``stitchrec train`` does), runs the FIVES search
+(``features.crosses.fives_search``) with one progress line per epoch and writes the cross artifact
+(``features.crosses``; default ``<output_dir>/{FIVES_ARTIFACT}``). The training config then
+names it::
+
+    [data]
+    crosses = "../runs/movielens/{FIVES_ARTIFACT}"
+    cross_top_n = 5
+
+``--set`` takes ``features.crosses.fives_config.FivesConfig`` keys (``--set sparsity=0.02``). After the
+search, every triple (``screen_orders``) is also tested by the exhaustive interaction screen
+(``features.crosses.interaction_screen``), which finds pure interactions the edge search cannot;
+``--no-screen`` leaves it out.
+"""
+
+
+def int_list(text: str) -> tuple[int, ...]:
+    """``"8,16,32"`` -> ``(8, 16, 32)`` (an argparse type)."""
+    try:
+        return tuple(int(s) for s in text.split(",") if s.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
+
+
+def positive(text: str) -> int:
+    """An integer >= 1 (an argparse type)."""
+    v = int(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text}")
+    return v
+
+
+def _bad_rows(p: argparse.ArgumentParser, default: int | None = 0) -> None:
+    p.add_argument(
+        "--max-bad-rows",
+        type=int,
+        default=default,
+        help="bad raw rows to skip and count; one more is an error (default: 0)",
+    )
+
+
+def _raw_input(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--schema", required=True, help="schema file or shipped schema name (e.g. criteo)"
+    )
+    p.add_argument("--input", nargs="+", required=True, help="raw files, folders or glob patterns")
+
+
+def demo(sub: Subparsers) -> None:
+    d = sub.add_parser(
+        "demo", help="the whole pipeline on synthetic data: stats, train, export, evaluate"
+    )
+    d.add_argument("--rows", type=int, default=2_000_000, help="synthetic rows (default 2,000,000)")
+    d.add_argument(
+        "--output",
+        default="runs/demo",
+        help="folder for the data, the run, the SavedModel and demo_report.json",
+    )
+    d.add_argument("--model", default="dcn_v2", choices=MODEL_TYPES, help="model type")
+    d.add_argument("--epochs", type=int, default=1, help="training epochs")
+    d.set_defaults(handler="pipelines.demo:cmd_demo")
+
+
+def generate(sub: Subparsers) -> None:
+    g = sub.add_parser("generate", help="write the synthetic Criteo-layout dataset")
+    g.add_argument(
+        "--output",
+        required=True,
+        help="folder for train/ and test/ Parquet shards, schema.toml and ground_truth.json",
+    )
+    g.add_argument("--rows", type=int, default=1_000_000, help="rows to generate")
+    g.add_argument("--seed", type=int, default=0, help="seed of the generator")
+    g.add_argument("--test-fraction", type=float, default=0.2, help="share of rows in test/")
+    g.add_argument(
+        "--criteo-tsv", action="store_true", help="also write train.tsv in Criteo layout"
+    )
+    g.set_defaults(handler="pipelines.data_commands:cmd_generate")
+
+
+def convert(sub: Subparsers) -> None:
+    c = sub.add_parser("convert", help="raw files -> Parquet shards (optionally split)")
+    _raw_input(c)
+    c.add_argument("--output", required=True, help="folder for the shards and schema.toml")
+    c.add_argument(
+        "--test-fraction",
+        type=float,
+        default=0.0,
+        help="share of rows written to a test split (0: one train split)",
+    )
+    c.add_argument("--seed", type=int, default=0, help="seed of the train/test split")
+    _bad_rows(c)
+    c.set_defaults(handler="pipelines.data_commands:cmd_convert")
+
+
+def stats(sub: Subparsers) -> None:
+    s = sub.add_parser("stats", help="vocabularies and numeric statistics in one pass")
+    _raw_input(s)
+    s.add_argument("--output", required=True, help="folder for stats.json and vocab/")
+    _bad_rows(s)
+    s.set_defaults(handler="pipelines.data_commands:cmd_stats")
+
+
+def train(sub: Subparsers) -> None:
+    t = sub.add_parser("train", help="train (or resume) from a TOML config")
+    t.add_argument("--config", required=True, help="pipeline config TOML (see configs/)")
+    t.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value, e.g. --set train.epochs=3",
+    )
+    t.add_argument("--output", help="run folder (overrides output_dir)")
+    t.add_argument(
+        "--max-bad-rows", type=int, help="bad raw rows to skip and count (data.max_bad_rows)"
+    )
+    t.set_defaults(handler="pipelines.run_commands:cmd_train")
+
+
+def export(sub: Subparsers) -> None:
+    e = sub.add_parser("export", help="SavedModel of a training run's latest checkpoint")
+    e.add_argument("--run", required=True, help="training run folder (stitchrec train)")
+    e.add_argument("--output", help="SavedModel folder (default: <run>/export/<next version>)")
+    e.add_argument(
+        "--cascade-rank",
+        metavar="RUN",
+        help="export one cascade SavedModel: --run is the pre-ranking run, RUN the ranking run",
+    )
+    e.add_argument(
+        "--keep", type=int, default=50, help="candidates the pre-ranking keeps (--cascade-rank)"
+    )
+    e.add_argument(
+        "--fuse-kernels",
+        action="store_true",
+        help="export the embedding block as one generated C++ op (compiler_opt.codegen); the "
+        "server loads or compiles it before the model",
+    )
+    _fuse_flags(e)
+    e.set_defaults(handler="pipelines.run_commands:cmd_export")
+
+
+def _fuse_flags(e: argparse.ArgumentParser) -> None:
+    e.add_argument(
+        "--fuse",
+        action="store_true",
+        help="ask the server to fuse the serving signature (planned XLA clusters, padded to "
+        "batch-size buckets, compiled at load): writes assets.extra/fusion.json",
+    )
+    e.add_argument(
+        "--fuse-ladder",
+        type=int_list,
+        default=(8, 16, 32, 64, 128, 256, 512),
+        metavar="N,N,...",
+        help="batch-size buckets of --fuse (default 8,16,...,512)",
+    )
+    e.add_argument(
+        "--fuse-plan-batch", type=int, default=256, help="batch size the fusion plan is made at"
+    )
+    e.add_argument(
+        "--fuse-realization",
+        choices=("xla_clusters", "generated"),
+        default="xla_clusters",
+        help="how --fuse runs the planned groups: XLA clusters (default), or the elementwise "
+        "loop groups as generated C++ ops and the rest as TensorFlow ops (shape-generic: no "
+        "padding, no compilation)",
+    )
+    e.add_argument(
+        "--fuse-loop-matmuls",
+        action="store_true",
+        help="with --fuse-realization generated: also try each loop op taking the matmul that "
+        "feeds it (fewer ops; kept if faster at the server's warm-up)",
+    )
+
+
+def evaluate(sub: Subparsers) -> None:
+    v = sub.add_parser("evaluate", help="AUC and log loss of a SavedModel on held-out data")
+    v.add_argument("--model", required=True, help="SavedModel folder (stitchrec export)")
+    v.add_argument(
+        "--data", nargs="+", required=True, help="Parquet shards, or raw files with --schema"
+    )
+    v.add_argument("--schema", help="schema of raw --data files (default: Parquet shards)")
+    _bad_rows(v)
+    v.set_defaults(handler="pipelines.evaluate:cmd_evaluate")
+
+
+def crosses(sub: Subparsers) -> None:
+    p = sub.add_parser(
+        "crosses",
+        help="cross features: `crosses fives` searches which crosses matter (FIVES), "
+        "`crosses pcf-gnn` builds the pair graph and pre-trains PCF-GNN",
+    )
+    csub = p.add_subparsers(dest="generator", required=True)
+    _crosses_fives(csub)
+    _crosses_pcf_gnn(csub)
+
+
+def _crosses_fives(csub: Subparsers) -> None:
+    p = csub.add_parser(
+        "fives",
+        help="FIVES edge search over the feature graph: rank explicit crosses (KDD'21)",
+        description=FIVES_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--config", required=True, help="a pipeline config TOML (its [data] is read)")
+    p.add_argument(
+        "--out", default=None, help=f"artifact path (default <output_dir>/{FIVES_ARTIFACT})"
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a FivesConfig setting, e.g. sparsity=0.02 (repeatable)",
+    )
+    p.add_argument("--max-rows", type=int, default=0, help="search on the first N rows (0: all)")
+    p.add_argument("--epochs", type=int, default=None, help="search epochs (FivesConfig.epochs)")
+    p.add_argument("--max-order", type=int, default=None, help="K: highest cross order")
+    p.add_argument("--seed", type=int, default=None, help="seed of the search")
+    p.add_argument("--fields", default=None, help="comma-separated fields to search (default all)")
+    p.add_argument(
+        "--triple-search",
+        action="store_true",
+        help="start from features.crosses.fives_config.TRIPLE_SEARCH (linear readout, "
+        "contribution strength): finds pure triples among a few fields (docs/fives.md); "
+        "--set still overrides",
+    )
+    p.add_argument(
+        "--no-screen",
+        action="store_true",
+        help="skip the exhaustive interaction screen (screen_orders = [])",
+    )
+    p.set_defaults(handler="pipelines.crosses_fives:cmd_fives")
+
+
+def _crosses_pcf_gnn(csub: Subparsers) -> None:
+    p = csub.add_parser(
+        "pcf-gnn",
+        help="build the pair graph and pre-train PCF-GNN (config section [pair_stats])",
+    )
+    p.add_argument("--config", required=True, help="training config with a [pair_stats] section")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value, e.g. --set pair_stats.steps=100",
+    )
+    p.set_defaults(handler="pipelines.crosses_pcf:cmd_pcf_gnn")
+
+
+def fuse(sub: Subparsers) -> None:
+    p = sub.add_parser(
+        "fuse",
+        help="fusion of memory-bound ops (compiler_opt): `fuse explain` prints the fusion plan "
+        "of a SavedModel signature",
+    )
+    fsub = p.add_subparsers(dest="fuse_command", required=True)
+    e = fsub.add_parser("explain", help="print the fusion plan of a SavedModel signature")
+    e.add_argument("saved_model", help="SavedModel folder (e.g. <run>/export/1)")
+    e.add_argument("--batch", type=int, default=256, help="examples per call (unknown dim 0)")
+    e.add_argument("--signature", default="serving_default", help="signature to plan")
+    e.add_argument("--unknown-dim", type=int, default=1, help="value of later unknown dimensions")
+    e.add_argument("--max-args", type=int, default=64, help="kernel arguments per group")
+    e.add_argument("--max-groups", type=int, default=30, help="groups to list")
+    e.add_argument("--json", default=None, help="also write the full plan to this file")
+    e.add_argument("--recalibrate", action="store_true", help="measure the device again")
+    e.set_defaults(handler="pipelines.fuse:cmd_explain")
+
+
+def serve(sub: Subparsers) -> None:
+    p = sub.add_parser("serve", help="serve a model repository over gRPC")
+    p.add_argument("--repo", required=True, help="model repository: <repo>/<name>/<version>/")
+    p.add_argument("--host", default="0.0.0.0", help="address to listen on")
+    p.add_argument("--port", type=int, default=8500, help="gRPC port")
+    p.add_argument("--metrics-port", type=int, default=None, help="Prometheus /metrics port")
+    p.add_argument("--metrics-host", default=None, help="default: --host")
+    p.add_argument("--workers", type=int, default=1, help="server processes on one port")
+    p.add_argument(
+        "--version-policy",
+        action="append",
+        default=[],
+        metavar="[NAME=]POLICY",
+        help="latest (default), latest:N, all or specific:V1,V2; NAME= for one model",
+    )
+    p.add_argument("--poll-seconds", type=float, default=5.0, help="0: load once, no polling")
+    _batching_flags(p)
+    p.add_argument(
+        "--max-request-rows", type=int, default=100_000, help="examples one request may hold"
+    )
+    p.add_argument(
+        "--max-message-mb", type=float, default=64.0, help="largest gRPC message, in MiB"
+    )
+    p.add_argument("--token", action="append", default=[], help="accepted bearer token")
+    p.add_argument("--tls-cert", help="PEM certificate chain: serve TLS (with --tls-key)")
+    p.add_argument("--tls-key", help="PEM private key of --tls-cert")
+    p.add_argument("--tls-client-ca", help="PEM CA bundle: require client certificates it signed")
+    p.add_argument(
+        "--grace-seconds",
+        type=float,
+        default=10.0,
+        help="on SIGTERM, seconds in-flight calls get to finish",
+    )
+    p.add_argument("--access-log", action="store_true", help="one JSON log line per call")
+    p.add_argument(
+        "--no-fusion",
+        action="store_true",
+        help="serve exports made with `stitchrec export --fuse` unfused",
+    )
+    p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
+    p.add_argument("--intra-op-threads", type=int, default=0, help="TensorFlow; 0: default")
+    p.add_argument("--inter-op-threads", type=int, default=0, help="TensorFlow; 0: default")
+    p.set_defaults(handler="pipelines.serve:cmd_serve")
+
+
+def _batching_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-batch-size", type=int, default=4096, help="examples per batch")
+    p.add_argument(
+        "--max-queue-delay-us",
+        type=int,
+        default=500,
+        help="microseconds the oldest queued request waits for others to join it",
+    )
+    p.add_argument(
+        "--preferred-batch-sizes",
+        type=int_list,
+        default=(),
+        metavar="N,N,...",
+        help="batch sizes (examples) dispatched at once when the queue reaches them",
+    )
+    p.add_argument("--max-queue-size", type=int, default=2048, help="requests waiting")
+    p.add_argument("--batch-concurrency", type=int, default=1, help="batches at once per device")
+    p.add_argument("--no-batching", action="store_true", help="run each request alone")
+
+
+def ab(sub: Subparsers) -> None:
+    a = sub.add_parser(
+        "ab",
+        help="offline A/B comparison of two models on logged data (CIs, slices, off-policy)",
+        description="Compare a candidate (treatment) with the production model (control) on the "
+        "same logs: AUC, GAUC, logloss, calibration, NDCG@k, recall@k with paired-bootstrap "
+        "intervals, per-slice metrics, and off-policy estimates when the logs have propensities.",
+    )
+    _ab_sources(a)
+    _ab_metrics(a)
+    _ab_off_policy(a)
+    _bad_rows(a)
+    a.add_argument("--grpc-timeout", type=float, default=60.0, help="seconds per gRPC call")
+    a.add_argument("--no-html", action="store_true", help="write ab.json only")
+    a.add_argument(
+        "--threads", type=positive, default=1, help="threads for the bootstrap (same results)"
+    )
+    a.set_defaults(handler="pipelines.ab:cmd_ab")
+
+
+def _ab_sources(a: argparse.ArgumentParser) -> None:
+    a.add_argument(
+        "--control",
+        required=True,
+        help="SavedModel dir, grpc://H:P/MODEL, .parquet scores or 'uniform'",
+    )
+    a.add_argument("--treatment", required=True, help="same forms as --control")
+    a.add_argument(
+        "--data", nargs="+", required=True, help="logs: raw files (with --schema) or Parquet shards"
+    )
+    a.add_argument(
+        "--schema",
+        help="schema of the logs (file or shipped name); default: schema.toml beside Parquet shards",
+    )
+    a.add_argument("--output", help="folder for ab.json and ab.html")
+    a.add_argument("--row-id", help="logs field holding row ids (default: 0-based row position)")
+    a.add_argument("--id-column", default="row_id", help="row-id column of .parquet scores files")
+    a.add_argument("--score-column", default="score", help="score column of .parquet scores files")
+
+
+def _ab_metrics(a: argparse.ArgumentParser) -> None:
+    a.add_argument("--group", help="user or request field: enables GAUC, NDCG@k, recall@k")
+    a.add_argument(
+        "--k", nargs="+", type=positive, default=[5, 10], help="cut-offs for NDCG@k and recall@k"
+    )
+    a.add_argument(
+        "--slice",
+        action="append",
+        default=[],
+        metavar="FIELD",
+        help="report metrics per value of FIELD (repeatable)",
+    )
+    a.add_argument(
+        "--bootstrap", type=int, default=1000, help="paired bootstrap resamples (0: none)"
+    )
+    a.add_argument("--seed", type=int, default=0, help="seed of the bootstrap")
+    a.add_argument("--resample", choices=["rows", "groups"], default="rows", help="bootstrap unit")
+    a.add_argument("--bins", type=positive, default=10, help="calibration bins")
+    a.add_argument(
+        "--min-slice-rows", type=int, default=100, help="slices with fewer rows are flagged"
+    )
+    a.add_argument(
+        "--max-slice-values",
+        type=positive,
+        default=20,
+        help="more values are pooled into '(other)'",
+    )
+    a.add_argument("--primary", default="auc", help="metric the verdict is based on")
+
+
+def _ab_off_policy(a: argparse.ArgumentParser) -> None:
+    a.add_argument("--action", help="logged action field for off-policy estimates (e.g. item_id)")
+    a.add_argument("--propensity", help="logging-propensity field; enables off-policy estimates")
+    a.add_argument(
+        "--policy-temperature",
+        type=float,
+        default=1.0,
+        help="softmax temperature of a model's policy (0: greedy)",
+    )
+    a.add_argument(
+        "--reward-folds", type=int, default=2, help="cross-fitting folds of DR's reward model"
+    )
+    a.add_argument(
+        "--policy",
+        action="append",
+        default=["uniform"],
+        help="extra reference policies (default: uniform)",
+    )

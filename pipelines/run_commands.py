@@ -1,0 +1,67 @@
+"""``stitchrec train`` and ``stitchrec export``: a training run and its SavedModel (flags in
+``pipelines.cli_args``).
+
+    stitchrec train   --config FILE [--set KEY=VALUE]... [--output DIR] [--max-bad-rows N]
+    stitchrec export  --run DIR [--output DIR] [--cascade-rank RUN --keep M] [--fuse-kernels]
+                      [--fuse [--fuse-ladder N,...] [--fuse-plan-batch B]
+                       [--fuse-realization xla_clusters|generated] [--fuse-loop-matmuls]]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+from pathlib import Path
+
+from compiler_opt.fused_signature import FusionSpec, write_spec
+from pipelines.config import load_config
+from pipelines.errors import UsageError
+from pipelines.export import export_run, saved_model_bytes
+from pipelines.preranking import export_cascade_runs
+from pipelines.train import train
+
+_print = functools.partial(print, flush=True)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    overrides = list(args.set)
+    if args.max_bad_rows is not None:
+        overrides.append(f"data.max_bad_rows={args.max_bad_rows}")
+    cfg = load_config(args.config, overrides)
+    if args.output:
+        cfg = dataclasses.replace(cfg, output_dir=str(Path(args.output).resolve()))
+    report = train(cfg, log=_print)
+    test = report.get("test")
+    if test:
+        _print(f"test auc {test['auc']:.4f} logloss {test['logloss']:.4f} on {test['rows']:,} rows")
+    _print(f"run: {cfg.output_dir}")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    spec = None
+    if args.fuse:  # checked before anything is written
+        spec = FusionSpec(
+            realization=args.fuse_realization,
+            ladder=args.fuse_ladder,
+            plan_batch=args.fuse_plan_batch,
+            loop_matmuls=args.fuse_loop_matmuls,
+        )
+    if args.cascade_rank:
+        if not args.output:
+            raise UsageError("export --cascade-rank needs --output (the cascade's folder)")
+        out = export_cascade_runs(
+            args.run, args.cascade_rank, args.output, keep=args.keep, kernels=args.fuse_kernels
+        )
+    else:
+        out = export_run(args.run, args.output, kernels=args.fuse_kernels)
+    size = saved_model_bytes(out)
+    _print(f"exported {out} ({size['total']:,} bytes, variables {size['variables']:,})")
+    if spec is not None:
+        path = write_spec(out, spec)
+        _print(
+            f"fusion: {path} ({spec.realization}, buckets {', '.join(map(str, spec.ladder))}; "
+            "the server plans and compiles at load)"
+        )
+    return 0
