@@ -69,17 +69,21 @@ USER_ERRORS: tuple[type[Exception], ...] = (
     FileNotFoundError,
 )
 
-# User errors and the lost-peer error of modules that load TensorFlow, by class name rather than
-# imported: an exception of such a class exists only once its module has run, and `--help`,
-# `convert` or `stats` never load TensorFlow to recognise them.
-NAMED_USER_ERRORS = frozenset(
-    {
-        "compiler_opt.fused_signature.FusionSpecError",
-        "pipelines.evaluation.sources.SourceError",
-        "ranking.metrics.MetricInputError",
-    }
+# User errors and the lost-peer error of modules that load TensorFlow, as (module, class): they
+# are looked up in `sys.modules`, not imported. An exception of such a class exists only once its
+# module has run, and `--help`, `convert` or `stats` never load TensorFlow to recognise them.
+LOADED_USER_ERRORS = (
+    ("compiler_opt.fused_signature", "FusionSpecError"),
+    ("pipelines.evaluation.sources", "SourceError"),
+    ("ranking.metrics", "MetricInputError"),
 )
-LOST_PEER = "pipelines.distribute.PeerLostError"
+LOST_PEER = ("pipelines.distribute", "PeerLostError")
+
+
+def _loaded(*names: tuple[str, str]) -> tuple[type[Exception], ...]:
+    """The exception classes ``(module, class)`` of the modules this process has imported."""
+    found = (getattr(sys.modules.get(module), name, None) for module, name in names)
+    return tuple(c for c in found if isinstance(c, type) and issubclass(c, Exception))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -104,10 +108,9 @@ def handler(args: argparse.Namespace) -> Callable[[argparse.Namespace], int]:
 
 def exit_status(error: Exception) -> int | None:
     """2 for a user error, 3 for a lost peer of a distributed run, None for anything else."""
-    names = {f"{c.__module__}.{c.__qualname__}" for c in type(error).__mro__}
-    if LOST_PEER in names:  # a supervisor (Kubernetes, a script) restarts the run
+    if isinstance(error, _loaded(LOST_PEER)):  # a supervisor (Kubernetes, a script) restarts it
         return 3
-    if isinstance(error, USER_ERRORS) or names & NAMED_USER_ERRORS:
+    if isinstance(error, USER_ERRORS + _loaded(*LOADED_USER_ERRORS)):
         return 2
     return None
 

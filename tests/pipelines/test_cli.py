@@ -149,9 +149,9 @@ def test_every_handler_and_named_error_resolves():
     for parser in parsers:
         module, _, name = parser.get_default("handler").partition(":")
         assert callable(getattr(importlib.import_module(module), name)), module
-    for qualified in [*cli.NAMED_USER_ERRORS, cli.LOST_PEER]:
-        module, _, name = qualified.rpartition(".")
-        assert issubclass(getattr(importlib.import_module(module), name), Exception), qualified
+    for module, name in [*cli.LOADED_USER_ERRORS, cli.LOST_PEER]:
+        assert issubclass(getattr(importlib.import_module(module), name), Exception), name
+        assert cli._loaded((module, name)) == (getattr(sys.modules[module], name),)
 
 
 def test_help_does_not_import_tensorflow():
