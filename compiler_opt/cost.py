@@ -43,7 +43,8 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from compiler_opt.ir import ALIAS_OPS, Graph, Node, split_ref
+from compiler_opt.ir import Graph, Node, split_ref
+from compiler_opt.op_classes import ALIAS_OPS
 
 # inputs whose contents a kernel does not read (only their shape or size)
 _META_INPUT_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank", "ZerosLike", "OnesLike"})

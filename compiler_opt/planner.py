@@ -38,7 +38,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from compiler_opt.cost import Coefficients, CostModel, GroupCost
-from compiler_opt.ir import FUSIBLE_CLASSES, SEGMENT_REDUCTIONS, Graph, Node, split_ref
+from compiler_opt.ir import Graph, Node, split_ref
+from compiler_opt.op_classes import FUSIBLE_CLASSES, SEGMENT_REDUCTIONS
 
 _AXIS_REDUCTIONS = frozenset(
     {"Sum", "Mean", "Max", "Min", "Prod", "ArgMax", "ArgMin", "EuclideanNorm", "All", "Any"}
@@ -416,76 +417,109 @@ def plan(
         for n in graph.nodes.values()
         if model.is_kernel(n) and _fusible_node(n) and n.name not in absorbed
     }
-    st = _State(graph, model, fusible)
-    rejected: dict[str, int] = {}
+    merger = _Merger(_State(graph, model, fusible), max_args, stitch)
+    if vertical:
+        _merge_vertical(merger)
+    if horizontal:
+        _merge_horizontal(merger)
+    return _plan_of(merger, batch, coefficients, len(fusible), absorbed)
 
-    def try_merge(a: int, b: int, is_horizontal: bool) -> bool:
+
+@dataclasses.dataclass
+class _Merger:
+    """Merges of two groups under the planner's rules (see module doc), counting refusals."""
+
+    st: _State
+    max_args: int
+    stitch: bool
+    rejected: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    def _refuse(self, reason: str) -> bool:
+        self.rejected[reason] = self.rejected.get(reason, 0) + 1
+        return False
+
+    def try_merge(self, a: int, b: int, is_horizontal: bool) -> bool:
+        """Merges groups ``a`` and ``b`` when every rule allows it; True when merged."""
+        st, graph, model = self.st, self.st.graph, self.st.model
         members = st.members[a] + st.members[b]
-        stitch_ok = _reductions_ok if stitch else _no_inner_reduce_use
+        stitch_ok = _reductions_ok if self.stitch else _no_inner_reduce_use
         if not stitch_ok(graph, model, members) or not _reductions_ok(graph, model, members):
-            rejected["reduction"] = rejected.get("reduction", 0) + 1
-            return False
+            return self._refuse("reduction")
         merged = model.group_cost(members)
-        if merged.arguments > max_args:
-            rejected["max_args"] = rejected.get("max_args", 0) + 1
-            return False
+        if merged.arguments > self.max_args:
+            return self._refuse("max_args")
         if merged.time_s >= st.cost(a).time_s + st.cost(b).time_s:
-            rejected["no_gain"] = rejected.get("no_gain", 0) + 1
-            return False
+            return self._refuse("no_gain")
         if st.creates_cycle(a, b):
-            rejected["cycle"] = rejected.get("cycle", 0) + 1
-            return False
+            return self._refuse("cycle")
         g = st.merge(a, b)
         if is_horizontal:
             st.horizontal.add(g)
         return True
 
-    if vertical:
-        while True:
-            cands: list[tuple[float, int, int]] = []
-            seen: set[tuple[int, int]] = set()
-            for u, v in st.edges:
-                a, b = st.group_of[u], st.group_of[v]
-                if a == b or a not in st.fusible or b not in st.fusible or (a, b) in seen:
-                    continue
-                seen.add((a, b))
-                merged = model.group_cost(st.members[a] + st.members[b])
-                gain = st.cost(a).time_s + st.cost(b).time_s - merged.time_s
-                cands.append((gain, a, b))
-            cands.sort(key=lambda c: -c[0])
-            touched: set[int] = set()
-            merged_any = False
-            for _, a, b in cands:
-                if a in touched or b in touched:
-                    continue
-                if try_merge(a, b, False):
-                    touched.update((a, b))
-                    merged_any = True
-            if not merged_any:
+
+def _merge_vertical(merger: _Merger) -> None:
+    """Producer -> consumer merges in rounds, largest estimated gain first, each group at most
+    once per round, until a round merges nothing."""
+    st, model = merger.st, merger.st.model
+    while True:
+        cands: list[tuple[float, int, int]] = []
+        seen: set[tuple[int, int]] = set()
+        for u, v in st.edges:
+            a, b = st.group_of[u], st.group_of[v]
+            if a == b or a not in st.fusible or b not in st.fusible or (a, b) in seen:
+                continue
+            seen.add((a, b))
+            merged = model.group_cost(st.members[a] + st.members[b])
+            gain = st.cost(a).time_s + st.cost(b).time_s - merged.time_s
+            cands.append((gain, a, b))
+        cands.sort(key=lambda c: -c[0])
+        touched: set[int] = set()
+        merged_any = False
+        for _, a, b in cands:
+            if a in touched or b in touched:
+                continue
+            if merger.try_merge(a, b, False):
+                touched.update((a, b))
+                merged_any = True
+        if not merged_any:
+            return
+
+
+def _merge_horizontal(merger: _Merger) -> None:
+    """First-fit merges, in topological order, of gather groups with no path between them."""
+    st, graph = merger.st, merger.st.graph
+    gather_groups = sorted(
+        (g for g in st.fusible if any(graph[m].op_class == "gather" for m in st.members[g])),
+        key=lambda g: st.order[st.members[g][0]],
+    )
+    open_groups: list[int] = []
+    for g in gather_groups:
+        placed = False
+        for h in open_groups:
+            if h not in st.members or st.reaches(h, g) or st.reaches(g, h):
+                continue
+            if merger.try_merge(h, g, True):
+                placed = True
                 break
+        if not placed:
+            open_groups.append(g)
 
-    if horizontal:
-        gather_groups = sorted(
-            (g for g in st.fusible if any(graph[m].op_class == "gather" for m in st.members[g])),
-            key=lambda g: st.order[st.members[g][0]],
-        )
-        open_groups: list[int] = []
-        for g in gather_groups:
-            placed = False
-            for h in open_groups:
-                if h not in st.members or st.reaches(h, g) or st.reaches(g, h):
-                    continue
-                if try_merge(h, g, True):
-                    placed = True
-                    break
-            if not placed:
-                open_groups.append(g)
 
+def _plan_of(
+    merger: _Merger,
+    batch: int,
+    coefficients: Coefficients,
+    kernels_fusible: int,
+    absorbed: dict[str, str],
+) -> Plan:
+    """The ``Plan`` of the merged groups: the fused ones of two or more kernels, largest
+    saving first, and the totals."""
+    st, graph, model = merger.st, merger.st.graph, merger.st.model
     groups: list[Group] = []
     mb_before = GroupCost()
     mb_after = GroupCost()
     fused_total = GroupCost()
-    group_of: dict[str, int] = {}
     for g, members in st.members.items():
         after = st.cost(g)
         fused_total = fused_total + after
@@ -500,6 +534,7 @@ def plan(
             kind = _kind(graph, model, members, g in st.horizontal)
             groups.append(Group(-1, kind, members, before, after))
     groups.sort(key=lambda grp: -(grp.before.time_s - grp.after.time_s))
+    group_of: dict[str, int] = {}
     for i, grp in enumerate(groups):
         grp.id = i
         for m in grp.nodes:
@@ -514,8 +549,8 @@ def plan(
         memory_bound_before=mb_before,
         memory_bound_after=mb_after,
         kernels_total=len(st.order),
-        kernels_fusible=len(fusible),
-        rejected=rejected,
+        kernels_fusible=kernels_fusible,
+        rejected=merger.rejected,
         group_of=group_of,
         epilogues=absorbed,
     )

@@ -1,6 +1,6 @@
 """A TensorFlow profiler trace of a block of code, parsed: ``with profiler_trace(level) as t:``.
 
-Used to count what ran (op and XLA kernel events, ``bench/compiler/profile.py``) and what was
+Used to count what ran (op and XLA kernel events, ``compiler_opt/executed.py``) and what was
 compiled (``compiler_opt.buckets.count_compilations``). Only one profiler session can run at a
 time in a process.
 """

@@ -7,7 +7,7 @@ For DCN-v2 (``bench/compiler/workload.py``) with ``full``, ``amtl`` and ``bh`` e
 batch 256 and 4096, for the inference pass and the SGD training step:
 
 * ops in the IR of the traced function (``compiler_opt.ir``: nodes, kernels) and the ops /
-  XLA kernels one call executed (a profiler trace, ``bench/compiler/profile.py``; first
+  XLA kernels one call executed (a profiler trace, ``compiler_opt/executed.py``; first
   process only, largest batch);
 * cost-model bytes per example with every kernel alone and under the fusion plan, launches
   before / after (``compiler_opt.planner`` with this machine's calibrated coefficients);
@@ -15,7 +15,7 @@ batch 256 and 4096, for the inference pass and the SGD training step:
   (``jit_compile=True``), interleaved in one process (rounds of plain, then XLA), in
   ``--processes`` separate processes; the ratio plain / XLA of each process, then the median
   and min-max over processes;
-* the generated kernel (``compiler_opt.codegen``: the embedding block, lookups through the
+* the generated kernel (``compiler_opt.embedding_op``: the embedding block, lookups through the
   concat with the dense inputs, as one generated C++ op) in the same rounds: ``kernel`` (the
   op, then the rest of the model in graph mode) and ``kernel_xla`` (the op, then the rest as
   one ``jit_compile`` sub-function); ``--no-kernels`` leaves them out;
@@ -26,7 +26,7 @@ batch 256 and 4096, for the inference pass and the SGD training step:
   ``--no-htables`` leaves them out;
 * the serving path, ``sparse`` and ``inference`` modes, on the frozen graph as the server runs
   a fused export: ``loops`` (the plan's elementwise ``loop`` groups as generated C++ ops,
-  ``compiler_opt.codegen_loop``), ``kernel_frozen`` (the generated embedding op, its graph
+  ``compiler_opt.loop_op``), ``kernel_frozen`` (the generated embedding op, its graph
   frozen with the tables left as handles) and ``kernel_loops`` (both).
 
 Prints a table, writes ``results.json`` (every process's figures) and ``summary.md``.
@@ -81,8 +81,8 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     """One process: every method, mode and batch; returns its figures."""
     import tensorflow as tf
 
-    from bench.compiler import profile, workload
-    from compiler_opt import cost, graph_io, ir, planner, realize, toolchain
+    from bench.compiler import workload
+    from compiler_opt import cost, executed, graph_io, ir, planner, realize, toolchain
 
     tf.keras.utils.set_random_seed(args.seed)
     coefficients = cost.load_or_calibrate()
@@ -173,14 +173,14 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
                     row["clusters_max_abs_diff"] = float(abs(r.fused(*flat)[0].numpy() - ref).max())
                     row["frozen_max_abs_diff"] = float(abs(r.unfused(*flat)[0].numpy() - ref).max())
                     if args.kernels and toolchain.compiler() is not None:
-                        # the plan's elementwise loop groups as generated ops (codegen_loop)
+                        # the plan's elementwise loop groups as generated ops (loop_op)
                         rl = realize.generated_loops(
                             plain[mode].get_concrete_function(*spec), coefficients, batch
                         )
                         variants["loops"] = (rl.fused, flat)
                         row["loops"] = rl.loops
                         row["loops_rows"] = rl.rows
-                        if rl.rows:  # the same plan without the row programs (codegen_row)
+                        if rl.rows:  # the same plan without the row programs (row_op)
                             variants["loops_no_rows"] = (
                                 realize.generated_loops(
                                     plain[mode].get_concrete_function(*spec),
@@ -200,7 +200,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
                         flat = tuple(tf.nest.flatten(call, expand_composites=True))
                         variants["kernel_flat"] = (_flat_function(fused[mode], call), flat)
                         # the whole pass on the serving path: the kernel's graph frozen (its
-                        # tables stay handles), its loop groups generated (codegen_loop)
+                        # tables stay handles), its loop groups generated (loop_op)
                         rk = realize.generated_loops(
                             variants["kernel_flat"][0], coefficients, batch
                         )
@@ -347,7 +347,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
                         )
                     for n, (f, a) in variants.items():
                         f, a = fresh.get(n, (f, a))
-                        row[f"executed_{n}"] = profile.executed_kernels(f, *a)
+                        row[f"executed_{n}"] = executed.executed_kernels(f, *a)
                 results["rows"][key] = row
                 print(
                     f"[process {args.process}] {key}: "
@@ -484,7 +484,7 @@ def summarize(procs: list[dict[str, Any]]) -> str:
     ):
         lines += [
             "",
-            "Row programs (``codegen_row``: groups with reductions, e.g. the FM term) on the "
+            "Row programs (``row_op``: groups with reductions, e.g. the FM term) on the "
             "serving path: the generated ops with them and with the same plan without them.",
             "",
             "| method | mode | batch | path | row programs | with ms | without ms | without / with |",
@@ -509,7 +509,7 @@ def summarize(procs: list[dict[str, Any]]) -> str:
         lines += [
             "",
             "The serving path (the graph frozen, as the server runs a fused export): ``loops`` "
-            "the plan's elementwise loop groups as generated ops (``codegen_loop``); ``kernel "
+            "the plan's elementwise loop groups as generated ops (``loop_op``); ``kernel "
             "frozen`` the embedding block as the generated op, frozen; ``kernel + loops`` both.",
             "",
             "| method | mode | batch | executed per call: kernel + loops ops (loop ops) | "
@@ -678,7 +678,7 @@ def main(argv: list[str] | None = None) -> int:
         "--no-kernels",
         dest="kernels",
         action="store_false",
-        help="leave out the generated-kernel variants (compiler_opt.codegen)",
+        help="leave out the generated-kernel variants (compiler_opt.embedding_op)",
     )
     p.add_argument(
         "--no-htables",

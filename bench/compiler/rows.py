@@ -1,4 +1,4 @@
-"""bench/compiler/rows: row programs (``compiler_opt.codegen_row``) against the ops they replace.
+"""bench/compiler/rows: row programs (``compiler_opt.row_op``) against the ops they replace.
 
     .venv/bin/python -m bench.compiler.rows --out runs/bench-compiler-rows
 

@@ -3,12 +3,13 @@ also their GPU kernels)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 from compiler_opt import csource
 from compiler_opt.embedding_op import cpu_fields, gpu_kernels
 from compiler_opt.embedding_op.rules import TABLE_READS, id_layout
-from compiler_opt.embedding_op.spec import KernelSpec, op_names
+from compiler_opt.embedding_op.spec import FieldSpec, KernelSpec, op_names
 
 #: examples ahead whose table rows the forward op prefetches (0: none)
 PREFETCH_DISTANCE = int(os.environ.get("STITCHREC_KERNEL_PREFETCH", "4"))
@@ -157,50 +158,90 @@ def generate(spec: KernelSpec, cuda: bool = False) -> str:
     return source + gpu_kernels.embedding_gpu_kernels(spec)
 
 
-def _generate_cpu(spec: KernelSpec) -> str:
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+    """Where a spec's tables, ids and masks sit among the ops' inputs."""
+
+    fwd_name: str
+    grad_name: str
+    id_field: list[int]
+    id_kind: list[int]
+    first_id: dict[str, int]  # field name -> index of its first id input
+    masked: list[FieldSpec]
+    mask_of: dict[str, int]  # field name -> index among the masked fields
+    field_of_table: list[int]
+    rows_per_id: list[int]
+
+
+def _layout(spec: KernelSpec) -> _Layout:
     fwd_name, grad_name = op_names(spec)
     id_field, id_kind, first_id = id_layout(spec)
-    masked = spec.masked_fields
-    mask_of = {f.name: i for i, f in enumerate(masked)}
+    masked = list(spec.masked_fields)
     field_of_table = [0] * len(spec.tables)
     rows_per_id = [1] * len(spec.tables)
     for i, f in enumerate(spec.fields):
         for t in f.tables:
             field_of_table[t] = i
             rows_per_id[t] = f.rows_per_id
+    return _Layout(
+        fwd_name=fwd_name,
+        grad_name=grad_name,
+        id_field=id_field,
+        id_kind=id_kind,
+        first_id=first_id,
+        masked=masked,
+        mask_of={f.name: i for i, f in enumerate(masked)},
+        field_of_table=field_of_table,
+        rows_per_id=rows_per_id,
+    )
+
+
+def _generate_cpu(spec: KernelSpec) -> str:
+    lay = _layout(spec)
+    src = [_header(spec, lay), *_registrations(spec, lay), _forward_kernel(spec, lay)]
+    if not spec.trainable:
+        src.append("}  // namespace\n")
+        return "\n".join(src)
+    src.append(_backward_kernel(spec, lay))
+    return "\n".join(src)
+
+
+def _header(spec: KernelSpec, lay: _Layout) -> str:
+    """The includes, the spec's constants and the shared helpers (``_HEADER`` filled in)."""
     reads = sum(len(f.tables) * f.rows_per_id for f in spec.fields)
-    src = [
-        _HEADER.format(
-            spec=spec.to_json().replace("\n", " "),
-            num_tables=len(spec.tables),
-            num_ids=len(id_field),
-            num_masks=len(masked),
-            emb_dim=spec.emb_dim,
-            out_dim=spec.out_dim,
-            dense_dim=spec.dense_dim,
-            table_rows=csource.c_list([t.rows for t in spec.tables]),
-            table_cols=csource.c_list([t.cols for t in spec.tables]),
-            table_rank=csource.c_list([t.rank for t in spec.tables]),
-            table_dtype=", ".join(
-                f"::tensorflow::{csource.C_TYPES[t.dtype][1]}" for t in spec.tables
-            ),
-            rows_per_id=csource.c_list(rows_per_id),
-            field_of_table=csource.c_list(field_of_table),
-            id_field=csource.c_list(id_field),
-            id_kind=csource.c_list(id_kind),
-            mask_field=csource.c_list([spec.fields.index(f) for f in masked] + [0]),
-            id_helpers=csource.id_helpers(),
-            cost_per_row=200 * reads + 4 * spec.out_dim,
-        )
-    ]
+    return _HEADER.format(
+        spec=spec.to_json().replace("\n", " "),
+        num_tables=len(spec.tables),
+        num_ids=len(lay.id_field),
+        num_masks=len(lay.masked),
+        emb_dim=spec.emb_dim,
+        out_dim=spec.out_dim,
+        dense_dim=spec.dense_dim,
+        table_rows=csource.c_list([t.rows for t in spec.tables]),
+        table_cols=csource.c_list([t.cols for t in spec.tables]),
+        table_rank=csource.c_list([t.rank for t in spec.tables]),
+        table_dtype=", ".join(f"::tensorflow::{csource.C_TYPES[t.dtype][1]}" for t in spec.tables),
+        rows_per_id=csource.c_list(lay.rows_per_id),
+        field_of_table=csource.c_list(lay.field_of_table),
+        id_field=csource.c_list(lay.id_field),
+        id_kind=csource.c_list(lay.id_kind),
+        mask_field=csource.c_list([spec.fields.index(f) for f in lay.masked] + [0]),
+        id_helpers=csource.id_helpers(),
+        cost_per_row=200 * reads + 4 * spec.out_dim,
+    )
+
+
+def _registrations(spec: KernelSpec, lay: _Layout) -> tuple[str, str]:
+    """``REGISTER_OP`` of the forward op and of the gradient op (empty for a serving-only
+    block)."""
+    masked = lay.masked
     where_in = "" if spec.mask_rows else '    .Input("wheres: NM * int32")\n'
     mask_in = (
         f'    .Input("masks: NM * float")\n{where_in}    .Attr("NM: int >= 1")\n' if masked else ""
     )
     dense_in = '    .Input("dense: float")\n' if spec.dense_dim else ""
-    # ---------------------------------------------------------------- registrations
-    src.append(
-        f'REGISTER_OP("{fwd_name}")\n'
+    fwd = (
+        f'REGISTER_OP("{lay.fwd_name}")\n'
         '    .Input("tables: NT * resource")\n'
         '    .Input("ids: NI * int64")\n'
         f"{mask_in}{dense_in}"
@@ -214,10 +255,10 @@ def _generate_cpu(spec: KernelSpec) -> str:
         "      return ::absl::OkStatus();\n"
         "    });\n"
     )
-    src.append(
-        ""
-        if not spec.trainable  # a serving-only block: no gradient op
-        else f'REGISTER_OP("{grad_name}")\n'
+    if not spec.trainable:  # a serving-only block: no gradient op
+        return fwd, ""
+    grad = (
+        f'REGISTER_OP("{lay.grad_name}")\n'
         '    .Input("tables: NT * resource")\n'
         '    .Input("ids: NI * int64")\n'
         f"{mask_in}"
@@ -229,63 +270,76 @@ def _generate_cpu(spec: KernelSpec) -> str:
         '    .Attr("NI: int >= 1")\n'
         "    .SetShapeFn(::tensorflow::shape_inference::UnknownShape);\n"
     )
+    return fwd, grad
 
-    def inputs_block(with_dense: bool) -> list[str]:
-        lines = [
-            *TABLE_READS,
-            "    const int64_t* ids[kNumIds];",
-            "    int64_t id_sizes[kNumIds];",
-            "    int64_t batch = 0;",
-            "    if (!ReadIds(ctx, ids, id_sizes, &batch)) return;",
+
+def _inputs_block(spec: KernelSpec, lay: _Layout, with_dense: bool) -> list[str]:
+    """The kernels' input reads and checks: tables, ids, masks (and with ``with_dense`` the
+    dense features)."""
+    lines = [
+        *TABLE_READS,
+        "    const int64_t* ids[kNumIds];",
+        "    int64_t id_sizes[kNumIds];",
+        "    int64_t batch = 0;",
+        "    if (!ReadIds(ctx, ids, id_sizes, &batch)) return;",
+    ]
+    for t, table in enumerate(spec.tables):
+        ctype = csource.C_TYPES[table.dtype][0]
+        lines.append(f"    const {ctype}* T{t} = static_cast<const {ctype}*>(tables[{t}]);")
+    for i in range(len(lay.id_field)):
+        lines.append(f"    const int64_t* I{i} = ids[{i}];")
+    base = len(spec.tables) + len(lay.id_field)
+    for m, f in enumerate(lay.masked):
+        lines += _mask_inputs(spec, lay, base, m, f)
+    if with_dense and spec.dense_dim:
+        d = base + len(lay.masked) + spec.num_where_inputs
+        lines += [
+            f"    const Tensor& dense_t = ctx->input({d});",
+            "    OP_REQUIRES(ctx, dense_t.dims() == 2 && dense_t.dim_size(0) == batch &&",
+            "                dense_t.dim_size(1) == kDenseDim,",
+            '                errors::InvalidArgument("dense must be [batch, ", kDenseDim, "], got ",',
+            "                                        dense_t.shape().DebugString()));",
+            "    const float* dense = dense_t.flat<float>().data();",
         ]
-        for t, table in enumerate(spec.tables):
-            ctype = csource.C_TYPES[table.dtype][0]
-            lines.append(f"    const {ctype}* T{t} = static_cast<const {ctype}*>(tables[{t}]);")
-        for i in range(len(id_field)):
-            lines.append(f"    const int64_t* I{i} = ids[{i}];")
-        base = len(spec.tables) + len(id_field)
-        for m, f in enumerate(masked):
-            if spec.mask_rows:
-                rows = f.param("num_rows")
-                lines += [
-                    f"    const Tensor& mask{m} = ctx->input({base + m});",
-                    f"    OP_REQUIRES(ctx, mask{m}.dims() == 2 && mask{m}.dim_size(0) == {rows} && mask{m}.dim_size(1) == {f.dim},",
-                    f'                errors::InvalidArgument("mask table of field {f.name} must be [{rows}, {f.dim}], got ", mask{m}.shape().DebugString()));',
-                    f"    const float* M{m} = mask{m}.flat<float>().data();",
-                ]
-                continue
-            lines += [
-                f"    const Tensor& mask{m} = ctx->input({base + m});",
-                f"    const Tensor& where{m} = ctx->input({base + len(masked) + m});",
-                f"    OP_REQUIRES(ctx, mask{m}.dims() == 2 && mask{m}.dim_size(1) == {f.dim},",
-                f'                errors::InvalidArgument("mask of field {f.name} must be [n, {f.dim}], got ", mask{m}.shape().DebugString()));',
-                f"    OP_REQUIRES(ctx, where{m}.NumElements() == id_sizes[{first_id[f.name]}],",
-                f'                errors::InvalidArgument("wheres of field {f.name} must have one entry per id"));',
-                f"    const float* M{m} = mask{m}.flat<float>().data();",
-                f"    const int32_t* W{m} = where{m}.flat<int32_t>().data();",
-                f"    {{ const int64_t u_ = mask{m}.dim_size(0);",
-                f"      for (int64_t k = 0; k < where{m}.NumElements(); ++k)",
-                f"        OP_REQUIRES(ctx, W{m}[k] >= 0 && W{m}[k] < u_,",
-                f'                    errors::InvalidArgument("wheres of field {f.name} out of range")); }}',
-            ]
-        if with_dense and spec.dense_dim:
-            d = base + len(masked) + spec.num_where_inputs
-            lines += [
-                f"    const Tensor& dense_t = ctx->input({d});",
-                "    OP_REQUIRES(ctx, dense_t.dims() == 2 && dense_t.dim_size(0) == batch &&",
-                "                dense_t.dim_size(1) == kDenseDim,",
-                '                errors::InvalidArgument("dense must be [batch, ", kDenseDim, "], got ",',
-                "                                        dense_t.shape().DebugString()));",
-                "    const float* dense = dense_t.flat<float>().data();",
-            ]
-        return lines
+    return lines
 
+
+def _mask_inputs(spec: KernelSpec, lay: _Layout, base: int, m: int, f: FieldSpec) -> list[str]:
+    """Read and checks of masked field ``m``'s mask (and ``wheres``) inputs; ``base`` is the
+    index of the first mask input."""
+    if spec.mask_rows:
+        rows = f.param("num_rows")
+        return [
+            f"    const Tensor& mask{m} = ctx->input({base + m});",
+            f"    OP_REQUIRES(ctx, mask{m}.dims() == 2 && mask{m}.dim_size(0) == {rows} && mask{m}.dim_size(1) == {f.dim},",
+            f'                errors::InvalidArgument("mask table of field {f.name} must be [{rows}, {f.dim}], got ", mask{m}.shape().DebugString()));',
+            f"    const float* M{m} = mask{m}.flat<float>().data();",
+        ]
+    return [
+        f"    const Tensor& mask{m} = ctx->input({base + m});",
+        f"    const Tensor& where{m} = ctx->input({base + len(lay.masked) + m});",
+        f"    OP_REQUIRES(ctx, mask{m}.dims() == 2 && mask{m}.dim_size(1) == {f.dim},",
+        f'                errors::InvalidArgument("mask of field {f.name} must be [n, {f.dim}], got ", mask{m}.shape().DebugString()));',
+        f"    OP_REQUIRES(ctx, where{m}.NumElements() == id_sizes[{lay.first_id[f.name]}],",
+        f'                errors::InvalidArgument("wheres of field {f.name} must have one entry per id"));',
+        f"    const float* M{m} = mask{m}.flat<float>().data();",
+        f"    const int32_t* W{m} = where{m}.flat<int32_t>().data();",
+        f"    {{ const int64_t u_ = mask{m}.dim_size(0);",
+        f"      for (int64_t k = 0; k < where{m}.NumElements(); ++k)",
+        f"        OP_REQUIRES(ctx, W{m}[k] >= 0 && W{m}[k] < u_,",
+        f'                    errors::InvalidArgument("wheres of field {f.name} out of range")); }}',
+    ]
+
+
+def _forward_kernel(spec: KernelSpec, lay: _Layout) -> str:
+    """The forward op's CPU kernel and its registration."""
+    fwd_name = lay.fwd_name
     fwd = [
         f"class {fwd_name}Op : public OpKernel {{",
         " public:",
         f"  explicit {fwd_name}Op(OpKernelConstruction* c) : OpKernel(c) {{}}",
         "  void Compute(OpKernelContext* ctx) override {",
-        *inputs_block(True),
+        *_inputs_block(spec, lay, True),
         "    Tensor* out = nullptr;",
         "    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({batch, kOutDim}), &out));",
         "    float* Y = out->flat<float>().data();",
@@ -296,12 +350,12 @@ def _generate_cpu(spec: KernelSpec) -> str:
     # tiles of TILE examples, field by field inside a tile: one table at a time is hot in the
     # cache and the tile's output rows stay in L2 while every field writes its columns
     for f in spec.fields:
-        ahead = cpu_fields.prefetch(f, spec, first_id[f.name], PREFETCH_DISTANCE)
+        ahead = cpu_fields.prefetch(f, spec, lay.first_id[f.name], PREFETCH_DISTANCE)
         fwd.append("  for (int64_t b = t0; b < t1; ++b) {")
         fwd.append("    float* y = Y + b * kOutDim;")
         if ahead:
             fwd += [f"    if (b + {PREFETCH_DISTANCE} < t1) {{", ahead, "    }"]
-        fwd.append(cpu_fields.field_forward(f, spec, first_id[f.name], mask_of.get(f.name)))
+        fwd.append(cpu_fields.field_forward(f, spec, lay.first_id[f.name], lay.mask_of.get(f.name)))
         fwd.append("  }")
     if spec.dense_dim:
         fwd += [
@@ -319,62 +373,47 @@ def _generate_cpu(spec: KernelSpec) -> str:
         f'REGISTER_KERNEL_BUILDER(Name("{fwd_name}").Device(::tensorflow::DEVICE_CPU), {fwd_name}Op);',
         "",
     ]
-    src.append("\n".join(fwd))
-    if not spec.trainable:
-        src.append("}  // namespace\n")
-        return "\n".join(src)
+    return "\n".join(fwd)
 
+
+def _backward_kernel(spec: KernelSpec, lay: _Layout) -> str:
+    """The gradient op's CPU kernel, its registration and the end of the namespace."""
+    grad_name = lay.grad_name
+    dy_input = len(spec.tables) + len(lay.id_field) + len(lay.masked) + spec.num_where_inputs
     bwd = [
         f"class {grad_name}Op : public OpKernel {{",
         " public:",
         f"  explicit {grad_name}Op(OpKernelConstruction* c) : OpKernel(c) {{}}",
         "  void Compute(OpKernelContext* ctx) override {",
-        *inputs_block(False),
-        f"    const Tensor& dy_t = ctx->input({len(spec.tables) + len(id_field) + len(masked) + spec.num_where_inputs});",
+        *_inputs_block(spec, lay, False),
+        f"    const Tensor& dy_t = ctx->input({dy_input});",
         "    OP_REQUIRES(ctx, dy_t.dims() == 2 && dy_t.dim_size(0) == batch && dy_t.dim_size(1) == kOutDim,",
         '                errors::InvalidArgument("dy must be [batch, ", kOutDim, "], got ",',
         "                                        dy_t.shape().DebugString()));",
         "    const float* DY = dy_t.flat<float>().data();",
-    ]
-    for t in range(len(spec.tables)):
-        f = spec.fields[field_of_table[t]]
-        n_ids = f"id_sizes[{first_id[f.name]}]"
-        bwd += [
-            f"    Tensor* rows_t{t} = nullptr;",
-            f"    Tensor* vals_t{t} = nullptr;",
-            f"    OP_REQUIRES_OK(ctx, ctx->allocate_output({t}, TensorShape({{{n_ids} * kRowsPerId[{t}]}}), &rows_t{t}));",
-            f"    OP_REQUIRES_OK(ctx, ctx->allocate_output({len(spec.tables) + t}, TensorShape({{{n_ids} * kRowsPerId[{t}], kTableCols[{t}]}}), &vals_t{t}));",
-            f"    int64_t* R{t} = rows_t{t}->flat<int64_t>().data();",
-            f"    float* V{t} = vals_t{t}->flat<float>().data();",
-        ]
-    for m in range(len(masked)):
-        bwd += [
-            f"    Tensor* dmask_t{m} = nullptr;",
-            f"    OP_REQUIRES_OK(ctx, ctx->allocate_output({2 * len(spec.tables) + m}, mask{m}.shape(), &dmask_t{m}));",
-            f"    float* DM{m} = dmask_t{m}->flat<float>().data();",
-            f"    std::fill(DM{m}, DM{m} + dmask_t{m}->NumElements(), 0.0f);",
-        ]
-    bwd += [
+        *_gradient_outputs(spec, lay),
         "    auto body = [&](int64_t begin, int64_t end) {",
         "  for (int64_t b = begin; b < end; ++b) {",
         "    const float* dy = DY + b * kOutDim;",
     ]
     for f in spec.fields:
-        bwd.append(cpu_fields.field_backward(f, spec, first_id[f.name], mask_of.get(f.name)))
+        bwd.append(
+            cpu_fields.field_backward(f, spec, lay.first_id[f.name], lay.mask_of.get(f.name))
+        )
     bwd += [
         "  }",
         "    };",
         "    auto* pool = ctx->device()->tensorflow_cpu_worker_threads()->workers;",
         "    pool->ParallelFor(batch, CostPerRow(), body);",
     ]
-    if masked:
+    if lay.masked:
         bwd += [
             "    const float* dy = DY;",
             "    auto masks_body = [&](int64_t begin, int64_t end) {",
             "  for (int64_t m = begin; m < end; ++m) {",
         ]
-        for m, f in enumerate(masked):
-            bwd.append(cpu_fields.mask_backward(f, spec, first_id[f.name], m))
+        for m, f in enumerate(lay.masked):
+            bwd.append(cpu_fields.mask_backward(f, spec, lay.first_id[f.name], m))
         bwd += [
             "  }",
             "    };",
@@ -389,5 +428,29 @@ def _generate_cpu(spec: KernelSpec) -> str:
         "}  // namespace",
         "",
     ]
-    src.append("\n".join(bwd))
-    return "\n".join(src)
+    return "\n".join(bwd)
+
+
+def _gradient_outputs(spec: KernelSpec, lay: _Layout) -> list[str]:
+    """Allocation of the gradient op's outputs: per table its rows and values, per masked
+    field its mask gradient (zeroed)."""
+    lines = []
+    for t in range(len(spec.tables)):
+        f = spec.fields[lay.field_of_table[t]]
+        n_ids = f"id_sizes[{lay.first_id[f.name]}]"
+        lines += [
+            f"    Tensor* rows_t{t} = nullptr;",
+            f"    Tensor* vals_t{t} = nullptr;",
+            f"    OP_REQUIRES_OK(ctx, ctx->allocate_output({t}, TensorShape({{{n_ids} * kRowsPerId[{t}]}}), &rows_t{t}));",
+            f"    OP_REQUIRES_OK(ctx, ctx->allocate_output({len(spec.tables) + t}, TensorShape({{{n_ids} * kRowsPerId[{t}], kTableCols[{t}]}}), &vals_t{t}));",
+            f"    int64_t* R{t} = rows_t{t}->flat<int64_t>().data();",
+            f"    float* V{t} = vals_t{t}->flat<float>().data();",
+        ]
+    for m in range(len(lay.masked)):
+        lines += [
+            f"    Tensor* dmask_t{m} = nullptr;",
+            f"    OP_REQUIRES_OK(ctx, ctx->allocate_output({2 * len(spec.tables) + m}, mask{m}.shape(), &dmask_t{m}));",
+            f"    float* DM{m} = dmask_t{m}->flat<float>().data();",
+            f"    std::fill(DM{m}, DM{m} + dmask_t{m}->NumElements(), 0.0f);",
+        ]
+    return lines

@@ -20,9 +20,19 @@ def embedding_gpu_kernels(spec: KernelSpec) -> str:
     """C++ (g++) of the GPU ``OpKernel``s of embedding op ``spec``: the tables through their
     handles (shape and dtype checked, read under the shared locks, as the CPU kernel), the ids'
     and masks' shapes checked on the host, then the launch (see :func:`embedding_source`)."""
-    fwd, grad = op_names(spec)
-    nt, ni, nm = len(spec.tables), spec.num_id_inputs, len(spec.masked_fields)
     with_grad = gradient_on_gpu(spec)
+    inputs = _gpu_inputs(spec)
+    lines = [*_gpu_declarations(spec, with_grad), "namespace {", *_gpu_forward(spec, inputs)]
+    if with_grad:
+        lines += _gpu_backward(spec, inputs)
+    lines += ["}  // namespace", ""]
+    return "\n".join(lines)
+
+
+def _gpu_declarations(spec: KernelSpec, with_grad: bool) -> list[str]:
+    """The GPU glue's header and the ``extern "C"`` declarations of the device code's launch
+    functions (the gradient's with ``with_grad``)."""
+    fwd, grad = op_names(spec)
     syms = [csource.symbol(fwd)] + ([csource.symbol(grad)] if with_grad else [])
     params = (
         "int, void*, int64_t, const void* const*, const int64_t* const*, const int64_t*, "
@@ -38,6 +48,12 @@ def embedding_gpu_kernels(spec: KernelSpec) -> str:
             f'extern "C" int {csource.symbol(grad)}({params}, const float*, int64_t* const*, '
             "float* const*, const int64_t*);"
         )
+    return lines
+
+
+def _gpu_inputs(spec: KernelSpec) -> list[str]:
+    """The GPU kernels' input reads on the host: tables, ids (batch checked) and mask tables."""
+    nt, ni, nm = len(spec.tables), spec.num_id_inputs, len(spec.masked_fields)
     inputs = [
         *TABLE_READS,
         f"    const int64_t* ids[{ni}];",
@@ -71,8 +87,14 @@ def embedding_gpu_kernels(spec: KernelSpec) -> str:
             f'[{rows}, {f.dim}], got ", mask{m}.shape().DebugString()));',
             f"    masks[{m}] = mask{m}.flat<float>().data();",
         ]
-    lines += [
-        "namespace {",
+    return inputs
+
+
+def _gpu_forward(spec: KernelSpec, inputs: list[str]) -> list[str]:
+    """The forward op's GPU kernel (``inputs``: its input reads) and its registration."""
+    fwd, _ = op_names(spec)
+    nt, ni, nm = len(spec.tables), spec.num_id_inputs, len(spec.masked_fields)
+    lines = [
         f"class {fwd}GpuOp : public OpKernel {{",
         " public:",
         f"  explicit {fwd}GpuOp(OpKernelConstruction* c) : OpKernel(c) {{}}",
@@ -102,49 +124,52 @@ def embedding_gpu_kernels(spec: KernelSpec) -> str:
         "};",
         f'REGISTER_KERNEL_BUILDER(Name("{fwd}").Device(::tensorflow::DEVICE_GPU), {fwd}GpuOp);',
     ]
-    if with_grad:
-        lines += [
-            f"class {grad}GpuOp : public OpKernel {{",
-            " public:",
-            f"  explicit {grad}GpuOp(OpKernelConstruction* c) : OpKernel(c) {{}}",
-            "  void Compute(OpKernelContext* ctx) override {",
-            *inputs,
-            f"    const Tensor& dy_t = ctx->input({nt + ni + nm});",
-            "    OP_REQUIRES(ctx, dy_t.dims() == 2 && dy_t.dim_size(0) == batch && "
-            "dy_t.dim_size(1) == kOutDim,",
-            '                errors::InvalidArgument("dy must be [batch, ", kOutDim, "], got ",',
-            "                                        dy_t.shape().DebugString()));",
-            f"    int64_t* rows[{nt}];",
-            f"    float* values[{nt}];",
-            f"    int64_t off[{nt + 1}];",
-            "    off[0] = 0;",
-            f"    for (int t = 0; t < {nt}; ++t) {{",
-            "      // the field's ids (ragged: its values input) times the rows each reads",
-            "      int first = 0;",
-            "      while (kIdField[first] != kFieldOfTable[t]) ++first;",
-            "      const int64_t n = nids[first] * kRowsPerId[t];",
-            "      Tensor* r = nullptr;",
-            "      Tensor* v = nullptr;",
-            "      OP_REQUIRES_OK(ctx, ctx->allocate_output(t, TensorShape({n}), &r));",
-            f"      OP_REQUIRES_OK(ctx, ctx->allocate_output({nt} + t, TensorShape({{n, "
-            "kTableCols[t]}), &v));",
-            "      rows[t] = r->flat<int64_t>().data();",
-            "      values[t] = v->flat<float>().data();",
-            "      off[t + 1] = off[t] + n * kTableCols[t];",
-            "    }",
-            *csource.launch_check(
-                grad,
-                csource.symbol(grad),
-                f"{csource.symbol(grad)}(0, stream_, batch, tables, ids, nids, masks, "
-                "dy_t.flat<float>().data(), rows, values, off)",
-            ),
-            "  }",
-            "};",
-            f'REGISTER_KERNEL_BUILDER(Name("{grad}").Device(::tensorflow::DEVICE_GPU), '
-            f"{grad}GpuOp);",
-        ]
-    lines += ["}  // namespace", ""]
-    return "\n".join(lines)
+    return lines
+
+
+def _gpu_backward(spec: KernelSpec, inputs: list[str]) -> list[str]:
+    """The gradient op's GPU kernel (``inputs``: its input reads) and its registration."""
+    _, grad = op_names(spec)
+    nt, ni, nm = len(spec.tables), spec.num_id_inputs, len(spec.masked_fields)
+    return [
+        f"class {grad}GpuOp : public OpKernel {{",
+        " public:",
+        f"  explicit {grad}GpuOp(OpKernelConstruction* c) : OpKernel(c) {{}}",
+        "  void Compute(OpKernelContext* ctx) override {",
+        *inputs,
+        f"    const Tensor& dy_t = ctx->input({nt + ni + nm});",
+        "    OP_REQUIRES(ctx, dy_t.dims() == 2 && dy_t.dim_size(0) == batch && "
+        "dy_t.dim_size(1) == kOutDim,",
+        '                errors::InvalidArgument("dy must be [batch, ", kOutDim, "], got ",',
+        "                                        dy_t.shape().DebugString()));",
+        f"    int64_t* rows[{nt}];",
+        f"    float* values[{nt}];",
+        f"    int64_t off[{nt + 1}];",
+        "    off[0] = 0;",
+        f"    for (int t = 0; t < {nt}; ++t) {{",
+        "      // the field's ids (ragged: its values input) times the rows each reads",
+        "      int first = 0;",
+        "      while (kIdField[first] != kFieldOfTable[t]) ++first;",
+        "      const int64_t n = nids[first] * kRowsPerId[t];",
+        "      Tensor* r = nullptr;",
+        "      Tensor* v = nullptr;",
+        "      OP_REQUIRES_OK(ctx, ctx->allocate_output(t, TensorShape({n}), &r));",
+        f"      OP_REQUIRES_OK(ctx, ctx->allocate_output({nt} + t, TensorShape({{n, "
+        "kTableCols[t]}), &v));",
+        "      rows[t] = r->flat<int64_t>().data();",
+        "      values[t] = v->flat<float>().data();",
+        "      off[t + 1] = off[t] + n * kTableCols[t];",
+        "    }",
+        *csource.launch_check(
+            grad,
+            csource.symbol(grad),
+            f"{csource.symbol(grad)}(0, stream_, batch, tables, ids, nids, masks, "
+            "dy_t.flat<float>().data(), rows, values, off)",
+        ),
+        "  }",
+        "};",
+        f'REGISTER_KERNEL_BUILDER(Name("{grad}").Device(::tensorflow::DEVICE_GPU), {grad}GpuOp);',
+    ]
 
 
 def run_embedding_on_host(

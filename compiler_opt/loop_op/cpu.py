@@ -10,8 +10,16 @@ from compiler_opt.xy_op import OPS, xy_op_head, xy_op_tail
 def generate(spec: LoopSpec, cuda: bool = False) -> str:
     """C++ source of the op of ``spec`` (see the module doc); with ``cuda`` also its GPU
     kernel, which calls the device code of ``loop_op.cuda.loop_source(spec)``."""
+    prologue = _prologue(spec)
+    lines = [*_head(spec), *prologue, *_body(spec)]
+    if cuda:
+        lines.append(loop_cuda.loop_gpu_kernel(spec, prologue))
+    return "\n".join(lines)
+
+
+def _head(spec: LoopSpec) -> list[str]:
+    """The source up to the kernel's ``Compute``: includes, op registration, shape function."""
     name = spec.op_name
-    n_in = len(spec.inputs)
     full = spec.inputs.index("full")
     rows_dim = f"c->Dim(c->input({full}), 0)"
     shape_fn = (
@@ -19,7 +27,7 @@ def generate(spec: LoopSpec, cuda: bool = False) -> str:
         if spec.dims is None
         else "c->MakeShape({" + ", ".join([rows_dim, *map(str, spec.dims)]) + "})"
     )
-    lines = [
+    return [
         *xy_op_head(
             name,
             [
@@ -40,7 +48,11 @@ def generate(spec: LoopSpec, cuda: bool = False) -> str:
         f"  explicit {name}Op(OpKernelConstruction* c) : OpKernel(c) {{}}",
         "  void Compute(OpKernelContext* ctx) override {",
     ]
-    # the checks and outputs, shared by the CPU and the GPU kernel
+
+
+def _prologue(spec: LoopSpec) -> list[str]:
+    """The input checks and the outputs, shared by the CPU and the GPU kernel."""
+    name = spec.op_name
     prologue = [
         f"    OP_REQUIRES(ctx, ctx->num_inputs() == {spec.num_inputs} && ctx->num_outputs() == "
         f'{len(spec.outputs)}, errors::InvalidArgument("{name}: expected {spec.num_inputs} inputs and '
@@ -65,29 +77,41 @@ def generate(spec: LoopSpec, cuda: bool = False) -> str:
             f'            ctx->input({k}).NumElements(), " elements, expected ", {want[kind]}));',
             f"    const float* X{k} = ctx->input({k}).flat<float>().data();",
         ]
-    # an output takes over the buffer of a full input no other op reads (as TensorFlow's
-    # elementwise kernels do): every element is read before it is written, so in place is
-    # safe, and the written tensor is the one still in the cache
+    return prologue + _outputs_code(spec, name)
+
+
+def _outputs_code(spec: LoopSpec, name: str) -> list[str]:
+    """C++ allocating the outputs: an output takes over the buffer of a full input no other op
+    reads (as TensorFlow's elementwise kernels do): every element is read before it is written,
+    so in place is safe, and the written tensor is the one still in the cache."""
+    slot = spec.matmul[0] if spec.matmul else -1
     full_inputs = ", ".join(
         str(k) for k, kind in enumerate(spec.inputs) if kind == "full" and k != slot
     )
+    lines: list[str] = []
     for o in range(len(spec.outputs)):
         if o == 0 and spec.matmul:  # A W goes into output 0, read and overwritten in place
-            prologue += [
+            lines += [
                 "    Tensor* out0 = nullptr;",
                 "    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, out_shape, &out0));",
                 "    float* Y0 = out0->flat<float>().data();",
                 *_matmul_code(spec, name),
             ]
             continue
-        prologue += [
+        lines += [
             f"    Tensor* out{o} = nullptr;",
             f"    OP_REQUIRES_OK(ctx, ctx->forward_input_or_allocate_output({{{full_inputs}}}, {o},",
             f"                                                             out_shape, &out{o}));",
             f"    float* Y{o} = out{o}->flat<float>().data();",
         ]
-    lines += prologue
-    lines.append("    auto body = [&](int64_t begin, int64_t end) {")
+    return lines
+
+
+def _body(spec: LoopSpec) -> list[str]:
+    """The CPU kernel's parallel loop over rows (the program per element) and the source's end."""
+    n_in = len(spec.inputs)
+    slot = spec.matmul[0] if spec.matmul else -1
+    lines = ["    auto body = [&](int64_t begin, int64_t end) {"]
     if spec.matmul:  # this block's rows of A W (Eigen's GEMM), then the program while cached
         k = spec.matmul[1]
         lines += [
@@ -117,10 +141,8 @@ def generate(spec: LoopSpec, cuda: bool = False) -> str:
     cost = 4 * (sum(k == "full" for k in spec.inputs) + len(spec.outputs)) + 2 * len(spec.body)
     if spec.matmul:
         cost += 2 * spec.matmul[1]  # multiply-adds per element of A W
-    lines += ["        }", "      }", *xy_op_tail(name, f"{cost} * kWidth")]
-    if cuda:
-        lines.append(loop_cuda.loop_gpu_kernel(spec, prologue))
-    return "\n".join(lines)
+    lines += ["        }", "      }", *xy_op_tail(spec.op_name, f"{cost} * kWidth")]
+    return lines
 
 
 def _rows_code(spec: LoopSpec, name: str) -> list[str]:

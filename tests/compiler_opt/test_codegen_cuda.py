@@ -1,4 +1,5 @@
-"""compiler_opt.codegen_cuda: the CUDA forms of the generated ops, checked without a GPU.
+"""The CUDA forms of the generated ops (the ``cuda`` modules of ``compiler_opt``'s embedding_op,
+loop_op and row_op), checked without a GPU.
 
 Each library is built with ``$STITCHREC_CUDA=1`` (nvcc compiles the device code for sm_80 /
 sm_90 and links it in); the op then has a GPU and a CPU kernel. The device code itself runs
@@ -6,7 +7,7 @@ on the host through the launcher's ``on_host`` path (the same ``__host__ __devic
 ``Element`` the GPU kernel calls), into outputs poisoned with NaN, and must equal the CPU
 kernel: every method of the embedding op, forward and gradient, single-valued and ragged ids,
 out-of-range ids and empty rows; every elementwise op of the loop ops. Running the GPU kernel
-itself needs a GPU (``tests/compiler_opt/gpu_check.py``).
+itself needs a GPU (``bench/compiler/cuda_check.py``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from tensorflow.python.framework import kernels as tf_kernels
 
 from compiler_opt import registry, toolchain, xy_op
 from compiler_opt.embedding_op import cuda as emb_cuda
+from compiler_opt.embedding_op import cuda_harness
 from compiler_opt.embedding_op import gpu_kernels as emb_gpu
 from compiler_opt.embedding_op import layer as emb_layer
 from compiler_opt.embedding_op import ops as emb_ops
@@ -381,13 +383,12 @@ def test_the_cuda_form_has_its_own_cache_entry_and_nvcc_errors_are_reported(cuda
 
 
 def test_the_gpu_check_harness_builds_and_runs_its_host_part(cuda_block, tmp_path):
-    """``bench/compiler/cuda_check``'s harness for a spec: it builds with nvcc and runs the
-    device code on the host (on a GPU it also runs and times the kernels)."""
-    from bench.compiler import cuda_check
-
+    """The standalone check harness of a spec (``embedding_op.cuda_harness``, written by
+    ``bench/compiler/cuda_check``): it builds with nvcc and runs the device code on the host
+    (on a GPU it also runs and times the kernels)."""
     _, kernel = cuda_block
     (tmp_path / "k.cu").write_text(emb_cuda.embedding_source(kernel.spec))
-    (tmp_path / "h.cu").write_text(cuda_check.harness_source(kernel.spec, "test"))
+    (tmp_path / "h.cu").write_text(cuda_harness.harness_source(kernel.spec, "test"))
     exe = tmp_path / "check"
     tc = toolchain.cuda_toolchain()
     flags = [f for f in tc.flags if f not in ("-Xcompiler", "-fPIC")]

@@ -1,4 +1,4 @@
-"""compiler_opt.codegen_row: generated ops for groups with reductions (row programs).
+"""compiler_opt.row_op: generated ops for groups with reductions (row programs).
 
 Each program is read out of a frozen ``tf.function`` (every node it can express), replaces
 those nodes in the GraphDef, and must give the function's own outputs: the FM term, a

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import tensorflow as tf
 
-from compiler_opt import ir
+from compiler_opt import ir, op_classes
 
 
 def test_known_ops_are_classed():
@@ -37,7 +37,7 @@ def test_known_ops_are_classed():
         "AssignVariableOp": "opaque",
         "SomeOpNobodyKnows": "opaque",
     }
-    assert {op: ir.classify(op) for op in expected} == expected
+    assert {op: op_classes.classify(op) for op in expected} == expected
 
 
 def test_nested_function_is_inlined_with_shapes():
@@ -76,7 +76,7 @@ def test_nested_function_is_inlined_with_shapes():
 
 
 def _node(name, op, inputs=(), control=()):
-    return ir.Node(name, op, ir.classify(op), list(inputs), list(control), [])
+    return ir.Node(name, op, op_classes.classify(op), list(inputs), list(control), [])
 
 
 def test_topological_order_and_cycle_check():

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from bench.compiler.profile import executed_kernels
 from compiler_opt import realize
+from compiler_opt.executed import executed_kernels
 
 
 def test_planned_groups_run_as_xla_clusters_with_equal_outputs(hand):
