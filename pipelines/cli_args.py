@@ -154,7 +154,7 @@ def export(sub: Subparsers) -> None:
     e.add_argument(
         "--fuse-kernels",
         action="store_true",
-        help="export the embedding block as one generated C++ op (compiler_opt.codegen); the "
+        help="export the embedding block as one generated C++ op (compiler_opt.embedding_op); the "
         "server loads or compiles it before the model",
     )
     _fuse_flags(e)

@@ -141,7 +141,7 @@ class FusionConfig:
 
     Attributes:
       kernels: run the embedding block (lookups, AMTL masks, pooling, concat) as one generated
-        C++ op (``compiler_opt.codegen``), compiled with g++ on first use and cached; fields it
+        C++ op (``compiler_opt.embedding_op``), compiled with g++ on first use and cached; fields it
         does not cover, a distributed run's variables and a machine without a compiler fall
         back to the plain layers with a warning. Checkpoints and ``model.json`` are the same
         as without it; exports stay unfused.

@@ -94,7 +94,7 @@ def available_devices() -> list[str]:
 def kernel_devices(kernels: list[str], devices: list[str]) -> tuple[list[str], str]:
     """The devices a version with generated ops ``kernels`` (forward op names, loaded) can run
     on, and why when that is fewer than ``devices``: a generated op without a GPU kernel
-    (``compiler_opt.codegen_cuda``: no nvcc, or a form it does not cover) would read tables in
+    (``compiler_opt``'s CUDA forms: no nvcc, or a form it does not cover) would read tables in
     device memory as host memory, so such a version serves on the CPU."""
     gpus = [d for d in devices if "GPU" in d.upper()]
     if not gpus:
@@ -187,7 +187,7 @@ class ModelVersion:
         """Loads the SavedModel once per device (after the generated kernels it uses), reads its
         signatures, feature groups and fusion plan; returns ``self``."""
         self.state = VersionState.LOADING
-        # Generated kernels an export uses (compiler_opt.codegen) must be loaded first.
+        # Generated kernels an export uses (compiler_opt.embedding_op) must be loaded first.
         self.kernels = emb_assets.load_for_saved_model(self.path)
         self.devices, self.placement_note = kernel_devices(self.kernels, self.devices)
         if self.placement_note:

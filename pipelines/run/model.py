@@ -194,7 +194,7 @@ def build_on_sample(model: tf.keras.Model, schema: Schema, files: list[Path]) ->
 
 def save_model(model: tf.keras.Model, schema: Schema, root: Path) -> str:
     """``model.json``, ``schema.toml`` and one checkpoint under ``root`` (what
-    ``pipelines.export.load_trained_model`` reads)."""
+    ``load_trained_model`` reads)."""
     paths = RunPaths(root)
     root.mkdir(parents=True, exist_ok=True)
     if paths.checkpoints.exists():

@@ -1,4 +1,4 @@
-"""compiler_opt.codegen: generated C++ kernels against the embedding layers they replace.
+"""compiler_opt.embedding_op: generated C++ kernels against the embedding layers they replace.
 
 Every covered method (full, hashing, QR mult/add/concat, BH sum/concat with both splits,
 AMTL's mask), single-valued and ragged ids (mean and sum pooling), out-of-range ids, and the

@@ -1,4 +1,4 @@
-"""``stitchrec train`` with ``[fusion] kernels = true`` (compiler_opt.codegen) against without."""
+"""``stitchrec train`` with ``[fusion] kernels = true`` (compiler_opt.embedding_op) against without."""
 
 from __future__ import annotations
 
