@@ -175,6 +175,9 @@ class LinearTerm(tf.keras.layers.Layer):
       num_dense: numeric features.
     """
 
+    #: the form of its weights it reads best: one block, summed (any form gives the same sum)
+    input_form: Form = Form.CONCAT
+
     def __init__(self, weights: tf.keras.layers.Layer | None, num_dense: int, **kwargs: Any):
         super().__init__(**kwargs)
         if weights is not None and any(d != 1 for d in weights.dims):
