@@ -2,7 +2,8 @@
 model (``cost``) and a fusion planner (``planner``); planned groups realized as XLA clusters or as
 generated C++/CUDA ops (``realize``): elementwise loop ops (``loop_op``), row programs with
 reductions (``row_op``) and the fused embedding op (``embedding_op``), compiled by ``toolchain``
-and loaded through one ``registry``."""
+and loaded through one ``registry``. ``compiler_opt.fuse.fuse(model, spec)`` returns a ranking
+model with its embedding blocks fused (generated lookups or fused tables)."""
 
 import os
 
