@@ -23,7 +23,7 @@ import tensorflow as tf
 from tf_keras.src.saving.legacy.saved_model.utils import keras_option_scope
 
 from compiler_opt.embedding_op import assets as emb_assets
-from compiler_opt.fuse import FuseSpec, fuse, fused_collections, kernels_of
+from compiler_opt.transform import FuseSpec, fuse, fused_collections, kernels_of
 from embeddings.protocols import HasServingForm
 from features.dataset import input_signature
 from features.schema import FeatureSpec, Schema

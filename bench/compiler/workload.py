@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from compiler_opt import FuseSpec, fuse
 from compiler_opt.embedding_op import layer as emb_layer
-from compiler_opt.fuse import FuseSpec, fuse
 from compiler_opt.table_fusion import HorizontalEmbeddingCollection, load_unfused
 from embeddings.forms import Embedded, Form
 from features import synthetic, synthetic_config

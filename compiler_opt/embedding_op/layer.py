@@ -10,7 +10,9 @@ from typing import Any
 
 import tensorflow as tf
 
-from compiler_opt import cost, ir, planner
+import compiler_opt.cost as cost
+import compiler_opt.ir as ir
+import compiler_opt.planner as planner
 from compiler_opt.embedding_op.ops import Kernel, gpu_fallback, load
 from compiler_opt.embedding_op.spec import BlockSpec, build_spec
 from compiler_opt.toolchain import CompilerUnavailable
@@ -24,7 +26,7 @@ def _amtl_mask(layer: Any, x: Any) -> tuple[tf.Tensor, tf.Tensor]:
     """AMTL's ``(mask per unique id [u, dim], index per id [n])``, as AMTLEmbedding.call."""
     flat = oov_safe(flat_ids(x), layer.num_rows)
     unique, where = tf.unique(flat)
-    return layer._mask(unique), where
+    return layer.mask(unique), where
 
 
 def _fused_call(

@@ -7,8 +7,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from compiler_opt import cost, realize, table_fusion
-from compiler_opt.fuse import FuseSpec, fuse
+from compiler_opt import FuseSpec, cost, fuse, realize, table_fusion
 from pipelines.config import ConfigError, PipelineConfig
 from pipelines.run.model import make_optimizer
 from pipelines.run.paths import Log, RunPaths

@@ -11,8 +11,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from compiler_opt import table_fusion
-from compiler_opt.fuse import FuseSpec, fuse
+from compiler_opt import FuseSpec, fuse, table_fusion
 from embeddings.protocols import WarmStartable
 from features.crosses.pcf_artifact import GRAPH_DIR, PCFArtifact
 from features.crosses.pcf_graph import PairGraph

@@ -79,7 +79,7 @@ def test_fm_and_wide_weights_run_as_generated_ops(tiny, model_type, tmp_path):
     from tests.compiler_opt.conftest import need_compiler
 
     need_compiler()
-    from compiler_opt.fuse import FuseSpec, fuse, fused_collections
+    from compiler_opt.transform import FuseSpec, fuse, fused_collections
     from embeddings.collection import EmbeddingCollection
     from features.dataset import make_dataset
     from pipelines.config import DataConfig, PipelineConfig

@@ -16,8 +16,7 @@ import numpy as np
 import pytest
 import tensorflow as tf  # tests/conftest.py sets TF_USE_LEGACY_KERAS first
 
-from compiler_opt import table_fusion
-from compiler_opt.fuse import FuseSpec, fuse
+from compiler_opt import FuseSpec, fuse, table_fusion
 from compiler_opt.table_fusion import (
     HorizontalEmbeddingCollection,
     load_unfused,
