@@ -59,6 +59,9 @@ class DataConfig:
         ``test`` goes with ``train`` only: with ``raw`` the test rows are the ``test_fraction``
         split of the raw files, and a ``test`` next to ``raw`` is a ConfigError.
       max_bad_rows: bad raw rows to skip and count before failing (0: fail on the first).
+        With ``train`` Parquet shards read as they are, a value above 0 reads them through the
+        conversion into the run's ``data/`` folder instead, where bad rows are skipped and
+        counted like raw ones.
       crosses: a cross artifact (``stitchrec crosses fives``) whose top ``cross_top_n`` crosses
         become hashed categorical fields computed inside the model ("": none).
       cross_top_n: how many of the artifact's ranked crosses to add.
