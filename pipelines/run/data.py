@@ -35,7 +35,7 @@ def prepare_data(cfg: PipelineConfig, paths: RunPaths, log: Log) -> tuple[Schema
     """Returns (schema of the shards, train shards, test shards), converting raw files once."""
     schema = load_schema(cfg.data.schema)
     d = cfg.data
-    if d.train and _direct_parquet(schema):
+    if d.train and _direct_parquet(schema) and not d.max_bad_rows:  # else skip bad rows in convert
         train = list_parquet(list(d.train))
         test = list_parquet(list(d.test)) if d.test else []
         return schema.as_parquet(), train, test
