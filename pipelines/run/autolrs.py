@@ -46,25 +46,35 @@ AUTOLRS_OPTIONS: dict[str, Any] = {
     "tau_growth": 1.0,
     "tau_max": 0,
     "val_every": 1,
+    "loss_floor": 0.0,
 }
 ACQUISITIONS = ("ei", "lcb")
 _GRID_POINTS = 201
 _INITIAL_POINTS = 2  # random candidates before the surrogate proposes
-_LENGTH_SCALES = np.logspace(np.log10(0.03), 0.0, 25)  # on the [0, 1] log10(lr) axis
+_LENGTH_SCALES = np.logspace(-1.0, 0.0, 21)  # on the [0, 1] log10(lr) axis: 0.1 .. 1
 _NOISE = 1e-4  # observation noise variance of the standardised objective
 
 
 # ---------------------------------------------------------------- loss-curve forecast
 
 
-def _exp_rss(b: float, t: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
-    design = np.stack([np.exp(-b * t), np.ones_like(t)], axis=1)
+def _exp_rss(
+    b: float, t: np.ndarray, y: np.ndarray, floor: float | None
+) -> tuple[float, float, float]:
+    e = np.exp(-b * t)
+    design = np.stack([e, np.ones_like(t)], axis=1)
     (a, c), *_ = np.linalg.lstsq(design, y, rcond=None)
-    return float(np.sum((design @ [a, c] - y) ** 2)), float(a), float(c)
+    if floor is not None and c < floor:  # the asymptote at the floor, a alone by least squares
+        c = floor
+        a = float(e @ (y - c) / (e @ e))
+    return float(np.sum((a * e + c - y) ** 2)), float(a), float(c)
 
 
-def fit_exponential(t: Sequence[float], y: Sequence[float]) -> tuple[float, float, float]:
-    """``(a, b, c)`` of ``y ~ a exp(-b t) + c`` by least squares, ``b > 0``.
+def fit_exponential(
+    t: Sequence[float], y: Sequence[float], floor: float | None = None
+) -> tuple[float, float, float]:
+    """``(a, b, c)`` of ``y ~ a exp(-b t) + c`` by least squares, ``b > 0`` and (``floor``
+    given) ``c >= floor``.
 
     For a fixed ``b`` the model is linear in ``a`` and ``c`` (solved exactly); ``b`` is the best
     of a log grid over ``[1e-3, 50] / max(t)``, refined by a bounded scalar search.
@@ -74,24 +84,26 @@ def fit_exponential(t: Sequence[float], y: Sequence[float]) -> tuple[float, floa
         raise ValueError(f"fit_exponential needs >= 3 points (t, y) of one length, got {t.size}")
     span = float(np.max(t)) or 1.0
     log_bs = np.linspace(np.log(1e-3 / span), np.log(50.0 / span), 61)
-    rss = [_exp_rss(math.exp(lb), t, y)[0] for lb in log_bs]
+    rss = [_exp_rss(math.exp(lb), t, y, floor)[0] for lb in log_bs]
     i = int(np.argmin(rss))
     lo, hi = log_bs[max(i - 1, 0)], log_bs[min(i + 1, len(log_bs) - 1)]
     best = optimize.minimize_scalar(
-        lambda lb: _exp_rss(math.exp(lb), t, y)[0],
+        lambda lb: _exp_rss(math.exp(lb), t, y, floor)[0],
         bounds=(lo, hi),
         method="bounded",
         options={"xatol": 1e-10},
     )
     log_b = float(best.x) if best.fun <= rss[i] else float(log_bs[i])
     b = math.exp(log_b)
-    _, a, c = _exp_rss(b, t, y)
+    _, a, c = _exp_rss(b, t, y, floor)
     return a, b, c
 
 
-def forecast_loss(t: Sequence[float], y: Sequence[float], horizon: float) -> float:
+def forecast_loss(
+    t: Sequence[float], y: Sequence[float], horizon: float, floor: float | None = None
+) -> float:
     """The loss at step ``horizon`` of the exponential fit of the curve ``(t, y)``."""
-    a, b, c = fit_exponential(t, y)
+    a, b, c = fit_exponential(t, y, floor)
     return a * math.exp(-b * horizon) + c
 
 
@@ -219,7 +231,10 @@ class AutoLRS:
     ``seed``: the random first candidates; ``acquisition``: ``ei`` or ``lcb``;
     ``length_scale``: the GP's on the [0, 1] log10(lr) axis (0: marginal likelihood);
     ``tau_growth`` / ``tau_max``: ``tau`` (and ``tau_prime`` with it) multiplied after each
-    stage, up to ``tau_max`` (0: no cap); ``val_every``: steps between validation losses.
+    stage, up to ``tau_max`` (0: no cap); ``val_every``: steps between validation losses;
+    ``loss_floor``: the lowest loss the forecast's asymptote ``c`` may take (0: cross-entropy
+    and squared errors; ``None``: unbounded, which lets a still-falling curve extrapolate to
+    any value).
 
     State (``state_dict`` / ``load_state_dict``, or ``tracked`` in a ``tf.train.Checkpoint``):
     stages done, the current stage's start, length and learning rate, and every stage's report.
@@ -242,14 +257,20 @@ class AutoLRS:
         tau_growth: float = 1.0,
         tau_max: int = 0,
         val_every: int = 1,
+        loss_floor: float | None = 0.0,
     ) -> None:
         _check(
             tau, tau_prime, lr_range, candidates, acquisition, length_scale, tau_growth, val_every
         )
-        if not isinstance(optimizer.learning_rate, tf.Variable):
+        if not (loss_floor is None or isinstance(loss_floor, (int, float))):
+            raise ConfigError(
+                f"[train] lr_schedule option loss_floor = {loss_floor!r}: expected a number"
+            )
+        lr_config = optimizer.get_config()["learning_rate"]  # a schedule's: its config dict
+        if isinstance(lr_config, dict):
             raise ConfigError(
                 "[train] lr_schedule = 'autolrs' needs an optimizer with a constant learning "
-                f"rate, got {type(optimizer.learning_rate).__name__}"
+                f"rate, got {lr_config!r}"
             )
         self.model, self.optimizer = model, optimizer
         self.train_step_fn, self.val_loss_fn = train_step_fn, val_loss_fn
@@ -257,6 +278,7 @@ class AutoLRS:
         self.candidates, self.seed, self.acquisition = int(candidates), int(seed), acquisition
         self.length_scale, self.val_every = float(length_scale), int(val_every)
         self.tau_growth, self.tau_max = float(tau_growth), int(tau_max)
+        self.loss_floor = None if loss_floor is None else float(loss_floor)
         self.tracked = _Tracked()
         self._set_state({"stage": 0, "stage_start": 0, "stage_tau": 0, "lr": None, "history": []})
 
@@ -322,7 +344,7 @@ class AutoLRS:
         losses = cand["val_loss"]
         forecast, fit = math.inf, None
         if all(math.isfinite(v) for v in losses) and len(losses) >= 3:
-            fit = fit_exponential(cand["t"], losses)
+            fit = fit_exponential(cand["t"], losses, self.loss_floor)
             forecast = fit[0] * math.exp(-fit[1] * tau) + fit[2]
         cand["val_loss"] = [_finite(v) for v in losses]
         cand["fit"] = list(fit) if fit else None
@@ -400,7 +422,7 @@ class AutoLRS:
                 trained += 1
             s["stage_trained"] = trained
             self._set_state(s)
-        return float(self.optimizer.learning_rate.numpy())
+        return s["lr"] if s["lr"] is not None else float(self.optimizer.learning_rate.numpy())
 
     def report(self) -> dict[str, Any]:
         """Stages, the learning rate each chose, and the steps spent searching."""
