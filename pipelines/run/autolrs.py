@@ -17,6 +17,7 @@ The search's steps are optimizer updates that are undone: they count in the stag
 
 from __future__ import annotations
 
+import copy
 import itertools
 import json
 import math
@@ -262,6 +263,11 @@ class AutoLRS:
         _check(
             tau, tau_prime, lr_range, candidates, acquisition, length_scale, tau_growth, val_every
         )
+        if not (isinstance(tau_max, int) and (tau_max == 0 or tau_max >= tau)):
+            raise ConfigError(
+                f"[train] lr_schedule option tau_max = {tau_max!r}: expected 0 (no cap) or an "
+                f"integer >= tau = {tau}"
+            )
         if not (loss_floor is None or isinstance(loss_floor, (int, float))):
             raise ConfigError(
                 f"[train] lr_schedule option loss_floor = {loss_floor!r}: expected a number"
@@ -280,12 +286,22 @@ class AutoLRS:
         self.tau_growth, self.tau_max = float(tau_growth), int(tau_max)
         self.loss_floor = None if loss_floor is None else float(loss_floor)
         self.tracked = _Tracked()
+        self._raw: bytes | None = None
+        self._parsed: dict[str, Any] = {}
         self._set_state({"stage": 0, "stage_start": 0, "stage_tau": 0, "lr": None, "history": []})
 
     # -- state
+    def _current(self) -> dict[str, Any]:
+        """The state in ``tracked`` (a checkpoint restore included), parsed once per change."""
+        raw = self.tracked.state.numpy()
+        if raw != self._raw:
+            self._raw, self._parsed = raw, json.loads(raw.decode())
+        return self._parsed
+
     @property
     def state(self) -> dict[str, Any]:
-        return json.loads(self.tracked.state.numpy().decode())
+        """A copy of the state."""
+        return copy.deepcopy(self._current())
 
     def _set_state(self, state: Mapping[str, Any]) -> None:
         self.tracked.state.assign(json.dumps(state))
@@ -315,7 +331,7 @@ class AutoLRS:
 
     def stage_due(self, step: int) -> bool:
         """True when the run at ``step`` has no stage or has trained its stage's ``tau`` steps."""
-        s = self.state
+        s = self._current()
         return s["lr"] is None or step >= s["stage_start"] + s["stage_tau"]
 
     # -- the search

@@ -260,6 +260,7 @@ def test_validation_loss_fn_is_the_row_weighted_mean():
         ({"lr_min": 0.1, "lr_max": 0.01}, ["lr_min/lr_max", "0 < lr_min < lr_max"]),
         ({"tau_growth": 0.5}, ["tau_growth = 0.5", ">= 1"]),
         ({"val_every": 0}, ["val_every = 0", ">= 1"]),
+        ({"tau": 100, "tau_max": 50}, ["tau_max = 50", ">= tau = 100"]),
         ({"loss_floor": "zero"}, ["loss_floor = 'zero'", "a number"]),
     ],
 )
