@@ -25,7 +25,7 @@ from pipelines.run.scoring import make_scorer, predict
 from pipelines.run.selection import HISTORY_FILE
 from pipelines.train import train
 from ranking import metrics
-from tests.pipelines.test_train import _cli, _config, _train_cli
+from tests.pipelines.test_train import _checkpoint_step, _cli, _config, _train_cli
 from tests.testdata import TINY_SCHEMA, make_tiny_table
 
 
@@ -216,13 +216,16 @@ def test_sigkill_then_resume_keeps_the_early_stopping_state(tmp_path):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert proc.returncode == -signal.SIGKILL
+    saved = _checkpoint_step(killed)
     resumed = _train_cli(_config(data, killed, **opts))
     assert "resumed from" in resumed
     straight = tmp_path / "straight"
     _train_cli(_config(data, straight, **opts))
     a, b = (json.loads((r / "train_report.json").read_text()) for r in (killed, straight))
     assert a["selection"] == b["selection"] and a["selected"]["step"] == b["selected"]["step"]
-    assert a["steps"] == b["steps"]
+    assert a["steps"] == b["steps"] and a["selection"]["stopped_early"]
+    assert saved < a["steps"] and f"at step {saved} " in resumed  # killed before it stopped
+    assert a["steps_this_run"] == a["steps"] - saved
     assert [(e["step"], e["best"]) for e in a["epochs"]] == [
         (e["step"], e["best"]) for e in b["epochs"]
     ]
