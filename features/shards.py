@@ -1,5 +1,6 @@
 """Parquet shard output: ``ShardWriter``, ``write_parquet_shards``, and ``convert``, which streams
-raw inputs through ``read_batches`` into ``train``/``test`` shards split by ``split_mask``.
+raw inputs through ``read_batches`` into ``train``/``validation``/``test`` shards split by
+``split_mask`` and ``validation_mask``.
 """
 
 from __future__ import annotations
@@ -126,16 +127,33 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
         return z ^ (z >> np.uint64(31))
 
 
+def _split_u(seed: int, start: int, n: int) -> np.ndarray:
+    """float64[n] in [0, 1): splitmix64 of the global row indices ``start ..`` keyed by ``seed``."""
+    key = _splitmix64(np.array([seed & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64))[0]
+    idx = np.arange(start, start + n, dtype=np.uint64)
+    return (_splitmix64(idx ^ key) >> np.uint64(11)).astype(np.float64) * 2.0**-53
+
+
 def split_mask(seed: int, start: int, n: int, test_fraction: float) -> np.ndarray:
     """bool[n]: rows ``start .. start+n-1`` (global row indices) that go to the test split.
 
     A row is in test iff ``u < test_fraction`` with ``u`` in [0, 1) from splitmix64 of the row
     index keyed by ``seed``, so the split depends only on (seed, row index).
     """
-    key = _splitmix64(np.array([seed & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64))[0]
-    idx = np.arange(start, start + n, dtype=np.uint64)
-    u = (_splitmix64(idx ^ key) >> np.uint64(11)).astype(np.float64) * 2.0**-53
-    return u < test_fraction
+    return _split_u(seed, start, n) < test_fraction
+
+
+def validation_mask(
+    seed: int, start: int, n: int, test_fraction: float, validation_fraction: float
+) -> np.ndarray:
+    """bool[n]: rows ``start .. start+n-1`` that go to the validation split.
+
+    The same ``u`` as ``split_mask``: a row is in validation iff
+    ``test_fraction <= u < test_fraction + validation_fraction * (1 - test_fraction)``, so the
+    validation rows are never test rows and are ``validation_fraction`` of the training rows.
+    """
+    u = _split_u(seed, start, n)
+    return (u >= test_fraction) & (u < test_fraction + validation_fraction * (1 - test_fraction))
 
 
 def convert(
@@ -144,6 +162,7 @@ def convert(
     out_dir: str | Path,
     *,
     test_fraction: float = 0.0,
+    validation_fraction: float = 0.0,
     seed: int = 0,
     rows_per_shard: int = 1_000_000,
     batch_rows: int = 65536,
@@ -153,33 +172,42 @@ def convert(
     """Streams ``inputs`` through ``read_batches`` into Parquet shards.
 
     Rows go to ``out_dir/test/`` with probability ``test_fraction`` (decided by ``split_mask``
-    from ``seed`` and the row's global index, so independent of ``batch_rows``), else to
-    ``out_dir/train/``. Returns ``{"train": [shard paths], "test": [shard paths]}``; read the
-    shards back with ``read_batches(schema.as_parquet(), out_dir / "train")``.
+    from ``seed`` and the row's global index, so independent of ``batch_rows``), to
+    ``out_dir/validation/`` with probability ``validation_fraction`` of the remaining rows
+    (``validation_mask``), else to ``out_dir/train/``. Returns ``{"train": [shard paths],
+    "validation": [...], "test": [...]}``; read the shards back with
+    ``read_batches(schema.as_parquet(), out_dir / "train")``.
     """
     if not 0.0 <= test_fraction < 1.0:
         raise ValueError(f"test_fraction must be in [0, 1), got {test_fraction!r}")
+    if not 0.0 <= validation_fraction < 1.0:
+        raise ValueError(f"validation_fraction must be in [0, 1), got {validation_fraction!r}")
     batches = read_batches(
         schema, inputs, batch_rows=batch_rows, max_bad_rows=max_bad_rows, report=report
     )
     out = Path(out_dir)
-    train = ShardWriter(out / "train", rows_per_shard, "part")
-    test = ShardWriter(out / "test", rows_per_shard, "part") if test_fraction > 0 else None
-    if test is None and (out / "test").is_dir():
-        ShardWriter(out / "test", rows_per_shard, "part")  # clears stale test shards
+    writers = {"train": ShardWriter(out / "train", rows_per_shard, "part")}
+    for name, fraction in (("test", test_fraction), ("validation", validation_fraction)):
+        if fraction > 0 or (out / name).is_dir():  # a writer also clears stale shards
+            writers[name] = ShardWriter(out / name, rows_per_shard, "part")
     seen = 0
     try:
         for b in batches:
-            if test is None:
-                train.write(b)
-            else:
-                is_test = split_mask(seed, seen, b.num_rows, test_fraction)
-                train.write(b.filter(pa.array(~is_test)))
-                test.write(b.filter(pa.array(is_test)))
+            is_test = split_mask(seed, seen, b.num_rows, test_fraction)
+            is_val = validation_mask(seed, seen, b.num_rows, test_fraction, validation_fraction)
+            writers["train"].write(b.filter(pa.array(~(is_test | is_val))))
+            if test_fraction > 0:
+                writers["test"].write(b.filter(pa.array(is_test)))
+            if validation_fraction > 0:
+                writers["validation"].write(b.filter(pa.array(is_val)))
             seen += b.num_rows
     except BaseException:
-        train.abort()
-        if test is not None:
-            test.abort()
+        for w in writers.values():
+            w.abort()
         raise
-    return {"train": train.close(), "test": test.close() if test is not None else []}
+    closed = {name: w.close() for name, w in writers.items()}
+    return {
+        "train": closed["train"],
+        "validation": closed.get("validation", []) if validation_fraction > 0 else [],
+        "test": closed.get("test", []) if test_fraction > 0 else [],
+    }

@@ -8,6 +8,7 @@
     schema = "movielens"                # a schema file, or the name of a shipped schema
     raw = ["../shared/data/movielens-latest-small/ratings.csv"]
     test_fraction = 0.2                 # random split of the raw rows, by split_seed
+    validation_fraction = 0.1           # of the training rows: model selection, early stopping
     split_seed = 0
     # or, for Parquet shards whose columns are the schema's fields:
     # train = ["data/train"]
@@ -41,6 +42,7 @@ from pipelines.config_types import type_error
 from ranking.config import ModelConfig, PrerankConfig
 
 _OPTIMIZERS = ("adam", "adagrad", "sgd")
+_SELECT_METRICS = ("auc", "logloss")
 
 
 class ConfigError(ValueError):
@@ -58,6 +60,11 @@ class DataConfig:
       train, test: Parquet shards whose columns are the schema's fields (used as they are).
         ``test`` goes with ``train`` only: with ``raw`` the test rows are the ``test_fraction``
         split of the raw files, and a ``test`` next to ``raw`` is a ConfigError.
+      validation: the validation files or shards (raw or Parquet, like ``train``/``test``); when
+        given, ``validation_fraction`` is not used.
+      validation_fraction: the fraction of the training rows held out as the validation split
+        (by row hash and ``split_seed``, like the test split, never a test row); model selection
+        and early stopping read it, never the test set. 0: no validation split.
       max_bad_rows: bad raw rows to skip and count before failing (0: fail on the first).
         With ``train`` Parquet shards read as they are, a value above 0 reads them through the
         conversion into the run's ``data/`` folder instead, where bad rows are skipped and
@@ -73,7 +80,9 @@ class DataConfig:
     raw: tuple[str, ...] = ()
     train: tuple[str, ...] = ()
     test: tuple[str, ...] = ()
+    validation: tuple[str, ...] = ()
     test_fraction: float = 0.2
+    validation_fraction: float = 0.1
     split_seed: int = 0
     max_bad_rows: int = 0
     crosses: str = ""
@@ -87,7 +96,7 @@ class DataConfig:
             raise ConfigError(
                 f"[data] cross_hash_buckets must be 0 (auto) or >= 2, got {self.cross_hash_buckets}"
             )
-        for key in ("raw", "train", "test"):
+        for key in ("raw", "train", "test", "validation"):
             value = getattr(self, key)
             object.__setattr__(self, key, (value,) if isinstance(value, str) else tuple(value))
         if bool(self.raw) == bool(self.train):
@@ -100,6 +109,10 @@ class DataConfig:
             )
         if not 0.0 <= self.test_fraction < 1.0:
             raise ConfigError(f"[data] test_fraction must be in [0, 1), got {self.test_fraction}")
+        if not 0.0 <= self.validation_fraction < 1.0:
+            raise ConfigError(
+                f"[data] validation_fraction must be in [0, 1), got {self.validation_fraction}"
+            )
         if self.max_bad_rows < 0:
             raise ConfigError(f"[data] max_bad_rows must be >= 0, got {self.max_bad_rows}")
 
@@ -119,6 +132,14 @@ class TrainConfig:
       deterministic: ``tf.config.experimental.enable_op_determinism`` (bitwise-repeatable runs).
       warm_start: a finished training run whose weights start this one (same fields and
         architecture; an embedding method may change, e.g. AMTL behind the trained full tables).
+      eval_every: steps between validation evaluations, besides the one at every epoch end
+        (0: at epoch ends only).
+      early_stopping: stop once ``patience`` validation evaluations in a row did not improve
+        ``select_metric`` by more than ``min_delta`` (None: true when there is a validation
+        split). The best checkpoint is kept and scored either way.
+      select_metric: ``auc`` (higher is better) or ``logloss`` (lower is better).
+      patience: validation evaluations without improvement before stopping (>= 1).
+      min_delta: the least change of ``select_metric`` that counts as an improvement (>= 0).
     """
 
     batch_size: int = 1024
@@ -132,6 +153,11 @@ class TrainConfig:
     shuffle_buffer: int = 262_144
     deterministic: bool = False
     warm_start: str = ""
+    eval_every: int = 0
+    early_stopping: bool | None = None
+    select_metric: str = "auc"
+    patience: int = 2
+    min_delta: float = 0.0
 
     def __post_init__(self) -> None:
         for key in ("batch_size", "epochs", "checkpoint_every", "log_every", "shuffle_buffer"):
@@ -145,6 +171,26 @@ class TrainConfig:
             raise ConfigError(
                 f"[train] optimizer {self.optimizer!r} is not one of {list(_OPTIMIZERS)}"
             )
+        self._check_selection()
+
+    def _check_selection(self) -> None:
+        """The validation-driven keys: eval_every, early_stopping, select_metric, patience,
+        min_delta."""
+        if self.eval_every < 0:
+            raise ConfigError(f"[train] eval_every must be >= 0 (steps), got {self.eval_every}")
+        if self.early_stopping is not None and not isinstance(self.early_stopping, bool):
+            raise ConfigError(
+                f"[train] early_stopping must be true or false, got {self.early_stopping!r}"
+            )
+        if self.select_metric not in _SELECT_METRICS:
+            raise ConfigError(
+                f"[train] select_metric {self.select_metric!r} is not one of "
+                f"{list(_SELECT_METRICS)}"
+            )
+        if self.patience < 1:
+            raise ConfigError(f"[train] patience must be >= 1 (evaluations), got {self.patience}")
+        if not self.min_delta >= 0:
+            raise ConfigError(f"[train] min_delta must be >= 0, got {self.min_delta}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -374,7 +420,7 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 
 # Keys whose value may be one path instead of a list of them.
-_PATH_LISTS = {"data": ("raw", "train", "test"), "pair_stats": ("graph_data",)}
+_PATH_LISTS = {"data": ("raw", "train", "test", "validation"), "pair_stats": ("graph_data",)}
 
 
 def _sections() -> dict[str, type]:

@@ -59,7 +59,7 @@ def cmd_fives(args: argparse.Namespace) -> int:
         raise UsageError(f"--max-rows must be >= 0, got {args.max_rows}")
     paths = RunPaths(Path(cfg.output_dir))
     paths.root.mkdir(parents=True, exist_ok=True)
-    schema, train_files, _ = prepare_data(cfg, paths, log)
+    schema, train_files, _, _ = prepare_data(cfg, paths, log)
     fields = [f.strip() for f in args.fields.split(",") if f.strip()] if args.fields else None
     for name in fields or ():
         if name not in schema.names:

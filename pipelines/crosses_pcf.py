@@ -65,7 +65,7 @@ def run_pcf_gnn(cfg: Any, log: Any = _print) -> dict[str, Any]:
         )
     paths = RunPaths(Path(cfg.output_dir))
     paths.root.mkdir(parents=True, exist_ok=True)
-    schema, train_files, _ = prepare_data(cfg, paths, log)
+    schema, train_files, _, _ = prepare_data(cfg, paths, log)
     files = list_parquet(list(ps.graph_data)) if ps.graph_data else train_files
     for p in ps.pairs:
         for f in p:

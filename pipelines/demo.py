@@ -1,7 +1,8 @@
 """``stitchrec demo`` (what ``make run`` runs): the whole pipeline on the embedded synthetic data.
 
-generate -> statistics -> train -> export a SavedModel -> load it back and evaluate on the test
-split -> a short report. The report sets the test AUC beside the oracle AUC of the generator's true
+generate -> statistics -> train (model selection on a validation split of the training rows) ->
+export the selected checkpoint as a SavedModel -> load it back and evaluate on the test split ->
+a short report. The report sets the test AUC beside the oracle AUC of the generator's true
 click probabilities, the ceiling any model can reach on this data.
 """
 
@@ -68,10 +69,16 @@ def run_demo(
     export_dir = export_run(cfg.output_dir, RunPaths(Path(cfg.output_dir)).exports / "1")
     size = saved_model_bytes(export_dir)
 
-    log("[5/5] evaluating the exported SavedModel on the test split")
+    log("[5/5] evaluating the exported SavedModel (the selected checkpoint) on the test split")
     ev = evaluate(export_dir, [data / "test"])
     summary = {
-        "rows": {"train": report["train_rows"], "test": report["test_rows"]},
+        # "train": the rows of the training input, "validation" of them held out for selection
+        "rows": {
+            "train": report["train_rows"] + report["validation_rows"],
+            "validation": report["validation_rows"],
+            "test": report["test_rows"],
+        },
+        "selected": report["selected"],
         "model": model,
         "parameters": report["parameters"],
         "train_seconds": report["train_seconds"],
@@ -104,11 +111,14 @@ def _report(summary: dict) -> list[str]:
     return [
         "",
         "StitchRec demo report",
-        f"  rows            train {summary['rows']['train']:,} / test {summary['rows']['test']:,}",
+        f"  rows            train {summary['rows']['train']:,} "
+        f"(validation {summary['rows']['validation']:,} of them) / test {summary['rows']['test']:,}",
+        f"  selected        step {summary['selected']['step']} (epoch {summary['selected']['epoch']}): "
+        f"{summary['selected']['reason']}",
         f"  model           {summary['model']}, {summary['parameters']:,} parameters",
         f"  train time      {summary['train_seconds']} s, {summary['examples_per_second']:,} examples/s "
         f"(data generation {summary['data_seconds']} s)",
-        f"  test AUC        {summary['test_auc']:.4f}"
+        f"  test AUC        {summary['test_auc']:.4f} (selected checkpoint)"
         + (f"   (oracle AUC of the true click probabilities: {oracle:.4f})" if oracle else ""),
         f"  test logloss    {summary['test_logloss']:.4f}",
         f"  SavedModel      {summary['saved_model_bytes']:,} bytes "

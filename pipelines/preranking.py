@@ -482,7 +482,7 @@ def run_preranking(cfg: PipelineConfig, log: Log = print) -> dict[str, Any]:
     paths.config.write_text(cfg.to_toml())
     gpus = use_gpus_if_present(log)
     tf.keras.utils.set_random_seed(cfg.train.seed)
-    schema, train_files, test_files = prepare_data(cfg, paths, log)
+    schema, train_files, _, test_files = prepare_data(cfg, paths, log)
     stats = prepare_stats(schema, train_files, paths, log)
     report: dict[str, Any] = {"method": pr.method, "seed": cfg.train.seed}
     t0 = time.time()

@@ -5,18 +5,26 @@ A run lives in one folder (``RunPaths``)::
     <output_dir>/
       config.toml        the resolved config of the run
       schema.toml        the schema of the Parquet shards the model reads (fields by name)
-      data/              train/ and test/ Parquet shards (when the config names raw files)
+      data/              train/, validation/ and test/ Parquet shards (when converted)
       stats/             vocabularies and numeric statistics of the training split
       model.json         the model's Keras config (export rebuilds the model from it)
-      checkpoints/       tf.train.CheckpointManager checkpoints
-      tensorboard/       scalars: train loss and AUC, test AUC and log loss
-      train_report.json  rows, steps, time, test metrics
+      checkpoints/       tf.train.CheckpointManager checkpoints; best/ the best validation one
+      history.jsonl      every validation evaluation of the run, across resumes
+      tensorboard/       scalars: train loss and AUC, validation and test AUC and log loss
+      train_report.json  rows, steps, time, validation history, selection, test metrics
+
+Model selection reads the validation split only (docs/training.md): it is evaluated at every
+epoch end (and every ``eval_every`` steps), the best evaluation's model is kept as
+``checkpoints/best/``, early stopping ends the run after ``patience`` evaluations without
+improvement, and the test set is scored once, at the end, on the selected checkpoint.
 
 Resume: a killed run started again with the same config restores the latest checkpoint (model,
 optimizer, global step, epoch and batch within the epoch) and continues at the next batch. The
 data order is a pure function of (seed, epoch), so the resumed run sees exactly the batches the
 killed one had not trained on, and with ``deterministic = true`` ends bitwise where an
-uninterrupted run ends. Steps after the last checkpoint are retrained, none are lost.
+uninterrupted run ends. Steps after the last checkpoint are retrained, none are lost. The
+early-stopping state is part of the checkpoint, so the resumed run stops where the uninterrupted
+one stops.
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ import tensorflow as tf
 from features.dataset import count_rows, make_dataset
 from features.schema import Schema
 from pipelines import distribute
-from pipelines.config import PipelineConfig
+from pipelines.config import ConfigError, PipelineConfig
 from pipelines.preranking import run_preranking
 from pipelines.run.data import (
     add_configured_crosses,
@@ -43,9 +51,10 @@ from pipelines.run.data import (
     use_gpus_if_present,
 )
 from pipelines.run.fusion import fuse_for_training
-from pipelines.run.model import build_run_model, make_optimizer, warm_start
+from pipelines.run.model import BEST_DIR, build_run_model, make_optimizer, warm_start
 from pipelines.run.paths import Log, RunPaths
 from pipelines.run.scoring import evaluate_model, make_scorer
+from pipelines.run.selection import HISTORY_FILE, History, Selection
 from pipelines.run.step import make_train_step
 
 
@@ -58,6 +67,7 @@ class _Run:
     paths: RunPaths
     schema: Schema
     train_files: list[Path]
+    validation_files: list[Path]
     test_files: list[Path]
     log: Log
 
@@ -105,23 +115,30 @@ def _train(cfg: PipelineConfig, log: Log) -> dict[str, Any]:
     model, optimizer, train_step, fused_step = fuse_for_training(
         cfg, model, optimizer, paths, build_step, distributed=dist.active, log=log
     )
-    state = _restore(run, model, optimizer)
     rows = count_rows(run.train_files)
     dist.check_batch_size(tc.batch_size)
     steps_per_epoch = dist.steps_per_epoch(rows, tc.batch_size)
+    state = _restore(run, model, optimizer, _selection(run), steps_per_epoch)
     total_steps = steps_per_epoch * tc.epochs
     if tc.max_steps:
         total_steps = min(total_steps, tc.max_steps)
     log(
         f"training {model.name} on {rows:,} rows: {tc.epochs} epoch(s) x {steps_per_epoch} steps "
         f"of {tc.batch_size}, {model.count_params():,} parameters"
+        + (
+            f"; validation on {count_rows(run.validation_files):,} rows"
+            if run.validation_files
+            else ""
+        )
     )
     scorer = make_scorer(model, schema)
     loop = _Loop(run, state, train_step, (train_loss, train_auc), scorer)
     loop.run(steps_per_epoch, total_steps)
+    selected = loop.select_and_test(model)
     report = {
         "model": model.name,
         "train_rows": rows,
+        "validation_rows": count_rows(run.validation_files) if run.validation_files else 0,
         "test_rows": count_rows(run.test_files) if run.test_files else 0,
         "steps": int(state.step),
         "steps_this_run": loop.trained_steps,
@@ -129,8 +146,10 @@ def _train(cfg: PipelineConfig, log: Log) -> dict[str, Any]:
         "examples_per_second": round(loop.examples / max(loop.train_seconds, 1e-9)),
         "eval_seconds": round(loop.eval_seconds, 2),
         "parameters": int(model.count_params()),
-        "test": loop.test_metrics(),
-        "epochs": loop.epoch_metrics,
+        "test": loop.test,
+        "selected": selected,
+        "selection": state.selection.describe() if state.selection else None,
+        "epochs": state.history.entries(),
         "checkpoint": state.manager.latest_checkpoint,
         "seed": tc.seed,
         "devices": [g.name for g in gpus] or ["CPU"],
@@ -157,47 +176,108 @@ def _open_run(cfg: PipelineConfig, dist: Any, log: Log) -> tuple[_Run, Any, list
     tf.keras.utils.set_random_seed(cfg.train.seed)
     if cfg.train.deterministic:
         tf.config.experimental.enable_op_determinism()
-    schema, train_files, test_files = prepare_data(cfg, paths, log)
+    schema, train_files, validation_files, test_files = prepare_data(cfg, paths, log)
     schema = add_configured_crosses(cfg, schema, log)
     schema.save(paths.schema)
     stats = prepare_stats(schema, train_files, paths, log)
     if not dist.is_chief:
-        test_files = []  # the chief evaluates and reports
-    return _Run(cfg, dist, paths, schema, train_files, test_files, log), stats, gpus
+        validation_files, test_files = [], []  # the chief evaluates and reports
+    files = (train_files, validation_files, test_files)
+    return _Run(cfg, dist, paths, schema, *files, log), stats, gpus
+
+
+def _selection(run: _Run) -> Selection | None:
+    """The run's early-stopping and best-checkpoint state; None without validation selection
+    (no validation split, or a distribution strategy, whose workers all train every step)."""
+    tc, dist = run.cfg.train, run.dist
+    if tc.early_stopping and dist.active:
+        raise ConfigError(
+            "[train] early_stopping = true: not available under a distribution strategy "
+            "(every worker must run every step); set it to false"
+        )
+    if tc.early_stopping and not run.validation_files and dist.is_chief:
+        raise ConfigError(
+            "[train] early_stopping = true needs a validation split: set [data] "
+            "validation_fraction > 0 or give [data] validation files"
+        )
+    if dist.active or not run.validation_files:
+        return None
+    early = True if tc.early_stopping is None else tc.early_stopping
+    return Selection(tc.select_metric, tc.patience, tc.min_delta, early)
 
 
 @dataclasses.dataclass
 class _State:
-    """The checkpointed position of the run: global step, epoch, batch within the epoch."""
+    """The checkpointed position of the run: global step, epoch, batch within the epoch, the
+    selection state; the managers of the checkpoints and of the best one; the history."""
 
     step: tf.Variable
     epoch: tf.Variable
     batch: tf.Variable
     manager: tf.train.CheckpointManager
+    selection: Selection | None
+    best: tf.train.CheckpointManager | None
+    history: History
+    steps_per_epoch: int
 
 
-def _restore(run: _Run, model: tf.keras.Model, optimizer: Any) -> _State:
-    """The run's checkpoint manager, the latest checkpoint (the chief's) restored."""
+def _restore(
+    run: _Run, model: tf.keras.Model, optimizer: Any, selection: Selection | None, spe: int
+) -> _State:
+    """The run's checkpoint managers, the latest checkpoint (the chief's) restored."""
     step = tf.Variable(0, dtype=tf.int64, name="step")
     epoch = tf.Variable(0, dtype=tf.int64, name="epoch")
     batch = tf.Variable(0, dtype=tf.int64, name="batch_in_epoch")
+    extra = selection.variables() if selection else {}
     ckpt = tf.train.Checkpoint(
-        model=model, optimizer=optimizer, step=step, epoch=epoch, batch=batch
+        model=model, optimizer=optimizer, step=step, epoch=epoch, batch=batch, **extra
     )
     manager = tf.train.CheckpointManager(ckpt, run.paths.checkpoints, max_to_keep=3)
+    best = None
+    if selection is not None:
+        best_ckpt = tf.train.Checkpoint(model=model, step=step, epoch=epoch)
+        best = tf.train.CheckpointManager(best_ckpt, run.paths.checkpoints / BEST_DIR, 1)
     chief = Path(run.cfg.output_dir) / "checkpoints"
     latest = run.dist.latest_checkpoint(manager.latest_checkpoint, chief)
+    history = History(run.paths.root / HISTORY_FILE)
+    state = _State(step, epoch, batch, manager, selection, best, history, spe)
     if latest:
         ckpt.restore(latest).assert_existing_objects_matched()
         run.log(
             f"resumed from {latest} at step {int(step)} "
             f"(epoch {int(epoch) + 1}, batch {int(batch)})"
         )
-    return _State(step, epoch, batch, manager)
+        if run.dist.is_chief:
+            history.keep_until(int(step))
+        _check_best(state, run.log)
+    return state
+
+
+def _checkpoint_step(path: str | None) -> int:
+    return int(path.rsplit("-", 1)[1]) if path else 0
+
+
+def _check_best(state: _State, log: Log) -> None:
+    """After a resume: the best checkpoint on disk is the one the restored state names.
+
+    The best checkpoint is saved right after the regular one; a run killed between the two
+    restores a state whose best step is the restored step itself, so its model is saved now."""
+    sel, best = state.selection, state.best
+    if sel is None or not sel.has_best:
+        return
+    if _checkpoint_step(best.latest_checkpoint) != int(sel.best_step):
+        if int(state.step) == int(sel.best_step):
+            best.save(checkpoint_number=int(state.step))
+        else:
+            log(
+                f"warning: {best.directory} does not hold the best step {int(sel.best_step)}; "
+                "the best checkpoint is saved again at the next improvement"
+            )
 
 
 class _Loop:
-    """The epochs of a run: steps, windowed train metrics, checkpoints, per-epoch test metrics."""
+    """The epochs of a run: steps, windowed train metrics, checkpoints, validation evaluations
+    and early stopping; at the end, the test metrics of the selected checkpoint."""
 
     def __init__(
         self, run: _Run, state: _State, train_step: Any, window: tuple, scorer: Any
@@ -208,13 +288,20 @@ class _Loop:
         self.writer = tf.summary.create_file_writer(str(run.paths.tensorboard))
         self.eval_seconds, self.train_seconds = 0.0, 0.0
         self.examples, self.trained_steps = 0, 0
-        self.epoch_metrics: list[dict[str, Any]] = []
+        done = state.history.entries()  # a resumed run does not evaluate a step twice
+        self.last_eval = done[-1]["step"] if done else -1  # the last evaluated global step
+        self.test: dict[str, Any] | None = None
         self.t_window, self.examples_window = time.time(), 0
+
+    @property
+    def stopped(self) -> bool:
+        sel = self.state.selection
+        return sel is not None and bool(sel.stopped)
 
     def run(self, steps_per_epoch: int, total_steps: int) -> None:
         r, s, tc = self.run_, self.state, self.run_.cfg.train
         t_start = time.time()
-        done = int(s.step) >= total_steps
+        done = int(s.step) >= total_steps or self.stopped
         while not done and int(s.epoch) < tc.epochs:
             epoch = int(s.epoch)
             done = self._epoch(epoch, total_steps)
@@ -222,14 +309,22 @@ class _Loop:
             if int(s.batch) >= steps_per_epoch or not done:
                 s.epoch.assign_add(1)
                 s.batch.assign(0)
-            s.manager.save(checkpoint_number=int(s.step))
-            if r.test_files:
-                self._evaluate(epoch)
+            if r.validation_files and self.last_eval != int(s.step):
+                done = self._validate(epoch) or done
+            else:
+                s.manager.save(checkpoint_number=int(s.step))
+        if self.stopped:
+            sel = s.selection
+            r.log(
+                f"early stopping at step {int(s.step)}: {sel.patience} validation evaluation(s) "
+                f"without improving {sel.metric} by more than {sel.min_delta}"
+            )
         self.writer.flush()
         self.train_seconds = time.time() - t_start - self.eval_seconds
 
     def _epoch(self, epoch: int, total_steps: int) -> bool:
-        """Trains the rest of epoch ``epoch``; True once ``total_steps`` are done."""
+        """Trains the rest of epoch ``epoch``; True once ``total_steps`` are done or early
+        stopping stopped the run."""
         r, s, tc = self.run_, self.state, self.run_.cfg.train
         label = r.schema.label.name
         make = functools.partial(
@@ -253,9 +348,14 @@ class _Loop:
             step = int(s.step)
             if step % tc.log_every == 0 or step == total_steps:
                 self._log_window(epoch, step, total_steps)
-            if step % tc.checkpoint_every == 0:
+            evaluate = bool(tc.eval_every) and step % tc.eval_every == 0
+            if evaluate or step % tc.checkpoint_every == 0:  # every worker saves at these steps
                 r.dist.sync()  # the checkpoint holds exactly the first `step` steps
-                s.manager.save(checkpoint_number=step)
+                if evaluate and r.validation_files:
+                    if self._validate(epoch):  # it saves the checkpoint too
+                        return True
+                else:
+                    s.manager.save(checkpoint_number=step)
             if step >= total_steps:
                 return True
         return False
@@ -277,21 +377,69 @@ class _Loop:
         self.train_auc.reset_state()
         self.t_window, self.examples_window = time.time(), 0
 
-    def _evaluate(self, epoch: int) -> None:
-        r = self.run_
-        t_eval = time.time()
-        m = evaluate_model(self.scorer, r.schema, r.test_files)
-        self.eval_seconds += time.time() - t_eval
-        self.t_window = time.time()
-        self.epoch_metrics.append({"epoch": epoch + 1, **m})
-        r.log(f"epoch {epoch + 1} test auc {m['auc']:.4f} logloss {m['logloss']:.4f}")
-        with self.writer.as_default(step=int(self.state.step)):
-            tf.summary.scalar("test/auc", m["auc"])
-            tf.summary.scalar("test/logloss", m["logloss"])
+    def _validate(self, epoch: int) -> bool:
+        """Evaluates the validation split at this step, records it (selection state, history)
+        and saves the checkpoint, then the best one; True when early stopping stops the run.
 
-    def test_metrics(self) -> dict[str, Any] | None:
-        """The last epoch's test metrics, or (no epoch trained this run) the model's now."""
-        r = self.run_
-        if self.epoch_metrics:
-            return {k: v for k, v in self.epoch_metrics[-1].items() if k != "epoch"}
-        return evaluate_model(self.scorer, r.schema, r.test_files) if r.test_files else None
+        The order keeps a killed run consistent: the history line is written before the
+        checkpoint (a resume drops lines after its step), the best checkpoint after it."""
+        r, s = self.run_, self.state
+        step = int(s.step)
+        t_eval = time.time()
+        m = evaluate_model(self.scorer, r.schema, r.validation_files)
+        self.eval_seconds += time.time() - t_eval
+        self.t_window, self.last_eval = time.time(), step
+        improved = s.selection.update(m, step, epoch + 1) if s.selection else False
+        s.history.append({"epoch": epoch + 1, "step": step, **m, "best": improved})
+        r.log(
+            f"epoch {epoch + 1} step {step} validation auc {m['auc']:.4f} "
+            f"logloss {m['logloss']:.4f}" + (" (best so far)" if improved else "")
+        )
+        with self.writer.as_default(step=step):
+            tf.summary.scalar("validation/auc", m["auc"])
+            tf.summary.scalar("validation/logloss", m["logloss"])
+        s.manager.save(checkpoint_number=step)
+        if improved:
+            s.best.save(checkpoint_number=step)
+        return self.stopped
+
+    def select_and_test(self, model: tf.keras.Model) -> dict[str, Any]:
+        """Restores the selected checkpoint (the best validation one, else the last) into
+        ``model``, scores the test set on it once, and returns what was selected and why."""
+        r, s = self.run_, self.state
+        sel = s.selection
+        if sel is not None and sel.has_best:
+            path = s.best.latest_checkpoint
+            tf.train.Checkpoint(model=model).restore(path).expect_partial()
+            step, epoch, reason = int(sel.best_step), int(sel.best_epoch), sel.reason()
+        else:
+            path, step = s.manager.latest_checkpoint, int(s.step)
+            epoch = (step - 1) // max(s.steps_per_epoch, 1) + 1 if step else 0
+            reason = _last_reason(r)
+        selected = {"checkpoint": path, "step": step, "epoch": epoch, "reason": reason}
+        if not r.test_files:
+            if r.dist.is_chief:
+                r.log(f"no test set; selected the checkpoint of step {step}: {reason}")
+            return selected
+        t_eval = time.time()
+        self.test = evaluate_model(self.scorer, r.schema, r.test_files)
+        self.eval_seconds += time.time() - t_eval
+        with self.writer.as_default(step=step):
+            tf.summary.scalar("test/auc", self.test["auc"])
+            tf.summary.scalar("test/logloss", self.test["logloss"])
+        self.writer.flush()
+        r.log(
+            f"test auc {self.test['auc']:.4f} logloss {self.test['logloss']:.4f} "
+            f"({self.test['rows']:,} rows) on the checkpoint of step {step} (epoch {epoch}): "
+            f"{reason}"
+        )
+        return selected
+
+
+def _last_reason(run: _Run) -> str:
+    if run.dist.active and run.validation_files:
+        return (
+            "last checkpoint: selection by validation is not available under a distribution "
+            "strategy (the validation metrics are in the history)"
+        )
+    return "last checkpoint because no validation split (the test set was not used for selection)"

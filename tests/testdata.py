@@ -92,6 +92,11 @@ def write_tiny_dataset(
     }
 
 
+#: ``[data]`` lines of a run without a validation split (every training row trains), for tests
+#: that count the training rows or steps of the whole training input.
+NO_VALIDATION = "validation_fraction = 0.0"
+
+
 def _toml(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"

@@ -333,7 +333,7 @@ def movielens_data(work: Path) -> tuple[Schema, Path, Path, Path]:
     cfg = load_config(ROOT / "configs" / "movielens.toml")
     paths = RunPaths(work / "movielens")
     paths.root.mkdir(parents=True, exist_ok=True)
-    schema, _, _ = prepare_data(cfg, paths, log=lambda _: None)
+    schema, _, _, _ = prepare_data(cfg, paths, log=lambda _: None)
     schema.save(paths.root / "schema.toml")
     return schema, paths.root / "schema.toml", paths.data / "train", paths.data / "test"
 

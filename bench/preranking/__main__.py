@@ -437,7 +437,7 @@ def run_dataset(name: str, args: argparse.Namespace, out: Path) -> dict[str, Any
     work.mkdir(parents=True, exist_ok=True)
     cfg = movielens_config(work, args) if name == "movielens" else synthetic_config(work, args)
     paths = RunPaths(work)
-    schema, train_files, test_files = prepare_data(cfg, paths, log)
+    schema, train_files, _, test_files = prepare_data(cfg, paths, log)
     stats = prepare_stats(schema, train_files, paths, log)
     fit_files, valid_files = carve_validation(train_files, work / "split", args.valid_fraction)
     budgets = [parse_budget(b) for b in args.budgets]

@@ -1,4 +1,4 @@
-"""A run's data: raw files -> Parquet shards once, statistics once, crosses the config names;
+"""A run's data: raw files -> Parquet shards (train, validation, test) once, statistics once, crosses the config names;
 the checks and device set-up a training run starts with."""
 
 from __future__ import annotations
@@ -6,8 +6,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import shutil
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import tensorflow as tf
 
@@ -31,55 +33,96 @@ def _direct_parquet(schema: Schema) -> bool:
     )
 
 
-def prepare_data(cfg: PipelineConfig, paths: RunPaths, log: Log) -> tuple[Schema, list, list]:
-    """Returns (schema of the shards, train shards, test shards), converting raw files once."""
+class RunData(NamedTuple):
+    """The shards a run reads: the schema they follow, train, validation and test files."""
+
+    schema: Schema
+    train: list[Path]
+    validation: list[Path]
+    test: list[Path]
+
+
+def _listed(files: tuple[str, ...]) -> list[Path]:
+    return list_parquet(list(files)) if files else []
+
+
+def _split_dir(folder: Path) -> list[Path]:
+    return list_parquet(folder) if folder.is_dir() and any(folder.glob("*.parquet")) else []
+
+
+def prepare_data(cfg: PipelineConfig, paths: RunPaths, log: Log) -> RunData:
+    """The run's shards, converting raw files once into ``paths.data`` (``train/``,
+    ``validation/``, ``test/``).
+
+    Parquet shards whose columns are the schema's fields are read as they are, unless
+    ``[data] validation_fraction`` splits validation rows off them (then the training shards
+    are rewritten once as ``data/train`` and ``data/validation``). Explicit ``[data]
+    validation`` files replace the fraction.
+    """
     schema = load_schema(cfg.data.schema)
     d = cfg.data
-    if d.train and _direct_parquet(schema) and not d.max_bad_rows:  # else skip bad rows in convert
-        train = list_parquet(list(d.train))
-        test = list_parquet(list(d.test)) if d.test else []
-        return schema.as_parquet(), train, test
-    marker = paths.data / "_SUCCESS"
-    if not marker.exists():
-        report = read_report.ReadReport()
-        t0 = time.time()
-        if d.raw:
-            log(
-                f"converting {len(d.raw)} raw input(s) to Parquet (test_fraction={d.test_fraction})"
-            )
-            shards.convert(
-                schema,
-                list(d.raw),
-                paths.data,
-                test_fraction=d.test_fraction,
-                seed=d.split_seed,
-                max_bad_rows=d.max_bad_rows,
-                report=report,
-            )
-        else:
-            log("converting Parquet inputs to the schema's fields")
-            shards.convert(
-                schema, list(d.train), paths.data, max_bad_rows=d.max_bad_rows, report=report
-            )
-            if d.test:
-                shards.convert(
-                    schema,
-                    list(d.test),
-                    paths.data / "_test",
-                    max_bad_rows=d.max_bad_rows,
-                    report=report,
-                )
-                (paths.data / "_test" / "train").rename(paths.data / "test")
-        summary = {"rows": report.rows, "bad_rows": report.bad_rows, "examples": report.examples}
-        marker.write_text(json.dumps(summary, indent=1))
-        log(
-            f"converted {report.rows:,} rows in {time.time() - t0:.1f}s"
-            + (f", skipped {report.bad_rows} bad rows" if report.bad_rows else "")
+    fraction = 0.0 if d.validation else d.validation_fraction
+    # bad rows of direct Parquet input are skipped (and counted) by the conversion
+    direct = bool(d.train) and _direct_parquet(schema) and not d.max_bad_rows
+    if direct and fraction == 0:
+        return RunData(
+            schema.as_parquet(), _listed(d.train), _listed(d.validation), _listed(d.test)
         )
-    train = list_parquet(paths.data / "train")
-    test_dir = paths.data / "test"
-    test = list_parquet(test_dir) if test_dir.exists() and any(test_dir.glob("*.parquet")) else []
-    return schema.as_parquet(), train, test
+    if not (paths.data / "_SUCCESS").exists():
+        _convert(cfg, schema, paths, fraction, direct, log)
+    return RunData(
+        schema.as_parquet(),
+        list_parquet(paths.data / "train"),
+        _split_dir(paths.data / "validation"),
+        _listed(d.test) if direct else _split_dir(paths.data / "test"),
+    )
+
+
+def _convert(
+    cfg: PipelineConfig, schema: Schema, paths: RunPaths, fraction: float, direct: bool, log: Log
+) -> None:
+    """Converts the config's inputs into ``paths.data``; writes the ``_SUCCESS`` marker last."""
+    d = cfg.data
+    report = read_report.ReadReport()
+    t0 = time.time()
+    split = {"validation_fraction": fraction, "seed": d.split_seed}
+    split |= {"max_bad_rows": d.max_bad_rows, "report": report}
+    if d.raw:
+        log(
+            f"converting {len(d.raw)} raw input(s) to Parquet (test_fraction={d.test_fraction}, "
+            f"validation_fraction={fraction})"
+        )
+        shards.convert(schema, list(d.raw), paths.data, test_fraction=d.test_fraction, **split)
+    else:
+        log(f"converting Parquet inputs to the schema's fields (validation_fraction={fraction})")
+        shards.convert(schema, list(d.train), paths.data, **split)
+        if d.test and not direct:
+            _convert_side(schema, d.test, paths.data, "test", d.max_bad_rows, report)
+    if d.validation and not direct:
+        _convert_side(schema, d.validation, paths.data, "validation", d.max_bad_rows, report)
+    summary = {"rows": report.rows, "bad_rows": report.bad_rows, "examples": report.examples}
+    (paths.data / "_SUCCESS").write_text(json.dumps(summary, indent=1))
+    log(
+        f"converted {report.rows:,} rows in {time.time() - t0:.1f}s"
+        + (f", skipped {report.bad_rows} bad rows" if report.bad_rows else "")
+    )
+
+
+def _convert_side(
+    schema: Schema,
+    files: tuple[str, ...],
+    data: Path,
+    name: str,
+    max_bad_rows: int,
+    report: read_report.ReadReport,
+) -> None:
+    """Converts the test or validation ``files`` whole into ``data/<name>/``."""
+    tmp = data / f"_{name}"
+    shards.convert(schema, list(files), tmp, max_bad_rows=max_bad_rows, report=report)
+    if (data / name).exists():
+        shutil.rmtree(data / name)
+    (tmp / "train").rename(data / name)
+    shutil.rmtree(tmp)
 
 
 def add_configured_crosses(cfg: PipelineConfig, schema: Schema, log: Log) -> Schema:

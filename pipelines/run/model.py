@@ -216,17 +216,30 @@ def dummy_batch(fields: list[FeatureSpec]) -> dict[str, tf.Tensor]:
     return out
 
 
+#: The folder under ``checkpoints/`` holding the best validation checkpoint of a run.
+BEST_DIR = "best"
+
+
+def selected_checkpoint(checkpoints: Path) -> str | None:
+    """The checkpoint a run's model is taken from: the best validation checkpoint
+    (``checkpoints/best/``) when the run kept one, else the latest; None before the first."""
+    best = tf.train.latest_checkpoint(str(checkpoints / BEST_DIR))
+    return best or tf.train.latest_checkpoint(str(checkpoints))
+
+
 def load_trained_model(run_dir: str | Path) -> tuple[RankingModel, Schema, str]:
-    """Rebuilds the run's model from ``model.json`` and restores its latest checkpoint (a run
-    trained with ``[fusion] tables = true`` is restored fused, then mapped back to the plain
-    model's per-field tables: ``compiler_opt.table_fusion``)."""
+    """Rebuilds the run's model from ``model.json`` and restores its selected checkpoint (the
+    best validation checkpoint when the run kept one, else the latest: ``selected_checkpoint``).
+
+    A run trained with ``[fusion] tables = true`` is restored fused, then mapped back to the
+    plain model's per-field tables (``compiler_opt.table_fusion``)."""
     paths = RunPaths(Path(run_dir))
     if not paths.model_json.exists():
         raise FileNotFoundError(
             f"{str(paths.root)!r} is not a training run: it has no model.json "
             f"(run `stitchrec train` first)"
         )
-    latest = tf.train.latest_checkpoint(str(paths.checkpoints))
+    latest = selected_checkpoint(paths.checkpoints)
     if latest is None:
         raise FileNotFoundError(f"training run {str(paths.root)!r} has no checkpoint yet")
     model = tf.keras.layers.deserialize(json.loads(paths.model_json.read_text()))

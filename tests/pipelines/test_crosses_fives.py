@@ -17,7 +17,7 @@ from pipelines.config import ConfigError, load_config
 from pipelines.export import export_run
 from pipelines.run.model import load_trained_model
 from pipelines.train import train
-from tests.testdata import write_run_config
+from tests.testdata import NO_VALIDATION, write_run_config
 
 INPUTS = ("user", "item", "tags", "price", "age")
 
@@ -30,7 +30,7 @@ def _config(data, name: str, extra: str = "") -> Path:
         data["root"] / name,
         {"type": "lr"},
         train,
-        data_extra=extra,
+        data_extra=f"{NO_VALIDATION}\n{extra}",
     )
 
 

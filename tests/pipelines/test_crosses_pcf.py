@@ -18,7 +18,7 @@ from pipelines.cli import main
 from pipelines.config import load_config
 from pipelines.export import export_run
 from pipelines.run.model import load_trained_model
-from tests.testdata import write_run_config, write_tiny_dataset
+from tests.testdata import NO_VALIDATION, write_run_config, write_tiny_dataset
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +43,9 @@ log_every = 10
     model = {"type": "dnn", "embedding_dim": 4, "mlp": [8]}
     train = {"batch_size": 256, "epochs": 1, "seed": 0, "log_every": 10}
     cfg = out.parent / f"{out.name}.toml"
-    return write_run_config(cfg, tiny_data, out, model, train, extra=pair_stats)
+    return write_run_config(
+        cfg, tiny_data, out, model, train, extra=pair_stats, data_extra=NO_VALIDATION
+    )
 
 
 def _raw_batch(tiny_data: dict[str, Path], n: int = 64) -> dict[str, tf.Tensor]:

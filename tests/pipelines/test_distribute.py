@@ -25,7 +25,7 @@ from pipelines.distribute import (
 )
 from pipelines.run.paths import RunPaths
 from pipelines.train import train
-from tests.testdata import write_run_config
+from tests.testdata import NO_VALIDATION, write_run_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -142,7 +142,9 @@ def _run_config(data: dict[str, Path], out: Path, input_: str = "split") -> Path
         "log_every": 2,
     }
     extra = f'[distribute]\ninput = "{input_}"\n'
-    return write_run_config(data["root"] / f"{out.name}.toml", data, out, model, train_cfg, extra)
+    return write_run_config(
+        data["root"] / f"{out.name}.toml", data, out, model, train_cfg, extra, NO_VALIDATION
+    )
 
 
 def _run_cluster(

@@ -33,7 +33,7 @@ from pipelines.distribute_ps import (
     report_stamp,
     wait_for_chief,
 )
-from tests.testdata import write_run_config
+from tests.testdata import NO_VALIDATION, write_run_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -260,7 +260,9 @@ def _config(data: dict[str, Path], name: str, methods: dict[str, str], epochs: i
     extra = "[model.embedding_methods]\n" + "".join(f'{k} = "{v}"\n' for k, v in methods.items())
     extra += '[distribute]\nstrategy = "parameter_server"\nps_min_shard_bytes = 16\n'
     root = data["root"]
-    return write_run_config(root / f"{name}.toml", data, root / name, model, train_cfg, extra)
+    return write_run_config(
+        root / f"{name}.toml", data, root / name, model, train_cfg, extra, NO_VALIDATION
+    )
 
 
 class _Cluster:

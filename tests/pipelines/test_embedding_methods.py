@@ -16,7 +16,7 @@ from pipelines.export import export_run
 from pipelines.run.model import load_trained_model
 from pipelines.run.scoring import make_scorer, predict
 from pipelines.train import train
-from tests.testdata import write_run_config
+from tests.testdata import NO_VALIDATION, write_run_config
 
 
 def _cfg(data, method, model="dcn_v2", ratio=2.0, name=None):
@@ -36,6 +36,7 @@ def _cfg(data, method, model="dcn_v2", ratio=2.0, name=None):
         data["root"] / (name or f"run-{method}-{model}"),
         model_section,
         train,
+        data_extra=NO_VALIDATION,
     )
     return load_config(path)
 

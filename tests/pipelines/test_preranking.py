@@ -111,7 +111,7 @@ def _built_fscd(cfg) -> tuple:
     """``(schema, train_files, test_files, model)``: the run's data prepared and an FSCD model
     built on a sample (seed 0), as ``stitchrec train`` does before stage 1."""
     paths = RunPaths(Path(cfg.output_dir))
-    schema, train_files, test_files = prepare_data(cfg, paths, _quiet)
+    schema, train_files, _, test_files = prepare_data(cfg, paths, _quiet)
     stats = prepare_stats(schema, train_files, paths, _quiet)
     tf.keras.utils.set_random_seed(0)
     model = build_fscd(cfg, schema, stats)

@@ -27,7 +27,8 @@ def _config(name: str, shared_data: Path, out: Path, *overrides: str):
     }[name]
     raw_list = "[" + ", ".join(f'"{p}"' for p in raw) + "]"
     return load_config(
-        CONFIGS / f"{name}.toml", [f"output_dir={out}", f"data.raw={raw_list}", *overrides]
+        CONFIGS / f"{name}.toml",
+        [f"output_dir={out}", f"data.raw={raw_list}", "data.validation_fraction=0.0", *overrides],
     )
 
 

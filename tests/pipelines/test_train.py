@@ -23,10 +23,12 @@ from pipelines.run.model import load_trained_model
 from pipelines.run.paths import RunPaths
 from pipelines.run.scoring import make_scorer, predict
 from pipelines.train import train
-from tests.testdata import TINY_SCHEMA, make_tiny_table, write_run_config
+from tests.testdata import NO_VALIDATION, TINY_SCHEMA, make_tiny_table, write_run_config
 
 
-def _config(data, out, batch=256, epochs=2, ckpt=5) -> Path:
+def _config(data, out, batch=256, epochs=2, ckpt=5, data_extra=NO_VALIDATION, **train_extra):
+    """A DCN-v2 run config over ``data``; by default without a validation split (every
+    training row trains), ``data_extra`` and ``train_extra`` add [data] and [train] keys."""
     model = {"type": "dcn_v2", "embedding_dim": 4, "mlp": [32, 16], "cross_layers": 2}
     train = {
         "batch_size": batch,
@@ -35,8 +37,10 @@ def _config(data, out, batch=256, epochs=2, ckpt=5) -> Path:
         "checkpoint_every": ckpt,
         "log_every": 20,
         "deterministic": True,
+        **train_extra,
     }
-    return write_run_config(data["root"] / f"{Path(out).name}.toml", data, out, model, train)
+    path = data["root"] / f"{Path(out).name}.toml"
+    return write_run_config(path, data, out, model, train, data_extra=data_extra)
 
 
 def test_train_writes_run_and_learns(tiny_data):
@@ -51,6 +55,10 @@ def test_train_writes_run_and_learns(tiny_data):
         assert p.exists(), p
     assert any(paths.tensorboard.glob("events.out.tfevents.*"))
     assert any("step 20/32" in line for line in lines)
+    # no validation split: the last checkpoint is scored, and the report says so
+    assert report["selection"] is None and report["validation_rows"] == 0
+    assert report["selected"]["step"] == 32 and "no validation" in report["selected"]["reason"]
+    assert sum(line.startswith("test auc") for line in lines) == 1
     assert tf.train.latest_checkpoint(str(paths.checkpoints)).endswith("ckpt-32")
     # a second call resumes at the end: nothing more to train
     again = train(cfg, log=lines.append)
