@@ -49,8 +49,11 @@ def fuse(model: Any, spec: FuseSpec) -> Any:
       spec: the fusions to apply.
 
     Raises:
-      ValueError: ``model.embedding`` is not an ``EmbeddingCollection``.
+      ValueError: a fusion is asked for and ``model.embedding`` is not an
+        ``EmbeddingCollection``.
     """
+    if not (spec.kernels or spec.tables):  # nothing to fuse: the model as it is
+        return model
     emb = getattr(model, "embedding", None)
     if not isinstance(emb, EmbeddingCollection):
         raise ValueError(

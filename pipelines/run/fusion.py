@@ -29,7 +29,7 @@ def fuse_for_training(
     is written: export rebuilds the plain model; ``model`` itself is left as it is) and its
     training step; returns ``(model, optimizer, step, clusters step)``.
 
-    * ``kernels``: the embedding block runs as one generated kernel (``compiler_opt.codegen``;
+    * ``kernels``: the embedding block runs as one generated kernel (``compiler_opt.embedding_op``;
       same variables and checkpoint);
     * ``tables``: the per-field tables fused into group tables
       (``compiler_opt.table_fusion``, the mapping written next to the checkpoints), with a
@@ -50,7 +50,7 @@ def fuse_for_training(
     table_fusion.check_resume(paths.checkpoints, enabled=tables)
     model = fuse(model, FuseSpec(kernels=kernels, tables=tables))
     if kernels:
-        log("fusion: the embedding block runs as one generated kernel (compiler_opt.codegen)")
+        log("fusion: the embedding block runs as one generated kernel (compiler_opt.embedding_op)")
     if tables:
         fused_tables = model.embedding
         table_fusion.write_mapping(paths.checkpoints, fused_tables)
