@@ -9,7 +9,9 @@ Layout: ``<run>/export/<version>/`` (version = 1, 2, ... as TF Serving expects) 
 ``assets.extra/schema.toml`` (the fields the signature takes) and
 ``assets.extra/stitchrec.json`` (model name, training run, input names) and
 ``assets.extra/stats.json`` (the training statistics, without the vocabularies the model holds).
-``export_cascade_saved_model`` writes a pre-ranking -> ranking cascade (``ranking.cascade``).
+``export_cascade_saved_model`` writes a pre-ranking -> ranking cascade (``ranking.cascade``);
+``export_ensemble`` writes several checkpoints of one run as one model of the same signature,
+its outputs averaged over the members (docs/ensembles.md).
 """
 
 from __future__ import annotations
@@ -22,12 +24,14 @@ from typing import Any
 import tensorflow as tf
 from tf_keras.src.saving.legacy.saved_model.utils import keras_option_scope
 
+from compiler_opt import table_fusion
 from compiler_opt.embedding_op import assets as emb_assets
 from compiler_opt.transform import FuseSpec, fuse, fused_collections, kernels_of
 from embeddings.protocols import HasServingForm
 from features.dataset import input_signature
-from features.schema import FeatureSpec, Schema
-from pipelines.run.model import load_trained_model
+from features.schema import FeatureSpec, Schema, load_schema
+from pipelines.run.ensemble import COMBINES
+from pipelines.run.model import dummy_batch, load_trained_model
 from pipelines.run.paths import ASSETS_EXTRA, RunPaths
 from ranking.cascade import CascadeModule
 from ranking.models import RankingModel
@@ -70,8 +74,7 @@ def export_saved_model(
       ValueError: ``kernels`` and no generated op could be built (no compiler, or no field
         covered): the export would not hold what was asked for.
     """
-    if isinstance(getattr(model, "embedding", None), HasServingForm):
-        model = model.with_blocks(embedding=model.embedding.serving_form())
+    model = serving_form(model)
     fused = None
     if kernels:
         model = fuse(model, FuseSpec(kernels=True))
@@ -93,12 +96,28 @@ def export_saved_model(
                 f"({fused.fallback_reason or f'no field covered: {fused.uncovered}'})"
             )
         emb_assets.write_saved_model_assets(out, kernels_of(fused_collections(model)))
+    meta = {"model": model.name, "inputs": [f.name for f in fields], **(extra or {})}
+    write_assets_extra(out, schema, fields, meta)
+    return out
+
+
+def serving_form(model: RankingModel) -> RankingModel:
+    """``model`` with its embedding block in its serving form (when it has a more compact
+    one: AMTL rows truncated to their learned lengths)."""
+    if isinstance(getattr(model, "embedding", None), HasServingForm):
+        return model.with_blocks(embedding=model.embedding.serving_form())
+    return model
+
+
+def write_assets_extra(
+    out: Path, schema: Schema, fields: list[FeatureSpec], meta: dict[str, Any]
+) -> None:
+    """``assets.extra/schema.toml`` (the fields the signature takes) and
+    ``assets.extra/stitchrec.json`` (``meta``) of the SavedModel at ``out``."""
     assets = out / ASSETS_EXTRA
     assets.mkdir(exist_ok=True)
     schema.select([f.name for f in fields]).save(assets / "schema.toml")
-    meta = {"model": model.name, "inputs": [f.name for f in fields], **(extra or {})}
     (assets / "stitchrec.json").write_text(json.dumps(meta, indent=1))
-    return out
 
 
 def export_cascade_saved_model(
@@ -164,3 +183,105 @@ def saved_model_bytes(path: str | Path) -> dict[str, int]:
     variables = sum(f.stat().st_size for f in (p / "variables").rglob("*") if f.is_file())
     total = sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
     return {"variables": variables, "total": total}
+
+
+class EnsembleServingModule(tf.Module):
+    """Several RankingModels behind one raw-feature signature, their outputs averaged.
+
+    ``combine = "logits"``: ``logit`` is the members' mean logit, ``score`` its sigmoid.
+    ``"probabilities"``: ``score`` is the members' mean probability, ``logit`` its logit
+    (``pipelines.run.ensemble.average``, from log-sigmoids).
+    """
+
+    def __init__(self, models: list[RankingModel], fields: list[FeatureSpec], combine: str):
+        super().__init__(name="stitchrec_ensemble")
+        if combine not in COMBINES:
+            raise ValueError(f"combine = {combine!r}: expected one of {list(COMBINES)}")
+        self.members = list(models)
+        self.combine = combine
+        self.serve = tf.function(self._serve, input_signature=[input_signature(fields)])
+
+    def _serve(self, features: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        x = tf.stack([m(features, training=False) for m in self.members])  # [members, batch]
+        if self.combine == "logits":
+            logits = tf.reduce_mean(x, axis=0)
+            return {"score": tf.sigmoid(logits), "logit": logits}
+        top = tf.reduce_logsumexp(tf.math.log_sigmoid(x), axis=0)
+        bottom = tf.reduce_logsumexp(tf.math.log_sigmoid(-x), axis=0)
+        return {"score": tf.reduce_mean(tf.sigmoid(x), axis=0), "logit": top - bottom}
+
+
+def load_checkpoint_model(run_dir: str | Path, checkpoint: str) -> RankingModel:
+    """The run's model (``model.json``) restored from ``checkpoint``, a checkpoint prefix
+    (absolute, or relative to the run folder: ``snapshots/snapshot-3``; a snapshot written by
+    ``Checkpoint.write`` or a ``CheckpointManager`` checkpoint of the run), as
+    ``load_trained_model`` restores the latest one (fused tables mapped back included).
+
+    Raises:
+      FileNotFoundError: ``checkpoint`` has no ``.index`` file.
+    """
+    paths = RunPaths(Path(run_dir))
+    prefix = Path(checkpoint) if Path(checkpoint).is_absolute() else paths.root / checkpoint
+    if not Path(f"{prefix}.index").exists():
+        raise FileNotFoundError(
+            f"checkpoint {checkpoint!r} of run {str(paths.root)!r}: no {prefix}.index"
+        )
+    model = tf.keras.layers.deserialize(json.loads(paths.model_json.read_text()))
+    model(dummy_batch(list(load_schema(paths.schema).model_inputs)))
+    fused = table_fusion.run_has_fused_tables(paths.checkpoints)  # [fusion] tables = true
+    if fused:
+        model = fuse(model, FuseSpec(tables=True))
+    # read, not restore: a snapshot is written by ``Checkpoint.write`` (no save counter)
+    tf.train.Checkpoint(model=model).read(
+        str(prefix)
+    ).expect_partial().assert_existing_objects_matched()
+    return table_fusion.unfuse_tables(model) if fused else model
+
+
+def export_ensemble(
+    run_dir: str | Path,
+    checkpoints: list[str],
+    output: str | Path | None = None,
+    combine: str = "logits",
+    extra: dict[str, Any] | None = None,
+) -> Path:
+    """Writes one SavedModel averaging the run's models at ``checkpoints`` (see
+    ``EnsembleServingModule``); returns its folder (``output``, replaced, or the run's next
+    export version).
+
+    Its ``serving_default`` takes the raw-feature signature of a single model's export and
+    returns ``score`` and ``logit``; ``assets.extra/`` holds ``schema.toml``, ``stats.json``
+    and ``stitchrec.json``, which names the members (``ensemble.members``, in order) and the
+    rule (``ensemble.combine``). Every member runs on every request: N members cost N times
+    one model's work.
+
+    Raises:
+      ValueError: no checkpoint, a checkpoint given twice, or an unknown ``combine``.
+      FileNotFoundError: a checkpoint does not exist.
+    """
+    if not checkpoints:
+        raise ValueError("export_ensemble: checkpoints = []: expected at least one checkpoint")
+    if len(set(checkpoints)) != len(checkpoints):
+        raise ValueError(f"export_ensemble: checkpoints = {checkpoints!r}: each at most once")
+    if combine not in COMBINES:
+        raise ValueError(f"export_ensemble: combine = {combine!r}: expected one of {COMBINES}")
+    paths = RunPaths(Path(run_dir))
+    schema = load_schema(paths.schema)
+    models = [serving_form(load_checkpoint_model(run_dir, c)) for c in checkpoints]
+    out = Path(output) if output else next_version(paths.exports)
+    if out.exists():
+        shutil.rmtree(out)
+    fields = list(schema.model_inputs)
+    module = EnsembleServingModule(models, fields, combine)
+    with keras_option_scope(save_traces=False, in_tf_saved_model_scope=True):
+        tf.saved_model.save(module, str(out), signatures={"serving_default": module.serve})
+    meta = {
+        "model": models[0].name,
+        "inputs": [f.name for f in fields],
+        "run": str(paths.root.resolve()),
+        "ensemble": {"combine": combine, "members": list(checkpoints)},
+        **(extra or {}),
+    }
+    write_assets_extra(out, schema, fields, meta)
+    shutil.copy(paths.stats / "stats.json", out / ASSETS_EXTRA / "stats.json")
+    return out

@@ -13,6 +13,10 @@ the schedule where it stopped), with a complete ``get_config``:
   ``base_lr / div_factor`` up to ``base_lr`` (the peak) over the first ``pct_start`` of
   ``total_steps``, then down to ``base_lr / div_factor / final_div_factor`` at the last step,
   each phase a half cosine (``anneal = "cos"``) or a straight line (``anneal = "linear"``).
+* ``cyclic``: cycles of ``cycle_steps`` steps, each from ``base_lr`` down to ``min_lr`` (a half
+  cosine or a straight line, ``anneal``), then back up at once: the cyclic schedule of
+  snapshot ensembles, whose low points (``CyclicSchedule.low_points``) are where a training
+  loop collects its members (``pipelines.run.ensemble``, docs/ensembles.md).
 
 ``make_schedule(name, base_lr, total_steps, **options)`` builds one from the config's name and
 options, naming the key, the value and the accepted ones in a ``ConfigError``. ``autolrs`` is
@@ -152,6 +156,54 @@ class OneCycleSchedule(LearningRateSchedule):
         }
 
 
+class CyclicSchedule(LearningRateSchedule):
+    """Restarting decays: cycles of ``cycle_steps`` steps, each from ``max_lr`` to ``min_lr``.
+
+    With ``c = step mod cycle_steps`` and ``p = c / (cycle_steps - 1)``: ``anneal = "cos"``
+    gives ``min_lr + (max_lr - min_lr) * (1 + cos(pi p)) / 2``, ``anneal = "linear"`` gives
+    ``max_lr - (max_lr - min_lr) * p`` (a sawtooth). Step ``k * cycle_steps`` is back at
+    ``max_lr``; the last step of each cycle, ``k * cycle_steps - 1``, is at ``min_lr``: a low
+    point. ``is_low_point(step)`` tells one; after the update made at a low point (the
+    optimizer's ``iterations`` then being ``k * cycle_steps``) the model is at the bottom of
+    cycle ``k``, where a snapshot ensemble takes a member.
+    """
+
+    def __init__(
+        self, max_lr: float, cycle_steps: int, min_lr: float = 0.0, anneal: str = "cos"
+    ) -> None:
+        super().__init__()
+        if int(cycle_steps) < 2:
+            raise ValueError(f"CyclicSchedule: cycle_steps = {cycle_steps!r}: expected >= 2")
+        self.max_lr, self.cycle_steps = float(max_lr), int(cycle_steps)
+        self.min_lr, self.anneal = float(min_lr), str(anneal)
+
+    def __call__(self, step: Any) -> tf.Tensor:
+        c = tf.math.floormod(_step(step), float(self.cycle_steps))
+        p = c / float(self.cycle_steps - 1)
+        span = self.max_lr - self.min_lr
+        if self.anneal == "linear":
+            return self.max_lr - span * p
+        return self.min_lr + span * 0.5 * (1.0 + tf.cos(math.pi * p))
+
+    def is_low_point(self, step: int) -> bool:
+        """True when the update made at ``step`` (the optimizer's ``iterations`` before it)
+        uses ``min_lr``: the last step of a cycle."""
+        return int(step) % self.cycle_steps == self.cycle_steps - 1
+
+    def low_points(self, total_steps: int) -> list[int]:
+        """The low-point steps of a run of ``total_steps`` updates (steps ``0 ..
+        total_steps - 1``): one per complete cycle."""
+        return list(range(self.cycle_steps - 1, int(total_steps), self.cycle_steps))
+
+    def get_config(self) -> dict[str, Any]:
+        return {
+            "max_lr": self.max_lr,
+            "cycle_steps": self.cycle_steps,
+            "min_lr": self.min_lr,
+            "anneal": self.anneal,
+        }
+
+
 #: ``[train] lr_schedule`` names of ``make_schedule`` and the options each accepts, with
 #: their defaults.
 SCHEDULE_OPTIONS: dict[str, dict[str, Any]] = {
@@ -159,6 +211,7 @@ SCHEDULE_OPTIONS: dict[str, dict[str, Any]] = {
     "step": {"step_size": None, "gamma": 0.1},
     "cosine": {"warmup_steps": 0, "min_lr": 0.0},
     "one_cycle": {"pct_start": 0.3, "div_factor": 25.0, "final_div_factor": 1e4, "anneal": "cos"},
+    "cyclic": {"cycle_steps": None, "min_lr": 0.0, "anneal": "cos"},
 }
 
 #: Every ``[train] lr_schedule`` name: the step schedules and the AutoLRS search.
@@ -204,12 +257,25 @@ def _check_options(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
             )
         _positive("div_factor", opts["div_factor"])
         _positive("final_div_factor", opts["final_div_factor"])
-        if opts["anneal"] not in ("cos", "linear"):
-            raise ConfigError(
-                f"[train] lr_schedule option anneal = {opts['anneal']!r}: expected one of "
-                "['cos', 'linear']"
-            )
+    elif name == "cyclic":
+        _check_cyclic(opts)
+    if "anneal" in opts and opts["anneal"] not in ("cos", "linear"):
+        raise ConfigError(
+            f"[train] lr_schedule option anneal = {opts['anneal']!r}: expected one of "
+            "['cos', 'linear']"
+        )
     return opts
+
+
+def _check_cyclic(opts: dict[str, Any]) -> None:
+    steps = opts["cycle_steps"]
+    if steps is None:
+        raise ConfigError("[train] lr_schedule = 'cyclic' needs the option cycle_steps")
+    if not (isinstance(steps, int) and not isinstance(steps, bool) and steps >= 2):
+        raise ConfigError(
+            f"[train] lr_schedule option cycle_steps = {steps!r}: expected an integer >= 2"
+        )
+    _positive("min_lr", opts["min_lr"], zero=True)
 
 
 def make_schedule(
@@ -243,4 +309,20 @@ def make_schedule(
                 f"learning_rate = {base_lr!r}"
             )
         return WarmupCosineSchedule(base_lr, total_steps, opts["warmup_steps"], opts["min_lr"])
+    if name == "cyclic":
+        return _make_cyclic(base_lr, total_steps, opts)
     return OneCycleSchedule(base_lr, total_steps, **opts)
+
+
+def _make_cyclic(base_lr: float, total_steps: int, opts: dict[str, Any]) -> CyclicSchedule:
+    if opts["min_lr"] > base_lr:
+        raise ConfigError(
+            f"[train] lr_schedule option min_lr = {opts['min_lr']!r}: expected at most "
+            f"learning_rate = {base_lr!r}"
+        )
+    if opts["cycle_steps"] > total_steps:
+        raise ConfigError(
+            f"[train] lr_schedule option cycle_steps = {opts['cycle_steps']!r}: expected at "
+            f"most total_steps = {total_steps!r} (the run would reach no low point)"
+        )
+    return CyclicSchedule(base_lr, opts["cycle_steps"], opts["min_lr"], opts["anneal"])

@@ -9,6 +9,7 @@ from pipelines.config import ConfigError
 from pipelines.run.schedules import (
     LR_SCHEDULES,
     ConstantSchedule,
+    CyclicSchedule,
     OneCycleSchedule,
     StepSchedule,
     WarmupCosineSchedule,
@@ -61,10 +62,51 @@ def test_one_cycle_linear():
     assert got == pytest.approx(want, rel=1e-5, abs=1e-7)
 
 
+def test_cyclic_cosine_restarts_every_cycle():
+    s = CyclicSchedule(1.0, cycle_steps=5, min_lr=0.2)
+    # p = (step mod 5) / 4; 0.2 + 0.8 (1 + cos(pi p)) / 2
+    got = _values(s, [0, 1, 2, 3, 4, 5, 7, 9, 10])
+    want = [1.0, 0.8828427125, 0.6, 0.3171572875, 0.2, 1.0, 0.6, 0.2, 1.0]
+    assert got == pytest.approx(want, rel=1e-5, abs=1e-7)
+
+
+def test_cyclic_linear_is_a_sawtooth():
+    s = CyclicSchedule(1.0, cycle_steps=5, min_lr=0.2, anneal="linear")
+    got = _values(s, [0, 1, 2, 3, 4, 5, 6, 14])
+    assert got == pytest.approx([1.0, 0.8, 0.6, 0.4, 0.2, 1.0, 0.8, 0.2], rel=1e-5)
+
+
+def test_cyclic_low_points_are_the_last_step_of_each_cycle():
+    s = CyclicSchedule(0.5, cycle_steps=5)
+    assert s.low_points(12) == [4, 9]  # the cycle of steps 10 .. 14 is not complete
+    assert s.low_points(15) == [4, 9, 14]
+    assert s.low_points(4) == []
+    assert [t for t in range(16) if s.is_low_point(t)] == [4, 9, 14]
+    assert _values(s, s.low_points(15)) == pytest.approx([0.0] * 3, abs=1e-7)
+    with pytest.raises(ValueError, match="cycle_steps = 1"):
+        CyclicSchedule(0.5, cycle_steps=1)
+
+
+def test_keras_optimizer_reaches_min_lr_at_each_low_point():
+    s = CyclicSchedule(0.4, cycle_steps=3, min_lr=0.1, anneal="linear")
+    opt = tf.keras.optimizers.SGD(s)
+    v = tf.Variable(0.0)
+    used, low = [], []
+    for _ in range(6):
+        step = int(opt.iterations)
+        before = float(v)
+        opt.apply_gradients([(tf.constant(1.0), v)])
+        used.append(before - float(v))
+        low.append(s.is_low_point(step))
+    assert used == pytest.approx([0.4, 0.25, 0.1, 0.4, 0.25, 0.1], rel=1e-5)
+    assert low == [False, False, True, False, False, True]
+
+
 @pytest.mark.parametrize(
     "schedule",
     [
         ConstantSchedule(0.1),
+        CyclicSchedule(0.3, 7, 0.01, "linear"),
         StepSchedule(0.1, 7, 0.3),
         WarmupCosineSchedule(0.5, 90, 9, 0.01),
         OneCycleSchedule(0.4, 50, 0.25, 5.0, 20.0, "linear"),
@@ -102,7 +144,10 @@ def test_make_schedule_builds_each_name():
     }
     one = make_schedule("one_cycle", 0.3, 100)
     assert one.get_config()["max_lr"] == 0.3 and one.get_config()["pct_start"] == 0.3
-    assert set(LR_SCHEDULES) == {"constant", "step", "cosine", "one_cycle", "autolrs"}
+    cyc = make_schedule("cyclic", 0.3, 100, cycle_steps=20, min_lr=0.01)
+    assert isinstance(cyc, CyclicSchedule)
+    assert cyc.get_config() == {"max_lr": 0.3, "cycle_steps": 20, "min_lr": 0.01, "anneal": "cos"}
+    assert set(LR_SCHEDULES) == {"constant", "step", "cosine", "one_cycle", "cyclic", "autolrs"}
 
 
 @pytest.mark.parametrize(
@@ -121,6 +166,13 @@ def test_make_schedule_builds_each_name():
         ("one_cycle", {"anneal": "exp"}, ["anneal = 'exp'", "cos", "linear"]),
         ("one_cycle", {"div_factor": 0}, ["div_factor = 0"]),
         ("constant", {"gamma": 0.1}, ["'gamma'", "accepted: none"]),
+        ("cyclic", {}, ["'cyclic'", "cycle_steps"]),
+        ("cyclic", {"cycle_steps": 1}, ["cycle_steps = 1", "integer >= 2"]),
+        ("cyclic", {"cycle_steps": 2.5}, ["cycle_steps = 2.5", "integer >= 2"]),
+        ("cyclic", {"cycle_steps": 200}, ["cycle_steps = 200", "total_steps = 100"]),
+        ("cyclic", {"cycle_steps": 10, "min_lr": 0.5}, ["min_lr = 0.5", "learning_rate = 0.1"]),
+        ("cyclic", {"cycle_steps": 10, "anneal": "tri"}, ["anneal = 'tri'", "cos", "linear"]),
+        ("cyclic", {"cycles": 3}, ["'cycles'", "cycle_steps", "min_lr"]),
     ],
 )
 def test_make_schedule_errors_name_key_value_and_accepted(name, options, words):

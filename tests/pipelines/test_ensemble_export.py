@@ -1,0 +1,138 @@
+"""One SavedModel of several snapshots of a run (pipelines.export.export_ensemble): its outputs
+are the members' averaged, and a server ranks with it like with any model."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import tensorflow as tf  # tests/conftest.py sets TF_USE_LEGACY_KERAS first
+
+from features.dataset import field_tf_dtype
+from features.schema import load_schema
+from pipelines.config import load_config
+from pipelines.export import export_ensemble, export_saved_model, load_checkpoint_model
+from pipelines.run import ensemble as E
+from pipelines.run.model import load_trained_model
+from pipelines.run.scoring import predict
+from pipelines.train import train
+from serving.client import RankingClient
+from serving.config import ServerOptions
+from serving.testing import ServerThread
+from tests.testdata import write_run_config, write_tiny_dataset
+
+MEMBERS = 3
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A trained tiny run plus three snapshots written as a training loop writes them (the
+    trained weights moved by different noise stand for the low points of three cycles)."""
+    root = tmp_path_factory.mktemp("ensemble")
+    data = write_tiny_dataset(root, rows=3000, train_rows=2000)
+    model_section = {"type": "dcn_v2", "embedding_dim": 4, "mlp": [8], "cross_layers": 1}
+    train_section = {"batch_size": 256, "epochs": 1, "learning_rate": 0.02, "log_every": 100}
+    cfg = write_run_config(root / "run.toml", data, root / "run", model_section, train_section)
+    train(load_config(cfg), log=lambda _: None)
+    run_dir = root / "run"
+    model, schema, _ = load_trained_model(run_dir)
+    val = [data["train"] / "part-00000.parquet"]  # stands for the run's validation rows
+    base = [v.numpy() for v in model.trainable_variables]
+    rng = np.random.default_rng(7)
+    for k in range(MEMBERS):
+        for v, w in zip(model.trainable_variables, base, strict=True):
+            v.assign(w + rng.normal(0.0, 0.05, w.shape).astype(w.dtype.name))
+        tf.train.Checkpoint(model=model).write(E.snapshot_prefix(run_dir, k))
+        _, val_logits = predict(lambda f: model(f, training=False), schema, val)
+        E.record_snapshot(run_dir, k, 100 * (k + 1), val_logits)
+    return {"dir": run_dir, "data": data, "schema": schema, "val": val}
+
+
+def _rows(run, n: int = 16) -> dict[str, np.ndarray]:
+    table = pq.read_table(run["data"]["test"] / "part-00000.parquet").slice(0, n).to_pydict()
+    out = {}
+    for f in run["schema"].model_inputs:
+        dtype = field_tf_dtype(f)
+        out[f.name] = np.array(
+            table[f.name], object if dtype == tf.string else dtype.as_numpy_dtype
+        )
+    return out
+
+
+def _call(path, feats):
+    sig = tf.saved_model.load(str(path)).signatures["serving_default"]
+    return {k: v.numpy() for k, v in sig(**{k: tf.constant(v) for k, v in feats.items()}).items()}
+
+
+def test_snapshots_restore_their_own_weights(run):
+    entries = E.read_snapshots(run["dir"])
+    assert [e["index"] for e in entries] == list(range(MEMBERS))
+    want = E.snapshot_logits(run["dir"], entries)
+    for e, row in zip(entries, want, strict=True):
+        model = load_checkpoint_model(run["dir"], e["checkpoint"])
+        _, got = predict(lambda f, m=model: m(f, training=False), run["schema"], run["val"])
+        np.testing.assert_allclose(got, row, atol=1e-5)
+    assert not np.allclose(want[0], want[1])  # the members differ
+
+
+@pytest.mark.parametrize(("combine", "count"), [("logits", 3), ("probabilities", 2)])
+def test_ensemble_outputs_are_the_members_mean(run, tmp_path, combine, count):
+    ckpts = [e["checkpoint"] for e in E.read_snapshots(run["dir"])][:count]
+    out = export_ensemble(run["dir"], ckpts, tmp_path / "ens", combine=combine)
+    feats = _rows(run)
+    members = []
+    for i, c in enumerate(ckpts):
+        single = export_saved_model(
+            load_checkpoint_model(run["dir"], c), run["schema"], tmp_path / f"m{i}"
+        )
+        members.append(_call(single, feats))
+    got = _call(out, feats)
+    logits = np.stack([m["logit"] for m in members]).astype(np.float64)
+    scores = np.stack([m["score"] for m in members]).astype(np.float64)
+    if combine == "logits":
+        np.testing.assert_allclose(got["logit"], logits.mean(axis=0), atol=1e-6)
+        np.testing.assert_allclose(got["score"], E.sigmoid(logits.mean(axis=0)), atol=1e-6)
+    else:
+        np.testing.assert_allclose(got["score"], scores.mean(axis=0), atol=1e-6)
+        np.testing.assert_allclose(got["logit"], E.average(logits, "probabilities"), atol=1e-5)
+    meta = json.loads((out / "assets.extra" / "stitchrec.json").read_text())
+    assert meta["ensemble"] == {"combine": combine, "members": ckpts}
+    assert meta["inputs"] == [f.name for f in run["schema"].model_inputs]
+    assert load_schema(out / "assets.extra" / "schema.toml").model_inputs == (
+        run["schema"].model_inputs
+    )
+    assert (out / "assets.extra" / "stats.json").exists()
+
+
+def test_export_ensemble_defaults_to_the_next_version_and_checks_its_arguments(run):
+    latest = tf.train.latest_checkpoint(str(run["dir"] / "checkpoints"))  # the run's own
+    out = export_ensemble(run["dir"], [latest, "snapshots/snapshot-0"])
+    assert out == run["dir"] / "export" / "1"
+    meta = json.loads((out / "assets.extra" / "stitchrec.json").read_text())
+    assert meta["ensemble"]["members"] == [latest, "snapshots/snapshot-0"]
+    with pytest.raises(ValueError, match=r"checkpoints = \[\]"):
+        export_ensemble(run["dir"], [])
+    with pytest.raises(ValueError, match="each at most once"):
+        export_ensemble(run["dir"], ["snapshots/snapshot-0", "snapshots/snapshot-0"])
+    with pytest.raises(ValueError, match="combine = 'max'"):
+        export_ensemble(run["dir"], ["snapshots/snapshot-0"], combine="max")
+    with pytest.raises(FileNotFoundError, match="snapshot-9"):
+        export_ensemble(run["dir"], ["snapshots/snapshot-9"])
+    shutil.rmtree(out)
+
+
+def test_server_ranks_with_the_ensemble_like_the_saved_model(run, tmp_path):
+    ckpts = [e["checkpoint"] for e in E.read_snapshots(run["dir"])]
+    repo = tmp_path / "repo"
+    export_ensemble(run["dir"], ckpts, repo / "ens" / "1")
+    feats = _rows(run, 6)
+    user = {"user": "u3"}
+    candidates = {k: v for k, v in feats.items() if k != "user"}
+    want = _call(repo / "ens" / "1", {**candidates, "user": np.array(["u3"] * 6, object)})
+    with ServerThread(repo, ServerOptions()) as s, RankingClient(s.target) as client:
+        result = client.rank("ens", user, candidates)
+    np.testing.assert_array_equal(result.indices, np.arange(6))
+    np.testing.assert_allclose(result.scores, want["score"], atol=1e-6)
