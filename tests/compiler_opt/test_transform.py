@@ -27,5 +27,5 @@ def test_an_empty_spec_returns_the_model_itself_even_without_embeddings(lr_model
 
 @pytest.mark.parametrize("spec", [FuseSpec(kernels=True), FuseSpec(tables=True)])
 def test_a_fusion_of_a_model_without_an_embedding_collection_is_refused(lr_model, spec):
-    with pytest.raises(ValueError, match="model.embedding must be an EmbeddingCollection"):
+    with pytest.raises(ValueError, match=r"model\.embedding must be an EmbeddingCollection"):
         fuse(lr_model, spec)
