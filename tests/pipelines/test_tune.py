@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 import xml.etree.ElementTree as ET
@@ -36,7 +37,7 @@ def _config(tmp_path: Path, space: str = SPACE, **train) -> Path:
         data,
         tmp_path / "run",
         model={"type": "dnn", "embedding_dim": 4, "mlp": [8]},
-        train={"batch_size": 128, "epochs": 1, "log_every": 1000, **train},
+        train={"batch_size": 128, "epochs": 1, "log_every": 1000, "deterministic": True, **train},
         extra=space,
     )
 
@@ -74,7 +75,9 @@ def test_the_study_lists_every_trial_with_its_run(study_dir):
     s = _study(study_dir)
     assert s["metric"] == "auc" and s["direction"] == "maximize"
     states = [t["state"] for t in s["trials"]]
-    assert states == ["COMPLETE", "FAIL", "COMPLETE", "COMPLETE"], states
+    # the last trial runs once two have completed: the median pruner may stop it
+    assert states[:3] == ["COMPLETE", "FAIL", "COMPLETE"] and len(states) == 4, states
+    assert states[3] in ("COMPLETE", "PRUNED"), states
     for t in s["trials"]:
         assert set(t) >= {"number", "params", "state", "value", "wall_seconds", "steps"}
     for t in s["trials"]:
@@ -88,6 +91,14 @@ def test_the_study_lists_every_trial_with_its_run(study_dir):
             }
             assert isinstance(t["params"]["model.mlp"], list)
             assert len(t["evaluations"]) == t["params"]["train.epochs"]
+        if t["state"] == "PRUNED":  # its last evaluation was below the median of the others'
+            k = len(t["evaluations"])
+            others = [
+                o["evaluations"][k - 1]
+                for o in s["trials"]
+                if o["state"] == "COMPLETE" and len(o["evaluations"]) >= k
+            ]
+            assert t["evaluations"][-1] < statistics.median(others)
 
 
 def test_the_objective_is_each_runs_best_validation_metric(study_dir):
@@ -130,7 +141,8 @@ def test_best_config_is_a_plain_training_config_of_the_best_trial(study_dir):
 def test_search_svg_draws_every_completed_trial(study_dir):
     root = ET.fromstring((study_dir["out"] / "search.svg").read_text())
     circles = root.findall(".//{http://www.w3.org/2000/svg}circle")
-    assert len(circles) == 3 + 3  # 3 completed trials, 3 legend entries
+    drawn = [t for t in _study(study_dir)["trials"] if t["state"] in ("COMPLETE", "PRUNED")]
+    assert len(circles) == len(drawn) + 3  # completed and pruned trials, 3 legend entries
     assert root.findall(".//{http://www.w3.org/2000/svg}polyline")
 
 
