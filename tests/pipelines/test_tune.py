@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ET
@@ -16,7 +17,7 @@ import optuna
 import pytest
 
 import pipelines
-from pipelines import cli, tune
+from pipelines import cli, tune, tune_space
 from pipelines.config import load_config
 from tests.testdata import write_run_config, write_tiny_dataset
 
@@ -187,7 +188,7 @@ def test_a_space_file_replaces_the_section_and_the_default_space_is_valid(tmp_pa
     assert tuning.root == tmp_path / "run-tune"
     (tmp_path / "plain.toml").write_text(config.read_text().split("[tune]")[0])
     keys = [p.key for p in tune.load_tuning(tmp_path / "plain.toml").space]
-    assert keys == [*tune.DEFAULT_SPACE, "model.mlp"]
+    assert keys == [*tune_space.DEFAULT_SPACE, "model.mlp"]
 
 
 def test_a_run_without_a_validation_split_cannot_be_tuned(tmp_path, capsys):
@@ -272,3 +273,12 @@ def test_the_command_is_listed_and_every_option_has_help():
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     bare = [a.option_strings[0] for a in sub.choices["tune"]._actions if not a.help]
     assert not bare
+
+
+def test_the_tuner_does_not_load_tensorflow():
+    code = "import sys, pipelines.tune; print('tensorflow' in sys.modules)"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
+    ).stdout
+    assert out.strip() == "False"
