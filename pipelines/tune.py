@@ -139,7 +139,7 @@ def load_tuning(
     if space_file is not None:
         sf = Path(space_file)
         table = _read_toml(sf, "space file")
-        table = table.get("tune", table) if set(table) == {"tune"} else table
+        table = table["tune"] if set(table) == {"tune"} else table
         space = parse_space(table, f"space file {str(sf)!r}")
     elif table is not None:
         if not isinstance(table, Mapping):
