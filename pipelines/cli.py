@@ -5,6 +5,7 @@
     stitchrec convert   --schema S --input F... --output DIR [--test-fraction X] [--max-bad-rows N]
     stitchrec stats     --schema S --input F... --output DIR [--max-bad-rows N]
     stitchrec train     --config FILE [--set KEY=VALUE]... [--output DIR] [--max-bad-rows N]
+    stitchrec tune      --config FILE --trials N [--timeout S] [--output DIR] [--space FILE] ...
     stitchrec export    --run DIR [--output DIR] [--cascade-rank RUN --keep M] [--fuse ...]
     stitchrec evaluate  --model DIR --data F... [--schema S] [--max-bad-rows N]
     stitchrec crosses fives    --config FILE [--set KEY=VALUE]... [--out PATH] ...
@@ -51,6 +52,7 @@ COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     cli_args.convert,
     cli_args.stats,
     cli_args.train,
+    cli_args.tune,
     cli_args.export,
     cli_args.evaluate,
     cli_args.crosses,

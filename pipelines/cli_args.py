@@ -139,6 +139,41 @@ def train(sub: Subparsers) -> None:
     t.set_defaults(handler="pipelines.run_commands:cmd_train")
 
 
+def tune(sub: Subparsers) -> None:
+    t = sub.add_parser(
+        "tune",
+        help="search training hyper-parameters (Optuna): one train run per trial, on validation",
+        description=(
+            "Searches the config's [tune] space (or --space, or the default space; "
+            "docs/tuning.md): every trial is a `stitchrec train` run in <tune dir>/trial-<n>, "
+            "valued by its best validation metric and pruned when its validation curve is "
+            "below the median. The same command again continues the study up to --trials."
+        ),
+    )
+    t.add_argument("--config", required=True, help="pipeline config TOML, with a [tune] section")
+    t.add_argument(
+        "--trials",
+        type=positive,
+        required=True,
+        help="trials of the study in total (a continued study runs the rest)",
+    )
+    t.add_argument(
+        "--timeout", type=float, help="seconds after which this call starts no new trial"
+    )
+    t.add_argument("--output", help="tune folder (default: <output_dir>-tune)")
+    t.add_argument(
+        "--space", help="TOML file of the search space (used instead of the [tune] section)"
+    )
+    t.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a value of the base config, e.g. --set train.epochs=3",
+    )
+    t.set_defaults(handler="pipelines.tune:cmd_tune")
+
+
 def export(sub: Subparsers) -> None:
     e = sub.add_parser("export", help="SavedModel of a training run's latest checkpoint")
     e.add_argument("--run", required=True, help="training run folder (stitchrec train)")
