@@ -393,7 +393,8 @@ class PipelineConfig:
         return "\n".join(lines) + "\n"
 
 
-def _set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
+def set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
+    """Sets ``data[a][b]... = value`` for the dotted path ``a.b...`` (tables created as needed)."""
     keys = dotted.split(".")
     node = data
     for k in keys[:-1]:
@@ -581,5 +582,5 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Pipelin
     for text in overrides or []:
         key, value = parse_override(text)
         _check_override(key, value, text)
-        _set_path(data, key, value)
+        set_path(data, key, value)
     return config_from_dict(data, base_dir=p.resolve().parent, where=f"config file {str(p)!r}")

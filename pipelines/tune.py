@@ -45,9 +45,9 @@ from typing import Any
 from pipelines.config import (
     ConfigError,
     PipelineConfig,
-    _set_path,
     config_from_dict,
     parse_override,
+    set_path,
 )
 from pipelines.errors import UsageError
 from pipelines.evaluation import svg
@@ -97,7 +97,7 @@ class Tuning:
         """The plain training config of ``values`` (dotted key -> value) writing to ``output_dir``."""
         data = copy.deepcopy(self.data)
         for key, value in values.items():
-            _set_path(data, key, value)
+            set_path(data, key, value)
         data["output_dir"] = output_dir
         return config_from_dict(data, base_dir=self.base_dir, where=self.where)
 
@@ -124,7 +124,7 @@ def load_tuning(
     data = _read_toml(path, "config file")
     table = data.pop("tune", None)
     for text in overrides:
-        _set_path(data, *parse_override(text))
+        set_path(data, *parse_override(text))
     base_dir = path.resolve().parent
     base = config_from_dict(data, base_dir=base_dir, where=where)
     if base.preranking is not None:
@@ -342,7 +342,7 @@ def search_svg(records: Sequence[Mapping[str, Any]], metric: str, direction: str
     lo, hi = (min(ys), max(ys)) if ys else (0.0, 1.0)
     pad = (hi - lo) * 0.1 or abs(hi) * 0.05 or 1.0
     last = max((r["number"] for r in records), default=0)
-    f = svg._Frame(560, 360, 64, (-0.5, last + 0.5), (lo - pad, hi + pad))
+    f = svg.Frame(560, 360, 64, (-0.5, last + 0.5), (lo - pad, hi + pad))
     f.axes(f"stitchrec tune: validation {metric} per trial", "trial", f"validation {metric}")
     better = max if direction == "maximize" else min
     steps, best = [], None

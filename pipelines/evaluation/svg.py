@@ -46,7 +46,7 @@ def _t(x: float, y: float, text: str, anchor: str = "middle", extra: str = "") -
     )
 
 
-class _Frame:
+class Frame:
     """Plot area of a ``width`` x ``height`` chart with data ranges mapped to pixels."""
 
     def __init__(self, width: int, height: int, left: int, x: tuple[float, float], y=(0.0, 1.0)):
@@ -130,7 +130,7 @@ def line_chart(
     """``series``: ``{name: (xs, ys, color)}``; ``diagonal`` draws ``y = x`` (dashed)."""
     values = [v for xs, ys, _ in series.values() for v in (*xs, *ys)]
     hi = max(values, default=1.0) or 1.0
-    f = _Frame(520, 420, 56, (0.0, hi * 1.05), (0.0, hi * 1.05))
+    f = Frame(520, 420, 56, (0.0, hi * 1.05), (0.0, hi * 1.05))
     f.axes(title, xlabel, ylabel)
     if diagonal:
         f.add(
@@ -155,7 +155,7 @@ def interval_rows(
     span = max((max(abs(lo), abs(hi)) for _, (_, lo, hi), _ in rows), default=0.0)
     span = max(span, 1e-12) * 1.3
     height = 22 * len(rows) + 76
-    f = _Frame(660, height, label_width, (-span, span), (len(rows) - 0.5, -0.5))
+    f = Frame(660, height, label_width, (-span, span), (len(rows) - 0.5, -0.5))
     f.axes(title, xlabel, yticks=False)
     f.vline(0.0)
     for i, (label, (v, lo, hi), color) in enumerate(rows):
@@ -189,7 +189,7 @@ def interval_groups(
     lo, hi = (min(vals), max(vals)) if vals else (0.0, 1.0)
     pad = (hi - lo) * 0.1 or abs(hi) * 0.1 or 1.0
     n = max(len(categories), 1)
-    f = _Frame(660, 380, 64, (-0.5, n - 0.5), (lo - pad, hi + pad))
+    f = Frame(660, 380, 64, (-0.5, n - 0.5), (lo - pad, hi + pad))
     f.axes(title, "", ylabel, xticks=False)
     width = 0.8 / max(len(series), 1)
     colors = {}

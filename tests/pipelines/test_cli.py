@@ -111,6 +111,7 @@ COMMANDS = [
     ("serve",),
     ("ab",),
     ("fuse", "explain"),
+    ("tune",),
 ]
 
 
