@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from compiler_opt import realize
+import compiler_opt.realize as realize
 from compiler_opt.buckets import Bucketed, count_compilations, powers_of_two, validate_ladder
 from compiler_opt.cost import Coefficients
 from compiler_opt.toolchain import cuda_enabled

@@ -26,7 +26,9 @@ from tensorflow.core.framework import attr_value_pb2, graph_pb2, node_def_pb2
 from tensorflow.python.framework import convert_to_constants
 from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
 
-from compiler_opt import ir, xy_op
+import compiler_opt.ir as ir
+import compiler_opt.tabulate as tabulate
+import compiler_opt.xy_op as xy_op
 from compiler_opt.cost import Coefficients
 from compiler_opt.graph_io import GraphFunction, load_graph_def, replace_nodes
 from compiler_opt.loop_op import groups as loop_groups
@@ -372,8 +374,6 @@ def fold_epilogues(
 def tabulated(frozen: Frozen) -> tuple[Frozen, Any]:
     """``frozen`` with the generated embedding op's per-id masks as constant tables over their
     id domain (``compiler_opt.tabulate``), and the ``Tabulation`` report."""
-    from compiler_opt import tabulate
-
     graph_def, report = tabulate.tabulate_masks(
         frozen.graph_def, frozen.outputs, keep=tuple(frozen.inputs)
     )

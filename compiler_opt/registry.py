@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import tensorflow as tf
 
-from compiler_opt import csource
+import compiler_opt.csource as csource
 from compiler_opt.toolchain import Compiled, compile_kernel, cuda_enabled
 
 

@@ -1,8 +1,8 @@
 """Horizontal table fusion at model-build time: a group's tables as ONE variable, one gather.
 
 ``HorizontalEmbeddingCollection`` is a drop-in for ``embeddings.collection.EmbeddingCollection``
-(same ``{field: ids} -> {field: [batch, dim]}`` call, same values bit for bit given the same
-weights). Fields it covers (method ``full`` or ``hashing``, ``l2 == 0``, dense or ragged ids,
+(same ``{field: ids} -> Embedded`` call, ``{field: [batch, dim]}`` in the ``fields`` form, same
+values bit for bit given the same weights). Fields it covers (method ``full`` or ``hashing``, ``l2 == 0``, dense or ragged ids,
 combiner ``mean``/``sum``) are grouped by ``(dim, dtype)``; each group of two or more fields
 holds one variable ``T_g [R_g, dim]`` with ``R_g = sum_f rows_f`` (``rows_f``: ``num_rows`` of a
 ``full`` field, ``buckets`` of a ``hashing`` one) and field ``f`` owning rows
@@ -22,8 +22,10 @@ Checkpoint mapping (``checkpoint_mapping()``: ``{field: (group variable, row_sta
 ``load_unfused`` copies a plain collection's (or a plain checkpoint's) tables into the row
 blocks; ``to_unfused`` builds the plain ``EmbeddingCollection`` holding the blocks, so an export
 or a checkpoint of the plain model comes out of a fused training run. ``stitchrec train`` with
-``[fusion] tables = true`` uses ``fuse_tables`` and writes the mapping as
-``<run>/checkpoints/table_fusion.json`` (``MAPPING_FILE``); ``pipelines.export`` maps back.
+``[fusion] tables = true`` fuses the model (``compiler_opt.fuse``), refuses to resume a run
+fused the other way (``check_resume``) and writes the mapping as
+``<run>/checkpoints/table_fusion.json`` (``write_mapping``, ``MAPPING_FILE``); loading the run
+maps back (``unfuse_tables``).
 """
 
 from __future__ import annotations
@@ -34,9 +36,11 @@ from pathlib import Path
 from typing import Any
 
 import tensorflow as tf
+from tensorflow.python.ops import resource_variable_ops
 
 from embeddings.collection import EmbeddingCollection
 from embeddings.common import flat_ids, pool_and_regularize
+from embeddings.forms import Embedded, Form
 from embeddings.full import FullEmbedding, oov_safe
 from embeddings.hashing import HashingEmbedding
 from embeddings.table_config import TableConfig
@@ -104,7 +108,11 @@ def _uncovered_reason(table: TableConfig, layer: tf.keras.layers.Layer) -> str |
 
 
 def _plain_variable(v: Any) -> bool:
-    return type(v).__name__ in ("ResourceVariable", "UninitializedVariable")
+    """A plain resource variable (not sharded, not a distributed or mirrored variable)."""
+    return type(v) in (
+        resource_variable_ops.ResourceVariable,
+        resource_variable_ops.UninitializedVariable,
+    )
 
 
 def _plan(tables: list[TableConfig], layers: dict[str, tf.keras.layers.Layer]) -> _Plan:
@@ -135,7 +143,7 @@ class HorizontalEmbeddingCollection(tf.keras.layers.Layer):
     """An ``EmbeddingCollection`` whose ``full`` / ``hashing`` tables of one dim are one table.
 
     Call: ``{field: ids}`` (``[batch]`` or ragged ``[batch, None]`` int ids; every field of
-    ``tables``) -> ``{field: [batch, dim]}`` in ``tables`` order, the values of
+    ``tables``) -> ``Embedded`` holding ``{field: [batch, dim]}`` in ``tables`` order, the values of
     ``EmbeddingCollection(tables)`` with the same weights (see the module docstring). A group's
     ``full`` fields with ``[batch]`` ids are stacked into ``[L, batch]``, so they must share the
     batch size (a model's fields do); other dense shapes ``S`` give ``S + [dim]`` as the layers.
@@ -153,6 +161,9 @@ class HorizontalEmbeddingCollection(tf.keras.layers.Layer):
       uncovered: ``{field: reason}`` of the fields left to their own layers.
       group_tables: ``{group variable name: tf.Variable [rows, dim]}`` once built.
     """
+
+    #: the form of the ``Embedded`` the call returns
+    output_form: Form = Form.FIELDS
 
     def __init__(
         self,
@@ -242,7 +253,7 @@ class HorizontalEmbeddingCollection(tf.keras.layers.Layer):
             )
         super().build(input_shape)
 
-    def call(self, ids: dict[str, Any]) -> dict[str, tf.Tensor]:
+    def call(self, ids: dict[str, Any]) -> Embedded:
         missing = [n for n in self.field_names if n not in ids]
         if missing:
             raise KeyError(f"ids lack fields {missing}; got {sorted(ids)}")
@@ -251,7 +262,7 @@ class HorizontalEmbeddingCollection(tf.keras.layers.Layer):
             out.update(self._group_call(g, ids))
         for name, layer in self.layers_by_field.items():
             out[name] = layer(ids[name])
-        return {name: out[name] for name in self.field_names}
+        return Embedded(vectors={name: out[name] for name in self.field_names})
 
     def _group_call(self, g: _Group, ids: dict[str, Any]) -> dict[str, tf.Tensor]:
         """One group: the rows of every id, ONE gather, the vectors split back per field.
@@ -469,60 +480,43 @@ def to_unfused(fused: HorizontalEmbeddingCollection) -> EmbeddingCollection:
 # ------------------------------------------------------------------------------ models, runs
 
 
-def fuse_tables(model: Any) -> HorizontalEmbeddingCollection:
-    """Replaces ``model.embedding`` (an ``EmbeddingCollection``) by its
-    ``HorizontalEmbeddingCollection`` (weights copied when built) and returns it."""
-    emb = getattr(model, "embedding", None)
-    if isinstance(emb, HorizontalEmbeddingCollection):
-        return emb
-    if not isinstance(emb, EmbeddingCollection):
-        raise ValueError(
-            f"model.embedding must be an EmbeddingCollection, got {type(emb).__name__}"
-        )
-    fused = HorizontalEmbeddingCollection.from_collection(emb)
-    model.embedding = fused
-    return fused
-
-
-def unfuse_tables(model: Any) -> EmbeddingCollection:
-    """Replaces ``model.embedding`` (a ``HorizontalEmbeddingCollection``) by ``to_unfused``."""
+def unfuse_tables(model: Any) -> Any:
+    """A new model (``model.with_blocks``) whose embedding is ``to_unfused`` of ``model``'s
+    ``HorizontalEmbeddingCollection``; ``model`` is left as it is."""
     emb = getattr(model, "embedding", None)
     if not isinstance(emb, HorizontalEmbeddingCollection):
         raise ValueError(
             f"model.embedding must be a HorizontalEmbeddingCollection, got {type(emb).__name__}"
         )
-    plain = to_unfused(emb)
-    model.embedding = plain
-    return plain
+    return model.with_blocks(embedding=to_unfused(emb))
 
 
-def fuse_for_training(
-    model: Any, checkpoints: str | Path, enabled: bool
-) -> HorizontalEmbeddingCollection | None:
-    """``stitchrec train``'s ``[fusion] tables``: fuses ``model``'s tables when ``enabled`` and
-    writes the mapping to ``<checkpoints>/table_fusion.json``; returns the fused layer (None
-    when not enabled).
+def check_resume(checkpoints: str | Path, enabled: bool) -> None:
+    """``stitchrec train``'s ``[fusion] tables``: refuses to resume a run whose checkpoints in
+    ``checkpoints`` were written with the other setting.
 
     Raises:
       ValueError: the run folder's checkpoints were written with the other setting (a fused
         checkpoint does not restore into the plain model, nor the reverse).
     """
     d = Path(checkpoints)
-    mapping = d / MAPPING_FILE
-    has_ckpt = tf.train.latest_checkpoint(str(d)) is not None
-    if has_ckpt and mapping.exists() != enabled:
-        was = "with" if mapping.exists() else "without"
+    has_mapping = (d / MAPPING_FILE).exists()
+    if tf.train.latest_checkpoint(str(d)) is not None and has_mapping != enabled:
+        was = "with" if has_mapping else "without"
         raise ValueError(
             f"[fusion] tables = {str(enabled).lower()}, but the checkpoints in {str(d)!r} were "
             f"written {was} fused tables; resume with the same setting or train into a new "
             f"output_dir"
         )
-    if not enabled:
-        return None
-    fused = fuse_tables(model)
+
+
+def write_mapping(checkpoints: str | Path, fused: HorizontalEmbeddingCollection) -> Path:
+    """Writes ``fused``'s mapping to ``<checkpoints>/table_fusion.json`` and returns the file."""
+    d = Path(checkpoints)
     d.mkdir(parents=True, exist_ok=True)
+    mapping = d / MAPPING_FILE
     mapping.write_text(json.dumps(fused.mapping_json(), indent=1))
-    return fused
+    return mapping
 
 
 def run_has_fused_tables(checkpoints: str | Path) -> bool:

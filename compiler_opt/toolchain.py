@@ -28,7 +28,7 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from compiler_opt import cost
+import compiler_opt.cost as cost
 
 CXX_ENV = "CXX"
 NVCC_ENV = "NVCC"

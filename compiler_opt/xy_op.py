@@ -14,7 +14,9 @@ from typing import Any
 import numpy as np
 from tensorflow.core.framework import attr_value_pb2, graph_pb2, node_def_pb2
 
-from compiler_opt import csource, graph_io, registry
+import compiler_opt.csource as csource
+import compiler_opt.graph_io as graph_io
+import compiler_opt.registry as registry
 
 #: op -> (arity, C++ expression of its operands a, b)
 OPS: dict[str, tuple[int, str]] = {

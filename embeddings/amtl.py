@@ -251,7 +251,7 @@ class AMTLEmbedding(EmbeddingLayer):
         s, a = self._features(oov_safe(ids, self.num_rows))
         return a * self._branch(self.h_aml, s) + (1.0 - a) * self._branch(self.l_aml, s)
 
-    def _mask(self, ids: tf.Tensor) -> tf.Tensor:
+    def mask(self, ids: tf.Tensor) -> tf.Tensor:
         """Straight-through mask ``[n, dim]`` of in-range ids: exact 0/1 forward, soft gradient."""
         h = self.logits(ids)
         hard_len = tf.argmax(h, axis=-1, output_type=tf.int32) + 1
@@ -263,7 +263,7 @@ class AMTLEmbedding(EmbeddingLayer):
     def call(self, ids: tf.Tensor | tf.RaggedTensor) -> tf.Tensor:
         flat = oov_safe(flat_ids(ids), self.num_rows)
         unique, where = tf.unique(flat)  # the MLPs run once per distinct id of the batch
-        mask_u = self._mask(unique)
+        mask_u = self.mask(unique)
         masked = tf.nn.embedding_lookup(self.table, flat) * tf.gather(mask_u, where)
         out = pool_and_regularize(self, ids, masked)  # shape / pooling and the L2 loss
         if self.length_penalty > 0:

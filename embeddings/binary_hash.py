@@ -144,12 +144,13 @@ class BinaryHashEmbedding(EmbeddingLayer):
         sizes = [len(b) for b in blocks]
         self.block_sizes = sizes
         self.offsets = [int(x) for x in np.cumsum([0] + [1 << s for s in sizes[:-1]])]
-        # [n_blocks, t_max] global positions and in-block weights 2**k (0 for padding)
+        # [n_blocks, t_max] global positions (public: the generated embedding op reads them) and
+        # in-block weights 2**k (0 for padding)
         t_max = max(sizes)
-        self._positions = np.zeros((self.n_blocks, t_max), np.int64)
+        self.positions = np.zeros((self.n_blocks, t_max), np.int64)
         self._weights = np.zeros((self.n_blocks, t_max), np.int64)
         for j, b in enumerate(blocks):
-            self._positions[j, : len(b)] = b
+            self.positions[j, : len(b)] = b
             self._weights[j, : len(b)] = [1 << k for k in range(len(b))]
 
     @property
@@ -171,7 +172,7 @@ class BinaryHashEmbedding(EmbeddingLayer):
             values = tf.bitwise.bitwise_and(tf.bitwise.right_shift(codes[:, None], shifts), masks)
         else:
             bits = tf.bitwise.bitwise_and(
-                tf.bitwise.right_shift(codes[:, None, None], tf.constant(self._positions)),
+                tf.bitwise.right_shift(codes[:, None, None], tf.constant(self.positions)),
                 tf.constant(1, tf.int64),
             )
             values = tf.reduce_sum(bits * tf.constant(self._weights), axis=-1)

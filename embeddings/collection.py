@@ -1,4 +1,5 @@
-"""One embedding layer per field, behind one call: ``{field: ids} -> {field: [batch, dim]}``.
+"""One embedding layer per field, behind one call: ``{field: ids} -> Embedded`` holding
+``{field: [batch, dim]}`` (``embeddings.forms``: the ``fields`` form, ``output_form``).
 
 ``EmbeddingCollection(tables)`` takes one ``TableConfig`` per field (embeddings/table_config.py;
 its stored dict form is accepted too, as ``from_config`` passes it); ``method`` picks the layer
@@ -9,6 +10,7 @@ collection rebuilt from its config gets the counts back from a checkpoint.
 
 ``serving_form()`` returns the collection a SavedModel should hold: each layer that has a more
 compact inference form (AMTL rows truncated to their learned lengths) is replaced by it.
+``select(names)`` returns a collection over some of the fields, sharing their layers.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import tensorflow as tf
 from embeddings.amtl import AMTLEmbedding
 from embeddings.base import EmbeddingLayer
 from embeddings.binary_hash import BinaryHashEmbedding
+from embeddings.forms import Embedded, Form
 from embeddings.full import FullEmbedding
 from embeddings.hashing import HashingEmbedding
 from embeddings.protocols import HasServingForm, LearnsFromCounts
@@ -38,13 +41,17 @@ EMBEDDING_METHODS: dict[str, type[EmbeddingLayer]] = {
 
 @tf.keras.utils.register_keras_serializable(package="stitchrec")
 class EmbeddingCollection(tf.keras.layers.Layer):
-    """Per-field embedding layers; outputs keep the order of ``tables``.
+    """Per-field embedding layers; the call returns ``Embedded`` in the ``fields`` form, the
+    vectors in the order of ``tables``.
 
     Args:
       tables: one ``TableConfig`` (or its dict form) per field.
       counts: ``{field: count per id}`` for the methods that learn from counts.
       layers: ``{field: layer}`` to hold instead of building them from ``tables``.
     """
+
+    #: the form of the ``Embedded`` the call returns
+    output_form: Form = Form.FIELDS
 
     def __init__(
         self,
@@ -80,11 +87,25 @@ class EmbeddingCollection(tf.keras.layers.Layer):
     def dims(self) -> list[int]:
         return [t.dim for t in self.tables]
 
-    def call(self, ids: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+    def call(self, ids: dict[str, tf.Tensor]) -> Embedded:
         missing = [n for n in self.field_names if n not in ids]
         if missing:
             raise KeyError(f"ids lack fields {missing}; got {sorted(ids)}")
-        return {name: layer(ids[name]) for name, layer in self.layers_by_field.items()}
+        return Embedded(
+            vectors={name: layer(ids[name]) for name, layer in self.layers_by_field.items()}
+        )
+
+    def select(self, names: list[str]) -> EmbeddingCollection:
+        """A collection over the fields ``names`` (in table order), sharing their layers; its
+        call returns the ``fields`` form."""
+        unknown = [n for n in names if n not in self.layers_by_field]
+        if unknown or not names:
+            raise ValueError(
+                f"names must be some of the fields {self.field_names}, got {list(names)}"
+            )
+        tables = [t for t in self.tables if t.name in names]
+        layers = {t.name: self.layers_by_field[t.name] for t in tables}
+        return EmbeddingCollection(tables, layers=layers, name=f"{self.name}_selected")
 
     def serving_form(self) -> EmbeddingCollection:
         """The same fields with each layer's compact inference form where it has one."""

@@ -22,13 +22,42 @@ _DELIMITER_NAMES = {"\t": "tab", ",": "comma", ";": "semicolon", "|": "pipe", " 
 # CSV
 
 
-def string_convert_options(names: Sequence[str]) -> pacsv.ConvertOptions:
-    """Every column as a string; only an empty cell is null ("NA", "nan" stay text)."""
+def string_convert_options(names: Sequence[str], as_bytes: bool = False) -> pacsv.ConvertOptions:
+    """Every column as a string (``as_bytes``: as binary, its UTF-8 checked cell by cell with
+    ``decode_utf8``); only an empty cell is null ("NA", "nan" stay text)."""
     return pacsv.ConvertOptions(
-        column_types={n: pa.string() for n in names},
+        column_types={n: pa.binary() if as_bytes else pa.string() for n in names},
         null_values=[""],
         strings_can_be_null=True,
         quoted_strings_can_be_null=True,
+    )
+
+
+def decode_utf8(arr: pa.Array) -> tuple[pa.Array, np.ndarray]:
+    """A binary column as a string column, and the mask of its cells that are not UTF-8
+    (null in the result)."""
+    try:
+        return arr.cast(pa.string()), np.zeros(len(arr), dtype=bool)
+    except pa.ArrowInvalid:
+        pass
+    out: list[str | None] = []
+    bad = np.zeros(len(arr), dtype=bool)
+    for i, v in enumerate(arr.to_pylist()):
+        try:
+            out.append(None if v is None else v.decode("utf-8"))
+        except UnicodeDecodeError:
+            out.append(None)
+            bad[i] = True
+    return pa.array(out, pa.string()), bad
+
+
+def compressed_stream_message(path: Path, after_line: int, error: Exception) -> str:
+    """The message for a compressed file whose data ends early or is corrupt, found after
+    ``after_line`` lines were read (0: in its first block of lines)."""
+    where = f"after line {after_line}" if after_line else "in its first block of lines"
+    return (
+        f"file {str(path)!r}: its compressed data is truncated or corrupt {where} ({error}); "
+        f"expected a complete {path.suffix or 'compressed'} file (was it cut short?)"
     )
 
 
@@ -37,7 +66,10 @@ def read_header(path: Path, delimiter: str) -> list[str]:
     with pa.input_stream(str(path), compression="detect") as stream:
         chunks = []
         while True:
-            chunk = stream.read(65536)
+            try:
+                chunk = stream.read(65536)
+            except OSError as e:  # a truncated or corrupt compressed file
+                raise DataError(compressed_stream_message(path, 0, e)) from None
             chunks.append(chunk)
             if not chunk or b"\n" in chunk:
                 break

@@ -27,6 +27,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import tensorflow as tf
 
+from features.completion import check_complete
+from features.file_batches import check_scalar_columns
 from features.read_report import DataError
 from features.schema import FeatureKind, FeatureSpec, Schema
 
@@ -52,7 +54,9 @@ def input_fields(schema: Schema, with_label: bool = True) -> list[FeatureSpec]:
 
 
 def list_parquet(paths: str | Path | Sequence[str | Path]) -> list[Path]:
-    """Parquet files under ``paths`` (files, directories or glob patterns), sorted."""
+    """Parquet files under ``paths`` (files, directories or glob patterns), sorted.
+
+    Raises DataError for files in an unfinished conversion (``features.completion``)."""
     if isinstance(paths, str | Path):
         paths = [paths]
     out: list[Path] = []
@@ -67,6 +71,7 @@ def list_parquet(paths: str | Path | Sequence[str | Path]) -> list[Path]:
             out.extend(m for m in matches if m.suffix == ".parquet")
     if not out:
         raise FileNotFoundError(f"no Parquet files found under {[str(p) for p in paths]}")
+    check_complete(p.parent for p in out)
     return out
 
 
@@ -95,10 +100,54 @@ def table_to_numpy(
     return {f.name: column_to_numpy(table.column(f.name), f) for f in fields}
 
 
+def _arrow_target(spec: FeatureSpec) -> tuple[pa.DataType, str]:
+    """The Arrow type ``column_to_numpy`` casts a field's column to, and what a cell must be."""
+    if spec.kind in (FeatureKind.NUMERIC, FeatureKind.LABEL):
+        if spec.kind == FeatureKind.LABEL:
+            return pa.float32(), "0 or 1"
+        return pa.float32(), "a finite number or an empty cell"
+    if spec.dtype == "int64":
+        return pa.int64(), "an integer (int64) or an empty cell"
+    return pa.string(), "text or an empty cell"
+
+
+def _cell_error(path: Path, row: int, spec: FeatureSpec, value: object, expected: str) -> str:
+    return f"{path}: row {row}, column {spec.name!r}: value {value!r}, expected {expected}"
+
+
+def _check_types(
+    rb: pa.RecordBatch, fields: Sequence[FeatureSpec], path: Path, first_row: int
+) -> None:
+    """Every column must cast to its field's type (``column_to_numpy``): a cell that does not
+    (text in a numeric column, 1.5 in an int64 one) raises DataError naming row and column."""
+    for f in fields:
+        col = rb.column(f.name)
+        target, expected = _arrow_target(f)
+        if col.type == target:
+            continue
+        try:
+            pc.cast(col, target)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            i = next((i for i in range(len(col)) if not _casts(col.slice(i, 1), target)), 0)
+            raise DataError(
+                _cell_error(path, first_row + i + 1, f, col[i].as_py(), expected)
+            ) from None
+
+
+def _casts(arr: pa.Array, target: pa.DataType) -> bool:
+    try:
+        pc.cast(arr, target)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return False
+    return True
+
+
 def _check_batch(
     rb: pa.RecordBatch, fields: Sequence[FeatureSpec], path: Path, first_row: int
 ) -> None:
-    """Labels must be 0/1 and present; numeric cells finite or missing (never NaN/Inf)."""
+    """Cells must cast to their field's type; labels must be 0/1 and present; numeric cells
+    finite or missing (never NaN/Inf)."""
+    _check_types(rb, fields, path, first_row)
     for f in fields:
         col = rb.column(f.name)
         if f.kind == FeatureKind.LABEL:
@@ -112,10 +161,19 @@ def _check_batch(
             continue
         if not pc.all(ok).as_py():
             i = pc.index(ok, False).as_py()
-            raise DataError(
-                f"{path}: row {first_row + i + 1}, column {f.name!r}: value {col[i].as_py()!r}, "
-                f"expected {expected}"
-            )
+            raise DataError(_cell_error(path, first_row + i + 1, f, col[i].as_py(), expected))
+
+
+def _check_schema(pf: pq.ParquetFile, schema: Schema, columns: list[str], path: Path) -> None:
+    """Every column is present and holds one value per row (no list, struct or map)."""
+    names = pf.schema_arrow.names
+    missing = [c for c in columns if c not in names]
+    if missing:
+        raise DataError(
+            f"{path}: Parquet file lacks columns {missing} that schema {schema.name!r} needs; "
+            f"it has {names}"
+        )
+    check_scalar_columns(path, pf.schema_arrow, columns)
 
 
 def _open_parquet(path: Path) -> pq.ParquetFile:
@@ -137,8 +195,10 @@ def iter_record_batches(
     ``row_range=(lo, hi)`` keeps rows ``lo <= r < hi`` of the concatenation of ``files`` (in the
     order given): files and row groups outside the range are skipped from their footers, unread.
 
-    Raises ``DataError`` naming the file, row and column for a missing column, a label that is
-    not 0/1, a NaN or infinite numeric value, or a file that is not readable Parquet.
+    Raises ``DataError`` naming the file, row and column for a missing or nested (list) column,
+    a cell that does not cast to its field's type, a label that is not 0/1, a NaN or infinite
+    numeric value, or a file that is not readable Parquet. Bad rows are never skipped here:
+    ``[data] max_bad_rows`` reads Parquet inputs through ``features.shards.convert`` instead.
     """
     fields = list(fields) if fields is not None else input_fields(schema)
     columns = [f.name for f in fields]
@@ -152,12 +212,7 @@ def iter_record_batches(
         if row_range is not None and offset + rows <= lo:
             offset += rows
             continue
-        missing = [c for c in columns if c not in pf.schema_arrow.names]
-        if missing:
-            raise DataError(
-                f"{path}: Parquet file lacks columns {missing} that schema {schema.name!r} needs; "
-                f"it has {pf.schema_arrow.names}"
-            )
+        _check_schema(pf, schema, columns, path)
         start = 0  # row of this file where the current row group starts
         for group in range(pf.num_row_groups):
             group_rows = pf.metadata.row_group(group).num_rows

@@ -16,7 +16,14 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from features.cells import is_null
-from features.csv_format import LineMap, column_count_message, read_header, string_convert_options
+from features.csv_format import (
+    LineMap,
+    column_count_message,
+    compressed_stream_message,
+    decode_utf8,
+    read_header,
+    string_convert_options,
+)
 from features.joins import ReadPlan, SideTable, apply_joins, plan_file
 from features.read_report import DataError
 from features.schema import Schema
@@ -43,7 +50,8 @@ def csv_batches(file: Path, schema: Schema, cache: dict[Any, SideTable]) -> Iter
     """Streams one CSV file as raw string columns, one chunk per parsed block.
 
     Lines with the wrong number of columns are skipped by the parser and handed on as
-    ``earlier_bad`` of the chunk they precede (or of a last, empty chunk).
+    ``earlier_bad`` of the chunk they precede (or of a last, empty chunk); so are lines whose
+    read cells are not UTF-8. A truncated or corrupt compressed file is one DataError.
     """
     src = schema.source
     names = read_header(file, src.delimiter) if src.header else list(src.columns or ())
@@ -68,26 +76,33 @@ def csv_batches(file: Path, schema: Schema, cache: dict[Any, SideTable]) -> Iter
             pa.input_stream(str(file), compression="detect"),
             read_options=read_opts,
             parse_options=parse_opts,
-            convert_options=string_convert_options(names),
+            convert_options=string_convert_options(names, as_bytes=True),
         )
         while True:
             try:
                 batch = reader.read_next_batch()
             except StopIteration:
                 break
-            yield _csv_chunk(batch, plan, lines, rejected)
+            yield _csv_chunk(file, batch, plan, lines, rejected)
     except pa.ArrowException as e:
         if "Empty CSV file" in str(e):
             raise DataError(f"file {str(file)!r} is empty: expected lines of data") from None
         raise DataError(f"{file}: could not parse CSV at or after line {lines.next}: {e}") from None
+    except OSError as e:  # pyarrow's decompressor: a truncated or corrupt gzip/bz2 stream
+        raise DataError(compressed_stream_message(file, lines.next - 1, e)) from None
     if rejected:
         yield RawBatch({}, np.zeros(0, np.int64), "line", plan.notes, list(rejected))
 
 
 def _csv_chunk(
-    batch: pa.RecordBatch, plan: ReadPlan, lines: LineMap, rejected: list[tuple[int, str]]
+    file: Path,
+    batch: pa.RecordBatch,
+    plan: ReadPlan,
+    lines: LineMap,
+    rejected: list[tuple[int, str]],
 ) -> RawBatch:
-    """One parsed block as a raw chunk: blank lines dropped, joined columns added.
+    """One parsed block as a raw chunk: blank lines dropped, read columns decoded from UTF-8
+    (lines with a cell that is not UTF-8 go to ``earlier_bad``), joined columns added.
 
     Takes from ``rejected`` the rejected lines that come before the block's last row (all of
     them if the block has no rows).
@@ -106,23 +121,66 @@ def _csv_chunk(
         keep = pa.array(~blank)
         cols = {c: a.filter(keep) for c, a in cols.items()}
         line_no = line_no[~blank]
+    cols, line_no = _decode_columns(file, cols, line_no, earlier)
     return RawBatch(apply_joins(cols, plan), line_no, "line", plan.notes, earlier)
+
+
+def _decode_columns(
+    file: Path, cols: dict[str, pa.Array], line_no: np.ndarray, bad: list[tuple[int, str]]
+) -> tuple[dict[str, pa.Array], np.ndarray]:
+    """Binary columns as strings; lines with a cell that is not UTF-8 are dropped and added
+    to ``bad`` as (line, message naming the first such column)."""
+    out: dict[str, pa.Array] = {}
+    invalid = np.zeros(len(line_no), dtype=bool)
+    for name, arr in cols.items():
+        out[name], mask = decode_utf8(arr)
+        for i in np.flatnonzero(mask & ~invalid).tolist():
+            value = arr[i].as_py()
+            shown = value if len(value) <= 60 else value[:60] + b"..."
+            bad.append(
+                (
+                    int(line_no[i]),
+                    f"{file}: line {line_no[i]}, column {name!r}: bad value {shown!r} is not "
+                    "UTF-8 text; expected UTF-8 encoded text",
+                )
+            )
+        invalid |= mask
+    if not invalid.any():
+        return out, line_no
+    keep = pa.array(~invalid)
+    return {c: a.filter(keep) for c, a in out.items()}, line_no[~invalid]
 
 
 # --------------------------------------------------------------------------------------------
 # Parquet
 
 
+def check_scalar_columns(file: Path, arrow: pa.Schema, columns: list[str]) -> None:
+    """Raises DataError naming the file and column when one of ``columns`` is nested."""
+    for name in columns:
+        t = arrow.field(name).type
+        if pa.types.is_nested(t):
+            raise DataError(
+                f"file {str(file)!r}: column {name!r} is a Parquet {t} column: expected one "
+                f"scalar value (text or a number) per row, not a list, struct or map"
+            )
+
+
 def parquet_batches(
     file: Path, schema: Schema, batch_rows: int, cache: dict[Any, SideTable]
 ) -> Iterator[RawBatch]:
-    """Streams one Parquet file as raw columns (the needed ones) in chunks of ``batch_rows``."""
+    """Streams one Parquet file as raw columns (the needed ones) in chunks of ``batch_rows``.
+
+    A read column of a nested type (list, struct, map) is one DataError for the whole file:
+    every field holds one value per row.
+    """
     try:
         pf = pq.ParquetFile(str(file))
         names = list(pf.schema_arrow.names)
     except (pa.ArrowException, OSError) as e:
         raise DataError(f"file {str(file)!r} is not a readable Parquet file: {e}") from None
     plan = plan_file(schema, file, names, cache)
+    check_scalar_columns(file, pf.schema_arrow, plan.read)
     start = 0
     batches = pf.iter_batches(batch_size=batch_rows, columns=plan.read)
     while True:

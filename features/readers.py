@@ -33,6 +33,7 @@ from typing import Any
 import pyarrow as pa
 
 from features.cells import typed_batch
+from features.completion import check_complete
 from features.csv_format import delimiter_name
 from features.file_batches import csv_batches, parquet_batches
 from features.joins import SideTable
@@ -55,7 +56,8 @@ def list_files(
     Each entry expands on its own, sorted: a directory to the files directly inside it (hidden
     ``.x`` and ``_x`` files, and the schema's join side tables, are left out); a glob pattern
     (``**`` recurses) to the matching files, side tables left out. Entries keep their order;
-    a file named twice is read once. Raises DataError for a path that matches nothing.
+    a file named twice is read once. Raises DataError for a path that matches nothing, or for
+    files in an unfinished conversion (``features.completion.check_complete``).
     """
     items = [paths] if isinstance(paths, str | os.PathLike) else list(paths)
     if not items:
@@ -65,6 +67,7 @@ def list_files(
         for p in _expand_one(str(item), schema):
             if p not in out:
                 out.append(p)
+    check_complete(p.parent for p in out)
     return out
 
 

@@ -555,18 +555,44 @@ def schema_from_dict(data: Mapping[str, Any], where: str = "schema") -> Schema:
         raise SchemaError(f"{where}: {e}") from None
 
 
+_SCHEMA_SUFFIXES = (".toml", ".yaml", ".yml")
+
+
+def _schema_file(path: str | Path) -> Path:
+    """The file ``load_schema`` reads for ``path``.
+
+    ``path`` names a file when it is one or ends in ``.toml``/``.yaml``/``.yml``; otherwise a
+    bare name (no folder part) names the shipped schema of that name, so a folder called
+    ``movielens`` in the working directory does not hide the shipped ``movielens``.
+    """
+    p = Path(path)
+    if p.is_file() or p.suffix in _SCHEMA_SUFFIXES:
+        if p.is_dir():
+            raise SchemaError(f"schema file {str(path)!r} is a directory: expected a schema file")
+        if not p.exists():
+            raise SchemaError(f"schema file {str(path)!r} does not exist")
+        return p
+    shipped = shipped_schemas()
+    if p.name == str(path) and p.name in shipped:
+        return shipped[p.name]
+    if p.is_dir():
+        raise SchemaError(
+            f"schema {str(path)!r} is a directory: expected a .toml, .yaml or .yml schema file "
+            f"or the name of a shipped schema {sorted(shipped)}"
+        )
+    raise SchemaError(
+        f"schema file {str(path)!r} does not exist (expected a .toml, .yaml or .yml file or "
+        f"the name of a shipped schema {sorted(shipped)})"
+    )
+
+
 def load_schema(path: str | Path) -> Schema:
     """Loads a schema from a ``.toml`` or ``.yaml``/``.yml`` file.
 
-    A bare name such as ``"criteo"`` loads a schema shipped in ``features/schemas/``.
+    A bare name such as ``"criteo"`` that is not a file loads the schema shipped in
+    ``features/schemas/`` (a folder of that name does not count); a directory is a SchemaError.
     """
-    p = Path(path)
-    if not p.suffix and not p.exists():
-        shipped = Path(__file__).parent / "schemas" / f"{p.name}.toml"
-        if shipped.exists():
-            p = shipped
-    if not p.exists():
-        raise SchemaError(f"schema file {str(path)!r} does not exist")
+    p = _schema_file(path)
     text = p.read_text()
     try:
         if p.suffix == ".toml":

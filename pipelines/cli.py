@@ -36,6 +36,7 @@ from features.schema import SchemaError
 from pipelines import cli_args
 from pipelines.config import ConfigError
 from pipelines.errors import UsageError
+from pipelines.stderr_filter import filtered_stderr
 
 DESCRIPTION = "StitchRec: data, training, export, serving and evaluation of ranking models."
 EPILOG = (
@@ -128,5 +129,12 @@ def main(argv: list[str] | None = None) -> int:
         return status
 
 
+def entry() -> int:
+    """The ``stitchrec`` console script: ``main`` with TensorFlow's start-up noise dropped from
+    standard error (``pipelines.stderr_filter``)."""
+    with filtered_stderr():
+        return main()
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry())

@@ -12,7 +12,7 @@
     split_seed = 0
     # or, for Parquet shards whose columns are the schema's fields:
     # train = ["data/train"]
-    # test = ["data/test"]
+    # test = ["data/test"]            # with `train` only: `raw` rows split by test_fraction
 
     [model]                             # ranking.models.ModelConfig
     type = "dcn_v2"
@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from features.crosses.pcf_config import PCFGNNConfig
+from pipelines.config_types import type_error
 from ranking.config import ModelConfig, PrerankConfig
 
 _OPTIMIZERS = ("adam", "adagrad", "sgd")
@@ -57,12 +58,17 @@ class DataConfig:
       raw: raw files (any format the schema reads); converted to Parquet shards in the run's
         ``data/`` folder, split into train and test by ``test_fraction``.
       train, test: Parquet shards whose columns are the schema's fields (used as they are).
+        ``test`` goes with ``train`` only: with ``raw`` the test rows are the ``test_fraction``
+        split of the raw files, and a ``test`` next to ``raw`` is a ConfigError.
       validation: the validation files or shards (raw or Parquet, like ``train``/``test``); when
         given, ``validation_fraction`` is not used.
       validation_fraction: the fraction of the training rows held out as the validation split
         (by row hash and ``split_seed``, like the test split, never a test row); model selection
         and early stopping read it, never the test set. 0: no validation split.
       max_bad_rows: bad raw rows to skip and count before failing (0: fail on the first).
+        With ``train`` Parquet shards read as they are, a value above 0 reads them through the
+        conversion into the run's ``data/`` folder instead, where bad rows are skipped and
+        counted like raw ones.
       crosses: a cross artifact (``stitchrec crosses fives``) whose top ``cross_top_n`` crosses
         become hashed categorical fields computed inside the model ("": none).
       cross_top_n: how many of the artifact's ranked crosses to add.
@@ -95,6 +101,12 @@ class DataConfig:
             object.__setattr__(self, key, (value,) if isinstance(value, str) else tuple(value))
         if bool(self.raw) == bool(self.train):
             raise ConfigError("[data]: give either `raw` files or `train` Parquet shards")
+        if self.raw and self.test:
+            raise ConfigError(
+                "[data] raw and test: with `raw` files the test rows are their test_fraction "
+                "split; give `test` only with `train` Parquet shards (or convert the raw "
+                "files and name both splits' shards)"
+            )
         if not 0.0 <= self.test_fraction < 1.0:
             raise ConfigError(f"[data] test_fraction must be in [0, 1), got {self.test_fraction}")
         if not 0.0 <= self.validation_fraction < 1.0:
@@ -253,7 +265,9 @@ class DistributeConfig:
 
     strategy: str = "auto"
     input: str = "shard"
-    ps_min_shard_bytes: int = 256 << 10
+    ps_min_shard_bytes: int = dataclasses.field(
+        default=256 << 10, metadata={"expected": "an integer >= 1 (bytes)"}
+    )
 
     def __post_init__(self) -> None:
         if self.strategy not in _STRATEGIES:
@@ -390,7 +404,11 @@ def _set_path(data: dict[str, Any], dotted: str, value: Any) -> None:
 
 
 def parse_override(text: str) -> tuple[str, Any]:
-    """``"train.epochs=3"`` -> ``("train.epochs", 3)``; values are TOML (bare words: strings)."""
+    """``"train.epochs=3"`` -> ``("train.epochs", 3)``; values are TOML (bare words: strings).
+
+    The value then meets the same type checks as the config file's (``load_config``): e.g.
+    ``train.deterministic=false`` is the boolean, ``train.batch_size=big`` a ConfigError.
+    """
     if "=" not in text:
         raise ConfigError(f"override {text!r}: expected KEY=VALUE, e.g. train.epochs=3")
     key, raw = text.split("=", 1)
@@ -401,6 +419,41 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
+# Keys whose value may be one path instead of a list of them.
+_PATH_LISTS = {"data": ("raw", "train", "test", "validation"), "pair_stats": ("graph_data",)}
+
+
+def _sections() -> dict[str, type]:
+    """The dataclass each config section builds, by section name."""
+    return {
+        "data": DataConfig,
+        "model": ModelConfig,
+        "train": TrainConfig,
+        "preranking": PrerankConfig,
+        "pair_stats": PairStatsConfig,
+        "distribute": DistributeConfig,
+        "fusion": FusionConfig,
+    }
+
+
+def _table(data: Mapping[str, Any], section: str, where: str) -> dict[str, Any] | None:
+    """Section ``section`` of ``data`` as a dict (None when absent), its values type-checked
+    against its dataclass's annotations (a single path of a path list becomes a list)."""
+    values = data.get(section)
+    if values is None:
+        return None
+    if not isinstance(values, Mapping):
+        raise ConfigError(f"{where}: [{section}] must be a table, got {values!r}")
+    values = dict(values)
+    for key in _PATH_LISTS.get(section, ()):
+        if isinstance(values.get(key), str):
+            values[key] = [values[key]]
+    problem = type_error(_sections()[section], values)
+    if problem:
+        raise ConfigError(f"{where} [{section}] {problem}")
+    return values
+
+
 def _build(cls: type, section: str, values: Mapping[str, Any], where: str) -> Any:
     allowed = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - allowed)
@@ -408,6 +461,9 @@ def _build(cls: type, section: str, values: Mapping[str, Any], where: str) -> An
         raise ConfigError(
             f"{where} [{section}]: unknown keys {unknown}; allowed: {sorted(allowed)}"
         )
+    problem = type_error(cls, values)
+    if problem:
+        raise ConfigError(f"{where} [{section}] {problem}")
     try:
         return cls(**values)
     except ConfigError as e:
@@ -419,112 +475,102 @@ def _build(cls: type, section: str, values: Mapping[str, Any], where: str) -> An
 def config_from_dict(
     data: Mapping[str, Any], *, base_dir: Path, where: str = "config"
 ) -> PipelineConfig:
-    """Builds a PipelineConfig; relative paths are resolved against ``base_dir``."""
+    """Builds a PipelineConfig; relative paths are resolved against ``base_dir``.
+
+    Every value is first checked against its field's annotation (``pipelines.config_types``).
+    """
     data = dict(data)
-    unknown = sorted(
-        set(data)
-        - {
-            "output_dir",
-            "data",
-            "model",
-            "train",
-            "preranking",
-            "pair_stats",
-            "distribute",
-            "fusion",
-        }
-    )
+    unknown = sorted(set(data) - {"output_dir", *_sections()})
     if unknown:
         raise ConfigError(f"{where}: unknown top-level keys {unknown}")
     if "output_dir" not in data:
         raise ConfigError(f"{where}: missing `output_dir`")
-    if "data" not in data:
+    if not isinstance(data["output_dir"], str):
+        raise ConfigError(f"{where}: output_dir must be a string, got {data['output_dir']!r}")
+    d = _table(data, "data", where)
+    if d is None:
         raise ConfigError(f"{where}: missing [data] section")
-    d = dict(data["data"])
 
     def resolve(p: str) -> str:
         return str(p) if Path(p).is_absolute() else str((base_dir / p).resolve())
 
     if "schema" not in d:
         raise ConfigError(f"{where} [data]: missing `schema`")
-    schema = str(d["schema"])
-    if Path(schema).suffix:
-        d["schema"] = resolve(schema)
-    for key in ("raw", "train", "test", "validation"):
+    if Path(d["schema"]).suffix:
+        d["schema"] = resolve(d["schema"])
+    for key in _PATH_LISTS["data"]:
         if key in d:
-            values = [d[key]] if isinstance(d[key], str) else list(d[key])
-            d[key] = tuple(resolve(v) for v in values)
+            d[key] = tuple(resolve(v) for v in d[key])
     if d.get("crosses"):
-        d["crosses"] = resolve(str(d["crosses"]))
-    model = dict(data.get("model", {}))
+        d["crosses"] = resolve(d["crosses"])
+    model = _table(data, "model", where) or {}
     if "mlp" in model:
         model["mlp"] = tuple(model["mlp"])
-    train = dict(data.get("train", {}))
+    train = _table(data, "train", where) or {}
     if train.get("warm_start"):
-        train["warm_start"] = resolve(str(train["warm_start"]))
+        train["warm_start"] = resolve(train["warm_start"])
     return PipelineConfig(
-        output_dir=resolve(str(data["output_dir"])),
+        output_dir=resolve(data["output_dir"]),
         data=_build(DataConfig, "data", d, where),
         model=_build(ModelConfig, "model", model, where),
         train=_build(TrainConfig, "train", train, where),
-        preranking=_preranking(data.get("preranking"), where),
-        pair_stats=_pair_stats(data.get("pair_stats"), where, resolve),
-        distribute=_distribute(data.get("distribute"), where),
-        fusion=_fusion(data.get("fusion"), where),
+        preranking=_preranking(_table(data, "preranking", where), where),
+        pair_stats=_pair_stats(_table(data, "pair_stats", where), where, resolve),
+        distribute=_optional(DistributeConfig, "distribute", data, where),
+        fusion=_optional(FusionConfig, "fusion", data, where),
     )
 
 
-def _fusion(values: Any, where: str) -> FusionConfig | None:
-    """The optional ``[fusion]`` section (``FusionConfig``)."""
+def _optional(cls: type, section: str, data: Mapping[str, Any], where: str) -> Any:
+    """An optional section without paths (``[fusion]``, ``[distribute]``), or None."""
+    values = _table(data, section, where)
+    return None if values is None else _build(cls, section, values, where)
+
+
+def _preranking(values: dict[str, Any] | None, where: str) -> PrerankConfig | None:
+    """The optional ``[preranking]`` section (``PrerankConfig``), type-checked."""
     if values is None:
         return None
-    if not isinstance(values, Mapping):
-        raise ConfigError(f"{where}: [fusion] must be a table")
-    return _build(FusionConfig, "fusion", values, where)
-
-
-def _distribute(values: Any, where: str) -> DistributeConfig | None:
-    """The optional ``[distribute]`` section (``DistributeConfig``)."""
-    if values is None:
-        return None
-    if not isinstance(values, Mapping):
-        raise ConfigError(f"{where}: [distribute] must be a table")
-    return _build(DistributeConfig, "distribute", values, where)
-
-
-def _preranking(values: Any, where: str) -> PrerankConfig | None:
-    """The optional ``[preranking]`` section (``PrerankConfig``)."""
-    if values is None:
-        return None
-    if not isinstance(values, Mapping):
-        raise ConfigError(f"{where}: [preranking] must be a table")
-    values = dict(values)
     for key in ("mlp", "tower_mlp"):
         if key in values:
             values[key] = tuple(values[key])
     return _build(PrerankConfig, "preranking", values, where)
 
 
-def _pair_stats(values: Any, where: str, resolve: Any) -> PairStatsConfig | None:
-    """The optional ``[pair_stats]`` section (``PairStatsConfig``); paths resolved."""
+def _pair_stats(values: dict[str, Any] | None, where: str, resolve: Any) -> PairStatsConfig | None:
+    """The optional ``[pair_stats]`` section (``PairStatsConfig``), type-checked; paths
+    resolved."""
     if values is None:
         return None
-    if not isinstance(values, Mapping):
-        raise ConfigError(f"{where}: [pair_stats] must be a table")
-    values = dict(values)
     if values.get("artifact"):
-        values["artifact"] = resolve(str(values["artifact"]))
+        values["artifact"] = resolve(values["artifact"])
     if "graph_data" in values:
-        g = values["graph_data"]
-        values["graph_data"] = tuple(resolve(str(v)) for v in ([g] if isinstance(g, str) else g))
+        values["graph_data"] = tuple(resolve(v) for v in values["graph_data"])
     for key in ("pairs", "head"):
-        if key in values and isinstance(values[key], list):
+        if key in values:
             values[key] = tuple(tuple(v) if isinstance(v, list) else v for v in values[key])
     return _build(PairStatsConfig, "pair_stats", values, where)
 
 
+def _check_override(key: str, value: Any, text: str) -> None:
+    """Raises ConfigError naming ``--set text`` when its value does not fit the key's type."""
+    section, _, name = key.partition(".")
+    cls = _sections().get(section)
+    if cls is None or "." in name:
+        return  # an unknown section or key is reported with the whole config
+    if isinstance(value, str) and name in _PATH_LISTS.get(section, ()):
+        value = [value]
+    problem = type_error(cls, {name: value})
+    if problem:
+        raise ConfigError(f"--set {text}: [{section}] {problem}")
+
+
 def load_config(path: str | Path, overrides: list[str] | None = None) -> PipelineConfig:
-    """Reads a TOML training config and applies ``KEY=VALUE`` overrides."""
+    """Reads a TOML training config and applies ``KEY=VALUE`` overrides.
+
+    Raises ConfigError naming the file (or the override), section, key, value and the expected
+    type for a value of the wrong type, before any section is built.
+    """
     p = Path(path)
     if not p.exists():
         raise ConfigError(f"config file {str(p)!r} does not exist")
@@ -534,5 +580,6 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Pipelin
         raise ConfigError(f"config file {str(p)!r} is not valid TOML: {e}") from None
     for text in overrides or []:
         key, value = parse_override(text)
+        _check_override(key, value, text)
         _set_path(data, key, value)
     return config_from_dict(data, base_dir=p.resolve().parent, where=f"config file {str(p)!r}")

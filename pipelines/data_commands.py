@@ -4,6 +4,10 @@
     stitchrec generate  --output DIR [--rows N] [--seed S] [--test-fraction X] [--criteo-tsv]
     stitchrec convert   --schema S --input F... --output DIR [--test-fraction X] [--max-bad-rows N]
     stitchrec stats     --schema S --input F... --output DIR [--max-bad-rows N]
+
+``convert`` writes ``DIR`` complete or not at all: into a hidden ``.DIR.converting`` folder
+(``convert.json`` first, ``_SUCCESS`` last; ``features.completion``) renamed into place; an
+existing ``DIR`` is replaced only when it holds nothing but an earlier convert's output.
 """
 
 from __future__ import annotations
@@ -11,12 +15,14 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import shutil
 import time
 from pathlib import Path
 
-from features import read_report, readers, shards, synthetic, synthetic_config
+from features import completion, read_report, readers, shards, synthetic, synthetic_config
 from features.schema import load_schema
 from features.stats import compute_stats
+from pipelines.errors import UsageError
 
 _print = functools.partial(print, flush=True)
 
@@ -32,20 +38,64 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+# What `stitchrec convert` writes in its output folder; an existing one holding anything else
+# is refused rather than replaced.
+_CONVERT_ENTRIES = {"train", "test", "schema.toml", completion.STARTED, completion.SUCCESS}
+
+
+def _check_output(out: Path) -> None:
+    """Raises UsageError when ``--output`` exists and is not an earlier convert's folder."""
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise UsageError(f"--output {str(out)!r} is a file: expected a folder for the shards")
+    other = sorted(p.name for p in out.iterdir() if p.name not in _CONVERT_ENTRIES)
+    if other:
+        raise UsageError(
+            f"--output {str(out)!r} holds entries `stitchrec convert` does not write {other}: "
+            f"expected a new folder or an earlier convert's output (which is replaced)"
+        )
+
+
+def _replace_folder(new: Path, out: Path) -> None:
+    """Moves the complete folder ``new`` to ``out``, replacing an earlier ``out``."""
+    old = out.parent / f".{out.name}.replaced"
+    if old.exists():
+        shutil.rmtree(old)
+    if out.exists():
+        out.rename(old)
+    new.rename(out)
+    if old.exists():
+        shutil.rmtree(old)
+
+
 def cmd_convert(args: argparse.Namespace) -> int:
+    """Converts into a hidden folder next to ``--output`` (``convert.json`` first, the shards,
+    ``schema.toml``, ``_SUCCESS`` last) and renames it into place once complete, so a killed
+    convert never leaves a folder that looks complete."""
     schema = load_schema(args.schema)
-    report = read_report.ReadReport()
-    out = shards.convert(
-        schema,
-        args.input,
-        args.output,
-        test_fraction=args.test_fraction,
-        seed=args.seed,
-        max_bad_rows=args.max_bad_rows,
-        report=report,
+    out = Path(args.output)
+    _check_output(out)
+    tmp = out.parent / f".{out.name}.converting"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    settings = {"test_fraction": args.test_fraction, "seed": args.seed}
+    completion.mark_started(
+        tmp, {"schema": schema.name, "inputs": list(map(str, args.input)), **settings}
     )
-    schema.as_parquet().save(Path(args.output) / "schema.toml")
-    for split, files in out.items():
+    report = read_report.ReadReport()
+    try:
+        result = shards.convert(
+            schema, args.input, tmp, max_bad_rows=args.max_bad_rows, report=report, **settings
+        )
+        schema.as_parquet().save(tmp / "schema.toml")
+        summary = {"rows": report.rows, "bad_rows": report.bad_rows, "examples": report.examples}
+        completion.mark_complete(tmp, summary)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _replace_folder(tmp, out)
+    for split, files in result.items():
         _print(f"{split}: {len(files)} shard(s)")
     _print(f"rows: {report.rows:,}; bad rows skipped: {report.bad_rows}")
     for example in report.examples:

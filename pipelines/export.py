@@ -9,6 +9,7 @@ Layout: ``<run>/export/<version>/`` (version = 1, 2, ... as TF Serving expects) 
 ``assets.extra/schema.toml`` (the fields the signature takes) and
 ``assets.extra/stitchrec.json`` (model name, training run, input names) and
 ``assets.extra/stats.json`` (the training statistics, without the vocabularies the model holds).
+``export_cascade_saved_model`` writes a pre-ranking -> ranking cascade (``ranking.cascade``).
 """
 
 from __future__ import annotations
@@ -22,12 +23,13 @@ import tensorflow as tf
 from tf_keras.src.saving.legacy.saved_model.utils import keras_option_scope
 
 from compiler_opt.embedding_op import assets as emb_assets
-from compiler_opt.embedding_op import layer as emb_layer
+from compiler_opt.transform import FuseSpec, fuse, fused_collections, kernels_of
 from embeddings.protocols import HasServingForm
 from features.dataset import input_signature
 from features.schema import FeatureSpec, Schema
 from pipelines.run.model import load_trained_model
 from pipelines.run.paths import ASSETS_EXTRA, RunPaths
+from ranking.cascade import CascadeModule
 from ranking.models import RankingModel
 
 
@@ -69,10 +71,11 @@ def export_saved_model(
         covered): the export would not hold what was asked for.
     """
     if isinstance(getattr(model, "embedding", None), HasServingForm):
-        model.embedding = model.embedding.serving_form()
+        model = model.with_blocks(embedding=model.embedding.serving_form())
     fused = None
     if kernels:
-        fused = emb_layer.fuse_embeddings(model)
+        model = fuse(model, FuseSpec(kernels=True))
+        fused = model.embedding
     out = Path(output)
     if out.exists():
         shutil.rmtree(out)
@@ -89,13 +92,50 @@ def export_saved_model(
                 f"export --fuse-kernels: no generated op for {model.name}'s embeddings "
                 f"({fused.fallback_reason or f'no field covered: {fused.uncovered}'})"
             )
-        kernels = [c.kernel for c in emb_layer.fused_collections(model) if c.kernel is not None]
-        emb_assets.write_saved_model_assets(out, kernels)
+        emb_assets.write_saved_model_assets(out, kernels_of(fused_collections(model)))
     assets = out / ASSETS_EXTRA
     assets.mkdir(exist_ok=True)
     schema.select([f.name for f in fields]).save(assets / "schema.toml")
     meta = {"model": model.name, "inputs": [f.name for f in fields], **(extra or {})}
     (assets / "stitchrec.json").write_text(json.dumps(meta, indent=1))
+    return out
+
+
+def export_cascade_saved_model(
+    prerank: tf.keras.Model,
+    rank: RankingModel,
+    groups: dict[str, str | None],
+    output: str | Path,
+    keep: int,
+    extra: dict[str, Any] | None = None,
+    kernels: bool = False,
+) -> Path:
+    """Writes the cascade SavedModel of ``prerank`` and ``rank`` (``ranking.cascade``).
+
+    With ``kernels``, ``rank_request`` scores with the models' fused forms
+    (``compiler_opt.fuse``: each ``RankingModel``'s candidate lookups as one generated op,
+    ``RequestScorer``), whose sources ship in ``assets/`` (the server loads them first);
+    ``serving_default`` runs ``rank`` as it is.
+
+    Raises:
+      ValueError: ``kernels`` and no generated op could be built for the cascade's lookups.
+    """
+    if not kernels:
+        return CascadeModule(prerank, rank, groups, keep).save(output, extra)
+    spec = FuseSpec(kernels=True)
+    scored = tuple(
+        fuse(m, spec) if isinstance(m, RankingModel) and m.embedding is not None else m
+        for m in (prerank, rank)
+    )
+    module = CascadeModule(prerank, rank, groups, keep, request_models=scored)
+    out = module.save(output, extra)
+    used = kernels_of(
+        module.prerank_scorer.embedding_collections + module.rank_scorer.embedding_collections
+    )
+    if not used:
+        shutil.rmtree(out)
+        raise ValueError("export --fuse-kernels: no generated op for the cascade's lookups")
+    emb_assets.write_saved_model_assets(out, used)
     return out
 
 

@@ -63,6 +63,7 @@ from features.schema import (
 )
 from features.stats import DatasetStats
 from pipelines.config import ConfigError, PipelineConfig, load_config
+from pipelines.export import export_cascade_saved_model
 from pipelines.run.data import prepare_data, prepare_stats, use_gpus_if_present
 from pipelines.run.model import (
     build_on_sample,
@@ -75,7 +76,6 @@ from pipelines.run.model import (
 from pipelines.run.paths import Log, RunPaths
 from pipelines.run.scoring import evaluate_model, make_scorer
 from pipelines.run.step import make_train_step
-from ranking.cascade import export_cascade
 from ranking.config import PrerankConfig
 from ranking.fscd import (
     FSCDRankingModel,
@@ -557,11 +557,11 @@ def export_cascade_runs(
     kernels: bool = False,
 ) -> Path:
     """One SavedModel chaining a pre-ranking run (FSCD stage 3 or two-tower) and a ranking run
-    (``ranking.cascade.export_cascade``; the ranking run's schema gives the groups; ``kernels``:
+    (``pipelines.export.export_cascade_saved_model``; the ranking run's schema gives the groups; ``kernels``:
     the candidates' lookups as generated ops)."""
     prerank, _, pre_ckpt = load_trained_model(prerank_run)
     rank, schema, rank_ckpt = load_trained_model(rank_run)
-    out = export_cascade(
+    out = export_cascade_saved_model(
         prerank,
         rank,
         field_groups(schema),

@@ -105,14 +105,14 @@ def _train(cfg: PipelineConfig, log: Log) -> dict[str, Any]:
     paths.model_json.write_text(json.dumps(tf.keras.layers.serialize(model)))
     element_spec = make_dataset(schema, run.train_files, batch_size=tc.batch_size).element_spec
 
-    def build_step(opt: tf.keras.optimizers.Optimizer) -> Any:
+    def build_step(model: tf.keras.Model, opt: tf.keras.optimizers.Optimizer) -> Any:
         if dist.active:  # the same step, one slice of the batch per worker, gradients all-reduced
             return dist.train_step(model, opt, train_loss, train_auc)
         return make_train_step(
             model, opt, element_spec=element_spec, loss_metric=train_loss, auc_metric=train_auc
         )
 
-    optimizer, train_step, fused_step = fuse_for_training(
+    model, optimizer, train_step, fused_step = fuse_for_training(
         cfg, model, optimizer, paths, build_step, distributed=dist.active, log=log
     )
     rows = count_rows(run.train_files)

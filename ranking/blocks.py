@@ -1,15 +1,17 @@
 """Model blocks: MLP towers, feature interactions and the wide (linear) term.
 
-Every interaction has one calling convention, ``interaction(embeddings, dense) -> [batch, k]``:
-``embeddings`` is a list of ``[batch, d_f]`` field vectors, ``dense`` a ``[batch, n]`` matrix of
-numeric features or ``None``.
+Every interaction has one calling convention, ``interaction(embedded, dense) -> [batch, k]``:
+``embedded`` is an embedding collection's ``Embedded`` (``embeddings.forms``), ``dense`` a
+``[batch, n]`` matrix of numeric features or ``None``. Each interaction declares the form of the
+field vectors it takes (``input_form``) and reads ``embedded`` through that form's method; a
+collection returning that form hands the vectors over without a conversion.
 
-* ``ConcatInteraction``: ``[e_1, ..., e_F, dense]`` (the DNN's input).
-* ``FMInteraction``: the factorization machine's pairwise term
+* ``ConcatInteraction`` (``concat``): ``[e_1, ..., e_F, dense]`` (the DNN's input).
+* ``FMInteraction`` (``stacked``): the factorization machine's pairwise term
   ``sum_{i<j} <v_i, v_j> = 1/2 * sum_k ((sum_i v_ik)^2 - sum_i v_ik^2)`` over the field vectors
   and one learned vector per numeric feature scaled by its value (Rendle, ICDM 2010);
   output ``[batch, 1]``.
-* ``CrossInteraction``: DCN-v2's cross network on the concatenation ``x_0``:
+* ``CrossInteraction`` (``concat``): DCN-v2's cross network on the concatenation ``x_0``:
   ``x_{l+1} = x_0 * (W_l x_l + b_l) + x_l`` (Wang et al., WWW 2021), with
   ``tfrs.layers.dcn.Cross`` (low rank when ``projection_dim`` is set); output ``[batch, D]``.
 """
@@ -20,6 +22,8 @@ from typing import Any
 
 import tensorflow as tf
 import tensorflow_recommenders as tfrs
+
+from embeddings.forms import Embedded, Form
 
 
 @tf.keras.utils.register_keras_serializable(package="stitchrec")
@@ -41,6 +45,11 @@ class MLP(tf.keras.layers.Layer):
         ]
         self._drop = [tf.keras.layers.Dropout(dropout) for _ in units] if dropout else []
 
+    @property
+    def dense_layers(self) -> list[tf.keras.layers.Dense]:
+        """The Dense layers, input side first."""
+        return list(self._dense)
+
     def call(self, x: tf.Tensor, training: bool | None = None) -> tf.Tensor:
         for i, layer in enumerate(self._dense):
             x = layer(x)
@@ -52,19 +61,14 @@ class MLP(tf.keras.layers.Layer):
         return {**super().get_config(), "units": self.units, "dropout": self.dropout}
 
 
-def _concat(embeddings: list[tf.Tensor], dense: tf.Tensor | None) -> tf.Tensor:
-    parts = list(embeddings) + ([dense] if dense is not None else [])
-    if not parts:
-        raise ValueError("an interaction needs at least one field embedding or dense feature")
-    return tf.concat(parts, axis=1) if len(parts) > 1 else parts[0]
-
-
 @tf.keras.utils.register_keras_serializable(package="stitchrec")
 class ConcatInteraction(tf.keras.layers.Layer):
     """``[e_1, ..., e_F, dense]`` concatenated: ``[batch, sum(d_f) + n]``."""
 
-    def call(self, embeddings: list[tf.Tensor], dense: tf.Tensor | None = None) -> tf.Tensor:
-        return _concat(embeddings, dense)
+    input_form: Form = Form.CONCAT
+
+    def call(self, embedded: Embedded, dense: tf.Tensor | None = None) -> tf.Tensor:
+        return embedded.concat(dense)
 
 
 @tf.keras.utils.register_keras_serializable(package="stitchrec")
@@ -75,6 +79,8 @@ class FMInteraction(tf.keras.layers.Layer):
       num_dense: numeric features; each gets a learned ``dim`` vector scaled by its value.
       dim: the field vectors' dimension.
     """
+
+    input_form: Form = Form.STACKED
 
     def __init__(self, num_dense: int, dim: int, **kwargs: Any):
         super().__init__(**kwargs)
@@ -92,24 +98,13 @@ class FMInteraction(tf.keras.layers.Layer):
             )
         super().build(input_shape)
 
-    def call(self, embeddings: list[tf.Tensor], dense: tf.Tensor | None = None) -> tf.Tensor:
-        """``embeddings``: field vectors ``[batch, dim]``, or blocks of them already stacked
-        ``[batch, k, dim]`` (a fused embedding op's output, ``compiler_opt.codegen``)."""
-        vectors = list(embeddings)
+    def call(self, embedded: Embedded, dense: tf.Tensor | None = None) -> tf.Tensor:
+        """``embedded``: field vectors of dimension ``dim``, read stacked ``[batch, F, dim]``."""
         scaled = None
         if dense is not None and self.num_dense:
             # [batch, n, 1] * [n, dim] -> n more field vectors
             scaled = dense[:, :, None] * self.dense_vectors[None]
-        dims = {v.shape[-1] for v in vectors} | ({self.dim} if scaled is not None else set())
-        if len(dims) != 1:
-            raise ValueError(f"FM needs field vectors of one dimension, got {sorted(dims)}")
-        if all(x.shape.rank == 2 for x in vectors):  # field vectors: stacked
-            if scaled is not None:
-                vectors.extend(tf.unstack(scaled, axis=1))
-            v = tf.stack(vectors, axis=1)  # [batch, F, dim]
-        else:  # with blocks: joined along the fields
-            blocks = [x if x.shape.rank == 3 else x[:, None, :] for x in vectors]
-            v = tf.concat(blocks + ([scaled] if scaled is not None else []), axis=1)
+        v = embedded.stacked(scaled)  # [batch, F (+ n), dim]
         square_of_sum = tf.square(tf.reduce_sum(v, axis=1))
         sum_of_square = tf.reduce_sum(tf.square(v), axis=1)
         return 0.5 * tf.reduce_sum(square_of_sum - sum_of_square, axis=1, keepdims=True)
@@ -126,6 +121,8 @@ class CrossInteraction(tf.keras.layers.Layer):
       num_layers: cross layers (each adds one order of interaction).
       projection_dim: low-rank size of W (None: full rank).
     """
+
+    input_form: Form = Form.CONCAT
 
     def __init__(self, num_layers: int = 3, projection_dim: int | None = None, **kwargs: Any):
         super().__init__(**kwargs)
@@ -144,8 +141,13 @@ class CrossInteraction(tf.keras.layers.Layer):
             for i in range(self.num_layers)
         ]
 
-    def call(self, embeddings: list[tf.Tensor], dense: tf.Tensor | None = None) -> tf.Tensor:
-        x0 = _concat(embeddings, dense)
+    @property
+    def cross_layers(self) -> list[tfrs.layers.dcn.Cross]:
+        """The cross layers, input side first."""
+        return list(self._cross)
+
+    def call(self, embedded: Embedded, dense: tf.Tensor | None = None) -> tf.Tensor:
+        x0 = embedded.concat(dense)
         x = x0
         for layer in self._cross:
             x = layer(x0, x)
@@ -173,6 +175,9 @@ class LinearTerm(tf.keras.layers.Layer):
       num_dense: numeric features.
     """
 
+    #: the form of its weights it reads best: one block, summed (any form gives the same sum)
+    input_form: Form = Form.CONCAT
+
     def __init__(self, weights: tf.keras.layers.Layer | None, num_dense: int, **kwargs: Any):
         super().__init__(**kwargs)
         if weights is not None and any(d != 1 for d in weights.dims):
@@ -190,11 +195,24 @@ class LinearTerm(tf.keras.layers.Layer):
     def call(self, ids: dict[str, tf.Tensor], dense: tf.Tensor | None = None) -> tf.Tensor:
         terms = []
         if self.field_weights is not None:
-            # one [batch, 1] per field, or one [batch, F] from a fused embedding op
-            terms += [tf.reduce_sum(w, axis=1) for w in self.field_weights(ids).values()]
+            terms += self.field_weights(ids).field_sums()
         if self._dense is not None and dense is not None:
             terms.append(self._dense(dense)[:, 0])
         return tf.add_n(terms)
+
+    def with_weights(self, weights: tf.keras.layers.Layer) -> LinearTerm:
+        """A new term over ``weights`` (a collection of the same fields, e.g. one that computes
+        them in one op), sharing this term's numeric-feature weights."""
+        if self.field_weights is None or list(weights.field_names) != list(
+            self.field_weights.field_names
+        ):
+            raise ValueError(
+                f"weights must hold the fields {self.field_weights and self.field_weights.field_names}"
+                f", got {list(weights.field_names)}"
+            )
+        term = LinearTerm(weights, self.num_dense, name=self.name)
+        term._dense = self._dense
+        return term
 
     def get_config(self) -> dict[str, Any]:
         ser = tf.keras.layers.serialize

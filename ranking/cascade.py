@@ -22,6 +22,10 @@ every probability), so sorting by ``score`` puts them after every kept one.
   ``InvalidArgumentError`` naming the problem.
 * ``serving_default``: the ranking model alone on flat ``[batch]`` features (``score``,
   ``logit``), for a client that tiles request features itself.
+
+``rank_request`` may score with other forms of the two models (``request_models``): e.g. forms
+whose embedding collections compute several lookups in one op, sharing the variables.
+``RequestScorer.embedding_collections`` lists the collections a scorer calls.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import numpy as np
 import tensorflow as tf
 from tf_keras.src.saving.legacy.saved_model.utils import keras_option_scope
 
+from embeddings.forms import Embedded
 from ranking.blocks import MLP, ConcatInteraction, CrossInteraction
 from ranking.fscd import FSCDRankingModel
 from ranking.models import RankingModel
@@ -105,13 +110,6 @@ def _split_dense(
     return layer.activation(out) if layer.activation is not None else out
 
 
-class _Kernels:
-    """The generated ops a ``RequestScorer`` used (kept out of tf.Module's tracking)."""
-
-    def __init__(self) -> None:
-        self.kernels: list[Any] = []
-
-
 class RequestScorer(tf.Module):
     """Logits ``[N]`` of one request's ``N`` candidates, request-side fields computed once.
 
@@ -130,10 +128,10 @@ class RequestScorer(tf.Module):
       model: a ``RankingModel`` (not the FSCD stage-1 model) or a ``TwoTowerModel``.
       groups: ``{field: schema group}`` of (at least) the fields the model reads.
       split_first_layer: compute the first layer's request part once per request.
-      kernels: look the candidates' embedded fields up with one generated op
-        (``compiler_opt.codegen``: lookups, pooling and concat in one pass over the N
-        candidates; fields it does not cover keep their layers); the loaded ops are in
-        ``kernels_used`` after the first call. A ``TwoTowerModel`` ignores it.
+
+    The candidates' embedded fields are looked up by ``item_embedding``, the model's embedding
+    collection restricted to them (``EmbeddingCollection.select``: of a collection computing
+    its lookups in one op, one op over the candidates' fields).
     """
 
     def __init__(
@@ -142,12 +140,10 @@ class RequestScorer(tf.Module):
         groups: Mapping[str, str | None],
         name: str = "scorer",
         split_first_layer: bool = True,
-        kernels: bool = False,
     ):
         super().__init__(name=name)
         self.split_first_layer = bool(split_first_layer)
-        self.kernels = bool(kernels) and isinstance(model, RankingModel)
-        self._used = _Kernels()  # a plain holder: not tracked by tf.Module / Keras
+        self.item_embedding = None
         if isinstance(model, FSCDRankingModel):
             raise ValueError("score requests with the fine-tuned pre-ranking model, not stage 1")
         if not isinstance(model, RankingModel | TwoTowerModel):
@@ -189,6 +185,21 @@ class RequestScorer(tf.Module):
                 [p for p in plans if p["name"] in self.own_items],
                 name=f"{name}_item_preprocessor",
             )
+            if model.embedding is not None:
+                embedded_items = [n for n in model.embedding.field_names if n in self.own_items]
+                if embedded_items:
+                    self.item_embedding = model.embedding.select(embedded_items)
+
+    @property
+    def embedding_collections(self) -> list[tf.keras.layers.Layer]:
+        """The embedding collections the scorer calls: the candidates' (``item_embedding``),
+        the wide term's weights, and those of the residual's scorer."""
+        found = [self.item_embedding]
+        wide = getattr(self.model, "wide", None)
+        found.append(getattr(wide, "field_weights", None))
+        residual = getattr(self, "residual_scorer", None)
+        found += residual.embedding_collections if residual is not None else []
+        return [c for c in found if c is not None]
 
     def _first_layer(self) -> tf.keras.layers.Layer | None:
         """The layer whose request part can be computed once (None: no split)."""
@@ -196,9 +207,9 @@ class RequestScorer(tf.Module):
         if not self.split_first_layer or not self.own_request or m.interaction is None:
             return None
         if isinstance(m.interaction, CrossInteraction):
-            return m.interaction._cross[0]
+            return m.interaction.cross_layers[0]
         if isinstance(m.interaction, ConcatInteraction) and isinstance(m.tower, MLP):
-            return m.tower._dense[0]
+            return m.tower.dense_layers[0]
         return None
 
     def _column_rows(self) -> tuple[np.ndarray, np.ndarray]:
@@ -250,15 +261,15 @@ class RequestScorer(tf.Module):
             z = self._split_interaction(first, ids_r, ids_c, dense_r, dense_c, repeat)
             logit = logit + m.head(z)[:, 0]
         elif m.interaction is not None:
-            vectors = []
+            vectors = {}
             items = self._item_vectors(ids_c)
             for name in m.embedding.field_names:
                 layer = m.embedding.layers_by_field[name]
                 if name in ids_r:
-                    vectors.append(tf.gather(layer(ids_r[name]), repeat))
+                    vectors[name] = tf.gather(layer(ids_r[name]), repeat)
                 else:
-                    vectors.append(items[name])
-            z = m.interaction(vectors, dense_all)
+                    vectors[name] = items[name]
+            z = m.interaction(Embedded(vectors=vectors), dense_all)
             if m.tower is not None:
                 z = m.tower(z, training=False)
             logit = logit + m.head(z)[:, 0]
@@ -267,30 +278,12 @@ class RequestScorer(tf.Module):
             logit = logit + m.wide(ids, dense_all)
         return logit + tf.zeros([n])
 
-    @property
-    def kernels_used(self) -> list[Any]:
-        """The generated ops (``compiler_opt.codegen.Kernel``) the calls so far have loaded."""
-        return list(self._used.kernels)
-
     def _item_vectors(self, ids_c: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-        """``{field: [N, d]}`` of the candidates' embedded fields: one generated op over the
-        fields it covers with ``kernels`` (the others through their layers), else the layers."""
-        emb = self.model.embedding
-        names = [n for n in emb.field_names if n in ids_c]
-        if not self.kernels or not names:
-            return {n: emb.layers_by_field[n](ids_c[n]) for n in names}
-        from compiler_opt.embedding_op import layer as emb_layer
-
-        block, kernel = emb_layer.fused_block(emb, ids_c, fields=names)
-        if kernel not in self._used.kernels:
-            self._used.kernels.append(kernel)
-        fused = emb_layer.fused_concat(block, kernel, ids_c)
-        parts = tf.split(fused, [f.dim for f in kernel.spec.fields], axis=1)
-        out = dict(zip([f.name for f in kernel.spec.fields], parts, strict=True))
-        for n in names:
-            if n not in out:  # not covered: its own layer
-                out[n] = emb.layers_by_field[n](ids_c[n])
-        return out
+        """``{field: [N, d]}`` of the candidates' embedded fields (``item_embedding``)."""
+        if self.item_embedding is None:
+            return {}
+        names = self.item_embedding.field_names
+        return self.item_embedding({n: ids_c[n] for n in names}).fields()
 
     def _split_interaction(
         self,
@@ -330,7 +323,7 @@ class RequestScorer(tf.Module):
         x_i = tf.concat(parts_c, axis=1) if len(parts_c) > 1 else parts_c[0]
         if isinstance(m.interaction, ConcatInteraction):
             z = _split_dense(first, x_r, x_i, request_rows, item_rows)
-            for layer in m.tower._dense[1:]:
+            for layer in m.tower.dense_layers[1:]:
                 z = layer(z)
             return z
         # dcn_v2: the element-wise product and the residual need x0 at full width
@@ -343,7 +336,7 @@ class RequestScorer(tf.Module):
         if first._diag_scale:
             prod = prod + first._diag_scale * x0
         x = x0 * prod + x0
-        for layer in m.interaction._cross[1:]:
+        for layer in m.interaction.cross_layers[1:]:
             x = layer(x0, x)
         if m.tower is not None:
             x = m.tower(x, training=False)
@@ -359,8 +352,9 @@ class CascadeModule(tf.Module):
       groups: ``{field: schema group}`` in schema order, for every field either model reads
         (the order of the signature's inputs).
       keep: M, the candidates passed to ranking (fewer when N < M).
-      kernels: the candidates' lookups of each ``RankingModel`` as one generated op
-        (``RequestScorer``'s ``kernels``).
+      request_models: ``(prerank, rank)`` forms that ``rank_request`` scores with instead of
+        ``prerank`` / ``rank`` (the same variables, e.g. embedding lookups in one op);
+        ``serving_default`` runs ``rank`` itself.
     """
 
     def __init__(
@@ -369,14 +363,16 @@ class CascadeModule(tf.Module):
         rank: RankingModel,
         groups: Mapping[str, str | None],
         keep: int,
-        kernels: bool = False,
+        request_models: tuple[tf.keras.Model, tf.keras.Model] | None = None,
     ):
         super().__init__(name="stitchrec_cascade")
         if int(keep) < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self.keep = int(keep)
-        self.prerank_scorer = RequestScorer(prerank, groups, name="prerank", kernels=kernels)
-        self.rank_scorer = RequestScorer(rank, groups, name="rank", kernels=kernels)
+        self.prerank_name, self.rank_name = prerank.name, rank.name
+        scored = request_models if request_models is not None else (prerank, rank)
+        self.prerank_scorer = RequestScorer(scored[0], groups, name="prerank")
+        self.rank_scorer = RequestScorer(scored[1], groups, name="rank")
         self.rank_model = rank
         self.dtypes = {**input_dtypes(prerank), **input_dtypes(rank)}
         self.fields = [n for n in groups if n in self.dtypes]
@@ -435,6 +431,39 @@ class CascadeModule(tf.Module):
         kept = tf.scatter_nd(where, tf.ones([m], tf.int32), [n]) > 0
         return {"score": score, "prerank_score": tf.sigmoid(pre_logit), "kept": kept}
 
+    def save(self, output: str | Path, extra: dict[str, Any] | None = None) -> Path:
+        """Writes the cascade SavedModel (signatures ``rank_request`` and ``serving_default``)
+        to ``output`` (replacing it) and returns its folder.
+
+        ``assets.extra/stitchrec.json`` lists the request/candidate inputs, ``keep``, the
+        dropped score and ``extra`` (``pipelines.preranking.export_cascade_runs`` adds
+        ``schema.toml``).
+        """
+        out = Path(output)
+        if out.exists():
+            shutil.rmtree(out)
+        with keras_option_scope(save_traces=False, in_tf_saved_model_scope=True):
+            tf.saved_model.save(
+                self,
+                str(out),
+                signatures={"serving_default": self.serve, "rank_request": self.rank_request},
+            )
+        assets = out / "assets.extra"
+        assets.mkdir(exist_ok=True)
+        meta = {
+            "model": "cascade",
+            "prerank": self.prerank_name,
+            "rank": self.rank_name,
+            "keep": self.keep,
+            "dropped_score": DROPPED_SCORE,
+            "inputs": self.fields,
+            "request_inputs": self.request_names,
+            "candidate_inputs": self.item_names,
+            **(extra or {}),
+        }
+        (assets / "stitchrec.json").write_text(json.dumps(meta, indent=1))
+        return out
+
     def rank_candidates(
         self, request: dict[str, Any], candidates: dict[str, Any]
     ) -> dict[str, np.ndarray]:
@@ -466,45 +495,6 @@ def export_cascade(
     output: str | Path,
     keep: int,
     extra: dict[str, Any] | None = None,
-    kernels: bool = False,
 ) -> Path:
-    """Writes the cascade SavedModel (signatures ``rank_request`` and ``serving_default``).
-
-    ``assets.extra/stitchrec.json`` lists the request/candidate inputs, ``keep`` and the dropped
-    score (``pipelines.preranking.export_cascade_runs`` adds ``schema.toml``). With ``kernels``
-    the candidates' lookups in ``rank_request`` run as generated ops whose sources ship in
-    ``assets/`` (the server loads them first); a ValueError when no op could be built.
-    """
-    module = CascadeModule(prerank, rank, groups, keep, kernels=kernels)
-    out = Path(output)
-    if out.exists():
-        shutil.rmtree(out)
-    with keras_option_scope(save_traces=False, in_tf_saved_model_scope=True):
-        tf.saved_model.save(
-            module,
-            str(out),
-            signatures={"serving_default": module.serve, "rank_request": module.rank_request},
-        )
-    if kernels:
-        from compiler_opt.embedding_op import assets as emb_assets
-
-        used = module.prerank_scorer.kernels_used + module.rank_scorer.kernels_used
-        if not used:
-            shutil.rmtree(out)
-            raise ValueError("export --fuse-kernels: no generated op for the cascade's lookups")
-        emb_assets.write_saved_model_assets(out, used)
-    assets = out / "assets.extra"
-    assets.mkdir(exist_ok=True)
-    meta = {
-        "model": "cascade",
-        "prerank": prerank.name,
-        "rank": rank.name,
-        "keep": module.keep,
-        "dropped_score": DROPPED_SCORE,
-        "inputs": module.fields,
-        "request_inputs": module.request_names,
-        "candidate_inputs": module.item_names,
-        **(extra or {}),
-    }
-    (assets / "stitchrec.json").write_text(json.dumps(meta, indent=1))
-    return out
+    """Writes the cascade SavedModel of ``prerank`` and ``rank`` (``CascadeModule.save``)."""
+    return CascadeModule(prerank, rank, groups, keep).save(output, extra)

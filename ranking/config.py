@@ -53,6 +53,8 @@ class ModelConfig:
             raise ValueError(f"model type {self.type!r} is not one of {list(MODEL_TYPES)}")
         if self.embedding_dim < 1:
             raise ValueError(f"embedding_dim must be >= 1, got {self.embedding_dim}")
+        if isinstance(self.mlp, str):
+            raise ValueError(f"mlp must be a list of integers, got {self.mlp!r}")
         object.__setattr__(self, "mlp", tuple(int(u) for u in self.mlp))
         if self.type in ("dnn", "dcn_v2") and not self.mlp:
             raise ValueError(f"model type {self.type!r} needs a non-empty mlp")
@@ -224,6 +226,9 @@ class PrerankConfig:
         ):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
+        for key in ("mlp", "tower_mlp"):
+            if isinstance(getattr(self, key), str):
+                raise ValueError(f"{key} must be a list of integers, got {getattr(self, key)!r}")
         object.__setattr__(self, "mlp", tuple(int(u) for u in self.mlp))
         object.__setattr__(self, "tower_mlp", tuple(int(u) for u in self.tower_mlp))
         if any(u < 1 for u in self.mlp + self.tower_mlp):

@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from embeddings.forms import Embedded
 from ranking.config import BUDGET_KINDS
 from ranking.models import RankingModel
 
@@ -424,12 +425,14 @@ class FSCDRankingModel(RankingModel):
 
     def call(self, features: dict[str, tf.Tensor], training: bool | None = None) -> tf.Tensor:
         ids, dense = self.preprocessor(features)
-        vectors = list(self.embedding(ids).values())
-        n_emb = len(vectors)
+        fields = self.embedding(ids).fields()
+        n_emb = len(fields)
         columns = [dense[:, i : i + 1] for i in range(dense.shape[1])] if dense is not None else []
-        gated = self.selection(vectors + columns, training=training)
+        gated = self.selection(list(fields.values()) + columns, training=training)
         dense_out = tf.concat(gated[n_emb:], axis=1) if columns else None
-        z = self.interaction(gated[:n_emb], dense_out)
+        z = self.interaction(
+            Embedded(vectors=dict(zip(fields, gated[:n_emb], strict=True))), dense_out
+        )
         if self.tower is not None:
             z = self.tower(z, training=training)
         logit = self.bias + self.head(z)[:, 0]

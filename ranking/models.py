@@ -3,13 +3,14 @@
 ``RankingModel`` computes the click logit of a batch of raw features::
 
     ids, dense = preprocessor(features)                 # raw -> ids / dense matrix
-    e          = embedding(ids)                         # {field: [batch, d]}
-    z          = interaction([e_1 .. e_F], dense)       # [batch, k]
+    e          = embedding(ids)                         # Embedded: {field: [batch, d]}
+    z          = interaction(e, dense)                  # [batch, k]
     logit      = head(tower(z)) + wide(ids, dense)      # [batch]
 
 Any of ``embedding``/``interaction``/``tower``/``wide`` may be absent (logistic regression is
 ``wide`` alone). The task (``tfrs.tasks.Ranking`` with binary cross-entropy on logits, AUC and
-log loss metrics) owns the loss; the model only computes outputs. ``build_model`` assembles the
+log loss metrics) owns the loss; the model only computes outputs. ``with_blocks`` gives a new
+model with some blocks replaced and everything else (variables included) shared. ``build_model`` assembles the
 standard models from a ``ModelConfig``:
 
 * ``lr``: wide term (one weight per id, one per numeric feature) + bias.
@@ -97,7 +98,12 @@ class RankingModel(ClickModel):
       residual: a model ``raw features -> logits [batch]`` added to the logit, trained jointly
         (a ``TwoTowerModel``: ``[preranking] tower_residual``, where a pre-ranking model over a
         few item fields keeps every field's main effects through the towers).
+      head, bias, task: the logit layer, the bias variable and the tfrs task to hold instead of
+        new ones (``with_blocks`` shares them with the model it starts from).
     """
+
+    #: the blocks ``with_blocks`` replaces
+    BLOCKS = ("preprocessor", "embedding", "interaction", "tower", "wide")
 
     def __init__(
         self,
@@ -110,6 +116,10 @@ class RankingModel(ClickModel):
         initial_bias: float = 0.0,
         dense_blocks: list[tf.keras.layers.Layer] | None = None,
         residual: tf.keras.Model | None = None,
+        *,
+        head: tf.keras.layers.Layer | None = None,
+        bias: tf.Variable | None = None,
+        task: tfrs.tasks.Ranking | None = None,
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
@@ -126,17 +136,44 @@ class RankingModel(ClickModel):
         self.tower = tower
         self.wide = wide
         self.initial_bias = float(initial_bias)
-        self.head = (
-            tf.keras.layers.Dense(1, use_bias=False, name="head")
-            if interaction is not None
-            else None
+        if head is None and interaction is not None:
+            head = tf.keras.layers.Dense(1, use_bias=False, name="head")
+        self.head = head
+        self.bias = (
+            bias
+            if bias is not None
+            else self.add_weight(
+                name="bias",
+                shape=(),
+                initializer=tf.keras.initializers.Constant(self.initial_bias),
+            )
         )
-        self.bias = self.add_weight(
-            name="bias",
-            shape=(),
-            initializer=tf.keras.initializers.Constant(self.initial_bias),
+        self.task = task if task is not None else ranking_task()
+
+    def with_blocks(self, **blocks: tf.keras.layers.Layer | None) -> RankingModel:
+        """A new ``RankingModel`` with the blocks named in ``blocks`` (of ``BLOCKS``) replaced;
+        every other block, the dense blocks, the residual, the head, the bias and the task are
+        this model's own objects, so the two share their variables (a checkpoint of one
+        restores into the other) and this model is left as it is."""
+        unknown = sorted(set(blocks) - set(self.BLOCKS))
+        if unknown:
+            raise ValueError(f"blocks must be some of {list(self.BLOCKS)}, got {unknown}")
+        if type(self) is not RankingModel:
+            raise ValueError(f"with_blocks rebuilds a RankingModel, not a {type(self).__name__}")
+        parts = {name: getattr(self, name) for name in self.BLOCKS} | blocks
+        model = RankingModel(
+            label=self.label,
+            initial_bias=self.initial_bias,
+            dense_blocks=self.dense_blocks,
+            residual=self.residual,
+            head=self.head,
+            bias=self.bias,
+            task=self.task,
+            name=self.name,
+            **parts,
         )
-        self.task = ranking_task()
+        model.built = self.built  # its variables exist when this model's do
+        return model
 
     def call(self, features: dict[str, tf.Tensor], training: bool | None = None) -> tf.Tensor:
         """Raw features ``{field: [batch]}`` -> logits ``[batch]``."""
@@ -156,8 +193,7 @@ class RankingModel(ClickModel):
         appended) -> logits ``[batch]``: bias + head(tower(interaction(embeddings))) + wide."""
         logit = self.bias
         if self.interaction is not None:
-            vectors = self.embedding(ids)
-            z = self.interaction(list(vectors.values()), dense)
+            z = self.interaction(self.embedding(ids), dense)
             if self.tower is not None:
                 z = self.tower(z, training=training)
             logit = logit + self.head(z)[:, 0]

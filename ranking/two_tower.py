@@ -25,6 +25,7 @@ from typing import Any
 import tensorflow as tf
 
 from embeddings.collection import EmbeddingCollection
+from embeddings.forms import Embedded
 from ranking.blocks import MLP, ConcatInteraction
 from ranking.config import ModelConfig, PrerankConfig
 from ranking.models import ClickModel, embedding_tables, ranking_task
@@ -93,8 +94,8 @@ class Tower(tf.keras.layers.Layer):
 
     def call(self, features: dict[str, tf.Tensor], training: bool | None = None) -> tf.Tensor:
         ids, dense = self.preprocessor(features)
-        vectors = list(self.embedding(ids).values()) if self.embedding is not None else []
-        x = self.concat(vectors, dense)
+        embedded = self.embedding(ids) if self.embedding is not None else Embedded(vectors={})
+        x = self.concat(embedded, dense)
         if self.mlp is not None:
             x = self.mlp(x, training=training)
         return self.out(x)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import itertools
 import json
 import logging
@@ -44,6 +45,7 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
 
 from compiler_opt.cost import load_or_calibrate
 from compiler_opt.embedding_op import assets as emb_assets
@@ -182,6 +184,13 @@ class ModelVersion:
         self._round_robin = itertools.cycle([0])
         self.inflight = 0
         self._idle: asyncio.Event | None = None
+
+    @functools.cached_property
+    def signature_defs(self) -> dict[str, meta_graph_pb2.SignatureDef]:
+        """The SignatureDefs of the version's ``saved_model.pb`` (read on first use)."""
+        sm = saved_model_pb2.SavedModel()
+        sm.ParseFromString((self.path / "saved_model.pb").read_bytes())
+        return dict(sm.meta_graphs[0].signature_def)
 
     def load(self) -> ModelVersion:
         """Loads the SavedModel once per device (after the generated kernels it uses), reads its

@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 from google.protobuf import any_pb2
-from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
 from tensorflow_serving.apis import (
     get_model_metadata_pb2,
     get_model_status_pb2,
@@ -18,21 +17,10 @@ from tensorflow_serving.apis import (
 from serving import inference
 from serving.codec import numpy_to_tensor_proto, tensor_protos_to_numpy
 from serving.inference import invalid
-from serving.repository import ModelNotFound, ModelVersion
+from serving.repository import ModelNotFound
 from serving.rpc import ServerState, check_outputs, deadline, rpc
 
 TF_INTERNAL = 13  # tensorflow.error.INTERNAL
-
-
-def signature_defs(mv: ModelVersion) -> dict[str, meta_graph_pb2.SignatureDef]:
-    """The SignatureDefs of a version's ``saved_model.pb`` (read once, kept on the version)."""
-    cached = getattr(mv, "_signature_defs", None)
-    if cached is None:
-        sm = saved_model_pb2.SavedModel()
-        sm.ParseFromString((mv.path / "saved_model.pb").read_bytes())
-        cached = dict(sm.meta_graphs[0].signature_def)
-        mv._signature_defs = cached  # type: ignore[attr-defined]
-    return cached
 
 
 def model_spec(request_spec: Any, where: str) -> tuple[str, int | None]:
@@ -90,7 +78,7 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
             raise invalid(f"{where}: metadata_field must be ['signature_def'], got {fields}")
         mv = self.state.repo.get(name, version)
         sig_map = get_model_metadata_pb2.SignatureDefMap()
-        for k, v in signature_defs(mv).items():
+        for k, v in mv.signature_defs.items():
             if not k.startswith("__"):
                 sig_map.signature_def[k].CopyFrom(v)
         resp = get_model_metadata_pb2.GetModelMetadataResponse()

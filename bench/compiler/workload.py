@@ -25,6 +25,10 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from compiler_opt import FuseSpec, fuse
+from compiler_opt.embedding_op import layer as emb_layer
+from compiler_opt.table_fusion import HorizontalEmbeddingCollection, load_unfused
+from embeddings.forms import Embedded, Form
 from features import synthetic, synthetic_config
 from features.dataset import input_signature, iter_batches, iter_record_batches, list_parquet
 from features.schema import load_schema
@@ -129,8 +133,7 @@ def build(
         return core(ids, dense, False)
 
     def sparse(ids: dict[str, tf.Tensor], dense: tf.Tensor | None) -> tf.Tensor:
-        vectors = list(model.embedding(ids).values())
-        return tf.concat([*vectors, *([dense] if dense is not None else [])], axis=1)
+        return model.embedding(ids).concat(dense)
 
     train_step = sgd_step(model, optimizer, core)
 
@@ -179,17 +182,17 @@ def call_args(w: Workload, mode: str, batch: int) -> tuple:
 
 def _logits_after_embedding(
     model: Any,
-    vectors: list[tf.Tensor],
+    embedded: Embedded,
     interaction_dense: tf.Tensor | None,
     ids: dict[str, tf.Tensor],
     dense: tf.Tensor | None,
     training: bool,
     wide_term: tf.Tensor | None = None,
 ) -> tf.Tensor:
-    """``RankingModel.logits_from`` after its embedding lookups: interaction of ``vectors``
+    """``RankingModel.logits_from`` after its embedding lookups: interaction of ``embedded``
     (and ``interaction_dense``), tower, head, bias and the wide term of ``ids`` / ``dense``
     (``wide_term``: computed already, by a generated op outside an XLA-compiled rest)."""
-    z = model.interaction(vectors, interaction_dense)
+    z = model.interaction(embedded, interaction_dense)
     if model.tower is not None:
         z = model.tower(z, training=training)
     logit = model.bias + model.head(z)[:, 0]
@@ -214,13 +217,11 @@ def fused_functions(w: Workload, coefficients: Any = None) -> dict[str, Any]:
     its ``concat`` group (``emb_layer.planned_fields`` at the largest batch; ``"plan"`` in the
     result); without, every covered field.
     """
-    from compiler_opt.embedding_op import layer as emb_layer
-
     model = w.model
     ids, dense = w.inputs[min(w.inputs)]
     # concat / cross read one x0 holding the dense inputs: they go into the op; FM reads the
     # field vectors and the dense inputs apart
-    concat = type(model.interaction).__name__ in ("ConcatInteraction", "CrossInteraction")
+    concat = model.interaction.input_form == Form.CONCAT
     dense_dim = 0 if dense is None or not concat else int(dense.shape[1])
     fields, plan = None, None
     if coefficients is not None:
@@ -238,22 +239,12 @@ def fused_functions(w: Workload, coefficients: Any = None) -> dict[str, Any]:
             return emb_layer.fused_concat(block, kernel, ids, dense)
         return tf.concat([emb_layer.fused_concat(block, kernel, ids), dense], axis=1)
 
-    # FM (as emb_layer.fuse_embeddings fuses it): the wide term's per-field weights as a second
-    # op, summed; built apart from the model, whose plain functions keep the plain layers
-    weights = getattr(model.wide, "field_weights", None) if model.wide is not None else None
-    wide_fused = (
-        emb_layer.FusedEmbeddingCollection.from_collection(weights, "concat")
-        if not concat and weights is not None
-        else None
-    )
+    # FM (as compiler_opt.fuse fuses it): the wide term's per-field weights as a second op,
+    # summed; the fused model shares the variables, the plain one keeps the plain layers
+    wide_fused = fuse(model, FuseSpec(kernels=True)).wide if not concat else None
 
     def wide(ids: dict[str, tf.Tensor], dense: tf.Tensor | None) -> tf.Tensor | None:
-        if wide_fused is None:
-            return None
-        term = tf.reduce_sum(wide_fused(ids)["__fused__"], axis=1)
-        if model.wide._dense is not None and dense is not None:
-            term = term + model.wide._dense(dense)[:, 0]
-        return term
+        return wide_fused(ids, dense) if wide_fused is not None else None
 
     def rest(
         x0: tf.Tensor,
@@ -263,11 +254,12 @@ def fused_functions(w: Workload, coefficients: Any = None) -> dict[str, Any]:
         wide_term: tf.Tensor | None = None,
     ):
         if concat:  # their input is the concat x0, which holds the dense inputs already
-            return _logits_after_embedding(model, [x0], None, ids, dense, training)
+            return _logits_after_embedding(model, Embedded(block=x0), None, ids, dense, training)
         # FM: the field vectors as one [batch, F, d] block, the dense inputs apart
         fields = kernel.spec.fields
         block = tf.reshape(x0[:, : kernel.spec.emb_dim], [-1, len(fields), fields[0].dim])
-        return _logits_after_embedding(model, [block], dense, ids, dense, training, wide_term)
+        stacked = Embedded(block=block)
+        return _logits_after_embedding(model, stacked, dense, ids, dense, training, wide_term)
 
     rest_xla = {
         t: tf.function(lambda x0, ids, dense, w, t=t: rest(x0, ids, dense, t, w), jit_compile=True)
@@ -312,21 +304,17 @@ def htables_functions(w: Workload) -> dict[str, Any]:
     Empty when fewer than two fields are fused (``amtl`` and ``bh``: their small fields, kept
     ``full``, are fused: 14 of 26 on the default data; the others run their own layers).
     """
-    from compiler_opt.table_fusion import HorizontalEmbeddingCollection, load_unfused
-
     model = w.model
     emb = HorizontalEmbeddingCollection.from_collection(model.embedding)
     if len(emb.fused_fields) < 2:
         return {}
 
     def sparse(ids: dict[str, tf.Tensor], dense: tf.Tensor | None) -> tf.Tensor:
-        vectors = list(emb(ids).values())
-        return tf.concat([*vectors, *([dense] if dense is not None else [])], axis=1)
+        return emb(ids).concat(dense)
 
     def inference(ids: dict[str, tf.Tensor], dense: tf.Tensor | None) -> tf.Tensor:
         # RankingModel.logits_from with the fused collection in place of model.embedding
-        vectors = list(emb(ids).values())
-        return _logits_after_embedding(model, vectors, dense, ids, dense, False)
+        return _logits_after_embedding(model, emb(ids), dense, ids, dense, False)
 
     return {
         "sparse": sparse,

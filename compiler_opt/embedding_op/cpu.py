@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from compiler_opt import csource
+import compiler_opt.csource as csource
 from compiler_opt.embedding_op import cpu_fields, gpu_kernels
 from compiler_opt.embedding_op.rules import TABLE_READS, id_layout
 from compiler_opt.embedding_op.spec import FieldSpec, KernelSpec, op_names

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from compiler_opt import csource
+import compiler_opt.csource as csource
 from compiler_opt.embedding_op.rules import grad_components, id_layout, ptr_code, row_code, segments
 from compiler_opt.embedding_op.spec import FieldSpec, KernelSpec, op_names
 

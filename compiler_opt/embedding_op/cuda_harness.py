@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from compiler_opt import csource
+import compiler_opt.csource as csource
 from compiler_opt.embedding_op import cuda as emb_cuda
 from compiler_opt.embedding_op import rules as emb_rules
 from compiler_opt.embedding_op import spec as emb_spec

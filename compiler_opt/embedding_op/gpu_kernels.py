@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from compiler_opt import csource
+import compiler_opt.csource as csource
 from compiler_opt.embedding_op.cuda import gradient_on_gpu
 from compiler_opt.embedding_op.rules import TABLE_READS, id_layout
 from compiler_opt.embedding_op.spec import KernelSpec, op_names

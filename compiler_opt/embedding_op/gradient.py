@@ -6,7 +6,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from compiler_opt import csource
+import compiler_opt.csource as csource
 from compiler_opt.embedding_op.spec import KernelSpec
 
 

@@ -1,6 +1,6 @@
 """The Keras side of the embedding op: ``FusedEmbeddingCollection`` (an ``EmbeddingCollection``
-whose covered fields run as one generated op), the model surgery that puts it in place, and
-the planner's choice of fields."""
+whose covered fields run as one generated op) and the planner's choice of fields
+(``compiler_opt.fuse`` puts the collection in a model)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,15 @@ from typing import Any
 
 import tensorflow as tf
 
-from compiler_opt import cost, ir, planner
+import compiler_opt.cost as cost
+import compiler_opt.ir as ir
+import compiler_opt.planner as planner
 from compiler_opt.embedding_op.ops import Kernel, gpu_fallback, load
 from compiler_opt.embedding_op.spec import BlockSpec, build_spec
 from compiler_opt.toolchain import CompilerUnavailable
 from embeddings.collection import EmbeddingCollection
 from embeddings.common import flat_ids
+from embeddings.forms import Embedded, Form
 from embeddings.full import oov_safe
 
 
@@ -23,7 +26,7 @@ def _amtl_mask(layer: Any, x: Any) -> tuple[tf.Tensor, tf.Tensor]:
     """AMTL's ``(mask per unique id [u, dim], index per id [n])``, as AMTLEmbedding.call."""
     flat = oov_safe(flat_ids(x), layer.num_rows)
     unique, where = tf.unique(flat)
-    return layer._mask(unique), where
+    return layer.mask(unique), where
 
 
 def _fused_call(
@@ -57,28 +60,22 @@ class _FusionState:
         self.fallback_reason = ""
 
 
-#: what a FusedEmbeddingCollection returns: ``concat`` ``{"__fused__": [batch, sum(d_f)]}``,
-#: ``stacked`` ``{"__fused__": [batch, F, d]}`` (fields of one dimension, for FM), ``fields``
-#: the per-field dict of the plain collection
-OUTPUT_FORMS = ("concat", "stacked", "fields")
-
-
 @tf.keras.utils.register_keras_serializable(package="stitchrec")
 class FusedEmbeddingCollection(EmbeddingCollection):
     """An ``EmbeddingCollection`` whose covered fields run as one generated op.
 
     The same per-field layers as the collection it replaces (same variables, same checkpoint
     paths: a checkpoint of the plain model restores into the fused one and back). The call
-    returns ``{"__fused__": [batch, sum(d_f)]}`` with ``output_form="concat"`` (for interactions that
-    only concatenate their inputs: ``concat``, ``cross``), or the per-field dict of the plain
-    collection with ``output_form="fields"`` (the fused block split back). Fields the kernel does not
-    cover (``uncovered``: ``{field: reason}``, also warned once) run their own layers, and the
-    output is then per field; a missing compiler warns and runs everything unfused.
+    returns ``Embedded`` (``embeddings.forms``) in ``output_form``: ``concat``, the op's
+    ``[batch, sum(d_f)]`` block (for interactions that concatenate their inputs); ``stacked``,
+    that block reshaped to ``[batch, F, d]`` (for FM); ``fields``, the block split back per
+    field. Fields the kernel does not cover (``uncovered``: ``{field: reason}``, also warned
+    once) run their own layers, and the output is then per field (as it is for ``stacked``
+    over fields of several dimensions); a missing compiler warns and runs everything unfused.
 
     Args:
       tables, counts, layers: as ``EmbeddingCollection``.
-      output_form: ``concat``, ``stacked`` (``[batch, F, d]``, for FM; fields of several
-        dimensions fall back to ``fields``) or ``fields`` (see ``OUTPUT_FORMS``).
+      output_form: a ``Form`` (or its name).
     """
 
     def __init__(
@@ -86,13 +83,11 @@ class FusedEmbeddingCollection(EmbeddingCollection):
         tables: list[dict[str, Any]],
         counts: dict[str, Sequence[int]] | None = None,
         layers: dict[str, tf.keras.layers.Layer] | None = None,
-        output_form: str = "concat",
+        output_form: str | Form = Form.CONCAT,
         **kwargs: Any,
     ):
         super().__init__(tables, counts=counts, layers=layers, **kwargs)
-        if output_form not in OUTPUT_FORMS:
-            raise ValueError(f"output_form must be one of {OUTPUT_FORMS}, got {output_form!r}")
-        self.output_form = output_form
+        self.output_form = Form.of(output_form)
         self._fusion_state = _FusionState()  # a plain object: not tracked, not in checkpoints
 
     @property
@@ -111,7 +106,7 @@ class FusedEmbeddingCollection(EmbeddingCollection):
 
     @classmethod
     def from_collection(
-        cls, collection: Any, output_form: str = "concat"
+        cls, collection: Any, output_form: str | Form = Form.CONCAT
     ) -> FusedEmbeddingCollection:
         """The fused form of ``collection``, sharing its layers."""
         return cls(
@@ -121,6 +116,11 @@ class FusedEmbeddingCollection(EmbeddingCollection):
             name=collection.name,
         )
 
+    def select(self, names: list[str]) -> FusedEmbeddingCollection:
+        """The fused collection over the fields ``names``, sharing their layers; its call
+        returns the ``fields`` form (one op over those fields, split back)."""
+        return FusedEmbeddingCollection.from_collection(super().select(names), Form.FIELDS)
+
     def build(self, input_shape: Any) -> None:
         for layer in self.layers_by_field.values():
             if not layer.built:
@@ -128,7 +128,7 @@ class FusedEmbeddingCollection(EmbeddingCollection):
                     layer.build(None)
         super().build(input_shape)
 
-    def call(self, ids: dict[str, Any]) -> dict[str, tf.Tensor]:
+    def call(self, ids: dict[str, Any]) -> Embedded:
         missing = [n for n in self.field_names if n not in ids]
         if missing:
             raise KeyError(f"ids lack fields {missing}; got {sorted(ids)}")
@@ -176,60 +176,20 @@ class FusedEmbeddingCollection(EmbeddingCollection):
         }
         dims = {f.dim for f in kernel.spec.fields}
         if (
-            self.output_form == "fields"
+            self.output_form == Form.FIELDS
             or rest
-            or (self.output_form == "stacked" and len(dims) > 1)
+            or (self.output_form == Form.STACKED and len(dims) > 1)
         ):
             parts = tf.split(fused, [f.dim for f in kernel.spec.fields], axis=1)
             vectors = dict(zip([f.name for f in kernel.spec.fields], parts, strict=True))
             vectors.update(rest)
-            return {name: vectors[name] for name in self.field_names}
-        if self.output_form == "stacked":  # [batch, F * d] -> [batch, F, d]: a free reshape
-            return {"__fused__": tf.reshape(fused, [-1, len(kernel.spec.fields), dims.pop()])}
-        return {"__fused__": fused}
+            return Embedded(vectors={name: vectors[name] for name in self.field_names})
+        if self.output_form == Form.STACKED:  # [batch, F * d] -> [batch, F, d]: a free reshape
+            return Embedded(block=tf.reshape(fused, [-1, len(kernel.spec.fields), dims.pop()]))
+        return Embedded(block=fused)
 
     def get_config(self) -> dict[str, Any]:
-        return {**super().get_config(), "output_form": self.output_form}
-
-
-def fuse_embeddings(model: Any) -> FusedEmbeddingCollection:
-    """Replaces ``model.embedding`` (an ``EmbeddingCollection``) by a FusedEmbeddingCollection
-    over the same layers and returns it. ``output_form="concat"`` when the interaction
-    concatenates its inputs (``ConcatInteraction``, ``CrossInteraction``), ``"stacked"`` for
-    FM (``FMInteraction`` reads the ``[batch, F, d]`` block), else ``"fields"``. The wide
-    term's per-field weights (``LinearTerm``, FM and LR) become one op too (``"concat"``: the
-    term sums them); :func:`fused_collections` lists both."""
-    emb = model.embedding
-    if isinstance(emb, FusedEmbeddingCollection):
-        return emb
-    if not isinstance(emb, EmbeddingCollection):
-        raise ValueError(
-            f"model.embedding must be an EmbeddingCollection, got {type(emb).__name__}"
-        )
-    kind = type(model.interaction).__name__
-    form = (
-        "concat"
-        if kind in ("ConcatInteraction", "CrossInteraction")
-        else "stacked"
-        if kind == "FMInteraction"
-        else "fields"
-    )
-    fused = FusedEmbeddingCollection.from_collection(emb, form)
-    model.embedding = fused
-    wide = getattr(model, "wide", None)
-    weights = getattr(wide, "field_weights", None)
-    if isinstance(weights, EmbeddingCollection) and not isinstance(
-        weights, FusedEmbeddingCollection
-    ):
-        wide.field_weights = FusedEmbeddingCollection.from_collection(weights, "concat")
-    return fused
-
-
-def fused_collections(model: Any) -> list[FusedEmbeddingCollection]:
-    """The FusedEmbeddingCollections of ``model`` (its embedding, its wide term's weights)."""
-    found = [getattr(model, "embedding", None)]
-    found.append(getattr(getattr(model, "wide", None), "field_weights", None))
-    return [c for c in found if isinstance(c, FusedEmbeddingCollection)]
+        return {**super().get_config(), "output_form": self.output_form.value}
 
 
 def planned_fields(
@@ -248,7 +208,7 @@ def planned_fields(
     """
 
     def half(ids: dict[str, Any], dense: tf.Tensor | None) -> tf.Tensor:
-        parts = list(collection(ids).values()) + ([dense] if dense is not None else [])
+        parts = list(collection(ids).fields().values()) + ([dense] if dense is not None else [])
         return tf.concat(parts, axis=1)
 
     spec = tf.nest.map_structure(

@@ -12,7 +12,8 @@ from typing import Any
 import tensorflow as tf
 from tensorflow.python.ops import resource_variable_ops
 
-from compiler_opt import csource, registry
+import compiler_opt.csource as csource
+import compiler_opt.registry as registry
 from compiler_opt.embedding_op import cpu, cuda
 from compiler_opt.embedding_op.gradient import register_gradient
 from compiler_opt.embedding_op.spec import KernelSpec, op_names

@@ -185,7 +185,7 @@ def _index_params(method: str, layer: Any) -> tuple[tuple[str, Any], ...]:
             "split": layer.split,
             "fusion": layer.fusion,
             "block_sizes": tuple(layer.block_sizes),
-            "positions": tuple(tuple(int(x) for x in row) for row in layer._positions),
+            "positions": tuple(tuple(int(x) for x in row) for row in layer.positions),
             "offsets": tuple(layer.offsets),
         }
     return tuple(sorted(p.items()))

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from compiler_opt import csource, xy_op
+import compiler_opt.csource as csource
+import compiler_opt.xy_op as xy_op
 from compiler_opt.loop_op.spec import LoopSpec
 from compiler_opt.xy_op import DEVICE_OPS, OPS
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from tensorflow.core.framework import graph_pb2
 
-from compiler_opt import registry
+import compiler_opt.registry as registry
 from compiler_opt.graph_io import canonical_ref
 from compiler_opt.ir import Graph, split_ref
 from compiler_opt.loop_op import cpu as loop_cpu

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from compiler_opt import csource, xy_op
+import compiler_opt.csource as csource
+import compiler_opt.xy_op as xy_op
 from compiler_opt.row_op.program import row_program
 from compiler_opt.row_op.spec import RowSpec
 from compiler_opt.xy_op import DEVICE_OPS

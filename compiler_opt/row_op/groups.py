@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from compiler_opt import registry
+import compiler_opt.registry as registry
 from compiler_opt.graph_io import canonical_ref
 from compiler_opt.ir import Graph, split_ref
 from compiler_opt.row_op import cpu as row_cpu

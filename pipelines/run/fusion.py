@@ -7,8 +7,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from compiler_opt import cost, realize, table_fusion
-from compiler_opt.embedding_op import layer as emb_layer
+from compiler_opt import FuseSpec, cost, fuse, realize, table_fusion
 from pipelines.config import ConfigError, PipelineConfig
 from pipelines.run.model import make_optimizer
 from pipelines.run.paths import Log, RunPaths
@@ -21,20 +20,22 @@ def fuse_for_training(
     model: tf.keras.Model,
     optimizer: tf.keras.optimizers.Optimizer,
     paths: RunPaths,
-    build_step: Callable[[tf.keras.optimizers.Optimizer], Step],
+    build_step: Callable[[tf.keras.Model, tf.keras.optimizers.Optimizer], Step],
     *,
     distributed: bool,
     log: Log,
-) -> tuple[tf.keras.optimizers.Optimizer, Step, realize.TrainingStep | None]:
-    """Applies ``[fusion]`` to ``model`` (after ``model.json`` is written: export rebuilds the
-    plain model) and builds the training step; returns ``(optimizer, step, clusters step)``.
+) -> tuple[tf.keras.Model, tf.keras.optimizers.Optimizer, Step, realize.TrainingStep | None]:
+    """The model ``[fusion]`` makes of ``model`` (``compiler_opt.fuse``, after ``model.json``
+    is written: export rebuilds the plain model; ``model`` itself is left as it is) and its
+    training step; returns ``(model, optimizer, step, clusters step)``.
 
     * ``kernels``: the embedding block runs as one generated kernel (``compiler_opt.codegen``;
       same variables and checkpoint);
     * ``tables``: the per-field tables fused into group tables
-      (``compiler_opt.table_fusion``), with a fresh optimizer (the plain tables it was built on
-      are gone); a run fused the other way is refused on resume;
-    * ``clusters``: the step ``build_step(optimizer)`` makes runs its planned groups as XLA
+      (``compiler_opt.table_fusion``, the mapping written next to the checkpoints), with a
+      fresh optimizer (the plain tables it was built on are not trained); a run fused the
+      other way is refused on resume;
+    * ``clusters``: the step ``build_step(model, optimizer)`` makes runs its planned groups as XLA
       clusters (``compiler_opt.realize.TrainingStep``), returned also as the third item.
 
     Raises:
@@ -42,23 +43,26 @@ def fuse_for_training(
     """
     fusion = cfg.fusion
     tc = cfg.train
-    if fusion is not None and fusion.kernels:
-        emb_layer.fuse_embeddings(model)
-        log("fusion: the embedding block runs as one generated kernel (compiler_opt.codegen)")
+    kernels = fusion is not None and fusion.kernels
     tables = fusion is not None and fusion.tables
     if tables and distributed:
         raise ConfigError("[fusion] tables = true: not supported with a distribution strategy yet")
-    fused_tables = table_fusion.fuse_for_training(model, paths.checkpoints, enabled=tables)
-    if fused_tables is not None:
+    table_fusion.check_resume(paths.checkpoints, enabled=tables)
+    model = fuse(model, FuseSpec(kernels=kernels, tables=tables))
+    if kernels:
+        log("fusion: the embedding block runs as one generated kernel (compiler_opt.codegen)")
+    if tables:
+        fused_tables = model.embedding
+        table_fusion.write_mapping(paths.checkpoints, fused_tables)
         optimizer = make_optimizer(tc.optimizer, tc.learning_rate)
         optimizer.build(model.trainable_variables)
         log(
             f"fusion: {len(fused_tables.fused_fields)} tables as {len(fused_tables.group_tables)} "
             f"(compiler_opt.table_fusion); unfused: {fused_tables.uncovered or 'none'}"
         )
-    step = build_step(optimizer)
+    step = build_step(model, optimizer)
     if fusion is None or not fusion.clusters:
-        return optimizer, step, None
+        return model, optimizer, step, None
     if distributed:
         raise ConfigError("[fusion] clusters = true: not supported with a distribution strategy")
     fused_step = realize.TrainingStep(step, cost.load_or_calibrate(), tc.batch_size)
@@ -67,4 +71,4 @@ def fuse_for_training(
         "(compiler_opt.realize.TrainingStep; the first steps time them against the step "
         "without clusters and keep the faster)"
     )
-    return optimizer, fused_step, fused_step
+    return model, optimizer, fused_step, fused_step

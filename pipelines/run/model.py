@@ -11,7 +11,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from compiler_opt import table_fusion
+from compiler_opt import FuseSpec, fuse, table_fusion
 from embeddings.protocols import WarmStartable
 from features.crosses.pcf_artifact import GRAPH_DIR, PCFArtifact
 from features.crosses.pcf_graph import PairGraph
@@ -248,10 +248,10 @@ def load_trained_model(run_dir: str | Path) -> tuple[RankingModel, Schema, str]:
 
     fused = table_fusion.run_has_fused_tables(paths.checkpoints)  # [fusion] tables = true
     if fused:
-        table_fusion.fuse_tables(model)
+        model = fuse(model, FuseSpec(tables=True))
     tf.train.Checkpoint(model=model).restore(
         latest
     ).expect_partial().assert_existing_objects_matched()
     if fused:  # back to the plain model's per-field tables (the mapping's row blocks)
-        table_fusion.unfuse_tables(model)
+        model = table_fusion.unfuse_tables(model)
     return model, schema, latest

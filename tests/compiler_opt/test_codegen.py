@@ -25,6 +25,7 @@ from compiler_opt.embedding_op import layer as emb_layer
 from compiler_opt.embedding_op import ops as emb_ops
 from compiler_opt.embedding_op import spec as emb_spec
 from embeddings.collection import EmbeddingCollection
+from embeddings.forms import Form
 from tests.compiler_opt.conftest import need_compiler
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -133,7 +134,7 @@ def reference_and_fused(coll, spec_block, kernel, ids, dense, jit_fn=False):
     def run():
         with tf.GradientTape(persistent=True) as tape:
             tape.watch(dense)
-            ref = tf.concat([*coll(ids).values(), dense], axis=1)
+            ref = tf.concat([*coll(ids).fields().values(), dense], axis=1)
             fused = emb_layer.fused_concat(spec_block, kernel, ids, dense)
             wr = w[:, : ref.shape[1]]
             lr, lf = tf.reduce_sum(ref * wr), tf.reduce_sum(fused * wr)
@@ -202,7 +203,7 @@ def test_a_batch_of_several_tiles_and_shards(block):
     coll, spec_block, kernel = block
     ids = make_ids(10, batch=300)
     dense = tf.constant(np.random.default_rng(3).normal(size=(300, DENSE)), tf.float32)
-    ref = tf.concat([*coll(ids).values(), dense], axis=1)
+    ref = tf.concat([*coll(ids).fields().values(), dense], axis=1)
     got = emb_layer.fused_concat(spec_block, kernel, ids, dense)
     np.testing.assert_allclose(got.numpy(), ref.numpy(), atol=1e-5, rtol=0)
 
@@ -243,7 +244,7 @@ def test_training_step_with_sparse_updates(block):
         loss = tf.reduce_sum(tf.square(emb_layer.fused_concat(spec_block, kernel, ids, dense)))
     grads = tape.gradient(loss, spec_block.variables)
     with tf.GradientTape() as tape:
-        ref = tf.reduce_sum(tf.square(tf.concat([*coll(ids).values(), dense], axis=1)))
+        ref = tf.reduce_sum(tf.square(tf.concat([*coll(ids).fields().values(), dense], axis=1)))
     ref_grads = tape.gradient(ref, spec_block.variables)
     np.testing.assert_allclose(loss.numpy(), ref.numpy(), rtol=1e-6)
     opt.apply_gradients(zip(grads, spec_block.variables, strict=True))
@@ -285,10 +286,10 @@ def test_uncovered_fields_are_reported_and_run_unfused(cache):
         "l2": tf.constant([3, 4], tf.int64),
         "grid": tf.constant([[1, 2], [3, 4]], tf.int64),  # dense rank 2: not covered
     }
-    ref = plain(ids)
+    ref = plain(ids).fields()
     fused = emb_layer.FusedEmbeddingCollection.from_collection(plain, output_form="concat")
     with pytest.warns(RuntimeWarning, match="left unfused"):
-        out = fused(ids)
+        out = fused(ids).fields()
     assert set(fused.uncovered) == {"l2", "grid"}
     assert "l2=0.1" in fused.uncovered["l2"] and "shape" in fused.uncovered["grid"]
     assert list(out) == ["a", "l2", "grid"]  # per field when some fields stay unfused
@@ -302,8 +303,9 @@ def test_uncovered_fields_are_reported_and_run_unfused(cache):
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         out = only({"a": ids["a"]})
-    assert list(out) == ["__fused__"] and only.kernel is fused.kernel
-    np.testing.assert_array_equal(out["__fused__"].numpy(), alone({"a": ids["a"]})["a"].numpy())
+    assert out.form == Form.CONCAT and out.vectors is None and only.kernel is fused.kernel
+    want = alone({"a": ids["a"]}).fields()["a"].numpy()
+    np.testing.assert_array_equal(out.block.numpy(), want)
 
 
 def test_without_a_compiler_warns_and_runs_unfused(cache, monkeypatch):
@@ -312,10 +314,10 @@ def test_without_a_compiler_warns_and_runs_unfused(cache, monkeypatch):
     tf.keras.utils.set_random_seed(2)
     plain = EmbeddingCollection([{"name": "x", "num_rows": 13, "dim": 5}], name="nocc")
     ids = {"x": tf.constant([1, 2, 30], tf.int64)}
-    ref = plain(ids)
+    ref = plain(ids).fields()
     fused = emb_layer.FusedEmbeddingCollection.from_collection(plain)
     with pytest.warns(RuntimeWarning, match="no C\\+\\+ compiler"):
-        out = fused(ids)
+        out = fused(ids).fields()
     assert fused.kernel is None and "CXX" in fused.fallback_reason
     np.testing.assert_array_equal(out["x"].numpy(), ref["x"].numpy())
     monkeypatch.setattr(toolchain, "_TOOLCHAIN", None)

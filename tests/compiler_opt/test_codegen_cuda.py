@@ -339,7 +339,7 @@ def test_tabulated_masks_and_int64_compact_tables_have_a_cuda_form(cuda):
     )
     np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(
-        want, tf.concat(list(coll(ids).values()), axis=1).numpy()
+        want, tf.concat(list(coll(ids).fields().values()), axis=1).numpy()
     )  # the same values as the training layers
 
 

@@ -146,7 +146,7 @@ def test_freeze_keeps_the_handles_a_generated_embedding_kernel_reads():
     assert len(frozen.bound) == 2
     fn = graph_io.load_graph_def(frozen.graph_def, frozen.inputs, frozen.outputs, frozen.bound)
     got = fn(ids["a"], ids["b"])[0].numpy()
-    want = 2.0 * tf.concat(list(coll(ids).values()), axis=1).numpy()
+    want = 2.0 * tf.concat(list(coll(ids).fields().values()), axis=1).numpy()
     np.testing.assert_allclose(got, want, rtol=1e-6)
     coll.layers_by_field["a"].table.assign_add(tf.ones([5, 2]))  # read live, not frozen
     np.testing.assert_allclose(fn(ids["a"], ids["b"])[0].numpy()[:, :2], want[:, :2] + 2.0)

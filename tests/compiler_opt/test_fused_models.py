@@ -79,7 +79,8 @@ def test_fm_and_wide_weights_run_as_generated_ops(tiny, model_type, tmp_path):
     from tests.compiler_opt.conftest import need_compiler
 
     need_compiler()
-    from compiler_opt.embedding_op import layer as emb_layer
+    from compiler_opt.transform import FuseSpec, fuse, fused_collections
+    from embeddings.collection import EmbeddingCollection
     from features.dataset import make_dataset
     from pipelines.config import DataConfig, PipelineConfig
     from pipelines.export import export_saved_model
@@ -101,23 +102,36 @@ def test_fm_and_wide_weights_run_as_generated_ops(tiny, model_type, tmp_path):
 
     variables = list(model.trainable_variables)  # the same objects after fusion
 
-    def logits_and_grads():
+    def logits_and_grads(model):
         with tf.GradientTape() as tape:
             logits = model(batch, training=False)
             loss = tf.reduce_sum(logits * tf.range(17, dtype=tf.float32))
         grads = tape.gradient(loss, variables)
         return logits.numpy(), [tf.convert_to_tensor(g).numpy() for g in grads]
 
-    want, want_grads = logits_and_grads()
-    fused = emb_layer.fuse_embeddings(model)
-    collections = emb_layer.fused_collections(model)
+    want, want_grads = logits_and_grads(model)
+    blocks = (model.embedding, model.interaction, model.wide, model.wide.field_weights)
+    fused_model = fuse(model, FuseSpec(kernels=True))
+    fused = fused_model.embedding
+    collections = fused_collections(fused_model)
     assert [c.output_form for c in collections] == ["stacked", "concat"]
-    got, got_grads = logits_and_grads()
+    # the forms the consumers declare are the forms fuse gives them
+    assert collections[0].output_form == model.interaction.input_form
+    assert collections[1].output_form == model.wide.input_form
+    got, got_grads = logits_and_grads(fused_model)
     assert all(c.kernel is not None and not c.uncovered for c in collections)
+    # the model fused is left as it was: its blocks, its output, no generated op in its graph
+    assert (model.embedding, model.interaction, model.wide, model.wide.field_weights) == blocks
+    assert type(model.embedding) is EmbeddingCollection and fused_collections(model) == []
+    np.testing.assert_allclose(model(batch, training=False).numpy(), want, rtol=0, atol=0)
+    graph = tf.function(lambda f: model(f, training=False)).get_concrete_function(batch).graph
+    ops = {op.type for op in graph.get_operations()}
+    ops |= {n.op for f in graph.as_graph_def().library.function for n in f.node_def}
+    assert not ops & {c.kernel.forward_name for c in collections}
     if model_type == "lr_embedded":  # the wide term alone, through its op
-        ids, dense = model.preprocessor(batch)
+        ids, dense = fused_model.preprocessor(batch)
         np.testing.assert_allclose(
-            model.wide(ids, dense).numpy(),
+            fused_model.wide(ids, dense).numpy(),
             tf.add_n(
                 [layer(ids[n])[:, 0] for n, layer in collections[1].layers_by_field.items()]
                 + ([model.wide._dense(dense)[:, 0]] if dense is not None else [])
@@ -131,6 +145,7 @@ def test_fm_and_wide_weights_run_as_generated_ops(tiny, model_type, tmp_path):
     assert fused is collections[0]
 
     path = export_saved_model(model, schema, tmp_path / "kernels", kernels=True)
+    assert type(model.embedding) is EmbeddingCollection  # the export fuses a new model
     manifest = (path / "assets" / "compiler_opt_kernels" / "manifest.json").read_text()
     assert manifest.count('"forward"') == 2
     version = ModelVersion("fm", 1, path, ["/device:CPU:0"], fusion=False).load()

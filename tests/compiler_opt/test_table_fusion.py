@@ -16,14 +16,17 @@ import numpy as np
 import pytest
 import tensorflow as tf  # tests/conftest.py sets TF_USE_LEGACY_KERAS first
 
-from compiler_opt import table_fusion
+from compiler_opt import FuseSpec, fuse, table_fusion
 from compiler_opt.table_fusion import (
     HorizontalEmbeddingCollection,
     load_unfused,
     to_unfused,
 )
 from embeddings.collection import EmbeddingCollection
+from embeddings.forms import Embedded
 from embeddings.table_config import TableConfig
+from ranking.blocks import MLP, ConcatInteraction
+from ranking.models import RankingModel
 
 TABLES = [
     {"name": "a", "num_rows": 50, "dim": 4},
@@ -77,7 +80,8 @@ def plain_and_fused() -> tuple[EmbeddingCollection, HorizontalEmbeddingCollectio
     return plain, HorizontalEmbeddingCollection.from_collection(plain)
 
 
-def assert_same(a: dict, b: dict) -> None:
+def assert_same(a: Embedded | dict, b: Embedded | dict) -> None:
+    a, b = (x.fields() if isinstance(x, Embedded) else x for x in (a, b))
     assert list(a) == list(b)
     for k in a:
         np.testing.assert_array_equal(a[k].numpy(), b[k].numpy(), err_msg=k)
@@ -131,13 +135,13 @@ def test_outputs_bit_identical_eager_and_in_a_function():
     assert_same(tf.function(plain)(ids), tf.function(fused)(ids))
     # hand check: row o_f + rule_f(i) of the group table; an OOV id reads the field's row 0
     t = fused.group_tables["fused_table_d4"].numpy()
-    a = fused(ids)["a"].numpy()
+    a = fused(ids).fields()["a"].numpy()
     np.testing.assert_array_equal(a[0], t[0])  # id -1 -> row 0 of field a
     np.testing.assert_array_equal(a[2], t[int(ids["a"][2])])
-    tags_sum = fused(ids)["tags_sum"].numpy()
+    tags_sum = fused(ids).fields()["tags_sum"].numpy()
     np.testing.assert_array_equal(tags_sum[1], np.zeros(4))  # the empty row
     bucket = plain.layers_by_field["hash"].bucket(ids["hash"]).numpy()
-    np.testing.assert_array_equal(fused(ids)["hash"].numpy(), t[120 + bucket])
+    np.testing.assert_array_equal(fused(ids).fields()["hash"].numpy(), t[120 + bucket])
     # the L2 penalty of the uncovered field is still added
     assert len(fused.losses) == 1
 
@@ -146,7 +150,7 @@ def test_one_indexed_slices_per_group_table():
     _, fused = plain_and_fused()
     ids = make_ids(2)
     with tf.GradientTape() as tape:
-        out = fused(ids)
+        out = fused(ids).fields()
         loss = tf.add_n([tf.reduce_sum(v * (i + 1)) for i, v in enumerate(out.values())])
     grads = tape.gradient(loss, list(fused.group_tables.values()))
     assert all(isinstance(g, tf.IndexedSlices) for g in grads)
@@ -172,7 +176,7 @@ def test_training_steps_equal_the_plain_layers(opt):
         @tf.function
         def step(ids):
             with tf.GradientTape() as tape:
-                out = layer(ids)
+                out = layer(ids).fields()
                 loss = tf.add_n([tf.reduce_sum(tf.square(out[k] - weights[k])) for k in out])
                 loss += tf.add_n(layer.losses)
             grads = tape.gradient(loss, layer.trainable_variables)
@@ -235,13 +239,13 @@ def test_row_blocks_use_each_fields_initializer():
 def test_checkpoint_mapping_both_ways(tmp_path):
     plain, _ = plain_and_fused()
     ids = make_ids(7)
-    expected = plain(ids)
+    expected = plain(ids).fields()
     path = tf.train.Checkpoint(embedding=plain).write(str(tmp_path / "plain" / "ckpt"))
     # a plain checkpoint restores into a fresh fused layer (different random init) ...
     tf.keras.utils.set_random_seed(99)
     fused = HorizontalEmbeddingCollection(TABLES, name="embedding")
     fused(ids)
-    assert not np.array_equal(fused(ids)["a"].numpy(), expected["a"].numpy())
+    assert not np.array_equal(fused(ids).fields()["a"].numpy(), expected["a"].numpy())
     load_unfused(fused, path, prefix="embedding")
     assert_same(expected, fused(ids))
     # ... and the fused layer's weights come back out as a plain collection and checkpoint
@@ -305,28 +309,49 @@ def test_config_and_saved_model_round_trip(tmp_path):
             ]
         )
         def f(self, x):
-            return self.layer(x)
+            return self.layer(x).fields()
 
     tf.saved_model.save(Module(fused), str(tmp_path / "sm"))
     loaded = tf.saved_model.load(str(tmp_path / "sm"))
     out = loaded.f(ids)
-    for k, v in fused(ids).items():
+    for k, v in fused(ids).fields().items():
         np.testing.assert_array_equal(out[k].numpy(), v.numpy(), err_msg=k)
     # serving_form: the plain collection (what an export holds), same values
     assert_same(fused(ids), fused.serving_form()(ids))
 
 
-def test_fuse_and_unfuse_a_model_attribute():
+def _model_over(collection: EmbeddingCollection) -> RankingModel:
+    """A DNN over ``collection`` whose preprocessor passes the ids through."""
+
+    class Ids(tf.keras.layers.Layer):
+        def call(self, features):
+            return dict(features), None
+
+    return RankingModel(
+        Ids(),
+        "label",
+        embedding=collection,
+        interaction=ConcatInteraction(),
+        tower=MLP([4]),
+    )
+
+
+def test_fuse_and_unfuse_a_model():
     plain, _ = plain_and_fused()
-    holder = tf.Module()
-    holder.embedding = plain
-    fused = table_fusion.fuse_tables(holder)
-    assert holder.embedding is fused and table_fusion.fuse_tables(holder) is fused
+    model = _model_over(plain)
     ids = make_ids(4)
+    want = model(ids).numpy()
+    fused_model = fuse(model, FuseSpec(tables=True))
+    fused = fused_model.embedding
+    assert isinstance(fused, HorizontalEmbeddingCollection) and model.embedding is plain
+    assert fused_model.interaction is model.interaction and fused_model.bias is model.bias
     assert_same(plain(ids), fused(ids))
-    back = table_fusion.unfuse_tables(holder)
-    assert holder.embedding is back
+    np.testing.assert_allclose(fused_model(ids).numpy(), want, rtol=1e-6)
+    back_model = table_fusion.unfuse_tables(fused_model)
+    back = back_model.embedding
+    assert fused_model.embedding is fused and isinstance(back, EmbeddingCollection)
     assert_same(plain(ids), back(ids))
+    np.testing.assert_allclose(back_model(ids).numpy(), want, rtol=1e-6)
 
 
 def test_errors_name_the_argument(tmp_path):
@@ -357,7 +382,9 @@ def test_errors_name_the_argument(tmp_path):
     holder = tf.Module()
     holder.embedding = None
     with pytest.raises(ValueError, match=r"model\.embedding must be an EmbeddingCollection"):
-        table_fusion.fuse_tables(holder)
+        fuse(holder, FuseSpec(tables=True))
+    with pytest.raises(ValueError, match=r"model\.embedding must be a HorizontalEmbedding"):
+        table_fusion.unfuse_tables(holder)
 
 
 def test_resume_guard(tmp_path):
@@ -365,19 +392,20 @@ def test_resume_guard(tmp_path):
     holder = tf.Module()
     holder.embedding = plain
     d = tmp_path / "checkpoints"
-    assert table_fusion.fuse_for_training(holder, d, enabled=False) is None
-    fused = table_fusion.fuse_for_training(holder, d, enabled=True)
+    assert table_fusion.check_resume(d, enabled=False) is None
+    table_fusion.check_resume(d, enabled=True)  # no checkpoint yet: either setting
+    fused = fuse(_model_over(plain), FuseSpec(tables=True)).embedding
     assert isinstance(fused, HorizontalEmbeddingCollection)
+    assert table_fusion.write_mapping(d, fused) == d / table_fusion.MAPPING_FILE
     assert table_fusion.run_has_fused_tables(d)
     mapping = json.loads((d / table_fusion.MAPPING_FILE).read_text())
     assert mapping["fields"] == {k: list(v) for k, v in fused.checkpoint_mapping().items()}
     tf.train.CheckpointManager(tf.train.Checkpoint(model=holder), str(d), max_to_keep=1).save()
     with pytest.raises(ValueError, match="written with fused tables; resume with the same"):
-        table_fusion.fuse_for_training(holder, d, enabled=False)
+        table_fusion.check_resume(d, enabled=False)
     (d / table_fusion.MAPPING_FILE).unlink()
-    holder.embedding = plain
     with pytest.raises(ValueError, match="written without fused tables"):
-        table_fusion.fuse_for_training(holder, d, enabled=True)
+        table_fusion.check_resume(d, enabled=True)
 
 
 def test_stitchrec_train_with_fused_tables(tmp_path):
@@ -420,7 +448,7 @@ def test_stitchrec_train_with_fused_tables(tmp_path):
     schema = load_schema(run.schema)
     model = tf.keras.layers.deserialize(json.loads(run.model_json.read_text()))
     model(_dummy_batch(list(schema.model_inputs)))
-    table_fusion.fuse_tables(model)
+    model = fuse(model, FuseSpec(tables=True))
     tf.train.Checkpoint(model=model).read(ckpt).expect_partial().assert_existing_objects_matched()
     test_files = sorted(data["test"].glob("*.parquet"))
     y, in_memory = predict(make_scorer(model, schema), schema, test_files)
@@ -477,6 +505,6 @@ def test_lane_only_and_rest_only_groups():
     fused = HorizontalEmbeddingCollection.from_collection(plain)
     assert fused.uncovered == {}
     assert sorted(fused.group_tables) == ["fused_table_d2", "fused_table_d3"]
-    assert fused(ids)["pair"].shape == (4, 2, 3)
+    assert fused(ids).fields()["pair"].shape == (4, 2, 3)
     assert_same(plain(ids), fused(ids))
     assert_same(plain(ids), tf.function(fused, jit_compile=True)(ids))  # XLA: same rows

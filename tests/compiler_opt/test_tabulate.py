@@ -65,7 +65,7 @@ def amtl_block():
         "tags": tf.RaggedTensorSpec([None, None], tf.int64, 1, tf.int64),
         "plain": tf.TensorSpec([None], tf.int64),
     }
-    frozen = _frozen(lambda ids: fused(ids)["__fused__"], specs)
+    frozen = _frozen(lambda ids: fused(ids).block, specs)
     return coll, frozen
 
 
@@ -112,7 +112,7 @@ def test_amtl_masks_become_tables_and_the_op_its_row_form(amtl_block):
     # the tables read the layers' weights as frozen: a realization is redone after training
     np.testing.assert_array_equal(
         _run(graph_def, frozen, _ids(4)),
-        tf.concat(list(coll(_ids(4)).values()), axis=1).numpy(),
+        tf.concat(list(coll(_ids(4)).fields().values()), axis=1).numpy(),
     )
 
 
@@ -204,9 +204,11 @@ def test_the_op_reads_the_compact_serving_form(amtl_block):
     fused = emb_layer.FusedEmbeddingCollection.from_collection(serving)
     for seed, batch in ((6, 33), (7, 1)):
         ids = _ids(seed, batch)
-        want = tf.concat(list(serving(ids).values()), axis=1).numpy()
-        np.testing.assert_array_equal(fused(ids)["__fused__"].numpy(), want)
-        np.testing.assert_array_equal(want, tf.concat(list(coll(ids).values()), axis=1).numpy())
+        want = tf.concat(list(serving(ids).fields().values()), axis=1).numpy()
+        np.testing.assert_array_equal(fused(ids).block.numpy(), want)
+        np.testing.assert_array_equal(
+            want, tf.concat(list(coll(ids).fields().values()), axis=1).numpy()
+        )
     spec = fused.kernel.spec
     assert fused.uncovered == {} and not spec.trainable
     assert [(t.dtype, t.rank) for t in spec.tables[:2]] == [("float32", 1), ("int32", 1)]
@@ -218,9 +220,9 @@ def test_the_op_reads_the_compact_serving_form(amtl_block):
         "tags": tf.RaggedTensorSpec([None, None], tf.int64, 1, tf.int64),
         "plain": tf.TensorSpec([None], tf.int64),
     }
-    frozen = _frozen(lambda ids: fused(ids)["__fused__"], specs)
+    frozen = _frozen(lambda ids: fused(ids).block, specs)
     assert len(frozen.bound) == 5  # 2 + 2 compact tables and the plain one, read live
     ids = _ids(8)
     np.testing.assert_array_equal(
-        _run(frozen.graph_def, frozen, ids), tf.concat(list(serving(ids).values()), axis=1)
+        _run(frozen.graph_def, frozen, ids), tf.concat(list(serving(ids).fields().values()), axis=1)
     )

@@ -72,7 +72,7 @@ def test_collection_saved_model_round_trip(tmp_path):
         "a": tf.constant([1, 9, 11], tf.int64),
         "b": tf.ragged.constant([[1, 2], [], [5]], dtype=tf.int64),
     }
-    before = coll(ids)
+    before = coll(ids).fields()
     assert before["a"].shape == (3, 4) and before["b"].shape == (3, 2)
     assert coll.memory_bytes()["serve"] == (10 * 4 + 6 * 2) * 4
 
@@ -89,7 +89,7 @@ def test_collection_saved_model_round_trip(tmp_path):
         )
         def f(self, a, b_values, b_lengths):
             b = tf.RaggedTensor.from_row_lengths(b_values, b_lengths)
-            return self.layer({"a": a, "b": b})
+            return self.layer({"a": a, "b": b}).fields()
 
     tf.saved_model.save(M(coll), str(tmp_path / "sm"))
     loaded = tf.saved_model.load(str(tmp_path / "sm"))

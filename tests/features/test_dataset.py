@@ -165,3 +165,42 @@ def test_corrupt_parquet_names_the_file(tmp_path, tiny_data):
     (tmp_path / "broken.parquet").write_bytes(b"PAR1 this is not parquet")
     with pytest.raises(DataError, match=r"broken\.parquet: not a readable Parquet file"):
         list(iter_batches(schema, [tmp_path / "broken.parquet"], batch_size=8, shuffle=False))
+
+
+@pytest.mark.parametrize(
+    ("column", "values", "match"),
+    [
+        ("price", ["1.5", "many"], r"row 2, column 'price': value 'many', expected a finite"),
+        ("item", [1.0, 2.5], r"row 2, column 'item': value 2.5, expected an integer \(int64\)"),
+        ("label", ["1", "yes"], r"row 2, column 'label': value 'yes', expected 0 or 1"),
+    ],
+)
+def test_parquet_cells_of_the_wrong_type_name_file_row_and_column(
+    tmp_path, tiny_data, column, values, match
+):
+    schema = load_schema(tiny_data["schema"])
+    t = make_tiny_table(2)
+    t = t.set_column(t.column_names.index(column), column, pa.array(values))
+    pq.write_table(t, tmp_path / "typed.parquet")
+    with pytest.raises(DataError, match=match) as e:
+        list(iter_batches(schema, [tmp_path / "typed.parquet"], batch_size=8, shuffle=False))
+    assert "typed.parquet" in str(e.value)
+
+
+def test_a_parquet_list_column_names_file_and_column(tmp_path, tiny_data):
+    schema = load_schema(tiny_data["schema"])
+    t = make_tiny_table(2)
+    t = t.set_column(t.column_names.index("tags"), "tags", pa.array([["a", "b"], []]))
+    pq.write_table(t, tmp_path / "nested.parquet")
+    with pytest.raises(DataError, match=r"nested\.parquet'?: column 'tags' is a Parquet list<"):
+        list(iter_batches(schema, [tmp_path / "nested.parquet"], batch_size=8, shuffle=False))
+
+
+def test_shards_of_an_unfinished_conversion_are_refused(tmp_path, tiny_data):
+    out = tiny_data["root"]
+    (out / "convert.json").write_text("{}")
+    for paths in (tiny_data["train"], str(tiny_data["train"] / "*.parquet")):
+        with pytest.raises(DataError, match=r"unfinished conversion: .* has convert\.json but no"):
+            list_parquet(paths)
+    (out / "_SUCCESS").write_text("{}")
+    assert len(list_parquet(tiny_data["train"])) == 2

@@ -163,3 +163,19 @@ def test_avazu_schema_reads_an_avazu_csv(tmp_path):
         FeatureKind.LABEL,
         FeatureKind.CATEGORICAL,
     }
+
+
+def test_a_folder_named_like_a_shipped_schema_does_not_hide_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "movielens").mkdir()
+    assert load_schema("movielens") == load_schema(shipped_schemas()["movielens"])
+    with pytest.raises(SchemaError, match=r"schema '\./movielens' is a directory: expected a"):
+        load_schema("./movielens")
+    (tmp_path / "s.toml").mkdir()
+    with pytest.raises(SchemaError, match=r"schema file 's\.toml' is a directory"):
+        load_schema("s.toml")
+    with pytest.raises(SchemaError, match=r"'nope' does not exist.*shipped schema \["):
+        load_schema("nope")
+    (tmp_path / "plain").write_text((shipped_schemas()["movielens"]).read_text())
+    with pytest.raises(SchemaError, match=r"expected a \.toml, \.yaml or \.yml"):
+        load_schema("plain")  # a file is read as a file, whatever its name

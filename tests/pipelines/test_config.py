@@ -83,3 +83,95 @@ def test_an_unknown_optimizer_name_is_a_config_error():
         ConfigError, match=r"\[train\] optimizer = 'adamw'.*'adagrad', 'adam', 'sgd'"
     ):
         make_optimizer("adamw", 0.1)
+
+
+# Values of the wrong type: named with section, key, value and the expected type, before any
+# section's own checks read them loosely.
+_TYPED = """
+output_dir = "runs/x"
+[data]
+schema = "schema.toml"
+train = "train"
+"""
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ('[model]\nmlp = "64"', r"\[model\] mlp must be a list of integers, got '64'"),
+        ("[model]\nmlp = [64, 1.5]", r"\[model\] mlp must be a list of integers, got \[64, 1.5\]"),
+        ("[model]\nembedding_dim = true", r"\[model\] embedding_dim must be an integer, got True"),
+        ("[model]\nembedding_methods = {a = 1}", r"embedding_methods must be a table of strings"),
+        ('[train]\ndeterministic = "false"', r"\[train\] deterministic must be true or false"),
+        ("[train]\nbatch_size = 12.5", r"\[train\] batch_size must be an integer, got 12.5"),
+        ('[train]\nbatch_size = "big"', r"\[train\] batch_size must be an integer, got 'big'"),
+        ('[train]\nlearning_rate = "0.1"', r"\[train\] learning_rate must be a number"),
+        ("[train]\nwarm_start = 3", r"\[train\] warm_start must be a string, got 3"),
+        ("[fusion]\nkernels = 1", r"\[fusion\] kernels must be true or false, got 1"),
+        ("[distribute]\nstrategy = 2", r"\[distribute\] strategy must be a string, got 2"),
+        ("[preranking]\ntower_mlp = 64", r"\[preranking\] tower_mlp must be a list of integers"),
+        ('[preranking]\nreg_weight = "x"', r"\[preranking\] reg_weight must be a number"),
+        ('[pair_stats]\npairs = [["a", "b"]]\nalpha = "x"', r"\[pair_stats\] alpha must be a"),
+        ('[pair_stats]\npairs = [["a", 1]]', r"\[pair_stats\] pairs must be a list of lists of"),
+        ('[pair_stats]\npairs = [["a", "b"]]\nhead = "32"', r"\[pair_stats\] head must be a list"),
+        ("[model]\n[train]\nseed = 1.0", r"\[train\] seed must be an integer, got 1.0"),
+    ],
+)
+def test_values_of_the_wrong_type_are_config_errors(tmp_path, text, match):
+    (tmp_path / "c.toml").write_text(_TYPED + text + "\n")
+    with pytest.raises(ConfigError, match=match) as e:
+        load_config(tmp_path / "c.toml")
+    assert "c.toml" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("data", "match"),
+    [
+        ("schema = 5\ntrain = 't'", r"\[data\] schema must be a string, got 5"),
+        ("schema = 's.toml'\ntrain = [1]", r"\[data\] train must be a list of strings, got \[1\]"),
+        ("schema = 's.toml'\nraw = 'r'\ntest_fraction = '0.1'", r"test_fraction must be a number"),
+        ("schema = 's.toml'\ntrain = 't'\nmax_bad_rows = 1.5", r"max_bad_rows must be an integer"),
+    ],
+)
+def test_data_values_of_the_wrong_type_are_config_errors(tmp_path, data, match):
+    (tmp_path / "c.toml").write_text(f'output_dir = "r"\n[data]\n{data}\n')
+    with pytest.raises(ConfigError, match=match):
+        load_config(tmp_path / "c.toml")
+    (tmp_path / "c.toml").write_text(f"output_dir = 3\n[data]\n{data}\n")
+    with pytest.raises(ConfigError, match="output_dir must be a string, got 3"):
+        load_config(tmp_path / "c.toml")
+    (tmp_path / "c.toml").write_text('output_dir = "r"\ndata = 3\n')
+    with pytest.raises(ConfigError, match=r"\[data\] must be a table, got 3"):
+        load_config(tmp_path / "c.toml")
+
+
+def test_right_types_are_kept_and_integers_count_as_numbers(tmp_path):
+    (tmp_path / "c.toml").write_text(
+        _TYPED + "[train]\nlearning_rate = 1\ndeterministic = false\n[model]\nmlp = [64]\n"
+    )
+    cfg = load_config(tmp_path / "c.toml")
+    assert cfg.train.learning_rate == 1 and cfg.train.deterministic is False
+    assert cfg.model.mlp == (64,)
+
+
+def test_overrides_meet_the_same_type_checks(tmp_path):
+    (tmp_path / "c.toml").write_text(_TYPED)
+    cfg = load_config(tmp_path / "c.toml", ["train.deterministic=false", "model.mlp=[8]"])
+    assert cfg.train.deterministic is False and cfg.model.mlp == (8,)
+    assert load_config(tmp_path / "c.toml", ["data.test=t2"]).data.test == (str(tmp_path / "t2"),)
+    for text, match in (
+        ("train.batch_size=big", r"--set train.batch_size=big: \[train\] batch_size must be an"),
+        ("train.deterministic=yes", r"deterministic must be true or false, got 'yes'"),
+        ("model.mlp=64", r"--set model.mlp=64: \[model\] mlp must be a list of integers, got 64"),
+        ("data.schema=5", r"\[data\] schema must be a string, got 5"),
+        ("fusion.tables=1", r"\[fusion\] tables must be true or false, got 1"),
+    ):
+        with pytest.raises(ConfigError, match=match):
+            load_config(tmp_path / "c.toml", [text])
+
+
+def test_raw_files_with_test_shards_are_refused(tmp_path):
+    (tmp_path / "c.toml").write_text('output_dir = "r"\n[data]\nschema = "s"\nraw = "a.csv"\n')
+    assert load_config(tmp_path / "c.toml").data.raw == (str(tmp_path / "a.csv"),)
+    with pytest.raises(ConfigError, match=r"\[data\] raw and test:.*give `test` only with"):
+        load_config(tmp_path / "c.toml", ["data.test=t"])

@@ -5,7 +5,13 @@ import pytest
 import tensorflow as tf
 
 from embeddings.collection import EmbeddingCollection
+from embeddings.forms import Embedded
 from ranking.blocks import MLP, ConcatInteraction, CrossInteraction, FMInteraction, LinearTerm
+
+
+def _fields(*vectors) -> Embedded:
+    """The field vectors as an embedding collection returns them (the ``fields`` form)."""
+    return Embedded(vectors={f"f{i}": tf.constant(v) for i, v in enumerate(vectors)})
 
 
 def test_fm_pairwise_term_equals_brute_force():
@@ -13,7 +19,7 @@ def test_fm_pairwise_term_equals_brute_force():
     vs = [rng.normal(size=(4, 3)).astype(np.float32) for _ in range(3)]
     dense = rng.normal(size=(4, 2)).astype(np.float32)
     fm = FMInteraction(num_dense=2, dim=3)
-    out = fm([tf.constant(v) for v in vs], tf.constant(dense)).numpy()[:, 0]
+    out = fm(_fields(*vs), tf.constant(dense)).numpy()[:, 0]
     dense_vecs = fm.dense_vectors.numpy()
     fields = [*vs, dense[:, 0:1] * dense_vecs[0], dense[:, 1:2] * dense_vecs[1]]
     brute = sum(np.sum(a * b, axis=1) for a, b in itertools.combinations(fields, 2))
@@ -22,14 +28,14 @@ def test_fm_pairwise_term_equals_brute_force():
 
 def test_fm_rejects_mixed_dimensions():
     with pytest.raises(ValueError, match="one dimension"):
-        FMInteraction(0, 3)([tf.zeros((2, 3)), tf.zeros((2, 4))])
+        FMInteraction(0, 3)(_fields(tf.zeros((2, 3)), tf.zeros((2, 4))))
 
 
 def test_cross_layer_formula():
     rng = np.random.default_rng(1)
     x0 = rng.normal(size=(5, 4)).astype(np.float32)
     cross = CrossInteraction(num_layers=2)
-    out = cross([tf.constant(x0[:, :2]), tf.constant(x0[:, 2:])]).numpy()
+    out = cross(_fields(x0[:, :2], x0[:, 2:])).numpy()
     x = x0
     for layer in cross._cross:
         w, b = layer._dense.kernel.numpy(), layer._dense.bias.numpy()
@@ -38,7 +44,7 @@ def test_cross_layer_formula():
 
 
 def test_concat_and_mlp_shapes_and_validation():
-    z = ConcatInteraction()([tf.zeros((2, 3)), tf.zeros((2, 5))], tf.zeros((2, 1)))
+    z = ConcatInteraction()(_fields(tf.zeros((2, 3)), tf.zeros((2, 5))), tf.zeros((2, 1)))
     assert z.shape == (2, 9)
     assert MLP([8, 4])(z).shape == (2, 4)
     with pytest.raises(ValueError, match="units"):

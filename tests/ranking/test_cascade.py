@@ -225,17 +225,20 @@ def test_a_model_with_a_tower_residual_scores_requests_and_round_trips(setup, tm
 
 
 def test_cascade_with_generated_lookups_serves_the_same_scores(setup, tmp_path):
-    """``kernels=True``: the candidates' lookups of the ranking model as one generated op; the
-    export ships its source, the server's ``ModelVersion`` loads it with the SavedModel, and
-    the scores are the plain cascade's."""
+    """``kernels=True``: the candidates' lookups of the (fused) ranking model as one generated
+    op; the export ships its source, the server's ``ModelVersion`` loads it with the SavedModel,
+    and the scores are the plain cascade's."""
     from tests.compiler_opt.conftest import need_compiler
 
     need_compiler()
+    from pipelines.export import export_cascade_saved_model
     from serving.repository import ModelVersion
 
     groups, _, rank, prerank, request, cands = setup
     plain = CascadeModule(prerank, rank, groups, keep=4).rank_request({**request, **cands})
-    out = export_cascade(prerank, rank, groups, tmp_path / "cascade", keep=4, kernels=True)
+    out = export_cascade_saved_model(
+        prerank, rank, groups, tmp_path / "cascade", keep=4, kernels=True
+    )
     manifest = json.loads((out / "assets" / "compiler_opt_kernels" / "manifest.json").read_text())
     assert len(manifest["kernels"]) == 1  # the ranking model's; the two-tower has none
     version = ModelVersion("cascade", 1, out, ["/device:CPU:0"], fusion=False).load()

@@ -1,0 +1,72 @@
+"""Drops TensorFlow's start-up noise from the ``stitchrec`` process's standard error.
+
+TensorFlow's C++ layer logs a few lines before its log level takes effect (absl's "before
+InitializeLog" banner, cudart's "Could not find cuda drivers" and the cuInit failure of a CPU-only
+machine); ``TF_CPP_MIN_LOG_LEVEL`` (set by the packages) silences everything logged after them.
+``filtered_stderr`` routes file descriptor 2 through a pipe and copies every line to the real
+standard error except those that match ``NOISE``, so a user sees the command's own output and its
+``error:`` line, and nothing else is lost. Only the console entry point uses it: code that calls
+``pipelines.cli.main`` itself (tests, notebooks) keeps its standard error as it is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+import threading
+from collections.abc import Iterator
+
+NOISE = (
+    re.compile(
+        rb"^WARNING: All log messages before absl::InitializeLog\(\) is called are written "
+    ),
+    re.compile(rb"^I\d{4} [\d:. ]+\d+ cudart_stub\.cc:\d+\] Could not find cuda drivers "),
+    re.compile(rb"^E\d{4} [\d:. ]+\d+ cuda_platform\.cc:\d+\] failed call to cuInit: "),
+)
+
+
+def is_noise(line: bytes) -> bool:
+    """True for a start-up line of TensorFlow's C++ layer that ``filtered_stderr`` drops."""
+    return any(p.match(line) for p in NOISE)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _copy(source: int, sink: int) -> None:
+    with os.fdopen(source, "rb", buffering=0) as pipe:
+        pending = b""
+        while chunk := pipe.read(65536):
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            kept = b"".join(line + b"\n" for line in lines if not is_noise(line))
+            if kept:
+                _write_all(sink, kept)
+        if pending and not is_noise(pending):
+            _write_all(sink, pending)
+
+
+@contextlib.contextmanager
+def filtered_stderr() -> Iterator[None]:
+    """Within the block, file descriptor 2 (Python's ``sys.stderr`` and C++ logging alike) goes
+    through the filter; on exit everything written is flushed to the real standard error."""
+    sys.stderr.flush()
+    real = os.dup(2)
+    read_end, write_end = os.pipe()
+    os.dup2(write_end, 2)
+    os.close(write_end)
+    # a daemon: child processes that inherited the pipe must not keep this one alive
+    copier = threading.Thread(target=_copy, args=(read_end, real), daemon=True)
+    copier.start()
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(real, 2)
+        copier.join(timeout=5)
+        os.close(real)

@@ -1,0 +1,70 @@
+"""The ``stitchrec`` console entry drops TensorFlow's start-up noise and nothing else."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from pipelines.stderr_filter import is_noise
+
+ROOT = Path(__file__).resolve().parents[2]
+
+NOISE_LINES = [
+    b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
+    b"I0000 00:00:1796118734.313814   27356 cudart_stub.cc:31] Could not find cuda drivers on "
+    b"your machine, GPU will not be used.",
+    b"E0000 00:00:1796118748.182903   27356 cuda_platform.cc:52] failed call to cuInit: INTERNAL: "
+    b"CUDA error: Failed call to cuInit: UNKNOWN ERROR (303)",
+]
+
+
+def test_only_the_start_up_lines_are_noise():
+    assert all(is_noise(line) for line in NOISE_LINES)
+    for kept in (
+        b"error: /data/x.tsv: line 2, column 'I4': value 'four' is not an integer",
+        b"E0000 00:00:1796118748.182903   27356 some_kernel.cc:52] a real TensorFlow error",
+        b"Traceback (most recent call last):",
+        b"WARNING: something else",
+    ):
+        assert not is_noise(kept), kept
+
+
+def _run(code: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, env=env, cwd=ROOT, timeout=300
+    )
+
+
+def test_the_filter_keeps_every_other_line_in_order_and_flushes_at_exit():
+    code = (
+        "import os, sys\n"
+        "from pipelines.stderr_filter import filtered_stderr\n"
+        f"noise = {NOISE_LINES!r}\n"
+        "with filtered_stderr():\n"
+        "    os.write(2, noise[0] + b'\\n')\n"
+        "    print('kept 1', file=sys.stderr, flush=True)\n"
+        "    os.write(2, noise[1] + b'\\n' + b'kept 2\\n' + noise[2] + b'\\n')\n"
+        "    sys.stderr.write('kept 3 without a newline')\n"
+        "print('stdout untouched')\n"
+    )
+    out = _run(code)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.decode() == "kept 1\nkept 2\nkept 3 without a newline"
+    assert out.stdout.decode() == "stdout untouched\n"
+
+
+def test_a_user_error_of_a_command_that_loads_tensorflow_is_one_line(tmp_path):
+    code = (
+        "import sys\n"
+        "from pipelines import cli\n"
+        f"sys.argv = ['stitchrec', 'evaluate', '--model', {str(tmp_path / 'none')!r}, "
+        f"'--data', {str(tmp_path / 'none.csv')!r}]\n"
+        "sys.exit(cli.entry())\n"
+    )
+    out = _run(code)
+    assert out.returncode == 2
+    lines = out.stderr.decode().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
