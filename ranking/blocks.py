@@ -18,6 +18,7 @@ collection returning that form hands the vectors over without a conversion.
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import tensorflow as tf
@@ -30,7 +31,9 @@ from embeddings.forms import Embedded, Form
 class MLP(tf.keras.layers.Layer):
     """Dense layers with ReLU and optional dropout: ``[batch, k] -> [batch, units[-1]]``."""
 
-    def __init__(self, units: list[int], dropout: float = 0.0, **kwargs: Any):
+    def __init__(
+        self, units: list[int], dropout: float = 0.0, seed: int | None = None, **kwargs: Any
+    ):
         super().__init__(**kwargs)
         units = [int(u) for u in units]
         if not units or any(u < 1 for u in units):
@@ -43,7 +46,22 @@ class MLP(tf.keras.layers.Layer):
             tf.keras.layers.Dense(u, activation="relu", name=f"dense_{i}")
             for i, u in enumerate(units)
         ]
-        self._drop = [tf.keras.layers.Dropout(dropout) for _ in units] if dropout else []
+        # Dropout masks are stateless draws keyed by (seed + layer, training call): the call
+        # counter is a weight, so a run restored from a checkpoint draws the masks the
+        # uninterrupted run draws. ``seed`` None: drawn from Python's ``random`` (which
+        # ``tf.keras.utils.set_random_seed`` seeds).
+        self.seed = None
+        self._calls = None
+        if dropout:
+            self.seed = int(seed) if seed is not None else random.randrange(1 << 30)
+            self._calls = self.add_weight(
+                name="dropout_calls",
+                shape=(),
+                dtype=tf.int64,
+                initializer="zeros",
+                trainable=False,
+                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+            )
 
     @property
     def dense_layers(self) -> list[tf.keras.layers.Dense]:
@@ -51,14 +69,20 @@ class MLP(tf.keras.layers.Layer):
         return list(self._dense)
 
     def call(self, x: tf.Tensor, training: bool | None = None) -> tf.Tensor:
+        calls = None
+        if self._calls is not None and training:
+            self._calls.assign_add(1)
+            calls = tf.identity(self._calls)
         for i, layer in enumerate(self._dense):
             x = layer(x)
-            if self._drop:
-                x = self._drop[i](x, training=training)
+            if calls is not None:
+                seed = tf.stack([tf.constant(self.seed + i, tf.int64), calls])
+                x = tf.nn.experimental.stateless_dropout(x, rate=self.dropout, seed=seed)
         return x
 
     def get_config(self) -> dict[str, Any]:
-        return {**super().get_config(), "units": self.units, "dropout": self.dropout}
+        config = {**super().get_config(), "units": self.units, "dropout": self.dropout}
+        return {**config, "seed": self.seed} if self.dropout else config
 
 
 @tf.keras.utils.register_keras_serializable(package="stitchrec")
