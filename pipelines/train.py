@@ -60,6 +60,7 @@ from pipelines.run.schedules import check_lr_schedule, run_learning_rate
 from pipelines.run.scoring import evaluate_model, make_scorer
 from pipelines.run.selection import HISTORY_FILE, History, Selection
 from pipelines.run.step import make_train_step
+from ranking.blocks import MLP
 
 
 @dataclasses.dataclass
@@ -323,6 +324,13 @@ def _restore(
     extra = selection.variables() if selection else {}
     if autolrs is not None:
         extra["autolrs"] = autolrs.tracked
+    counters = [
+        m.dropout_calls
+        for m in model.submodules
+        if isinstance(m, MLP) and m.dropout_calls is not None
+    ]
+    if counters:  # the MLPs' dropout masks follow them
+        extra["dropout_calls"] = counters
     ckpt = tf.train.Checkpoint(
         model=model, optimizer=optimizer, step=step, epoch=epoch, batch=batch, **extra
     )

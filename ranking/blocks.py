@@ -27,6 +27,13 @@ import tensorflow_recommenders as tfrs
 from embeddings.forms import Embedded, Form
 
 
+class _Untracked:
+    """Holds a variable out of Keras's weight tracking."""
+
+    def __init__(self, variable: tf.Variable | None) -> None:
+        self.variable = variable
+
+
 @tf.keras.utils.register_keras_serializable(package="stitchrec")
 class MLP(tf.keras.layers.Layer):
     """Dense layers with ReLU and optional dropout: ``[batch, k] -> [batch, units[-1]]``."""
@@ -46,22 +53,28 @@ class MLP(tf.keras.layers.Layer):
             tf.keras.layers.Dense(u, activation="relu", name=f"dense_{i}")
             for i, u in enumerate(units)
         ]
-        # Dropout masks are stateless draws keyed by (seed + layer, training call): the call
-        # counter is a weight, so a run restored from a checkpoint draws the masks the
-        # uninterrupted run draws. ``seed`` None: drawn from Python's ``random`` (which
-        # ``tf.keras.utils.set_random_seed`` seeds).
+        # Dropout masks are stateless draws keyed by (seed + layer, training call). The call
+        # counter is no model weight (exports and parameter counts leave it out); a training
+        # loop checkpoints ``dropout_calls`` so a restored run draws the uninterrupted run's
+        # masks. ``seed`` None: drawn from Python's ``random`` (``set_random_seed`` seeds it).
         self.seed = None
-        self._calls = None
+        self._counter = _Untracked(None)
         if dropout:
             self.seed = int(seed) if seed is not None else random.randrange(1 << 30)
-            self._calls = self.add_weight(
-                name="dropout_calls",
-                shape=(),
-                dtype=tf.int64,
-                initializer="zeros",
-                trainable=False,
-                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+            self._counter = _Untracked(
+                tf.Variable(
+                    0,
+                    dtype=tf.int64,
+                    trainable=False,
+                    name="dropout_calls",
+                    aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+                )
             )
+
+    @property
+    def dropout_calls(self) -> tf.Variable | None:
+        """The count of training calls that keys the dropout masks (None without dropout)."""
+        return self._counter.variable
 
     @property
     def dense_layers(self) -> list[tf.keras.layers.Dense]:
@@ -69,10 +82,10 @@ class MLP(tf.keras.layers.Layer):
         return list(self._dense)
 
     def call(self, x: tf.Tensor, training: bool | None = None) -> tf.Tensor:
-        calls = None
-        if self._calls is not None and training:
-            self._calls.assign_add(1)
-            calls = tf.identity(self._calls)
+        calls, counter = None, self._counter.variable
+        if counter is not None and training:
+            counter.assign_add(1)
+            calls = tf.identity(counter)
         for i, layer in enumerate(self._dense):
             x = layer(x)
             if calls is not None:
