@@ -140,6 +140,10 @@ class TrainConfig:
       select_metric: ``auc`` (higher is better) or ``logloss`` (lower is better).
       patience: validation evaluations without improvement before stopping (>= 1).
       min_delta: the least change of ``select_metric`` that counts as an improvement (>= 0).
+      lr_schedule: how the learning rate moves (``pipelines.run.schedules.LR_SCHEDULES``:
+        ``constant``, ``step``, ``cosine``, ``one_cycle``, ``autolrs``; docs/schedules.md);
+        ``learning_rate`` is its base.
+      lr_schedule_options: the chosen schedule's options (``[train.lr_schedule_options]``).
     """
 
     batch_size: int = 1024
@@ -158,6 +162,8 @@ class TrainConfig:
     select_metric: str = "auc"
     patience: int = 2
     min_delta: float = 0.0
+    lr_schedule: str = "constant"
+    lr_schedule_options: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for key in ("batch_size", "epochs", "checkpoint_every", "log_every", "shuffle_buffer"):

@@ -32,6 +32,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import re
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -41,8 +43,9 @@ import tensorflow as tf
 from features.dataset import count_rows, make_dataset
 from features.schema import Schema
 from pipelines import distribute
-from pipelines.config import ConfigError, PipelineConfig
+from pipelines.config import ConfigError, PipelineConfig, load_config
 from pipelines.preranking import run_preranking
+from pipelines.run.autolrs import AutoLRS, make_autolrs, validation_loss_fn
 from pipelines.run.data import (
     add_configured_crosses,
     check_same_run,
@@ -53,9 +56,11 @@ from pipelines.run.data import (
 from pipelines.run.fusion import fuse_for_training
 from pipelines.run.model import BEST_DIR, build_run_model, make_optimizer, warm_start
 from pipelines.run.paths import Log, RunPaths
+from pipelines.run.schedules import check_lr_schedule, run_learning_rate
 from pipelines.run.scoring import evaluate_model, make_scorer
 from pipelines.run.selection import HISTORY_FILE, History, Selection
 from pipelines.run.step import make_train_step
+from ranking.blocks import MLP
 
 
 @dataclasses.dataclass
@@ -91,11 +96,20 @@ def _train(cfg: PipelineConfig, log: Log) -> dict[str, Any]:
     if dist.serves_only:  # a parameter_server worker or ps task: serve until the chief is done
         return dist.serve(cfg.output_dir)
     dist.check_supported(cfg.train.warm_start)
+    check_lr_schedule(cfg.train.lr_schedule, cfg.train.lr_schedule_options)
     run, stats, gpus = _open_run(cfg, dist, log)
     tc, paths, schema = cfg.train, run.paths, run.schema
+    _check_autolrs(run)
+    rows = count_rows(run.train_files)
+    dist.check_batch_size(tc.batch_size)
+    steps_per_epoch = dist.steps_per_epoch(rows, tc.batch_size)
+    total_steps = steps_per_epoch * tc.epochs
+    if tc.max_steps:
+        total_steps = min(total_steps, tc.max_steps)
+    lr = run_learning_rate(tc.lr_schedule, tc.learning_rate, total_steps, tc.lr_schedule_options)
     with dist.scope():
         model = build_run_model(cfg, schema, stats)
-        optimizer = make_optimizer(tc.optimizer, tc.learning_rate)
+        optimizer = make_optimizer(tc.optimizer, lr)
         model(next(iter(make_dataset(schema, run.train_files, batch_size=2))))
         if tc.warm_start:
             warm_start(model, tc.warm_start, log)
@@ -115,13 +129,10 @@ def _train(cfg: PipelineConfig, log: Log) -> dict[str, Any]:
     model, optimizer, train_step, fused_step = fuse_for_training(
         cfg, model, optimizer, paths, build_step, distributed=dist.active, log=log
     )
-    rows = count_rows(run.train_files)
-    dist.check_batch_size(tc.batch_size)
-    steps_per_epoch = dist.steps_per_epoch(rows, tc.batch_size)
-    state = _restore(run, model, optimizer, _selection(run), steps_per_epoch)
-    total_steps = steps_per_epoch * tc.epochs
-    if tc.max_steps:
-        total_steps = min(total_steps, tc.max_steps)
+    autolrs = None
+    if tc.lr_schedule == "autolrs":
+        autolrs = _make_autolrs(run, model, optimizer, element_spec)
+    state = _restore(run, model, optimizer, _selection(run), steps_per_epoch, autolrs)
     log(
         f"training {model.name} on {rows:,} rows: {tc.epochs} epoch(s) x {steps_per_epoch} steps "
         f"of {tc.batch_size}, {model.count_params():,} parameters"
@@ -132,7 +143,7 @@ def _train(cfg: PipelineConfig, log: Log) -> dict[str, Any]:
         )
     )
     scorer = make_scorer(model, schema)
-    loop = _Loop(run, state, train_step, (train_loss, train_auc), scorer)
+    loop = _Loop(run, state, train_step, (train_loss, train_auc), scorer, autolrs)
     loop.run(steps_per_epoch, total_steps)
     selected = loop.select_and_test(model)
     report = {
@@ -151,6 +162,13 @@ def _train(cfg: PipelineConfig, log: Log) -> dict[str, Any]:
         "selection": state.selection.describe() if state.selection else None,
         "epochs": state.history.entries(),
         "checkpoint": state.manager.latest_checkpoint,
+        "learning_rate": {
+            "schedule": tc.lr_schedule,
+            "base": tc.learning_rate,
+            "options": dict(tc.lr_schedule_options),
+            "last": float(tf.convert_to_tensor(optimizer.learning_rate)),  # of the last step
+        },
+        "autolrs": {**autolrs.report(), "stages": autolrs.history} if autolrs else None,
         "seed": tc.seed,
         "devices": [g.name for g in gpus] or ["CPU"],
     }
@@ -171,6 +189,7 @@ def _open_run(cfg: PipelineConfig, dist: Any, log: Log) -> tuple[_Run, Any, list
     paths = RunPaths(dist.run_root(cfg.output_dir))
     paths.root.mkdir(parents=True, exist_ok=True)
     check_same_run(cfg, paths)
+    _check_same_batch_size(cfg, paths)
     paths.config.write_text(cfg.to_toml())
     gpus = use_gpus_if_present(log)
     tf.keras.utils.set_random_seed(cfg.train.seed)
@@ -184,6 +203,57 @@ def _open_run(cfg: PipelineConfig, dist: Any, log: Log) -> tuple[_Run, Any, list
         validation_files, test_files = [], []  # the chief evaluates and reports
     files = (train_files, validation_files, test_files)
     return _Run(cfg, dist, paths, schema, *files, log), stats, gpus
+
+
+def _check_same_batch_size(cfg: PipelineConfig, paths: RunPaths) -> None:
+    """Raises ConfigError when the run folder's checkpoints were trained with another
+    ``[train] batch_size``: their position in the epoch counts batches of that size."""
+    if not paths.config.exists() or tf.train.latest_checkpoint(str(paths.checkpoints)) is None:
+        return
+    before = load_config(paths.config).train.batch_size
+    if before != cfg.train.batch_size:
+        raise ConfigError(
+            f"[train] batch_size = {cfg.train.batch_size}: {paths.root} holds a run "
+            f"checkpointed with batch_size = {before} (its step and position in the epoch "
+            f"count batches of {before} rows); resume it with batch_size = {before}, or train "
+            "into a new output_dir"
+        )
+
+
+def _check_autolrs(run: _Run) -> None:
+    """``lr_schedule = "autolrs"`` needs one process and a validation split."""
+    if run.cfg.train.lr_schedule != "autolrs":
+        return
+    if run.dist.active:
+        raise ConfigError(
+            "[train] lr_schedule = 'autolrs': not available under a distribution strategy "
+            "(its search snapshots and restores one process's variables); choose a step "
+            "schedule (constant, step, cosine, one_cycle)"
+        )
+    if not run.validation_files:
+        raise ConfigError(
+            "[train] lr_schedule = 'autolrs' needs a validation split (its search reads the "
+            "validation loss, never the test set): set [data] validation_fraction > 0 or give "
+            "[data] validation files"
+        )
+
+
+def _make_autolrs(run: _Run, model: tf.keras.Model, optimizer: Any, element_spec: Any) -> AutoLRS:
+    """The AutoLRS controller of the run: its candidates train with a step that updates no
+    loop metric and are judged by the mean loss on the validation split."""
+    tc = run.cfg.train
+    batches = list(make_dataset(run.schema, run.validation_files, batch_size=tc.batch_size))
+    val_loss = validation_loss_fn(model, batches, run.schema.label.name)
+    search_step = make_train_step(model, optimizer, element_spec=element_spec)
+    return make_autolrs(
+        model,
+        optimizer,
+        search_step,
+        val_loss,
+        base_lr=tc.learning_rate,
+        seed=tc.seed,
+        **tc.lr_schedule_options,
+    )
 
 
 def _selection(run: _Run) -> Selection | None:
@@ -221,14 +291,46 @@ class _State:
     steps_per_epoch: int
 
 
+#: The folders ``tf.train.Checkpoint`` writes a checkpoint's shards into before it renames
+#: them into place (``ckpt-<step>_temp/``); a process killed while saving leaves one behind.
+_TEMP_CHECKPOINT = re.compile(r"ckpt-\d+_temp(_[0-9a-f]+)?")
+
+
+def _remove_stale_temp(folder: Path, log: Log) -> None:
+    """Removes the unfinished checkpoint folders a killed save left in ``folder``."""
+    if not folder.is_dir():
+        return
+    for path in sorted(folder.iterdir()):
+        if path.is_dir() and _TEMP_CHECKPOINT.fullmatch(path.name):
+            shutil.rmtree(path)
+            log(f"removed {path}: the unfinished save of a killed run")
+
+
 def _restore(
-    run: _Run, model: tf.keras.Model, optimizer: Any, selection: Selection | None, spe: int
+    run: _Run,
+    model: tf.keras.Model,
+    optimizer: Any,
+    selection: Selection | None,
+    spe: int,
+    autolrs: AutoLRS | None = None,
 ) -> _State:
-    """The run's checkpoint managers, the latest checkpoint (the chief's) restored."""
+    """The run's checkpoint managers (unfinished saves removed), the latest checkpoint (the
+    chief's) restored."""
+    for folder in (run.paths.checkpoints, run.paths.checkpoints / BEST_DIR):
+        _remove_stale_temp(folder, run.log)
     step = tf.Variable(0, dtype=tf.int64, name="step")
     epoch = tf.Variable(0, dtype=tf.int64, name="epoch")
     batch = tf.Variable(0, dtype=tf.int64, name="batch_in_epoch")
     extra = selection.variables() if selection else {}
+    if autolrs is not None:
+        extra["autolrs"] = autolrs.tracked
+    counters = [
+        m.dropout_calls
+        for m in model.submodules
+        if isinstance(m, MLP) and m.dropout_calls is not None
+    ]
+    if counters:  # the MLPs' dropout masks follow them
+        extra["dropout_calls"] = counters
     ckpt = tf.train.Checkpoint(
         model=model, optimizer=optimizer, step=step, epoch=epoch, batch=batch, **extra
     )
@@ -280,9 +382,16 @@ class _Loop:
     and early stopping; at the end, the test metrics of the selected checkpoint."""
 
     def __init__(
-        self, run: _Run, state: _State, train_step: Any, window: tuple, scorer: Any
+        self,
+        run: _Run,
+        state: _State,
+        train_step: Any,
+        window: tuple,
+        scorer: Any,
+        autolrs: AutoLRS | None = None,
     ) -> None:
         self.run_, self.state, self.train_step = run, state, train_step
+        self.autolrs = autolrs
         self.train_loss, self.train_auc = window
         self.scorer = scorer
         self.writer = tf.summary.create_file_writer(str(run.paths.tensorboard))
@@ -337,7 +446,13 @@ class _Loop:
             skip_batches=int(s.batch),
             shuffle_buffer=tc.shuffle_buffer,
         )
-        for features in r.dist.batches(make, label, tc.batch_size):
+        batches = iter(r.dist.batches(make, label, tc.batch_size))
+        while True:
+            if self.autolrs is not None and self.autolrs.stage_due(int(s.step)):
+                batches = self._search(batches)
+            features = next(batches, None)
+            if features is None:
+                break
             self.train_step(features)
             s.step.assign_add(1)
             s.batch.assign_add(1)
@@ -359,6 +474,23 @@ class _Loop:
             if step >= total_steps:
                 return True
         return False
+
+    def _search(self, batches: Any) -> Any:
+        """AutoLRS: the next stage's learning rate searched at this step (on the stage's first
+        batches, returned with the rest); logged with its candidates."""
+        ctl, step = self.autolrs, int(self.state.step)
+        stages = len(ctl.history)
+        batches = ctl.begin_stage(batches, step)
+        if len(ctl.history) > stages:
+            h = ctl.history[-1]
+            tried = ", ".join(f"{c['lr']:.3g}" for c in h["candidates"])
+            self.run_.log(
+                f"autolrs stage {h['stage'] + 1} at step {step}: lr {h['chosen_lr']:.4g} for "
+                f"{h['tau']} steps ({len(h['candidates'])} candidates [{tried}], "
+                f"{h['search_steps']} search steps, {h['search_seconds']:.1f}s)"
+            )
+        self.t_window = time.time()
+        return batches
 
     def _log_window(self, epoch: int, step: int, total_steps: int) -> None:
         r, tc = self.run_, self.run_.cfg.train

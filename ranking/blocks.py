@@ -18,6 +18,7 @@ collection returning that form hands the vectors over without a conversion.
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import tensorflow as tf
@@ -26,11 +27,20 @@ import tensorflow_recommenders as tfrs
 from embeddings.forms import Embedded, Form
 
 
+class _Untracked:
+    """Holds a variable out of Keras's weight tracking."""
+
+    def __init__(self, variable: tf.Variable | None) -> None:
+        self.variable = variable
+
+
 @tf.keras.utils.register_keras_serializable(package="stitchrec")
 class MLP(tf.keras.layers.Layer):
     """Dense layers with ReLU and optional dropout: ``[batch, k] -> [batch, units[-1]]``."""
 
-    def __init__(self, units: list[int], dropout: float = 0.0, **kwargs: Any):
+    def __init__(
+        self, units: list[int], dropout: float = 0.0, seed: int | None = None, **kwargs: Any
+    ):
         super().__init__(**kwargs)
         units = [int(u) for u in units]
         if not units or any(u < 1 for u in units):
@@ -43,7 +53,28 @@ class MLP(tf.keras.layers.Layer):
             tf.keras.layers.Dense(u, activation="relu", name=f"dense_{i}")
             for i, u in enumerate(units)
         ]
-        self._drop = [tf.keras.layers.Dropout(dropout) for _ in units] if dropout else []
+        # Dropout masks are stateless draws keyed by (seed + layer, training call). The call
+        # counter is no model weight (exports and parameter counts leave it out); a training
+        # loop checkpoints ``dropout_calls`` so a restored run draws the uninterrupted run's
+        # masks. ``seed`` None: drawn from Python's ``random`` (``set_random_seed`` seeds it).
+        self.seed = None
+        self._counter = _Untracked(None)
+        if dropout:
+            self.seed = int(seed) if seed is not None else random.randrange(1 << 30)
+            self._counter = _Untracked(
+                tf.Variable(
+                    0,
+                    dtype=tf.int64,
+                    trainable=False,
+                    name="dropout_calls",
+                    aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+                )
+            )
+
+    @property
+    def dropout_calls(self) -> tf.Variable | None:
+        """The count of training calls that keys the dropout masks (None without dropout)."""
+        return self._counter.variable
 
     @property
     def dense_layers(self) -> list[tf.keras.layers.Dense]:
@@ -51,14 +82,20 @@ class MLP(tf.keras.layers.Layer):
         return list(self._dense)
 
     def call(self, x: tf.Tensor, training: bool | None = None) -> tf.Tensor:
+        calls, counter = None, self._counter.variable
+        if counter is not None and training:
+            counter.assign_add(1)
+            calls = tf.identity(counter)
         for i, layer in enumerate(self._dense):
             x = layer(x)
-            if self._drop:
-                x = self._drop[i](x, training=training)
+            if calls is not None:
+                seed = tf.stack([tf.constant(self.seed + i, tf.int64), calls])
+                x = tf.nn.experimental.stateless_dropout(x, rate=self.dropout, seed=seed)
         return x
 
     def get_config(self) -> dict[str, Any]:
-        return {**super().get_config(), "units": self.units, "dropout": self.dropout}
+        config = {**super().get_config(), "units": self.units, "dropout": self.dropout}
+        return {**config, "seed": self.seed} if self.dropout else config
 
 
 @tf.keras.utils.register_keras_serializable(package="stitchrec")

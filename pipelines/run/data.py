@@ -62,7 +62,7 @@ def prepare_data(cfg: PipelineConfig, paths: RunPaths, log: Log) -> RunData:
     schema = load_schema(cfg.data.schema)
     d = cfg.data
     fraction = 0.0 if d.validation else d.validation_fraction
-    # bad rows of direct Parquet input are skipped (and counted) by the conversion
+    # with max_bad_rows > 0 the shards are read through the conversion, which skips bad rows
     direct = bool(d.train) and _direct_parquet(schema) and not d.max_bad_rows
     if direct and fraction == 0:
         return RunData(

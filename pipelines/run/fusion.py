@@ -11,6 +11,7 @@ from compiler_opt import FuseSpec, cost, fuse, realize, table_fusion
 from pipelines.config import ConfigError, PipelineConfig
 from pipelines.run.model import make_optimizer
 from pipelines.run.paths import Log, RunPaths
+from pipelines.run.schedules import learning_rate_of
 
 Step = Callable[[Any], Any]
 
@@ -54,7 +55,7 @@ def fuse_for_training(
     if tables:
         fused_tables = model.embedding
         table_fusion.write_mapping(paths.checkpoints, fused_tables)
-        optimizer = make_optimizer(tc.optimizer, tc.learning_rate)
+        optimizer = make_optimizer(tc.optimizer, learning_rate_of(optimizer))
         optimizer.build(model.trainable_variables)
         log(
             f"fusion: {len(fused_tables.fused_fields)} tables as {len(fused_tables.group_tables)} "

@@ -326,3 +326,48 @@ def _make_cyclic(base_lr: float, total_steps: int, opts: dict[str, Any]) -> Cycl
             f"most total_steps = {total_steps!r} (the run would reach no low point)"
         )
     return CyclicSchedule(base_lr, opts["cycle_steps"], opts["min_lr"], opts["anneal"])
+
+
+_SCHEDULE_CLASSES = {
+    cls.__name__: cls
+    for cls in (
+        ConstantSchedule,
+        StepSchedule,
+        WarmupCosineSchedule,
+        OneCycleSchedule,
+        CyclicSchedule,
+    )
+}
+
+
+def check_lr_schedule(name: str, options: Mapping[str, Any]) -> None:
+    """Raises ConfigError when ``[train] lr_schedule`` is not one of ``LR_SCHEDULES`` or a step
+    schedule's option is unknown or out of range (AutoLRS checks its own when it is made)."""
+    if name not in LR_SCHEDULES:
+        raise ConfigError(
+            f"[train] lr_schedule = {name!r} is not a schedule; expected one of "
+            f"{list(LR_SCHEDULES)}"
+        )
+    if name in SCHEDULE_OPTIONS:
+        _check_options(name, options)
+
+
+def run_learning_rate(
+    name: str, base_lr: float, total_steps: int, options: Mapping[str, Any]
+) -> float | LearningRateSchedule:
+    """The learning rate ``make_optimizer`` gets for ``[train] lr_schedule = name``: the plain
+    ``base_lr`` for ``constant`` and for ``autolrs`` (whose controller sets it stage by stage),
+    else the schedule of the optimizer's step over a run of ``total_steps`` steps."""
+    check_lr_schedule(name, options)
+    if name in ("constant", "autolrs"):
+        return base_lr
+    return make_schedule(name, base_lr, total_steps, **options)
+
+
+def learning_rate_of(optimizer: tf.keras.optimizers.Optimizer) -> float | LearningRateSchedule:
+    """``optimizer``'s learning rate as ``make_optimizer`` takes it (a fresh optimizer made with
+    it follows the same schedule): a copy of its schedule, else its constant value."""
+    lr = optimizer.get_config()["learning_rate"]
+    if isinstance(lr, dict):
+        return tf.keras.optimizers.schedules.deserialize(lr, custom_objects=_SCHEDULE_CLASSES)
+    return float(lr)

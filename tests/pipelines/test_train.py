@@ -207,3 +207,54 @@ def test_evaluate_reads_parquet_shards_and_raw_csv_alike(tiny_data, tmp_path):
     assert from_csv["rows"] == 1000
     assert from_csv["auc"] == pytest.approx(from_parquet["auc"], abs=1e-6)
     assert from_csv["logloss"] == pytest.approx(from_parquet["logloss"], abs=1e-6)
+
+
+def test_dropout_run_resumed_from_a_checkpoint_is_bitwise_the_uninterrupted_run(tiny_data):
+    """Dropout masks come from the step, not from a random state the checkpoint lacks: a run
+    stopped at step 11 and resumed (fresh objects, the checkpoint restored) ends bitwise where
+    the straight run ends."""
+    root = tiny_data["root"]
+
+    def cfg(out, **extra):
+        path = _config(tiny_data, root / out, **extra)
+        path.write_text(
+            path.read_text().replace("cross_layers = 2", "cross_layers = 2\ndropout = 0.3")
+        )
+        return load_config(path)
+
+    quiet = lambda _: None  # noqa: E731
+    assert train(cfg("stopped", max_steps=11), quiet)["steps"] == 11
+    resumed = train(cfg("stopped"), quiet)
+    assert resumed["steps"] == 32 and resumed["steps_this_run"] == 21
+    train(cfg("straight"), quiet)
+    for a, b in zip(_weights(root / "stopped"), _weights(root / "straight"), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_resume_with_another_batch_size_is_refused(tiny_data):
+    run = tiny_data["root"] / "run"
+    first = load_config(_config(tiny_data, run, batch=256, epochs=1))
+    assert train(first, log=lambda _: None)["steps"] == 16
+    # 16 steps of 512 rows would be 2 epochs: the run must not end "done" after one
+    other = load_config(_config(tiny_data, run, batch=512, epochs=2))
+    with pytest.raises(ConfigError, match=r"batch_size = 512: .* batch_size = 256"):
+        train(other, log=lambda _: None)
+    again = train(load_config(_config(tiny_data, run, batch=256, epochs=2)), lambda _: None)
+    assert again["steps"] == 32 and again["steps_this_run"] == 16
+
+
+def test_unfinished_checkpoint_folders_are_removed_at_start_up(tiny_data):
+    run = tiny_data["root"] / "run"
+    cfg = load_config(_config(tiny_data, run, epochs=1, data_extra=""))  # a best/ folder too
+    train(cfg, log=lambda _: None)
+    ckpts = run / "checkpoints"
+    stale = [ckpts / "ckpt-17_temp", ckpts / "best" / "ckpt-9_temp", ckpts / "ckpt-3_temp_0a1f"]
+    for folder in stale:
+        folder.mkdir()
+        (folder / "part-00000-of-00001.data-00000-of-00001").write_bytes(b"x")
+    kept = ckpts / "notes_temp"  # not a folder tf.train.Checkpoint writes
+    kept.mkdir()
+    lines: list[str] = []
+    train(cfg, log=lines.append)
+    assert not any(folder.exists() for folder in stale) and kept.exists()
+    assert sum("unfinished save" in line for line in lines) == 3
