@@ -43,7 +43,7 @@ from ranking.config import ModelConfig, PrerankConfig
 _OPTIMIZERS = ("adam", "adagrad", "ftrl", "sgd")
 #: ``[train]`` values a ``type = "lr"`` model gets when its config file does not set them: the
 #: optimizer; the learning rate when the optimizer is this one.
-LINEAR_TRAIN_DEFAULTS = {"optimizer": "ftrl", "learning_rate": 1.0}
+LINEAR_TRAIN_DEFAULTS = {"optimizer": "ftrl", "learning_rate": 0.1}
 _SELECT_METRICS = ("auc", "logloss")
 
 

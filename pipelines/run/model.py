@@ -35,8 +35,10 @@ OPTIMIZERS = {
     "sgd": tf.keras.optimizers.SGD,
 }
 
-#: The starting value of every accumulator of ``adagrad`` and ``ftrl``.
-INITIAL_ACCUMULATOR = 0.1
+#: The starting value of every accumulator, per optimizer (``make_optimizer``'s default). One
+#: id's gradient of a batch's mean loss is about its share of the batch times its residual, so
+#: FTRL's accumulators start small enough for those squares to count from the first steps.
+INITIAL_ACCUMULATOR = {"adagrad": 0.1, "ftrl": 1e-3}
 
 
 def initial_bias(stats: DatasetStats) -> float:
@@ -186,12 +188,13 @@ def make_optimizer(
     *,
     l1: float = 0.0,
     l2: float = 0.0,
-    initial_accumulator: float = INITIAL_ACCUMULATOR,
+    initial_accumulator: float | None = None,
 ) -> tf.keras.optimizers.Optimizer:
     """The Keras optimizer ``[train] optimizer = name`` names, at learning rate ``lr`` (a
     float or a Keras learning-rate schedule).
 
-    ``adagrad`` and ``ftrl`` start their accumulators at ``initial_accumulator``; ``ftrl`` uses
+    ``adagrad`` and ``ftrl`` start their accumulators at ``initial_accumulator`` (None: the
+    optimizer's ``INITIAL_ACCUMULATOR``, 0.1 and 0.001); ``ftrl`` uses
     learning-rate power -0.5 and the L1 / L2 regularization strengths ``l1`` / ``l2`` (FTRL's
     own, applied to every weight it updates, the bias too; a linear model's usual penalty is
     ``[model] l2_wide``, which leaves the bias alone). ``l1`` / ``l2`` are for ``ftrl`` only.
@@ -205,6 +208,8 @@ def make_optimizer(
             f"[train] optimizer = {name!r} is not an optimizer; expected one of "
             f"{sorted(OPTIMIZERS)}"
         )
+    if initial_accumulator is None:
+        initial_accumulator = INITIAL_ACCUMULATOR.get(name, 0.0)
     if not (l1 >= 0 and l2 >= 0 and initial_accumulator >= 0):
         raise ConfigError(
             f"optimizer {name!r}: l1, l2 and initial_accumulator must be >= 0, got "
