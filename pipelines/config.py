@@ -41,7 +41,10 @@ from features.crosses.pcf_config import PCFGNNConfig
 from pipelines.config_types import type_error
 from ranking.config import ModelConfig, PrerankConfig
 
-_OPTIMIZERS = ("adam", "adagrad", "sgd")
+_OPTIMIZERS = ("adam", "adagrad", "ftrl", "sgd")
+#: ``[train]`` values a ``type = "lr"`` model gets when its config file does not set them: the
+#: optimizer; the learning rate when the optimizer is this one.
+LINEAR_TRAIN_DEFAULTS = {"optimizer": "ftrl", "learning_rate": 0.1}
 _SELECT_METRICS = ("auc", "logloss")
 
 
@@ -123,7 +126,9 @@ class TrainConfig:
 
     Attributes:
       batch_size, epochs, learning_rate: as usual.
-      optimizer: ``adam``, ``adagrad`` or ``sgd``.
+      optimizer: ``adam``, ``adagrad``, ``ftrl`` or ``sgd``. In a config file with ``[model]
+        type = "lr"`` an unset ``optimizer`` is ``LINEAR_TRAIN_DEFAULTS``'s (``ftrl``), and an
+        unset ``learning_rate`` of that optimizer is its rate (docs/training.md).
       seed: model initialization and data order.
       checkpoint_every: steps between checkpoints (and at every epoch end).
       log_every: steps between progress lines and TensorBoard scalars.
@@ -514,6 +519,10 @@ def config_from_dict(
     if "mlp" in model:
         model["mlp"] = tuple(model["mlp"])
     train = _table(data, "train", where) or {}
+    if model.get("type") == "lr":
+        train.setdefault("optimizer", LINEAR_TRAIN_DEFAULTS["optimizer"])
+        if train["optimizer"] == LINEAR_TRAIN_DEFAULTS["optimizer"]:
+            train.setdefault("learning_rate", LINEAR_TRAIN_DEFAULTS["learning_rate"])
     if train.get("warm_start"):
         train["warm_start"] = resolve(train["warm_start"])
     return PipelineConfig(

@@ -210,13 +210,27 @@ class LinearTerm(tf.keras.layers.Layer):
       weights: an ``EmbeddingCollection`` of dimension-1 tables, one per embedded field (or
         None when there are none).
       num_dense: numeric features.
+      l2: at every call, ``l2 * sum(w**2)`` over all the term's weights (every row of every
+        field table and the numeric weights) is added to the layer's losses.
+      l1: likewise ``l1 * sum(|w|)``.
     """
 
     #: the form of its weights it reads best: one block, summed (any form gives the same sum)
     input_form: Form = Form.CONCAT
 
-    def __init__(self, weights: tf.keras.layers.Layer | None, num_dense: int, **kwargs: Any):
+    def __init__(
+        self,
+        weights: tf.keras.layers.Layer | None,
+        num_dense: int,
+        l2: float = 0.0,
+        l1: float = 0.0,
+        **kwargs: Any,
+    ):
         super().__init__(**kwargs)
+        if not (l2 >= 0 and l1 >= 0):
+            raise ValueError(f"l2 and l1 must be >= 0, got l2={l2!r}, l1={l1!r}")
+        self.l2 = float(l2)
+        self.l1 = float(l1)
         if weights is not None and any(d != 1 for d in weights.dims):
             raise ValueError(f"the wide term's tables must have dimension 1, got {weights.dims}")
         if weights is None and num_dense < 1:
@@ -235,6 +249,8 @@ class LinearTerm(tf.keras.layers.Layer):
             terms += self.field_weights(ids).field_sums()
         if self._dense is not None and dense is not None:
             terms.append(self._dense(dense)[:, 0])
+        if self.l2 > 0 or self.l1 > 0:
+            self.add_loss(self.penalty())
         return tf.add_n(terms)
 
     def with_weights(self, weights: tf.keras.layers.Layer) -> LinearTerm:
@@ -247,9 +263,17 @@ class LinearTerm(tf.keras.layers.Layer):
                 f"weights must hold the fields {self.field_weights and self.field_weights.field_names}"
                 f", got {list(weights.field_names)}"
             )
-        term = LinearTerm(weights, self.num_dense, name=self.name)
+        term = LinearTerm(weights, self.num_dense, l2=self.l2, l1=self.l1, name=self.name)
         term._dense = self._dense
         return term
+
+    def penalty(self) -> tf.Tensor:
+        """``l2 * sum(w**2) + l1 * sum(|w|)`` over the term's trainable weights."""
+        weights = [tf.reshape(w, [-1]) for w in self.trainable_weights]
+        if not weights:
+            return tf.constant(0.0)
+        flat = tf.concat(weights, axis=0)
+        return self.l2 * tf.reduce_sum(tf.square(flat)) + self.l1 * tf.reduce_sum(tf.abs(flat))
 
     def get_config(self) -> dict[str, Any]:
         ser = tf.keras.layers.serialize
@@ -257,6 +281,8 @@ class LinearTerm(tf.keras.layers.Layer):
             **super().get_config(),
             "weights": ser(self.field_weights) if self.field_weights is not None else None,
             "num_dense": self.num_dense,
+            "l2": self.l2,
+            "l1": self.l1,
         }
 
     @classmethod

@@ -21,6 +21,11 @@ class ModelConfig:
       cross_rank: DCN-v2 low-rank projection size (0: full rank).
       dropout: dropout after each MLP layer.
       l2: L2 penalty on the embedding rows and linear weights looked up in a batch.
+      l2_wide: L2 penalty ``l2_wide * sum(w**2)`` over every weight of the wide (linear) term,
+        per-id weights of every field and numeric weights (not the bias), added to each step's
+        mean loss: scikit-learn's ``LogisticRegression(C=...)`` on ``N`` training rows is
+        ``l2_wide = 1 / (2 * C * N)``. Default 0 (none).
+      l1_wide: L1 penalty ``l1_wide * sum(|w|)`` over the same weights. Default 0 (none).
       embedding_method: the embeddings/ method of every categorical field: ``full``,
         ``hashing``, ``qr``, ``bh`` (binary-code hash) or ``amtl``. Bucketized numeric fields
         always use ``full`` tables (they have a handful of rows).
@@ -42,6 +47,8 @@ class ModelConfig:
     cross_rank: int = 0
     dropout: float = 0.0
     l2: float = 0.0
+    l2_wide: float = 0.0
+    l1_wide: float = 0.0
     embedding_method: str = "full"
     embedding_methods: dict[str, str] = dataclasses.field(default_factory=dict)
     embedding_options: dict[str, dict] = dataclasses.field(default_factory=dict)
@@ -64,8 +71,9 @@ class ModelConfig:
             raise ValueError(f"cross_rank must be >= 0 (0: full rank), got {self.cross_rank}")
         if not 0 <= self.dropout < 1:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
-        if self.l2 < 0:
-            raise ValueError(f"l2 must be >= 0, got {self.l2}")
+        for key in ("l2", "l2_wide", "l1_wide"):
+            if not getattr(self, key) >= 0:
+                raise ValueError(f"{key} must be >= 0, got {getattr(self, key)}")
         for field, method in {"*": self.embedding_method, **self.embedding_methods}.items():
             if method not in EMBEDDING_METHOD_NAMES:
                 where = "embedding_method" if field == "*" else f"embedding_methods[{field!r}]"

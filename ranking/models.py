@@ -13,7 +13,8 @@ log loss metrics) owns the loss; the model only computes outputs. ``with_blocks`
 model with some blocks replaced and everything else (variables included) shared. ``build_model`` assembles the
 standard models from a ``ModelConfig``:
 
-* ``lr``: wide term (one weight per id, one per numeric feature) + bias.
+* ``lr``: wide term (one weight per id, one per numeric feature) + bias; ``l2_wide`` /
+  ``l1_wide`` penalize the wide term's weights (also those of ``fm``).
 * ``fm``: wide term + FM pairwise term.
 * ``dnn``: embeddings -> concat -> MLP -> logit.
 * ``dcn_v2``: embeddings -> concat -> cross network -> MLP -> logit (DCN-v2 "stacked").
@@ -330,6 +331,8 @@ def build_model(
     wide = LinearTerm(
         EmbeddingCollection(wide_tables, name="wide_weights") if wide_tables else None,
         num_dense,
+        l2=config.l2_wide,
+        l1=config.l1_wide,
         name="wide",
     )
     common = {

@@ -24,12 +24,21 @@ from pipelines.run.paths import Log, RunPaths
 from ranking.models import RankingModel, build_model, planned_method
 from ranking.pair_stats import PairStatsGNN, PairStatsTable
 
-#: ``[train] optimizer`` names and the Keras optimizers they make.
+#: ``[train] optimizer`` names and the Keras optimizers they make. ``ftrl`` (FTRL-proximal,
+#: learning-rate power -0.5) and ``adagrad`` keep one accumulator per weight, so a rare id's
+#: weight keeps a large step while a frequent one's shrinks: they suit the sparse wide weights of
+#: a linear model (``type = "lr"``).
 OPTIMIZERS = {
     "adam": tf.keras.optimizers.Adam,
     "adagrad": tf.keras.optimizers.Adagrad,
+    "ftrl": tf.keras.optimizers.Ftrl,
     "sgd": tf.keras.optimizers.SGD,
 }
+
+#: The starting value of every accumulator, per optimizer (``make_optimizer``'s default). One
+#: id's gradient of a batch's mean loss is about its share of the batch times its residual, so
+#: FTRL's accumulators start small enough for those squares to count from the first steps.
+INITIAL_ACCUMULATOR = {"adagrad": 0.1, "ftrl": 1e-3}
 
 
 def initial_bias(stats: DatasetStats) -> float:
@@ -173,17 +182,54 @@ def _copy_embeddings(dst: Any, src: Any, run_dir: str) -> None:
             )
 
 
-def make_optimizer(name: str, lr: float) -> tf.keras.optimizers.Optimizer:
-    """The Keras optimizer ``[train] optimizer = name`` names, at learning rate ``lr``.
+def make_optimizer(
+    name: str,
+    lr: float | tf.keras.optimizers.schedules.LearningRateSchedule,
+    *,
+    l1: float = 0.0,
+    l2: float = 0.0,
+    initial_accumulator: float | None = None,
+) -> tf.keras.optimizers.Optimizer:
+    """The Keras optimizer ``[train] optimizer = name`` names, at learning rate ``lr`` (a
+    float or a Keras learning-rate schedule).
+
+    ``adagrad`` and ``ftrl`` start their accumulators at ``initial_accumulator`` (None: the
+    optimizer's ``INITIAL_ACCUMULATOR``, 0.1 and 0.001); ``ftrl`` uses
+    learning-rate power -0.5 and the L1 / L2 regularization strengths ``l1`` / ``l2`` (FTRL's
+    own, applied to every weight it updates, the bias too; a linear model's usual penalty is
+    ``[model] l2_wide``, which leaves the bias alone). ``l1`` / ``l2`` are for ``ftrl`` only.
 
     Raises:
-      ConfigError: ``name`` is not one of ``OPTIMIZERS``.
+      ConfigError: ``name`` is not one of ``OPTIMIZERS``, or ``l1`` / ``l2`` are set for
+        another optimizer, or a value is negative.
     """
     if name not in OPTIMIZERS:
         raise ConfigError(
             f"[train] optimizer = {name!r} is not an optimizer; expected one of "
             f"{sorted(OPTIMIZERS)}"
         )
+    if initial_accumulator is None:
+        initial_accumulator = INITIAL_ACCUMULATOR.get(name, 0.0)
+    if not (l1 >= 0 and l2 >= 0 and initial_accumulator >= 0):
+        raise ConfigError(
+            f"optimizer {name!r}: l1, l2 and initial_accumulator must be >= 0, got "
+            f"l1={l1!r}, l2={l2!r}, initial_accumulator={initial_accumulator!r}"
+        )
+    if name == "ftrl":
+        return tf.keras.optimizers.Ftrl(
+            lr,
+            learning_rate_power=-0.5,
+            initial_accumulator_value=initial_accumulator,
+            l1_regularization_strength=l1,
+            l2_regularization_strength=l2,
+        )
+    if l1 or l2:
+        raise ConfigError(
+            f"optimizer {name!r}: l1={l1!r} / l2={l2!r} are FTRL's regularization strengths; "
+            f"use optimizer 'ftrl', or [model] l2_wide / l1_wide"
+        )
+    if name == "adagrad":
+        return tf.keras.optimizers.Adagrad(lr, initial_accumulator_value=initial_accumulator)
     return OPTIMIZERS[name](lr)
 
 

@@ -80,7 +80,7 @@ def test_override_parsing():
 def test_an_unknown_optimizer_name_is_a_config_error():
     assert type(make_optimizer("sgd", 0.1)).__name__ == "SGD"
     with pytest.raises(
-        ConfigError, match=r"\[train\] optimizer = 'adamw'.*'adagrad', 'adam', 'sgd'"
+        ConfigError, match=r"\[train\] optimizer = 'adamw'.*'adagrad', 'adam', 'ftrl', 'sgd'"
     ):
         make_optimizer("adamw", 0.1)
 

@@ -111,7 +111,9 @@ def test_table_fusion_optimizer_follows_the_schedule(tiny_data):
 
 def test_bad_schedule_names_the_key(tiny_data):
     run = tiny_data["root"] / "bad"
-    with pytest.raises(ConfigError, match=r"lr_schedule = 'warm'.*'one_cycle', 'cyclic', 'autolrs'"):
+    with pytest.raises(
+        ConfigError, match=r"lr_schedule = 'warm'.*'one_cycle', 'cyclic', 'autolrs'"
+    ):
         train(load_config(_config(tiny_data, run, lr_schedule="warm")), lambda _: 0)
     with pytest.raises(ConfigError, match="has no option 'warmup'"):
         cfg = _config(tiny_data, run, {"warmup": 3}, lr_schedule="cosine")

@@ -73,3 +73,31 @@ def test_unknown_embedding_method_field(setup):
             build_preprocessor(schema, stats),
             "label",
         )
+
+
+def test_wide_weight_penalty_is_in_the_model_losses(setup):
+    schema, stats, data = setup
+    with pytest.raises(ValueError, match="l2_wide must be >= 0"):
+        ModelConfig(type="lr", l2_wide=-1.0)
+    model = build_model(
+        ModelConfig(type="lr", l2_wide=0.01, l1_wide=0.002),
+        build_preprocessor(schema, stats),
+        "label",
+        initial_bias=0.7,
+    )
+    batch = next(iter(make_dataset(schema, data["train"], batch_size=64)))
+    model(batch)
+    rng = np.random.default_rng(0)
+    for w in model.wide.trainable_weights:
+        w.assign(rng.normal(size=w.shape).astype(np.float32))
+    model(batch)
+    wide = np.concatenate([w.numpy().ravel() for w in model.wide.trainable_weights])
+    assert len(model.wide.trainable_weights) >= 2  # field tables and the numeric weights
+    expected = 0.01 * np.sum(wide**2) + 0.002 * np.sum(np.abs(wide))
+    assert len(model.losses) == 1  # the bias is not penalized, nothing else adds one
+    np.testing.assert_allclose(model.losses[0].numpy(), expected, rtol=1e-5)
+    clone = RankingModel.from_config(model.get_config())
+    assert (clone.wide.l2, clone.wide.l1) == (0.01, 0.002)
+    plain = build_model(ModelConfig(type="lr"), build_preprocessor(schema, stats), "label")
+    plain(batch)
+    assert not plain.losses
