@@ -101,11 +101,7 @@ def _train(cfg: PipelineConfig, log: Log) -> dict[str, Any]:
     tc, paths, schema = cfg.train, run.paths, run.schema
     _check_autolrs(run)
     rows = count_rows(run.train_files)
-    dist.check_batch_size(tc.batch_size)
-    steps_per_epoch = dist.steps_per_epoch(rows, tc.batch_size)
-    total_steps = steps_per_epoch * tc.epochs
-    if tc.max_steps:
-        total_steps = min(total_steps, tc.max_steps)
+    steps_per_epoch, total_steps = _steps(dist, tc, rows)
     lr = run_learning_rate(tc.lr_schedule, tc.learning_rate, total_steps, tc.lr_schedule_options)
     with dist.scope():
         model = build_run_model(cfg, schema, stats)
@@ -146,6 +142,27 @@ def _train(cfg: PipelineConfig, log: Log) -> dict[str, Any]:
     loop = _Loop(run, state, train_step, (train_loss, train_auc), scorer, autolrs)
     loop.run(steps_per_epoch, total_steps)
     selected = loop.select_and_test(model)
+    report = _report(run, model, optimizer, state, loop, rows, gpus, autolrs, fused_step, log)
+    report["selected"] = selected
+    paths.report.write_text(json.dumps(report, indent=1))
+    dist.finish()
+    return report
+
+
+def _report(
+    run: _Run,
+    model: tf.keras.Model,
+    optimizer: tf.keras.optimizers.Optimizer,
+    state: Any,
+    loop: _Loop,
+    rows: int,
+    gpus: list,
+    autolrs: Any,
+    fused_step: Any,
+    log: Log,
+) -> dict[str, Any]:
+    """``train_report.json``: rows, steps, time, the test result and what was selected."""
+    tc = run.cfg.train
     report = {
         "model": model.name,
         "train_rows": rows,
@@ -158,7 +175,7 @@ def _train(cfg: PipelineConfig, log: Log) -> dict[str, Any]:
         "eval_seconds": round(loop.eval_seconds, 2),
         "parameters": int(model.count_params()),
         "test": loop.test,
-        "selected": selected,
+        "selected": None,  # filled in by the caller: the checkpoint the test scored
         "selection": state.selection.describe() if state.selection else None,
         "epochs": state.history.entries(),
         "checkpoint": state.manager.latest_checkpoint,
@@ -179,9 +196,15 @@ def _train(cfg: PipelineConfig, log: Log) -> dict[str, Any]:
             "trial_ms": {k: round(v, 3) for k, v in fused_step.timings_ms.items()},
         }
         log(f"fusion: training step ran {report['fused_training_step']}")
-    paths.report.write_text(json.dumps(report, indent=1))
-    dist.finish()
     return report
+
+
+def _steps(dist: Any, tc: Any, rows: int) -> tuple[int, int]:
+    """(steps per epoch, steps of the whole run) for ``rows`` training rows."""
+    dist.check_batch_size(tc.batch_size)
+    steps_per_epoch = dist.steps_per_epoch(rows, tc.batch_size)
+    total_steps = steps_per_epoch * tc.epochs
+    return steps_per_epoch, min(total_steps, tc.max_steps) if tc.max_steps else total_steps
 
 
 def _open_run(cfg: PipelineConfig, dist: Any, log: Log) -> tuple[_Run, Any, list]:
