@@ -127,8 +127,8 @@ class TrainConfig:
     Attributes:
       batch_size, epochs, learning_rate: as usual.
       optimizer: ``adam``, ``adagrad``, ``ftrl`` or ``sgd``. In a config file with ``[model]
-        type = "lr"`` an unset ``optimizer`` is ``LINEAR_TRAIN_DEFAULTS``'s (``ftrl``), and an
-        unset ``learning_rate`` of that optimizer is its rate (docs/training.md).
+        type = "lr"`` that sets neither ``optimizer`` nor ``learning_rate``, they are
+        ``LINEAR_TRAIN_DEFAULTS``'s (``ftrl`` at 0.1; docs/training.md).
       seed: model initialization and data order.
       checkpoint_every: steps between checkpoints (and at every epoch end).
       log_every: steps between progress lines and TensorBoard scalars.
@@ -519,10 +519,9 @@ def config_from_dict(
     if "mlp" in model:
         model["mlp"] = tuple(model["mlp"])
     train = _table(data, "train", where) or {}
-    if model.get("type") == "lr":
-        train.setdefault("optimizer", LINEAR_TRAIN_DEFAULTS["optimizer"])
-        if train["optimizer"] == LINEAR_TRAIN_DEFAULTS["optimizer"]:
-            train.setdefault("learning_rate", LINEAR_TRAIN_DEFAULTS["learning_rate"])
+    # lr's defaults only when neither is set: an explicit optimizer or rate is never reinterpreted
+    if model.get("type") == "lr" and "optimizer" not in train and "learning_rate" not in train:
+        train.update(LINEAR_TRAIN_DEFAULTS)
     if train.get("warm_start"):
         train["warm_start"] = resolve(train["warm_start"])
     return PipelineConfig(

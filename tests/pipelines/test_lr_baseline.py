@@ -49,8 +49,9 @@ def test_an_lr_config_without_optimizer_gets_the_linear_defaults(tiny_data):
     assert cfg.train.learning_rate == LINEAR_TRAIN_DEFAULTS["learning_rate"]
     given = load_config(_lr_config(tiny_data, tiny_data["root"] / "b", optimizer="adam"))
     assert (given.train.optimizer, given.train.learning_rate) == ("adam", 1e-3)
+    # a rate given alone is the usual optimizer's (Adam), never reinterpreted for FTRL
     rate = load_config(_lr_config(tiny_data, tiny_data["root"] / "c", learning_rate=0.5))
-    assert (rate.train.optimizer, rate.train.learning_rate) == ("ftrl", 0.5)
+    assert (rate.train.optimizer, rate.train.learning_rate) == ("adam", 0.5)
     path = write_run_config(
         tiny_data["root"] / "d.toml", tiny_data, tiny_data["root"] / "d", {"type": "dnn"}, {}
     )
