@@ -71,15 +71,16 @@ def make_tiny_table(rows: int, seed: int = 0) -> pa.Table:
 
 
 def write_tiny_dataset(
-    root: Path, rows: int = 5000, train_rows: int = 4000, train_shards: int = 1
+    root: Path, rows: int = 5000, train_rows: int = 4000, train_shards: int = 1, seed: int = 0
 ) -> dict[str, Path]:
     """``TINY_SCHEMA`` as ``root/schema.toml`` plus ``root/train`` (the first ``train_rows`` rows
-    of ``make_tiny_table(rows)`` in ``train_shards`` equal shards) and ``root/test`` (the rest)."""
+    of ``make_tiny_table(rows, seed)`` in ``train_shards`` equal shards) and ``root/test`` (the
+    rest)."""
     root = Path(root)
     (root / "schema.toml").write_text(TINY_SCHEMA)
     (root / "train").mkdir(parents=True)
     (root / "test").mkdir()
-    t = make_tiny_table(rows)
+    t = make_tiny_table(rows, seed=seed)
     per_shard = train_rows // train_shards
     for i in range(train_shards):
         pq.write_table(t.slice(i * per_shard, per_shard), root / "train" / f"part-{i:05d}.parquet")

@@ -12,14 +12,13 @@ import types
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 import pytest
 import tensorflow as tf
 
 from pipelines.config import ConfigError, load_config
 from pipelines.train import _check_autolrs, train
 from tests.pipelines.test_train import _checkpoint_step, _cli, _train_cli, _weights
-from tests.testdata import NO_VALIDATION, TINY_SCHEMA, make_tiny_table, write_run_config
+from tests.testdata import NO_VALIDATION, write_run_config, write_tiny_dataset
 
 LR = 0.01
 
@@ -165,18 +164,7 @@ def test_autolrs_is_refused_without_validation_split_or_under_a_strategy(tiny_da
 def test_autolrs_with_dropout_resumes_after_sigkill_bitwise(tmp_path):
     """Killed mid-run, the resumed run continues the stage it was in (or searches again the one
     it was searching) and ends bitwise where the uninterrupted run ends, dropout included."""
-    (tmp_path / "train").mkdir()
-    (tmp_path / "test").mkdir()
-    t = make_tiny_table(24_000, seed=1)
-    pq.write_table(t.slice(0, 20_000), tmp_path / "train" / "p.parquet")
-    pq.write_table(t.slice(20_000), tmp_path / "test" / "p.parquet")
-    (tmp_path / "schema.toml").write_text(TINY_SCHEMA)
-    data = {
-        "root": tmp_path,
-        "schema": tmp_path / "schema.toml",
-        "train": tmp_path / "train",
-        "test": tmp_path / "test",
-    }
+    data = write_tiny_dataset(tmp_path, rows=24_000, train_rows=20_000, seed=1)
     options = {"tau": 60, "tau_prime": 6, "candidates": 3, "val_every": 2}
     keys = {"batch_size": 64, "epochs": 1, "checkpoint_every": 20, "lr_schedule": "autolrs"}
 

@@ -23,7 +23,7 @@ from pipelines.run.model import load_trained_model
 from pipelines.run.paths import RunPaths
 from pipelines.run.scoring import make_scorer, predict
 from pipelines.train import train
-from tests.testdata import NO_VALIDATION, TINY_SCHEMA, make_tiny_table, write_run_config
+from tests.testdata import NO_VALIDATION, write_run_config, write_tiny_dataset
 
 
 def _config(data, out, batch=256, epochs=2, ckpt=5, data_extra=NO_VALIDATION, **train_extra):
@@ -103,18 +103,7 @@ def _checkpoint_step(run: Path) -> int:
 @pytest.mark.slow
 def test_sigkill_then_resume_loses_no_checkpointed_step(tmp_path):
     # 40,000 rows / 64 = 625 steps per epoch, 2 epochs: long enough to kill mid-run.
-    (tmp_path / "train").mkdir()
-    (tmp_path / "test").mkdir()
-    t = make_tiny_table(44_000, seed=1)
-    pq.write_table(t.slice(0, 40_000), tmp_path / "train" / "p.parquet")
-    pq.write_table(t.slice(40_000), tmp_path / "test" / "p.parquet")
-    (tmp_path / "schema.toml").write_text(TINY_SCHEMA)
-    data = {
-        "root": tmp_path,
-        "schema": tmp_path / "schema.toml",
-        "train": tmp_path / "train",
-        "test": tmp_path / "test",
-    }
+    data = write_tiny_dataset(tmp_path, rows=44_000, train_rows=40_000, seed=1)
     killed_run = tmp_path / "killed"
     proc = _cli(_config(data, killed_run, batch=64, epochs=2, ckpt=25))
     deadline = time.time() + 240

@@ -26,7 +26,7 @@ from pipelines.run.selection import HISTORY_FILE
 from pipelines.train import train
 from ranking import metrics
 from tests.pipelines.test_train import _checkpoint_step, _cli, _config, _train_cli
-from tests.testdata import TINY_SCHEMA, make_tiny_table
+from tests.testdata import TINY_SCHEMA, make_tiny_table, write_tiny_dataset
 
 
 def _prices(files: list[Path]) -> set[tuple]:
@@ -188,18 +188,7 @@ def test_history_is_kept_across_resumes(tiny_data):
 
 @pytest.mark.slow
 def test_sigkill_then_resume_keeps_the_early_stopping_state(tmp_path):
-    (tmp_path / "train").mkdir()
-    (tmp_path / "test").mkdir()
-    t = make_tiny_table(44_000, seed=1)
-    pq.write_table(t.slice(0, 40_000), tmp_path / "train" / "p.parquet")
-    pq.write_table(t.slice(40_000), tmp_path / "test" / "p.parquet")
-    (tmp_path / "schema.toml").write_text(TINY_SCHEMA)
-    data = {
-        "root": tmp_path,
-        "schema": tmp_path / "schema.toml",
-        "train": tmp_path / "train",
-        "test": tmp_path / "test",
-    }
+    data = write_tiny_dataset(tmp_path, rows=44_000, train_rows=40_000, seed=1)
     opts = {"batch": 64, "epochs": 3, "ckpt": 35, "data_extra": "", "eval_every": 60, "patience": 2}
     killed = tmp_path / "killed"
     proc = _cli(_config(data, killed, **opts))
