@@ -24,14 +24,13 @@ from typing import Any
 import tensorflow as tf
 from tf_keras.src.saving.legacy.saved_model.utils import keras_option_scope
 
-from compiler_opt import table_fusion
 from compiler_opt.embedding_op import assets as emb_assets
 from compiler_opt.transform import FuseSpec, fuse, fused_collections, kernels_of
 from embeddings.protocols import HasServingForm
 from features.dataset import input_signature
 from features.schema import FeatureSpec, Schema, load_schema
 from pipelines.run.ensemble import COMBINES
-from pipelines.run.model import dummy_batch, load_trained_model
+from pipelines.run.model import load_trained_model, restore_run_model
 from pipelines.run.paths import ASSETS_EXTRA, RunPaths
 from ranking.cascade import CascadeModule
 from ranking.models import RankingModel
@@ -226,16 +225,7 @@ def load_checkpoint_model(run_dir: str | Path, checkpoint: str) -> RankingModel:
         raise FileNotFoundError(
             f"checkpoint {checkpoint!r} of run {str(paths.root)!r}: no {prefix}.index"
         )
-    model = tf.keras.layers.deserialize(json.loads(paths.model_json.read_text()))
-    model(dummy_batch(list(load_schema(paths.schema).model_inputs)))
-    fused = table_fusion.run_has_fused_tables(paths.checkpoints)  # [fusion] tables = true
-    if fused:
-        model = fuse(model, FuseSpec(tables=True))
-    # read, not restore: a snapshot is written by ``Checkpoint.write`` (no save counter)
-    tf.train.Checkpoint(model=model).read(
-        str(prefix)
-    ).expect_partial().assert_existing_objects_matched()
-    return table_fusion.unfuse_tables(model) if fused else model
+    return restore_run_model(paths, prefix, load_schema(paths.schema))
 
 
 def export_ensemble(

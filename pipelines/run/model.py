@@ -288,16 +288,22 @@ def load_trained_model(run_dir: str | Path) -> tuple[RankingModel, Schema, str]:
     latest = selected_checkpoint(paths.checkpoints)
     if latest is None:
         raise FileNotFoundError(f"training run {str(paths.root)!r} has no checkpoint yet")
-    model = tf.keras.layers.deserialize(json.loads(paths.model_json.read_text()))
     schema = load_schema(paths.schema)
-    model(dummy_batch(list(schema.model_inputs)))
+    return restore_run_model(paths, latest, schema), schema, latest
 
+
+def restore_run_model(paths: RunPaths, prefix: str | Path, schema: Schema) -> RankingModel:
+    """The run's model (``model.json``) with the weights of checkpoint ``prefix`` (one the run's
+    ``CheckpointManager`` wrote, or a ``Checkpoint.write`` snapshot: read, not restored, so no
+    save counter is needed). A run trained with ``[fusion] tables = true`` is read fused, then
+    mapped back to the plain model's per-field tables (``compiler_opt.table_fusion``)."""
+    model = tf.keras.layers.deserialize(json.loads(paths.model_json.read_text()))
+    model(dummy_batch(list(schema.model_inputs)))
     fused = table_fusion.run_has_fused_tables(paths.checkpoints)  # [fusion] tables = true
     if fused:
         model = fuse(model, FuseSpec(tables=True))
-    tf.train.Checkpoint(model=model).restore(
-        latest
+    tf.train.Checkpoint(model=model).read(
+        str(prefix)
     ).expect_partial().assert_existing_objects_matched()
-    if fused:  # back to the plain model's per-field tables (the mapping's row blocks)
-        model = table_fusion.unfuse_tables(model)
-    return model, schema, latest
+    # back to the plain model's per-field tables (the mapping's row blocks)
+    return table_fusion.unfuse_tables(model) if fused else model
