@@ -175,7 +175,11 @@ def tune(sub: Subparsers) -> None:
 
 
 def export(sub: Subparsers) -> None:
-    e = sub.add_parser("export", help="SavedModel of a training run's latest checkpoint")
+    e = sub.add_parser(
+        "export",
+        help="SavedModel of a training run: its chosen ensemble ([train] ensemble = 'auto'), "
+        "else its selected checkpoint (the best validation one, else the latest)",
+    )
     e.add_argument("--run", required=True, help="training run folder (stitchrec train)")
     e.add_argument("--output", help="SavedModel folder (default: <run>/export/<next version>)")
     e.add_argument(
@@ -191,6 +195,11 @@ def export(sub: Subparsers) -> None:
         action="store_true",
         help="export the embedding block as one generated C++ op (compiler_opt.embedding_op); the "
         "server loads or compiles it before the model",
+    )
+    e.add_argument(
+        "--single",
+        action="store_true",
+        help="of a run with a chosen ensemble: export its selected single checkpoint instead",
     )
     _fuse_flags(e)
     e.set_defaults(handler="pipelines.run_commands:cmd_export")

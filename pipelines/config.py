@@ -149,6 +149,11 @@ class TrainConfig:
         ``constant``, ``step``, ``cosine``, ``one_cycle``, ``autolrs``; docs/schedules.md);
         ``learning_rate`` is its base.
       lr_schedule_options: the chosen schedule's options (``[train.lr_schedule_options]``).
+      ensemble: ``none``, or ``auto``: Auto-Ensemble's snapshots of the run under a cyclic
+        learning rate, collected until they saturate, members chosen on validation and exported
+        as one SavedModel (``pipelines.run.snapshots``; docs/ensembles.md).
+      ensemble_options: the saturation and selection rules (``[train.ensemble_options]``,
+        ``pipelines.run.snapshots.ENSEMBLE_OPTIONS``).
     """
 
     batch_size: int = 1024
@@ -169,6 +174,8 @@ class TrainConfig:
     min_delta: float = 0.0
     lr_schedule: str = "constant"
     lr_schedule_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    ensemble: str = "none"
+    ensemble_options: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for key in ("batch_size", "epochs", "checkpoint_every", "log_every", "shuffle_buffer"):

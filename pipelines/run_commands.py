@@ -2,7 +2,8 @@
 ``pipelines.cli_args``).
 
     stitchrec train   --config FILE [--set KEY=VALUE]... [--output DIR] [--max-bad-rows N]
-    stitchrec export  --run DIR [--output DIR] [--cascade-rank RUN --keep M] [--fuse-kernels]
+    stitchrec export  --run DIR [--output DIR] [--single] [--cascade-rank RUN --keep M]
+                      [--fuse-kernels]
                       [--fuse [--fuse-ladder N,...] [--fuse-plan-batch B]
                        [--fuse-realization xla_clusters|generated] [--fuse-loop-matmuls]]
 """
@@ -17,8 +18,9 @@ from pathlib import Path
 from compiler_opt.fused_signature import FusionSpec, write_spec
 from pipelines.config import load_config
 from pipelines.errors import UsageError
-from pipelines.export import export_run, saved_model_bytes
+from pipelines.export import export_ensemble, export_run, saved_model_bytes
 from pipelines.preranking import export_cascade_runs
+from pipelines.run.snapshots import ENSEMBLE_FILE, chosen_ensemble
 from pipelines.train import train
 
 _print = functools.partial(print, flush=True)
@@ -55,7 +57,20 @@ def cmd_export(args: argparse.Namespace) -> int:
             args.run, args.cascade_rank, args.output, keep=args.keep, kernels=args.fuse_kernels
         )
     else:
-        out = export_run(args.run, args.output, kernels=args.fuse_kernels)
+        ensemble = None if args.single else chosen_ensemble(args.run)
+        if ensemble is not None:
+            if args.fuse_kernels or spec is not None:
+                raise UsageError(
+                    f"export --fuse-kernels / --fuse: not available for the ensemble of "
+                    f"{args.run} ({ENSEMBLE_FILE}); add --single to export its selected "
+                    "checkpoint alone"
+                )
+            out = export_ensemble(
+                args.run, ensemble["members"], args.output, combine=ensemble["combine"]
+            )
+            _print(f"ensemble of {len(ensemble['members'])}: {', '.join(ensemble['members'])}")
+        else:
+            out = export_run(args.run, args.output, kernels=args.fuse_kernels)
     size = saved_model_bytes(out)
     _print(f"exported {out} ({size['total']:,} bytes, variables {size['variables']:,})")
     if spec is not None:
