@@ -1,0 +1,338 @@
+"""Test AUC of StitchRec's training recipes against tuned baselines, with paired intervals.
+
+For every dataset, the first run converts the data (train / validation / test shards); every
+other run reads those shards, so every method and seed sees the same rows. Baselines, chosen
+on the validation rows only and scored once on the test rows:
+
+- ``sk_lr``: scikit-learn ``LogisticRegression`` (lbfgs) on one-hot features (the trained
+  model's preprocessor: one column per id, standardized numeric columns), ``C`` over a grid;
+- ``xgboost``: ``XGBClassifier`` (hist) on the same features, depth x trees over a small grid.
+
+StitchRec recipes (``--methods``; ``[train]`` keys not listed are the config defaults):
+
+- ``lr``: ``type = "lr"`` with its defaults (docs/training.md), at most ``--epochs`` epochs;
+- ``dcn_1epoch``: ``type = "dcn_v2"``, nothing else set (one epoch, batch 1024);
+- ``dcn_early``: ``type = "dcn_v2"``, at most ``--epochs`` epochs, early stopping (default);
+- ``dcn_autolrs``: the same with ``lr_schedule = "autolrs"`` (its defaults);
+- ``dcn_ensemble``: the same with ``ensemble = "auto"`` (one cyclic cycle per epoch); its row
+  ``dcn_ensemble_best`` is the single best checkpoint of the same run.
+
+Each StitchRec row is over ``--seeds`` seeds (mean ± standard deviation of test AUC); the
+paired bootstrap (``pipelines.evaluation.compare.compare_scores``, the engine of ``stitchrec
+ab``, 1,000 resamples of the test rows) compares every seed's test scores with ``sk_lr``'s, and
+the row prints the mean difference and how many seeds' 95% intervals exclude 0 on either side.
+``--latency`` also times the exported ensemble's ``serving_default`` against the single
+model's (median of 50 calls on 512 test rows, same process).
+
+Datasets (``--datasets``): ``movielens`` (random 80/20 split), ``movielens_time`` (the last 20%
+of ratings by timestamp as test), ``open_bandit`` (20,000 impressions, about 100 clicks;
+its AUCs are noisy), ``synthetic`` (``--rows`` rows, Criteo layout).
+
+    python -m bench.training.quality --data-root ../shared/data --seeds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+from sklearn.linear_model import LogisticRegression
+from sklearn.metrics import roc_auc_score
+
+from bench.training.lr_baseline import REPO, converted, dataset_configs, encode
+from features.dataset import field_tf_dtype, iter_batches
+from features.schema import load_schema
+from pipelines.config import config_from_dict
+from pipelines.evaluation.compare import compare_scores
+from pipelines.export import export_ensemble, export_run, load_checkpoint_model
+from pipelines.run.model import load_trained_model
+from pipelines.train import train
+
+C_GRID = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0)
+XGB_GRID = [(depth, trees) for depth in (3, 6) for trees in (100, 300)]
+METHODS = ("lr", "dcn_1epoch", "dcn_early", "dcn_autolrs", "dcn_ensemble")
+
+
+def method_config(method: str, data: dict, out: Path, seed: int, epochs: int) -> Any:
+    """The config of one recipe's run."""
+    model: dict[str, Any] = {"type": "lr" if method == "lr" else "dcn_v2"}
+    tc: dict[str, Any] = {"seed": seed, "log_every": 10**6}
+    if method != "dcn_1epoch":
+        tc["epochs"] = epochs
+    if method == "dcn_autolrs":
+        tc["lr_schedule"] = "autolrs"
+    if method == "dcn_ensemble":
+        tc["ensemble"] = "auto"
+    return config_from_dict(
+        {"output_dir": str(out), "data": data, "model": model, "train": tc}, base_dir=REPO
+    )
+
+
+def time_split(data_root: Path, work: Path) -> dict[str, Any] | None:
+    """MovieLens ratings split by time: the last 20% by timestamp is the test file."""
+    ratings = data_root / "movielens-latest-small" / "ratings.csv"
+    if not ratings.exists():
+        print(f"movielens_time: skipped, {ratings} does not exist")
+        return None
+    with ratings.open() as f:
+        reader = csv.reader(f)
+        header = next(reader)
+        rows = sorted(reader, key=lambda r: int(r[3]))
+    cut = int(len(rows) * 0.8)
+    out = work / "movielens_time"
+    out.mkdir(parents=True, exist_ok=True)
+    side = out / "movies.csv"  # the schema joins movies.csv from beside the ratings file
+    if not side.exists():
+        side.symlink_to(ratings.parent / "movies.csv")
+    for name, part in (("train.csv", rows[:cut]), ("test.csv", rows[cut:])):
+        with (out / name).open("w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(header)
+            w.writerows(part)
+    return {
+        "schema": "movielens",
+        "train": [str(out / "train.csv")],
+        "test": [str(out / "test.csv")],
+    }
+
+
+def parquet_files(paths: list[str]) -> list[Path]:
+    """Files of ``paths``, a folder standing for its ``*.parquet`` files."""
+    out: list[Path] = []
+    for p in map(Path, paths):
+        out += sorted(p.glob("*.parquet")) if p.is_dir() else [p]
+    return out
+
+
+def test_scores(run_dir: Path, files: list[str], members: list[str] | None = None) -> np.ndarray:
+    """Click probabilities of the run's selected checkpoint (or the mean logit of
+    ``members``) on every row of ``files``, in file order."""
+    if members:
+        models = [load_checkpoint_model(run_dir, m) for m in members]
+    else:
+        models = [load_trained_model(run_dir)[0]]
+    schema = load_schema(run_dir / "schema.toml")
+    names = [f.name for f in schema.model_inputs]
+    out = []
+    for batch in iter_batches(schema, parquet_files(files), batch_size=8192, shuffle=False):
+        feats = {k: tf.constant(batch[k]) for k in names}
+        out.append(np.mean([m(feats, training=False).numpy() for m in models], axis=0))
+    return 1.0 / (1.0 + np.exp(-np.concatenate(out)))
+
+
+def baselines(run_dir: Path, data: dict[str, Any]) -> dict[str, Any]:
+    """``sk_lr`` and ``xgboost``, chosen on validation, with their test probabilities."""
+    import xgboost
+
+    model, schema, _ = load_trained_model(run_dir)
+    x_tr, y_tr = encode(model, schema, data["train"])
+    x_va, y_va = encode(model, schema, data["validation"])
+    x_te, y_te = encode(model, schema, data["test"])
+    out = {"labels": y_te}
+    best = None
+    for c in C_GRID:
+        m = LogisticRegression(C=c, max_iter=2000).fit(x_tr, y_tr)
+        v = roc_auc_score(y_va, m.decision_function(x_va))
+        if best is None or v > best[0]:
+            best = (v, f"C={c}", m.predict_proba(x_te)[:, 1])
+    out["sk_lr"] = best
+    best = None
+    for depth, trees in XGB_GRID:
+        m = xgboost.XGBClassifier(
+            n_estimators=trees, max_depth=depth, learning_rate=0.1, tree_method="hist", n_jobs=2
+        ).fit(x_tr, y_tr)
+        v = roc_auc_score(y_va, m.predict_proba(x_va)[:, 1])
+        if best is None or v > best[0]:
+            best = (v, f"depth={depth} trees={trees}", m.predict_proba(x_te)[:, 1])
+    out["xgboost"] = best
+    return out
+
+
+def paired(labels: np.ndarray, control: np.ndarray, treatment: np.ndarray) -> dict[str, Any]:
+    """The paired bootstrap of test AUC, treatment - control."""
+    r = compare_scores(labels, control, treatment, ks=(), resamples=1000, seed=0, workers=2)
+    return r["overall"]["metrics"]["auc"]
+
+
+def latency(single: Path, ensemble: Path, data: dict[str, Any]) -> dict[str, float]:
+    """Median milliseconds of 50 calls of each SavedModel on 512 test rows."""
+    schema = load_schema(single / "assets.extra" / "schema.toml")
+    files = parquet_files(data["test"])
+    batch = next(iter_batches(schema, files, batch_size=512, shuffle=False))
+    feats = {}
+    for f in schema.model_inputs:
+        feats[f.name] = tf.constant(batch[f.name], field_tf_dtype(f))
+    out = {}
+    for name, path in (("single", single), ("ensemble", ensemble)):
+        sig = tf.saved_model.load(str(path)).signatures["serving_default"]
+        sig(**feats)
+        times = []
+        for _ in range(50):
+            t0 = time.perf_counter()
+            sig(**feats)
+            times.append((time.perf_counter() - t0) * 1e3)
+        out[name] = statistics.median(times)
+    out["ratio"] = out["ensemble"] / out["single"]
+    return out
+
+
+def run_method(method: str, data: dict, work: Path, seed: int, args: Any) -> dict[str, Any]:
+    out = work / f"{method}_seed{seed}"
+    t0 = time.perf_counter()
+    report = train(method_config(method, data, out, seed, args.epochs), lambda _line: None)
+    test_files = converted(out, data)["test"]  # the run's own test shards when it converted
+    row = {
+        "seed": seed,
+        "steps": report["steps"],
+        "seconds": time.perf_counter() - t0,
+        "test_auc": report["test"]["auc"],
+        "scores": test_scores(out, test_files),
+        "dir": out,
+    }
+    ens = report.get("ensemble")
+    if ens:
+        row["ensemble"] = {
+            "test_auc": ens["test"]["auc"],
+            "members": len(ens["checkpoints"]),
+            "snapshots": len(ens["collection"]["snapshots"]),
+            "scores": test_scores(out, test_files, ens["checkpoints"]),
+            "checkpoints": ens["checkpoints"],
+        }
+    return row
+
+
+def bench_dataset(name: str, args: Any, work: Path) -> dict[str, Any] | None:
+    if name == "movielens_time":
+        data = time_split(Path(args.data_root), work)
+    else:
+        data = dataset_configs(name, Path(args.data_root), work, args.rows)
+    if data is None:
+        return None
+    first = work / "lr_seed0"
+    rows: dict[str, list[dict[str, Any]]] = {}
+    rows["lr"] = [run_method("lr", data, work, 0, args)]
+    shards = converted(first, data)
+    base = baselines(first, shards)
+    for method in args.methods:
+        for seed in range(args.seeds):
+            if method == "lr" and seed == 0:
+                continue
+            rows.setdefault(method, []).append(run_method(method, shards, work, seed, args))
+            print(f"  {name} {method} seed {seed}: {rows[method][-1]['test_auc']:.4f}", flush=True)
+    result = {"name": name, "baselines": base, "rows": rows, "latency": None}
+    ens_rows = rows.get("dcn_ensemble")
+    if args.latency and ens_rows:
+        r = ens_rows[0]
+        single = export_run(r["dir"], work / f"{name}_single_export")
+        ensemble = export_ensemble(r["dir"], r["ensemble"]["checkpoints"], work / f"{name}_ens")
+        result["latency"] = latency(single, ensemble, shards)
+    return result
+
+
+def _line(label: str, aucs: list[float], pairs: list[dict], extra: str = "") -> str:
+    mean = statistics.fmean(aucs)
+    std = statistics.stdev(aucs) if len(aucs) > 1 else 0.0
+    deltas = [p["delta"] for p in pairs]
+    better = sum(p["verdict"] == "better" for p in pairs)
+    worse = sum(p["verdict"] == "worse" for p in pairs)
+    lo = min(p["ci_low"] for p in pairs)
+    hi = max(p["ci_high"] for p in pairs)
+    return (
+        f"| {label} | {mean:.4f} ± {std:.4f} | {statistics.fmean(deltas):+.4f} "
+        f"[{lo:+.4f}, {hi:+.4f}] | {better} / {worse} |{extra}"
+    )
+
+
+def report(result: dict[str, Any]) -> dict[str, Any]:
+    base, y = result["baselines"], result["baselines"]["labels"]
+    control = base["sk_lr"][2]
+    print(f"\n== {result['name']} (test rows {y.size:,}, clicks {int(y.sum()):,})")
+    print("| method | test AUC | vs sk_lr: mean diff [widest 95% CI] | seeds better / worse |")
+    print("|---|---|---|---|")
+    summary: dict[str, Any] = {"name": result["name"], "rows": {}}
+    for key in ("sk_lr", "xgboost"):
+        v, how, p = base[key]
+        auc = roc_auc_score(y, p)
+        pair = paired(y, control, p)
+        print(_line(f"{key} ({how})", [auc], [pair]))
+        summary["rows"][key] = {"auc": auc, "chosen": how, "validation_auc": v}
+    for method, runs in result["rows"].items():
+        variants = [(method, [r["scores"] for r in runs], [r["test_auc"] for r in runs])]
+        if runs and "ensemble" in runs[0]:
+            variants.append(
+                (
+                    "dcn_ensemble (the ensemble)",
+                    [r["ensemble"]["scores"] for r in runs],
+                    [r["ensemble"]["test_auc"] for r in runs],
+                )
+            )
+            variants[0] = ("dcn_ensemble_best (its best checkpoint)", *variants[0][1:])
+        for label, scores, aucs in variants:
+            pairs = [paired(y, control, s) for s in scores]
+            steps = statistics.fmean(r["steps"] for r in runs)
+            secs = statistics.fmean(r["seconds"] for r in runs)
+            print(_line(label, aucs, pairs, f" {steps:.0f} steps, {secs:.0f} s"))
+            summary["rows"][label] = {"aucs": aucs, "deltas": [p["delta"] for p in pairs]}
+        if runs and "ensemble" in runs[0]:
+            pairs = [
+                paired(y, r["scores"], r["ensemble"]["scores"]) for r in runs
+            ]  # the ensemble against its own best checkpoint
+            members = [r["ensemble"]["members"] for r in runs]
+            snaps = [r["ensemble"]["snapshots"] for r in runs]
+            print(
+                "ensemble vs its best checkpoint: "
+                + ", ".join(
+                    f"{p['delta']:+.4f} [{p['ci_low']:+.4f}, {p['ci_high']:+.4f}]" for p in pairs
+                )
+                + f"; members {members} of snapshots {snaps}"
+            )
+            summary["ensemble_vs_best"] = [p["delta"] for p in pairs]
+    if result["latency"]:
+        lat = result["latency"]
+        print(
+            f"serving latency (512 rows): single {lat['single']:.2f} ms, ensemble "
+            f"{lat['ensemble']:.2f} ms, ratio {lat['ratio']:.2f}"
+        )
+        summary["latency"] = lat
+    return summary
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--datasets", default="movielens,movielens_time,open_bandit,synthetic")
+    p.add_argument("--data-root", default=str(REPO.parent / "shared" / "data"))
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--rows", type=int, default=8000, help="synthetic rows")
+    p.add_argument("--epochs", type=int, default=20, help="at most; early stopping ends sooner")
+    p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--latency", action="store_true", help="time the ensemble's export")
+    p.add_argument("--work", default="", help="run folders (default: a temporary folder)")
+    p.add_argument("--json", default="", help="write the summary here")
+    args = p.parse_args(argv)
+    args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    print(
+        f"machine: {platform.node()} {platform.processor() or platform.machine()}, "
+        f"tensorflow {tf.__version__}, seeds 0..{args.seeds - 1}, epochs <= {args.epochs}"
+    )
+    summaries = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.datasets.split(","):
+            work = Path(args.work or tmp) / name.strip()
+            result = bench_dataset(name.strip(), args, work)
+            if result is not None:
+                summaries.append(report(result))
+    if args.json:
+        Path(args.json).write_text(json.dumps(summaries, indent=1, default=float))
+
+
+if __name__ == "__main__":
+    main()
