@@ -17,7 +17,7 @@ from features import read_report, shards
 from features.crosses.artifact import add_crosses, load_crosses
 from features.dataset import iter_record_batches, list_parquet
 from features.schema import FeatureKind, Schema, load_schema
-from features.stats import DatasetStats, compute_stats
+from features.stats import DatasetStats, cap_hash_tables, compute_stats
 from pipelines.config import ConfigError, PipelineConfig, load_config
 from pipelines.run.paths import Log, RunPaths
 
@@ -136,17 +136,46 @@ def add_configured_crosses(cfg: PipelineConfig, schema: Schema, log: Log) -> Sch
     return schema
 
 
-def prepare_stats(schema: Schema, train: list[Path], paths: RunPaths, log: Log) -> DatasetStats:
+def prepare_stats(
+    schema: Schema,
+    train: list[Path],
+    paths: RunPaths,
+    log: Log,
+    cap_hash_buckets: bool | None = None,
+) -> DatasetStats:
     """The statistics of the training shards ``train``: computed once, then read from
-    ``paths.stats``."""
+    ``paths.stats``.
+
+    Hashed fields get the table rows of ``features.stats.cap_hash_tables`` (``[data]
+    cap_hash_buckets``; None: the value in the run folder's ``config.toml``, which a run writes
+    before its statistics, else true), saved in ``stats.json`` with the statistics, so a
+    resumed run builds the same tables. One line is logged per capped field.
+    """
+    if cap_hash_buckets is None:
+        cap_hash_buckets = (
+            load_config(paths.config).data.cap_hash_buckets if paths.config.exists() else True
+        )
     if (paths.stats / "stats.json").exists():
-        return DatasetStats.load(paths.stats)
+        stats = DatasetStats.load(paths.stats)
+        _log_capped(schema, stats, cap_hash_tables(stats, schema, cap_hash_buckets), log)
+        return stats
     t0 = time.time()
     stats = compute_stats(schema, iter_record_batches(schema, train))
+    capped = cap_hash_tables(stats, schema, cap_hash_buckets)
     stats.save(paths.stats)
     sizes = ", ".join(f"{n}={s.vocab_size}" for n, s in stats.fields.items() if s.vocab_size)
     log(f"statistics of {stats.rows:,} training rows in {time.time() - t0:.1f}s; vocab {sizes}")
+    _log_capped(schema, stats, capped, log)
     return stats
+
+
+def _log_capped(schema: Schema, stats: DatasetStats, capped: dict[str, int], log: Log) -> None:
+    for name, rows in capped.items():
+        log(
+            f"field {name}: hash_buckets {schema.field(name).hash_buckets} capped to {rows} "
+            f"({stats[name].num_distinct} distinct values in the training rows; [data] "
+            f"cap_hash_buckets = false keeps the schema's value)"
+        )
 
 
 def check_same_run(cfg: PipelineConfig, paths: RunPaths) -> None:

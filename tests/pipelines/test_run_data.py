@@ -1,0 +1,64 @@
+"""A run's data and statistics (``pipelines.run.data``): the sizing of hashed fields' tables
+and the two routes of training input (raw files, or Parquet shards of ``stitchrec convert``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipelines.config import ConfigError, load_config
+from pipelines.run.data import prepare_data, prepare_stats
+from pipelines.run.model import build_on_sample, build_run_model
+from pipelines.run.paths import RunPaths
+from tests.testdata import TINY_SCHEMA, write_run_config, write_tiny_dataset
+
+HASHED_USER = TINY_SCHEMA.replace(
+    'name = "user"\nkind = "categorical"',
+    'name = "user"\nkind = "categorical"\nvocab = "hash"\nhash_buckets = 1000000',
+)
+
+
+def _hashed_run(tmp_path, data_extra=""):
+    data = write_tiny_dataset(tmp_path, rows=300, train_rows=200)
+    data["schema"].write_text(HASHED_USER)
+    model = {"type": "lr"}
+    config = write_run_config(
+        tmp_path / "c.toml", data, tmp_path / "run", model, {}, "", data_extra
+    )
+    cfg = load_config(config)
+    paths = RunPaths(tmp_path / "run")
+    paths.root.mkdir()
+    paths.config.write_text(cfg.to_toml())
+    return cfg, paths
+
+
+@pytest.mark.parametrize("cap", [True, False])
+def test_hashed_table_is_capped_to_the_training_values_unless_switched_off(tmp_path, cap):
+    cfg, paths = _hashed_run(tmp_path, "" if cap else "cap_hash_buckets = false")
+    lines = []
+    schema, train, _, _ = prepare_data(cfg, paths, lines.append)
+    stats = prepare_stats(schema, train, paths, lines.append)
+    model = build_run_model(cfg, schema, stats)
+    distinct = stats["user"].num_distinct
+    assert 30 < distinct <= 40  # users u0..u39 in the training split: the floor of 1024 rows
+    rows = 1024 if cap else 1_000_000
+    assert model.preprocessor.embedded_fields["user"] == rows
+    build_on_sample(model, schema, train)
+    tables = sorted(w.shape[0] for w in model.weights if w.name.endswith("table:0"))
+    assert tables == [4, 5, 21, rows]  # tags, age buckets, item vocabulary, hashed user
+    capped = [line for line in lines if line.startswith("field user:")]
+    assert capped == (
+        [
+            f"field user: hash_buckets 1000000 capped to 1024 ({distinct} distinct values in the "
+            "training rows; [data] cap_hash_buckets = false keeps the schema's value)"
+        ]
+        if cap
+        else []
+    )
+    # the rows are saved with the statistics: read back, they build the same table
+    again = prepare_stats(schema, train, paths, lines.append)
+    assert build_run_model(cfg, schema, again).preprocessor.embedded_fields["user"] == rows
+
+
+def test_cap_hash_buckets_must_be_a_boolean(tmp_path):
+    with pytest.raises(ConfigError, match="cap_hash_buckets must be true or false"):
+        _hashed_run(tmp_path, 'cap_hash_buckets = "no"')
