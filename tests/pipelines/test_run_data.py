@@ -3,13 +3,17 @@ and the two routes of training input (raw files, or Parquet shards of ``stitchre
 
 from __future__ import annotations
 
+import pyarrow.parquet as pq
 import pytest
 
+from features import shards
+from features.read_report import DataError
+from features.schema import load_schema
 from pipelines.config import ConfigError, load_config
 from pipelines.run.data import prepare_data, prepare_stats
 from pipelines.run.model import build_on_sample, build_run_model
 from pipelines.run.paths import RunPaths
-from tests.testdata import TINY_SCHEMA, write_run_config, write_tiny_dataset
+from tests.testdata import TINY_SCHEMA, make_tiny_table, write_run_config, write_tiny_dataset
 
 HASHED_USER = TINY_SCHEMA.replace(
     'name = "user"\nkind = "categorical"',
@@ -62,3 +66,44 @@ def test_hashed_table_is_capped_to_the_training_values_unless_switched_off(tmp_p
 def test_cap_hash_buckets_must_be_a_boolean(tmp_path):
     with pytest.raises(ConfigError, match="cap_hash_buckets must be true or false"):
         _hashed_run(tmp_path, 'cap_hash_buckets = "no"')
+
+
+CSV_SCHEMA = TINY_SCHEMA.replace('format = "parquet"', 'format = "csv"')
+
+
+def _csv_run(tmp_path, name, train, test):
+    """A run over the CSV schema with ``[data] train``/``test`` as given; its data prepared."""
+    config = tmp_path / f"{name}.toml"
+    config.write_text(
+        f'output_dir = "{name}"\n[data]\nschema = "schema.toml"\n'
+        f"train = {[str(f) for f in train]}\ntest = {[str(f) for f in test]}\n"
+    )
+    lines = []
+    data = prepare_data(load_config(config), RunPaths(tmp_path / name), lines.append)
+    return data, lines
+
+
+def _rows(files):
+    return sum(pq.read_metadata(f).num_rows for f in files)
+
+
+def test_raw_csv_files_and_their_converted_shards_give_the_same_split(tmp_path):
+    (tmp_path / "schema.toml").write_text(CSV_SCHEMA)
+    make_tiny_table(400).to_pandas().to_csv(tmp_path / "train.csv", index=False)
+    make_tiny_table(100, seed=1).to_pandas().to_csv(tmp_path / "test.csv", index=False)
+    raw, lines = _csv_run(tmp_path, "raw", [tmp_path / "train.csv"], [tmp_path / "test.csv"])
+    assert "converting 1 raw training input(s) to the run's Parquet shards" in lines[0]
+    assert not any("Parquet inputs" in line for line in lines)
+    schema = load_schema(tmp_path / "schema.toml")
+    for split in ("train", "test"):  # what `stitchrec convert` writes
+        shards.convert(schema, [tmp_path / f"{split}.csv"], tmp_path / f"pq_{split}")
+    converted, lines = _csv_run(
+        tmp_path, "pq", [tmp_path / "pq_train" / "train"], [tmp_path / "pq_test" / "train"]
+    )
+    assert "converting 1 Parquet training input(s)" in lines[0]
+    assert converted.schema == raw.schema == schema.as_parquet()
+    for a, b in zip(raw[1:], converted[1:], strict=True):
+        assert _rows(a) == _rows(b)
+    assert (_rows(raw.train), _rows(raw.validation), _rows(raw.test)) == (364, 36, 100)
+    with pytest.raises(DataError, match=r"mix Parquet shards .* and raw files .*test\.csv"):
+        _csv_run(tmp_path, "mixed", [tmp_path / "pq_train" / "train"], [tmp_path / "test.csv"])
