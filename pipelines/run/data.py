@@ -14,10 +14,10 @@ from typing import NamedTuple
 import tensorflow as tf
 
 from features import read_report, shards
-from features.read_report import DataError
-from features.readers import list_files
 from features.crosses.artifact import add_crosses, load_crosses
 from features.dataset import iter_record_batches, list_parquet
+from features.read_report import DataError
+from features.readers import list_files
 from features.schema import FeatureKind, Schema, load_schema
 from features.stats import DatasetStats, cap_hash_tables, compute_stats
 from pipelines.config import ConfigError, DataConfig, PipelineConfig, load_config
