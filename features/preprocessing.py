@@ -20,10 +20,12 @@ row 0. ``cross_ids`` is the same computation in NumPy, for tests and offline fea
 
 Row 0 of every looked-up field is the OOV row: missing (``""`` / ``-1``), rare (under
 ``min_count``) and never-seen values all land there. Hashed fields use ``hash_buckets`` rows of a
-fingerprint hash. Numeric values: non-finite -> ``default``; then ``log1p`` (of max(x, 0)) or
-nothing; then standardized with the training mean and standard deviation of that value, unless
-``transform = "none"``. The plans are plain dicts, so ``get_config`` is complete and the layer
-rebuilds from its config without the statistics files.
+fingerprint hash: the rows the statistics record (``FieldStats.hash_buckets``, set by
+``features.stats.cap_hash_tables``), else the schema's. Numeric values: non-finite ->
+``default``; then ``log1p`` (of max(x, 0)) or nothing; then standardized with the training mean
+and standard deviation of that value, unless ``transform = "none"``. The plans are plain dicts,
+so ``get_config`` is complete and the layer rebuilds from its config without the statistics
+files.
 """
 
 from __future__ import annotations
@@ -73,7 +75,7 @@ def plan_fields(
                     num_rows=len(fs.vocab) + 1,
                 )
             elif spec.vocab == "hash":
-                plan.update(op="hash", num_rows=spec.hash_buckets)
+                plan.update(op="hash", num_rows=fs.hash_buckets or spec.hash_buckets)
             else:
                 plan.update(op="lookup", vocabulary=list(fs.vocab), num_rows=len(fs.vocab) + 1)
         elif spec.num_buckets > 0:

@@ -13,6 +13,11 @@ and returns ``DatasetStats``:
   (``sample_size`` values per field, exact when the field has fewer values);
 * the label: rows and positives.
 
+``cap_hash_tables(stats, schema)`` sizes the tables of hashed fields (``vocab = "hash"``) to
+the training data: ``hash_rows`` gives a field at most ``HASH_ROWS_PER_VALUE`` rows per distinct
+training value and never fewer than ``HASH_MIN_ROWS`` (nor more than the schema's
+``hash_buckets``); the rows are kept in ``FieldStats.hash_buckets`` and saved with the rest.
+
 Vocabularies go to one Parquet file per field, everything else to ``stats.json``; ``save`` and
 ``load`` round-trip. Value counts are merged with Arrow ``group_by`` so a field with millions of
 distinct values costs vectorized work, not a Python loop per value.
@@ -37,6 +42,14 @@ from features.schema import FeatureKind, FeatureSpec, Schema
 STATS_FILE = "stats.json"
 VOCAB_DIR = "vocab"
 
+#: Rows per distinct training value a hashed field's table is capped to. n values hashed
+#: uniformly into 4n rows leave a value alone in its row with probability (1 - 1/4n)^(n-1),
+#: about e^-0.25 = 78%; 2 rows per value give 61%, 8 give 88% for twice the parameters.
+HASH_ROWS_PER_VALUE = 4
+#: The fewest rows a capped hashed field keeps (16k parameters at dim 16): a field with a handful
+#: of training values still has room for values the training rows did not show.
+HASH_MIN_ROWS = 1024
+
 
 @dataclasses.dataclass
 class FieldStats:
@@ -58,6 +71,8 @@ class FieldStats:
     mean: float = 0.0
     std: float = 1.0
     boundaries: list[float] = dataclasses.field(default_factory=list)
+    # hashed categorical fields: the rows of the model's table (0: the schema's hash_buckets)
+    hash_buckets: int = 0
 
     @property
     def vocab_size(self) -> int:
@@ -130,6 +145,37 @@ class DatasetStats:
                 fs.vocab_counts = t.column("count").to_pylist()
             fields[name] = fs
         return cls(rows=raw["rows"], positives=raw["positives"], fields=fields)
+
+
+def hash_rows(hash_buckets: int, distinct: int) -> int:
+    """The rows of a hashed field with ``distinct`` training values whose schema declares
+    ``hash_buckets``: ``min(hash_buckets, max(HASH_MIN_ROWS, HASH_ROWS_PER_VALUE * distinct))``."""
+    return min(hash_buckets, max(HASH_MIN_ROWS, HASH_ROWS_PER_VALUE * distinct))
+
+
+def cap_hash_tables(stats: DatasetStats, schema: Schema, cap: bool = True) -> dict[str, int]:
+    """Sets ``FieldStats.hash_buckets`` of every hashed model input of ``schema``.
+
+    With ``cap``, a field without rows recorded gets ``hash_rows`` of its schema's
+    ``hash_buckets`` and distinct values (recorded rows stay, so statistics read back give the
+    model they gave before); without it, the rows are cleared to 0, the schema's
+    ``hash_buckets``.
+
+    Returns:
+      ``{field: rows}`` of the fields whose rows are below the schema's ``hash_buckets``.
+    """
+    capped = {}
+    for spec in schema.model_inputs:
+        if spec.kind == FeatureKind.NUMERIC or spec.vocab != "hash":
+            continue
+        fs = stats[spec.name]
+        if not cap:
+            fs.hash_buckets = 0
+        elif not fs.hash_buckets:
+            fs.hash_buckets = hash_rows(spec.hash_buckets, fs.num_distinct)
+        if 0 < fs.hash_buckets < spec.hash_buckets:
+            capped[spec.name] = fs.hash_buckets
+    return capped
 
 
 def transform_numeric(values: np.ndarray, spec: FeatureSpec) -> np.ndarray:

@@ -20,13 +20,17 @@ module that runs it (TensorFlow and all) is imported only when the command runs,
 
 User errors (a bad flag, schema, config, data file or score source) print one ``error:`` line
 naming what, where and what was expected, and exit with status 2; a lost peer of a distributed
-run exits with status 3; anything else is a bug and propagates with its traceback (status 1).
+run exits with status 3. A write that fails for a full disk or quota, or a file past the size
+limit, prints one ``error:`` line naming the file (when the error names it) and exits 2. Anything
+else is a bug and propagates with its traceback (status 1).
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
+import re
 import sys
 from collections.abc import Callable
 
@@ -82,11 +86,48 @@ LOADED_USER_ERRORS = (
 )
 LOST_PEER = ("pipelines.distribute", "PeerLostError")
 
+# A full disk or quota, or a file past the size limit: the errnos of OSError, and the texts
+# TensorFlow's errors (tf.errors.OpError: ResourceExhausted, Unknown, Internal) carry for them.
+FULL_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+FULL_DISK_TEXTS = ("No space left on device", "Disk quota exceeded", "File too large")
+TF_OP_ERROR = ("tensorflow.python.framework.errors_impl", "OpError")
+
 
 def _loaded(*names: tuple[str, str]) -> tuple[type[Exception], ...]:
     """The exception classes ``(module, class)`` of the modules this process has imported."""
     found = (getattr(sys.modules.get(module), name, None) for module, name in names)
     return tuple(c for c in found if isinstance(c, type) and issubclass(c, Exception))
+
+
+def full_disk_message(error: BaseException, output: str | None = None) -> str | None:
+    """One line for a write that failed for lack of space (``FULL_DISK_ERRNOS``, or
+    ``FULL_DISK_TEXTS`` in an OSError without errno, as pyarrow raises, or in a TensorFlow
+    error), naming the file when the error does, else the command's ``output`` folder when
+    given; None for any other error. The errors it was raised from count too."""
+    seen: list[BaseException] = []
+    while error is not None and error not in seen:
+        seen.append(error)
+        text = " ".join(str(error).split())
+        if isinstance(error, OSError) and (
+            error.errno in FULL_DISK_ERRNOS
+            or (error.errno is None and any(t in text for t in FULL_DISK_TEXTS))
+        ):
+            where = error.filename or (f"under {output}" if output else "a file")
+            return f"writing {where}: {error.strerror or text}; {_FULL_DISK_ADVICE}"
+        if isinstance(error, _loaded(TF_OP_ERROR)) and any(t in text for t in FULL_DISK_TEXTS):
+            # "{{function_node ...}} PATH; File too large [Op:SaveV2]"
+            text = re.sub(r"\{\{function_node [^}]*\}\}|\[Op:[^]]*\]", "", text).strip()
+            path, _, reason = text.rpartition("; ")
+            where = path or (f"under {output}" if output else "a file")
+            return f"writing {where}: {reason}; {_FULL_DISK_ADVICE}"
+        error = error.__cause__ or error.__context__
+    return None
+
+
+_FULL_DISK_ADVICE = (
+    "free disk space (or raise the quota or file size limit) or write to another folder, then "
+    "run the command again (`stitchrec train` resumes from its last checkpoint)"
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -124,6 +165,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run(args)
     except Exception as e:
+        full_disk = full_disk_message(e, getattr(args, "output", None))
+        if full_disk is not None:
+            print(f"error: {full_disk}", file=sys.stderr, flush=True)
+            return 2
         status = exit_status(e)
         if status is None:
             raise

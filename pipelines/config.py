@@ -77,6 +77,10 @@ class DataConfig:
       cross_top_n: how many of the artifact's ranked crosses to add.
       cross_hash_buckets: rows of every cross's table (0: per cross, twice the distinct value
         tuples the search saw, between 16 and 2^20).
+      cap_hash_buckets: size each hashed field's table (``vocab = "hash"``) to the training
+        split: ``min(hash_buckets, max(1024, 4 * distinct training values))`` rows
+        (``features.stats.hash_rows``), fixed once with the run's statistics. false: the
+        schema's ``hash_buckets``.
     """
 
     schema: str
@@ -91,8 +95,13 @@ class DataConfig:
     crosses: str = ""
     cross_top_n: int = 10
     cross_hash_buckets: int = 0
+    cap_hash_buckets: bool = True
 
     def __post_init__(self) -> None:
+        if not isinstance(self.cap_hash_buckets, bool):
+            raise ConfigError(
+                f"[data] cap_hash_buckets must be true or false, got {self.cap_hash_buckets!r}"
+            )
         if self.cross_top_n < 1:
             raise ConfigError(f"[data] cross_top_n must be >= 1, got {self.cross_top_n}")
         if self.cross_hash_buckets < 0 or self.cross_hash_buckets == 1:

@@ -483,7 +483,7 @@ def run_preranking(cfg: PipelineConfig, log: Log = print) -> dict[str, Any]:
     gpus = use_gpus_if_present(log)
     tf.keras.utils.set_random_seed(cfg.train.seed)
     schema, train_files, _, test_files = prepare_data(cfg, paths, log)
-    stats = prepare_stats(schema, train_files, paths, log)
+    stats = prepare_stats(schema, train_files, paths, log, cfg.data.cap_hash_buckets)
     report: dict[str, Any] = {"method": pr.method, "seed": cfg.train.seed}
     t0 = time.time()
     if pr.method == "two_tower":

@@ -221,7 +221,7 @@ def _open_run(cfg: PipelineConfig, dist: Any, log: Log) -> tuple[Run, Any, list]
     schema, train_files, validation_files, test_files = prepare_data(cfg, paths, log)
     schema = add_configured_crosses(cfg, schema, log)
     schema.save(paths.schema)
-    stats = prepare_stats(schema, train_files, paths, log)
+    stats = prepare_stats(schema, train_files, paths, log, cfg.data.cap_hash_buckets)
     if not dist.is_chief:
         validation_files, test_files = [], []  # the chief evaluates and reports
     files = (train_files, validation_files, test_files)

@@ -16,9 +16,11 @@ import tensorflow as tf
 from features import read_report, shards
 from features.crosses.artifact import add_crosses, load_crosses
 from features.dataset import iter_record_batches, list_parquet
+from features.read_report import DataError
+from features.readers import list_files
 from features.schema import FeatureKind, Schema, load_schema
-from features.stats import DatasetStats, compute_stats
-from pipelines.config import ConfigError, PipelineConfig, load_config
+from features.stats import DatasetStats, cap_hash_tables, compute_stats
+from pipelines.config import ConfigError, DataConfig, PipelineConfig, load_config
 from pipelines.run.paths import Log, RunPaths
 
 
@@ -31,6 +33,30 @@ def _direct_parquet(schema: Schema) -> bool:
         and not (f.kind == FeatureKind.TIMESTAMP and f.time_format != "unix")
         for f in schema.fields
     )
+
+
+def _input_schema(schema: Schema, d: DataConfig) -> Schema:
+    """The schema ``[data] train``/``validation``/``test`` are read with: with a raw-format
+    schema (CSV/TSV) whose inputs are all Parquet shards (``stitchrec convert``'s output), the
+    schema of those shards (``Schema.as_parquet``); else ``schema`` itself.
+
+    Raises:
+      DataError: the inputs mix Parquet shards and raw files, or one does not exist.
+    """
+    if d.raw or schema.source.format == "parquet":
+        return schema
+    files = list_files([*d.train, *d.validation, *d.test], schema)
+    parquet = [f for f in files if f.suffix == ".parquet"]
+    if not parquet:
+        return schema
+    raw = [f for f in files if f.suffix != ".parquet"]
+    if raw:
+        raise DataError(
+            f"[data] train/validation/test mix Parquet shards ({parquet[0]}) and raw files "
+            f"({raw[0]}): give the raw {schema.source.format} files of schema "
+            f"{schema.name!r}, or all as Parquet shards written by `stitchrec convert`"
+        )
+    return schema.as_parquet()
 
 
 class RunData(NamedTuple):
@@ -57,10 +83,11 @@ def prepare_data(cfg: PipelineConfig, paths: RunPaths, log: Log) -> RunData:
     Parquet shards whose columns are the schema's fields are read as they are, unless
     ``[data] validation_fraction`` splits validation rows off them (then the training shards
     are rewritten once as ``data/train`` and ``data/validation``). Explicit ``[data]
-    validation`` files replace the fraction.
+    validation`` files replace the fraction. With a raw-format schema, ``train``/``test`` may be
+    its raw files (converted here) or the Parquet shards ``stitchrec convert`` wrote of them.
     """
-    schema = load_schema(cfg.data.schema)
     d = cfg.data
+    schema = _input_schema(load_schema(d.schema), d)
     fraction = 0.0 if d.validation else d.validation_fraction
     # with max_bad_rows > 0 the shards are read through the conversion, which skips bad rows
     direct = bool(d.train) and _direct_parquet(schema) and not d.max_bad_rows
@@ -94,7 +121,11 @@ def _convert(
         )
         shards.convert(schema, list(d.raw), paths.data, test_fraction=d.test_fraction, **split)
     else:
-        log(f"converting Parquet inputs to the schema's fields (validation_fraction={fraction})")
+        what = "Parquet" if schema.source.format == "parquet" else "raw"
+        log(
+            f"converting {len(d.train)} {what} training input(s) to the run's Parquet shards "
+            f"(validation_fraction={fraction})"
+        )
         shards.convert(schema, list(d.train), paths.data, **split)
         if d.test and not direct:
             _convert_side(schema, d.test, paths.data, "test", d.max_bad_rows, report)
@@ -136,17 +167,41 @@ def add_configured_crosses(cfg: PipelineConfig, schema: Schema, log: Log) -> Sch
     return schema
 
 
-def prepare_stats(schema: Schema, train: list[Path], paths: RunPaths, log: Log) -> DatasetStats:
+def prepare_stats(
+    schema: Schema,
+    train: list[Path],
+    paths: RunPaths,
+    log: Log,
+    cap_hash_buckets: bool = True,
+) -> DatasetStats:
     """The statistics of the training shards ``train``: computed once, then read from
-    ``paths.stats``."""
+    ``paths.stats``.
+
+    Hashed fields get the table rows of ``features.stats.cap_hash_tables`` (``[data]
+    cap_hash_buckets``), saved in ``stats.json`` with the statistics, so a resumed run builds
+    the same tables. One line is logged per capped field.
+    """
     if (paths.stats / "stats.json").exists():
-        return DatasetStats.load(paths.stats)
+        stats = DatasetStats.load(paths.stats)
+        _log_capped(schema, stats, cap_hash_tables(stats, schema, cap_hash_buckets), log)
+        return stats
     t0 = time.time()
     stats = compute_stats(schema, iter_record_batches(schema, train))
+    capped = cap_hash_tables(stats, schema, cap_hash_buckets)
     stats.save(paths.stats)
     sizes = ", ".join(f"{n}={s.vocab_size}" for n, s in stats.fields.items() if s.vocab_size)
     log(f"statistics of {stats.rows:,} training rows in {time.time() - t0:.1f}s; vocab {sizes}")
+    _log_capped(schema, stats, capped, log)
     return stats
+
+
+def _log_capped(schema: Schema, stats: DatasetStats, capped: dict[str, int], log: Log) -> None:
+    for name, rows in capped.items():
+        log(
+            f"field {name}: hash_buckets {schema.field(name).hash_buckets} capped to {rows} "
+            f"({stats[name].num_distinct} distinct values in the training rows; [data] "
+            f"cap_hash_buckets = false keeps the schema's value)"
+        )
 
 
 def check_same_run(cfg: PipelineConfig, paths: RunPaths) -> None:

@@ -5,7 +5,7 @@ import pyarrow as pa
 import pytest
 
 from features.schema import FeatureSpec, Schema, SourceSpec
-from features.stats import DatasetStats, compute_stats
+from features.stats import DatasetStats, cap_hash_tables, compute_stats, hash_rows
 
 
 def _schema(**overrides):
@@ -119,3 +119,23 @@ def test_missing_field_and_empty_input_are_errors():
         compute_stats(_schema(), [pa.record_batch({"c": pa.array(["a"])})])
     with pytest.raises(ValueError, match="no rows"):
         compute_stats(_schema(), [])
+
+
+def test_hash_rows_rule():
+    assert hash_rows(1_000_000, 6_000) == 24_000  # 4 rows per distinct training value
+    assert hash_rows(1_000_000, 10) == 1024  # never under the floor
+    assert hash_rows(500, 10) == 500  # never over the schema's hash_buckets
+    assert hash_rows(1_000_000, 400_000) == 1_000_000
+
+
+def test_cap_hash_tables_records_rows_that_survive_save_and_load(tmp_path):
+    schema = _schema(c={"vocab": "hash", "hash_buckets": 1_000_000})
+    stats = compute_stats(schema, _batches())
+    assert stats["c"].num_distinct == 4
+    assert cap_hash_tables(stats, schema) == {"c": 1024}
+    stats.save(tmp_path)
+    back = DatasetStats.load(tmp_path)
+    assert back["c"].hash_buckets == 1024 and back["m"].hash_buckets == 0
+    back["c"].hash_buckets = 2048  # recorded rows stay: a resumed run builds the same tables
+    assert cap_hash_tables(back, schema) == {"c": 2048}
+    assert cap_hash_tables(back, schema, cap=False) == {} and back["c"].hash_buckets == 0
