@@ -42,9 +42,13 @@ from pipelines.config_types import type_error
 from ranking.config import ModelConfig, PrerankConfig
 
 _OPTIMIZERS = ("adam", "adagrad", "ftrl", "sgd")
-#: ``[train]`` values a ``type = "lr"`` model gets when its config file does not set them: the
-#: optimizer; the learning rate when the optimizer is this one.
-LINEAR_TRAIN_DEFAULTS = {"optimizer": "ftrl", "learning_rate": 0.1}
+#: ``[train]`` values a ``type = "lr"`` model gets when its config file sets neither
+#: ``optimizer`` nor ``learning_rate`` (each only where the file does not set it); measured in
+#: docs/training.md#the-logistic-regression-baseline.
+LINEAR_TRAIN_DEFAULTS = {"optimizer": "ftrl", "learning_rate": 0.1, "batch_size": 256}
+#: ``[train] epochs`` of those configs when early stopping ends the run (a validation split and
+#: ``early_stopping`` not false): an upper bound, not the usual single epoch.
+LINEAR_EPOCHS_BOUND = 60
 _SELECT_METRICS = ("auc", "logloss")
 
 
@@ -136,8 +140,9 @@ class TrainConfig:
     Attributes:
       batch_size, epochs, learning_rate: as usual.
       optimizer: ``adam``, ``adagrad``, ``ftrl`` or ``sgd``. In a config file with ``[model]
-        type = "lr"`` that sets neither ``optimizer`` nor ``learning_rate``, they are
-        ``LINEAR_TRAIN_DEFAULTS``'s (``ftrl`` at 0.1; docs/training.md).
+        type = "lr"`` that sets neither ``optimizer`` nor ``learning_rate``, they (and
+        ``batch_size``, ``epochs`` where not set) are ``linear_train_defaults``'s (``ftrl`` at
+        0.1, batch 256, at most 60 epochs with early stopping; docs/training.md).
       seed: model initialization and data order.
       checkpoint_every: steps between checkpoints (and at every epoch end).
       log_every: steps between progress lines and TensorBoard scalars.
@@ -535,9 +540,8 @@ def config_from_dict(
     if "mlp" in model:
         model["mlp"] = tuple(model["mlp"])
     train = _table(data, "train", where) or {}
-    # lr's defaults only when neither is set: an explicit optimizer or rate is never reinterpreted
-    if model.get("type") == "lr" and "optimizer" not in train and "learning_rate" not in train:
-        train.update(LINEAR_TRAIN_DEFAULTS)
+    if model.get("type") == "lr":
+        train = {**linear_train_defaults(train, d, "distribute" in data), **train}
     if train.get("warm_start"):
         train["warm_start"] = resolve(train["warm_start"])
     return PipelineConfig(
@@ -550,6 +554,29 @@ def config_from_dict(
         distribute=_optional(DistributeConfig, "distribute", data, where),
         fusion=_optional(FusionConfig, "fusion", data, where),
     )
+
+
+def linear_train_defaults(
+    train: Mapping[str, Any], data: Mapping[str, Any], distributed: bool
+) -> dict[str, Any]:
+    """The ``[train]`` defaults of a ``type = "lr"`` config with these ``[train]`` / ``[data]``
+    tables (a key the file sets wins over them).
+
+    Empty when the file sets ``optimizer`` or ``learning_rate``: an explicit optimizer or rate
+    is never reinterpreted. Otherwise ``LINEAR_TRAIN_DEFAULTS``, and ``epochs =
+    LINEAR_EPOCHS_BOUND`` when early stopping ends the run: a validation split (``[data]
+    validation`` files or ``validation_fraction`` > 0, default 0.1), ``early_stopping`` not
+    false and no ``[distribute]`` section (whose runs do not select on validation).
+    """
+    if "optimizer" in train or "learning_rate" in train:
+        return {}
+    fraction = data.get("validation_fraction", DataConfig.validation_fraction)
+    # a fraction of the wrong type is reported when [data] is built
+    has_validation = bool(data.get("validation")) or (
+        isinstance(fraction, int | float) and fraction > 0
+    )
+    stops = has_validation and train.get("early_stopping") is not False and not distributed
+    return {**LINEAR_TRAIN_DEFAULTS, **({"epochs": LINEAR_EPOCHS_BOUND} if stops else {})}
 
 
 def _optional(cls: type, section: str, data: Mapping[str, Any], where: str) -> Any:

@@ -3,8 +3,8 @@
 Each dataset is converted once (StitchRec's first run writes the train / validation / test
 shards); every seed then trains ``type = "lr"`` with the config defaults of a linear model
 (docs/training.md#the-logistic-regression-baseline) on those shards, early stopping on the
-validation rows. scikit-learn's ``LogisticRegression`` reads the same features, encoded by the
-trained model's own preprocessor: one column per id of every categorical field (multi-valued
+validation rows. scikit-learn's ``LogisticRegression`` reads the same features, encoded by
+the trained model's own preprocessor: one column per id of every categorical field (multi-valued
 fields: one per value present, bucketized numeric fields: one per bucket) plus the
 standardized numeric columns; its ``C`` is chosen over a small grid on the validation rows
 (never on the test rows). Both are scored once on the test rows.
@@ -73,13 +73,11 @@ def dataset_configs(name: str, data_root: Path, work: Path, rows: int) -> dict[s
 def run_config(data: dict[str, Any], out: Path, seed: int, args: argparse.Namespace) -> Any:
     """The ``lr`` run of one seed; ``[train]`` keys the command line does not set keep the
     config defaults of a linear model."""
-    train_keys: dict[str, Any] = {
-        "batch_size": args.batch_size,
-        "epochs": args.epochs,
-        "seed": seed,
-        "log_every": 10**6,
-        "checkpoint_every": 10**6,
-    }
+    train_keys: dict[str, Any] = {"seed": seed, "log_every": 10**6, "checkpoint_every": 10**6}
+    if args.batch_size:
+        train_keys["batch_size"] = args.batch_size
+    if args.epochs:
+        train_keys["epochs"] = args.epochs
     if args.optimizer:
         train_keys["optimizer"] = args.optimizer
     if args.learning_rate:
@@ -173,6 +171,8 @@ def bench_dataset(name: str, args: argparse.Namespace, work: Path) -> dict[str, 
             {
                 "seed": seed,
                 "auc": report["test"]["auc"],
+                "validation_auc": report["selection"]["best"]["auc"],
+                "epochs": len(report["epochs"]),
                 "steps": report["steps"],
                 "seconds": time.perf_counter() - t0,
             }
@@ -200,7 +200,9 @@ def report(result: dict[str, Any]) -> None:
     )
     for r in result["runs"]:
         print(
-            f"  seed {r['seed']}: test auc {r['auc']:.4f} ({r['steps']} steps, {r['seconds']:.0f}s)"
+            f"  seed {r['seed']}: test auc {r['auc']:.4f}, best validation auc "
+            f"{r['validation_auc']:.4f} ({r['epochs']} epochs, {r['steps']} steps, "
+            f"{r['seconds']:.0f}s)"
         )
     print(
         f"sklearn LogisticRegression: C {sk['C']} (validation auc {sk['validation_auc']:.4f}; "
@@ -220,8 +222,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--data-root", default=str(REPO.parent / "shared" / "data"))
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--rows", type=int, default=15_000, help="synthetic rows")
-    p.add_argument("--epochs", type=int, default=20, help="at most; early stopping ends sooner")
-    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--epochs", type=int, default=0, help="at most (default: the config default)")
+    p.add_argument("--batch-size", type=int, default=0, help="default: the config default")
     p.add_argument("--optimizer", default="", help="default: the lr model's config default")
     p.add_argument("--learning-rate", type=float, default=0.0, help="default: as --optimizer")
     p.add_argument("--l2-wide", type=float, default=None, help="default: the config default")

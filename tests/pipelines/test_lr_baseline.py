@@ -13,7 +13,13 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
 from sklearn.preprocessing import OneHotEncoder
 
-from pipelines.config import LINEAR_TRAIN_DEFAULTS, ConfigError, load_config
+from pipelines.config import (
+    LINEAR_EPOCHS_BOUND,
+    LINEAR_TRAIN_DEFAULTS,
+    ConfigError,
+    linear_train_defaults,
+    load_config,
+)
 from pipelines.run.model import load_trained_model, make_optimizer
 from pipelines.train import train
 from tests.testdata import NO_VALIDATION, write_run_config
@@ -44,9 +50,21 @@ def test_ftrl_and_adagrad_are_made_with_their_settings():
 
 
 def test_an_lr_config_without_optimizer_gets_the_linear_defaults(tiny_data):
+    # _lr_config sets batch_size = 256 and no validation split: the usual single epoch
     cfg = load_config(_lr_config(tiny_data, tiny_data["root"] / "a"))
     assert cfg.train.optimizer == LINEAR_TRAIN_DEFAULTS["optimizer"] == "ftrl"
-    assert cfg.train.learning_rate == LINEAR_TRAIN_DEFAULTS["learning_rate"]
+    assert cfg.train.learning_rate == LINEAR_TRAIN_DEFAULTS["learning_rate"] == 0.1
+    assert cfg.train.epochs == 1
+    stops = write_run_config(
+        tiny_data["root"] / "s.toml", tiny_data, tiny_data["root"] / "s", {"type": "lr"}, {}
+    )
+    assert (load_config(stops).train.batch_size, load_config(stops).train.epochs) == (256, 60)
+    keys = {"epochs": 3, "batch_size": 64}
+    own = write_run_config(
+        tiny_data["root"] / "o.toml", tiny_data, tiny_data["root"] / "o", {"type": "lr"}, keys
+    )
+    t = load_config(own).train
+    assert (t.optimizer, t.batch_size, t.epochs) == ("ftrl", 64, 3)  # a key the file sets wins
     given = load_config(_lr_config(tiny_data, tiny_data["root"] / "b", optimizer="adam"))
     assert (given.train.optimizer, given.train.learning_rate) == ("adam", 1e-3)
     # a rate given alone is the usual optimizer's (Adam), never reinterpreted for FTRL
@@ -56,6 +74,19 @@ def test_an_lr_config_without_optimizer_gets_the_linear_defaults(tiny_data):
         tiny_data["root"] / "d.toml", tiny_data, tiny_data["root"] / "d", {"type": "dnn"}, {}
     )
     assert load_config(path).train.optimizer == "adam"  # other models keep the usual defaults
+
+
+def test_linear_train_defaults_bound_epochs_only_where_early_stopping_ends_the_run():
+    defaults = {"optimizer": "ftrl", "learning_rate": 0.1, "batch_size": 256}
+    assert defaults == LINEAR_TRAIN_DEFAULTS and LINEAR_EPOCHS_BOUND == 60
+    stopping = {**defaults, "epochs": 60}
+    assert linear_train_defaults({}, {}, distributed=False) == stopping
+    assert linear_train_defaults({}, {"validation": ["v"]}, False) == stopping
+    assert linear_train_defaults({}, {"validation_fraction": 0.0}, False) == defaults
+    assert linear_train_defaults({"early_stopping": False}, {}, False) == defaults
+    assert linear_train_defaults({}, {}, distributed=True) == defaults
+    assert linear_train_defaults({"optimizer": "ftrl"}, {}, False) == {}
+    assert linear_train_defaults({"learning_rate": 0.1}, {}, False) == {}
 
 
 @pytest.mark.parametrize("optimizer", ["ftrl", "adagrad"])
