@@ -19,9 +19,9 @@
     embedding_dim = 16
     mlp = [256, 128]
 
-    [train]
-    batch_size = 1024
-    epochs = 1
+    [train]                             # the defaults
+    batch_size = 256
+    # epochs = 20                       # unset: an upper bound where early stopping ends the run
     learning_rate = 0.001
     seed = 0
 
@@ -49,6 +49,10 @@ LINEAR_TRAIN_DEFAULTS = {"optimizer": "ftrl", "learning_rate": 0.1, "batch_size"
 #: ``[train] epochs`` of those configs when early stopping ends the run (a validation split and
 #: ``early_stopping`` not false): an upper bound, not the usual single epoch.
 LINEAR_EPOCHS_BOUND = 60
+#: ``[train] epochs`` of any other config file that does not set it, when validation ends the
+#: run (early stopping, or an ensemble's saturation): an upper bound, not the single epoch of
+#: ``TrainConfig``; measured in docs/training.md#defaults.
+EPOCHS_BOUND = 20
 _SELECT_METRICS = ("auc", "logloss")
 
 
@@ -138,7 +142,9 @@ class TrainConfig:
     """How to train.
 
     Attributes:
-      batch_size, epochs, learning_rate: as usual.
+      batch_size, epochs, learning_rate: as usual. A config file that does not set ``epochs``
+        and whose run ends by validation (early stopping or an ensemble's saturation; see
+        ``_validation_ends_run``) gets ``EPOCHS_BOUND`` (20) as its upper bound.
       optimizer: ``adam``, ``adagrad``, ``ftrl`` or ``sgd``. In a config file with ``[model]
         type = "lr"`` that sets neither ``optimizer`` nor ``learning_rate``, they (and
         ``batch_size``, ``epochs`` where not set) are ``linear_train_defaults``'s (``ftrl`` at
@@ -170,7 +176,7 @@ class TrainConfig:
         ``pipelines.run.snapshots.ENSEMBLE_OPTIONS``).
     """
 
-    batch_size: int = 1024
+    batch_size: int = 256
     epochs: int = 1
     learning_rate: float = 1e-3
     optimizer: str = "adam"
@@ -542,6 +548,9 @@ def config_from_dict(
     train = _table(data, "train", where) or {}
     if model.get("type") == "lr":
         train = {**linear_train_defaults(train, d, "distribute" in data), **train}
+    bounded = "epochs" not in train and "preranking" not in data  # preranking: its own stages
+    if bounded and _validation_ends_run(train, d, "distribute" in data):
+        train["epochs"] = EPOCHS_BOUND
     if train.get("warm_start"):
         train["warm_start"] = resolve(train["warm_start"])
     return PipelineConfig(
@@ -570,13 +579,25 @@ def linear_train_defaults(
     """
     if "optimizer" in train or "learning_rate" in train:
         return {}
+    stops = _validation_ends_run(train, data, distributed)
+    return {**LINEAR_TRAIN_DEFAULTS, **({"epochs": LINEAR_EPOCHS_BOUND} if stops else {})}
+
+
+def _validation_ends_run(
+    train: Mapping[str, Any], data: Mapping[str, Any], distributed: bool
+) -> bool:
+    """Whether a run of these ``[train]`` / ``[data]`` tables ends by validation: a validation
+    split (``validation`` files or ``validation_fraction`` > 0, default 0.1), no ``[distribute]``
+    section, and early stopping not off, or an ensemble (whose snapshots' saturation ends
+    it)."""
     fraction = data.get("validation_fraction", DataConfig.validation_fraction)
     # a fraction of the wrong type is reported when [data] is built
     has_validation = bool(data.get("validation")) or (
         isinstance(fraction, int | float) and fraction > 0
     )
-    stops = has_validation and train.get("early_stopping") is not False and not distributed
-    return {**LINEAR_TRAIN_DEFAULTS, **({"epochs": LINEAR_EPOCHS_BOUND} if stops else {})}
+    if not has_validation or distributed:
+        return False
+    return train.get("ensemble") == "auto" or train.get("early_stopping") is not False
 
 
 def _optional(cls: type, section: str, data: Mapping[str, Any], where: str) -> Any:

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.config import ConfigError, load_config, parse_override
+from pipelines.config import EPOCHS_BOUND, ConfigError, TrainConfig, load_config, parse_override
 from pipelines.run.model import make_optimizer
 
 CONFIG = """
@@ -175,3 +175,29 @@ def test_raw_files_with_test_shards_are_refused(tmp_path):
     assert load_config(tmp_path / "c.toml").data.raw == (str(tmp_path / "a.csv"),)
     with pytest.raises(ConfigError, match=r"\[data\] raw and test:.*give `test` only with"):
         load_config(tmp_path / "c.toml", ["data.test=t"])
+
+
+@pytest.mark.parametrize(
+    ("train", "data", "epochs"),
+    [
+        ("", "", EPOCHS_BOUND),  # early stopping on the default 10% validation split
+        ('ensemble = "auto"', "", EPOCHS_BOUND),  # the snapshots' saturation ends the run
+        ('ensemble = "auto"\nearly_stopping = false', "", EPOCHS_BOUND),
+        ("early_stopping = false", "", 1),
+        ("", "validation_fraction = 0.0", 1),  # nothing would end it
+        ("", 'validation = ["val"]', EPOCHS_BOUND),
+        ("epochs = 3", "", 3),  # a value the file sets wins
+    ],
+)
+def test_epochs_default_is_a_bound_where_validation_ends_the_run(tmp_path, train, data, epochs):
+    text = CONFIG.replace("epochs = 2", train).replace('test = "test"', f'test = "test"\n{data}')
+    (tmp_path / "c.toml").write_text(text)
+    cfg = load_config(tmp_path / "c.toml")
+    assert EPOCHS_BOUND == 20
+    assert cfg.train.epochs == epochs
+    assert cfg.train.batch_size == 256 == TrainConfig().batch_size
+    assert TrainConfig().epochs == 1  # built in code: no file, no bound
+    distributed = text + '\n[distribute]\nstrategy = "auto"\n'
+    (tmp_path / "d.toml").write_text(distributed)
+    if "epochs = 3" not in train:
+        assert load_config(tmp_path / "d.toml").train.epochs == 1  # no early stopping there
