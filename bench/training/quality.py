@@ -8,11 +8,12 @@ on the validation rows only and scored once on the test rows:
   model's preprocessor: one column per id, standardized numeric columns), ``C`` over a grid;
 - ``xgboost``: ``XGBClassifier`` (hist) on the same features, depth x trees over a small grid.
 
-StitchRec recipes (``--methods``; ``[train]`` keys not listed are the config defaults):
+StitchRec recipes (``--methods``): a config of ``[data]`` and ``[model] type`` only, every
+other key at its default (docs/training.md#defaults: batch 256, at most 20 epochs ended by early
+stopping on the validation split; ``lr``: FTRL, at most 60), and ``--epochs`` when given:
 
-- ``lr``: ``type = "lr"`` with its defaults (docs/training.md), at most ``--epochs`` epochs;
-- ``dcn_1epoch``: ``type = "dcn_v2"``, nothing else set (one epoch, batch 1024);
-- ``dcn_early``: ``type = "dcn_v2"``, at most ``--epochs`` epochs, early stopping (default);
+- ``lr``: ``type = "lr"``;
+- ``dcn``: ``type = "dcn_v2"``;
 - ``dcn_autolrs``: the same with ``lr_schedule = "autolrs"`` (its defaults);
 - ``dcn_ensemble``: the same with ``ensemble = "auto"`` (one cyclic cycle per epoch); its row
   ``dcn_ensemble_best`` is the single best checkpoint of the same run.
@@ -59,14 +60,14 @@ from pipelines.train import train
 
 C_GRID = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0)
 XGB_GRID = [(depth, trees) for depth in (3, 6) for trees in (100, 300)]
-METHODS = ("lr", "dcn_1epoch", "dcn_early", "dcn_autolrs", "dcn_ensemble")
+METHODS = ("lr", "dcn", "dcn_autolrs", "dcn_ensemble")
 
 
 def method_config(method: str, data: dict, out: Path, seed: int, epochs: int) -> Any:
     """The config of one recipe's run."""
     model: dict[str, Any] = {"type": "lr" if method == "lr" else "dcn_v2"}
     tc: dict[str, Any] = {"seed": seed, "log_every": 10**6}
-    if method != "dcn_1epoch":
+    if epochs:
         tc["epochs"] = epochs
     if method == "dcn_autolrs":
         tc["lr_schedule"] = "autolrs"
@@ -312,7 +313,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--data-root", default=str(REPO.parent / "shared" / "data"))
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--rows", type=int, default=8000, help="synthetic rows")
-    p.add_argument("--epochs", type=int, default=20, help="at most; early stopping ends sooner")
+    p.add_argument("--epochs", type=int, default=0, help="0: the config default")
     p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument("--latency", action="store_true", help="time the ensemble's export")
     p.add_argument("--work", default="", help="run folders (default: a temporary folder)")
@@ -321,7 +322,7 @@ def main(argv: list[str] | None = None) -> None:
     args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     print(
         f"machine: {platform.node()} {platform.processor() or platform.machine()}, "
-        f"tensorflow {tf.__version__}, seeds 0..{args.seeds - 1}, epochs <= {args.epochs}"
+        f"tensorflow {tf.__version__}, seeds 0..{args.seeds - 1}, epochs {args.epochs or 'default'}"
     )
     summaries = []
     with tempfile.TemporaryDirectory() as tmp:
