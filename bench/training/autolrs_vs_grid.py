@@ -28,9 +28,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pyarrow.parquet as pq
 import tensorflow as tf
 
 from bench.training.lr_baseline import REPO, converted, dataset_configs
+from bench.training.quality import paired, parquet_files, test_scores
+from features.schema import load_schema
 from pipelines.config import config_from_dict
 from pipelines.train import train
 
@@ -109,7 +113,27 @@ def bench_dataset(name: str, args: Any, work: Path) -> dict[str, Any] | None:
         runs["autolrs"].append(
             run(shards, work / f"a{seed}", seed, {"lr_schedule": "autolrs"}, args, spe)
         )
-    return {"name": name, "choice": choice, "target": target, "runs": runs, "grid_s": t_grid}
+    pairs = []  # the paired bootstrap of test AUC, autolrs - grid choice, seed by seed
+    for seed in range(args.seeds):
+        grid_dir = work / (
+            "grid" + str([k for k, _ in GRID].index(choice)) if not seed else f"c{seed}"
+        )
+        test = converted(grid_dir, shards)["test"]
+        y = np.concatenate(
+            [
+                pq.read_table(f).column(load_schema(grid_dir / "schema.toml").label.name).to_numpy()
+                for f in parquet_files(test)
+            ]
+        )
+        pairs.append(paired(y, test_scores(grid_dir, test), test_scores(work / f"a{seed}", test)))
+    return {
+        "name": name,
+        "choice": choice,
+        "target": target,
+        "runs": runs,
+        "grid_s": t_grid,
+        "pairs": pairs,
+    }
 
 
 def report(result: dict[str, Any]) -> dict[str, Any]:
@@ -138,6 +162,15 @@ def report(result: dict[str, Any]) -> dict[str, Any]:
         f"{summary['autolrs']['wall']:.0f} s"
     )
     summary["ratios"], summary["grid_seconds"] = ratios, result["grid_s"]
+    print(
+        "test auc, autolrs - grid choice (paired bootstrap, 95% CI): "
+        + ", ".join(
+            f"{p['delta']:+.4f} [{p['ci_low']:+.4f}, {p['ci_high']:+.4f}]" for p in result["pairs"]
+        )
+    )
+    summary["paired"] = [
+        {k: p[k] for k in ("delta", "ci_low", "ci_high", "verdict")} for p in result["pairs"]
+    ]
     return summary
 
 
