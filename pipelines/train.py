@@ -88,8 +88,7 @@ def _train(cfg: PipelineConfig, log: Log) -> dict[str, Any]:
         check_lr_schedule(cfg.train.lr_schedule, cfg.train.lr_schedule_options)
     run, stats, gpus = _open_run(cfg, dist, log)
     tc, paths, schema = cfg.train, run.paths, run.schema
-    _check_autolrs(run)
-    _check_ensemble_run(run)
+    _check_needs_validation(run)
     rows = count_rows(run.train_files)
     steps_per_epoch, total_steps = _steps(dist, tc, rows)
     run.schedule = run_schedule(tc, steps_per_epoch, total_steps)
@@ -243,40 +242,41 @@ def _check_same_batch_size(cfg: PipelineConfig, paths: RunPaths) -> None:
         )
 
 
-def _check_autolrs(run: Run) -> None:
-    """``lr_schedule = "autolrs"`` needs one process and a validation split."""
-    if run.cfg.train.lr_schedule != "autolrs":
-        return
-    if run.dist.active:
-        raise ConfigError(
-            "[train] lr_schedule = 'autolrs': not available under a distribution strategy "
-            "(its search snapshots and restores one process's variables); choose a step "
-            "schedule (constant, step, cosine, one_cycle)"
-        )
-    if not run.validation_files:
-        raise ConfigError(
-            "[train] lr_schedule = 'autolrs' needs a validation split (its search reads the "
-            "validation loss, never the test set): set [data] validation_fraction > 0 or give "
-            "[data] validation files"
-        )
+#: ``[train]`` settings that need one process and a validation split: (key, value, why one
+#: process, what reads the validation split).
+_NEEDS_VALIDATION = (
+    (
+        "lr_schedule",
+        "autolrs",
+        "its search snapshots and restores one process's variables; choose a step schedule "
+        "(constant, step, cosine, one_cycle)",
+        "its search reads the validation loss",
+    ),
+    (
+        "ensemble",
+        "auto",
+        "its snapshots are chosen by one process's validation predictions; set ensemble = 'none'",
+        "snapshots are collected and chosen on it",
+    ),
+)
 
 
-def _check_ensemble_run(run: Run) -> None:
-    """``ensemble = "auto"`` needs one process and a validation split."""
-    if run.cfg.train.ensemble != "auto":
-        return
-    if run.dist.active:
-        raise ConfigError(
-            "[train] ensemble = 'auto': not available under a distribution strategy (its "
-            "snapshots are chosen by one process's validation predictions); set ensemble = "
-            "'none'"
-        )
-    if not run.validation_files:
-        raise ConfigError(
-            "[train] ensemble = 'auto' needs a validation split (snapshots are collected and "
-            "chosen on it, never on the test set): set [data] validation_fraction > 0 or give "
-            "[data] validation files"
-        )
+def _check_needs_validation(run: Run) -> None:
+    """``lr_schedule = "autolrs"`` and ``ensemble = "auto"`` need one process and a validation
+    split."""
+    for key, value, one_process, reads in _NEEDS_VALIDATION:
+        if getattr(run.cfg.train, key) != value:
+            continue
+        if run.dist.active:
+            raise ConfigError(
+                f"[train] {key} = {value!r}: not available under a distribution strategy "
+                f"({one_process})"
+            )
+        if not run.validation_files:
+            raise ConfigError(
+                f"[train] {key} = {value!r} needs a validation split ({reads}, never the test "
+                "set): set [data] validation_fraction > 0 or give [data] validation files"
+            )
 
 
 def _make_autolrs(run: Run, model: tf.keras.Model, optimizer: Any, element_spec: Any) -> AutoLRS:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import types
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -19,7 +20,7 @@ from pipelines.config import ConfigError, TrainConfig, load_config
 from pipelines.export import load_checkpoint_model
 from pipelines.run import ensemble as E
 from pipelines.run.snapshots import check_ensemble, ensemble_options, run_schedule
-from pipelines.train import train
+from pipelines.train import _check_needs_validation, train
 from ranking import metrics
 from tests.testdata import write_run_config, write_tiny_dataset
 
@@ -208,3 +209,12 @@ def test_ensemble_run_without_validation_split_is_a_config_error(tmp_path):
     )
     with pytest.raises(ConfigError, match="ensemble = 'auto' needs a validation split"):
         train(load_config(path), log=lambda _: None)
+
+
+def test_ensemble_under_a_distribution_strategy_is_a_config_error():
+    cfg = types.SimpleNamespace(train=_train_config())
+    run = types.SimpleNamespace(
+        cfg=cfg, dist=types.SimpleNamespace(active=True), validation_files=["v.parquet"]
+    )
+    with pytest.raises(ConfigError, match="ensemble = 'auto': not available under a distrib"):
+        _check_needs_validation(run)

@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 
 from pipelines.config import ConfigError, load_config
-from pipelines.train import _check_autolrs, train
+from pipelines.train import _check_needs_validation, train
 from tests.pipelines.test_train import _checkpoint_step, _cli, _train_cli, _weights
 from tests.testdata import NO_VALIDATION, write_run_config, write_tiny_dataset
 
@@ -157,7 +157,7 @@ def test_autolrs_is_refused_without_validation_split_or_under_a_strategy(tiny_da
         cfg=cfg, dist=types.SimpleNamespace(active=True), validation_files=["v.parquet"]
     )
     with pytest.raises(ConfigError, match="not available under a distribution strategy"):
-        _check_autolrs(fake)
+        _check_needs_validation(fake)
 
 
 @pytest.mark.slow
