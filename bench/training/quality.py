@@ -16,7 +16,11 @@ stopping on the validation split; ``lr``: FTRL, at most 60), and ``--epochs`` wh
 - ``dcn``: ``type = "dcn_v2"``;
 - ``dcn_autolrs``: the same with ``lr_schedule = "autolrs"`` (its defaults);
 - ``dcn_ensemble``: the same with ``ensemble = "auto"`` (one cyclic cycle per epoch); its row
-  ``dcn_ensemble_best`` is the single best checkpoint of the same run.
+  ``dcn_ensemble_best`` is the single best checkpoint of the same run; ``dcn x seeds`` is the
+  mean logit of the ``dcn`` runs of every seed, an ensemble of independent runs (its steps and
+  seconds are their sum).
+
+A run folder of ``--work`` that holds a finished run is read back, not trained again.
 
 Each StitchRec row is over ``--seeds`` seeds (mean ± standard deviation of test AUC); the
 paired bootstrap (``pipelines.evaluation.compare.compare_scores``, the engine of ``stitchrec
@@ -189,12 +193,15 @@ def latency(single: Path, ensemble: Path, data: dict[str, Any]) -> dict[str, flo
 def run_method(method: str, data: dict, work: Path, seed: int, args: Any) -> dict[str, Any]:
     out = work / f"{method}_seed{seed}"
     t0 = time.perf_counter()
-    report = train(method_config(method, data, out, seed, args.epochs), lambda _line: None)
+    if (out / "train_report.json").exists():  # finished by an earlier call: read back
+        report = json.loads((out / "train_report.json").read_text())
+    else:
+        report = train(method_config(method, data, out, seed, args.epochs), lambda _line: None)
     test_files = converted(out, data)["test"]  # the run's own test shards when it converted
     row = {
         "seed": seed,
         "steps": report["steps"],
-        "seconds": time.perf_counter() - t0,
+        "seconds": report["train_seconds"] + report["eval_seconds"],
         "test_auc": report["test"]["auc"],
         "scores": test_scores(out, test_files),
         "dir": out,
@@ -209,6 +216,20 @@ def run_method(method: str, data: dict, work: Path, seed: int, args: Any) -> dic
             "checkpoints": ens["checkpoints"],
         }
     return row
+
+
+def independent_ensemble(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The mean logit of independently trained runs (one row: steps and seconds summed)."""
+    p = np.clip(np.stack([r["scores"] for r in runs]), 1e-7, 1 - 1e-7)
+    scores = 1.0 / (1.0 + np.exp(-np.mean(np.log(p / (1 - p)), axis=0)))
+    return {
+        "seed": -1,
+        "steps": sum(r["steps"] for r in runs),
+        "seconds": sum(r["seconds"] for r in runs),
+        "test_auc": None,
+        "scores": scores,
+        "dir": None,
+    }
 
 
 def bench_dataset(name: str, args: Any, work: Path) -> dict[str, Any] | None:
@@ -231,6 +252,9 @@ def bench_dataset(name: str, args: Any, work: Path) -> dict[str, Any] | None:
             print(f"  {name} {method} seed {seed}: {rows[method][-1]['test_auc']:.4f}", flush=True)
     result = {"name": name, "baselines": base, "rows": rows, "latency": None}
     ens_rows = rows.get("dcn_ensemble")
+    singles = rows.get("dcn", [])
+    if len(singles) > 1:  # the seeds' runs as one ensemble: the same cost as len(singles) runs
+        rows["dcn x seeds"] = [independent_ensemble(singles)]
     if args.latency and ens_rows:
         r = ens_rows[0]
         single = export_run(r["dir"], work / f"{name}_single_export")
@@ -267,7 +291,10 @@ def report(result: dict[str, Any]) -> dict[str, Any]:
         print(_line(f"{key} ({how})", [auc], [pair]))
         summary["rows"][key] = {"auc": auc, "chosen": how, "validation_auc": v}
     for method, runs in result["rows"].items():
-        variants = [(method, [r["scores"] for r in runs], [r["test_auc"] for r in runs])]
+        aucs = [
+            roc_auc_score(y, r["scores"]) if r["test_auc"] is None else r["test_auc"] for r in runs
+        ]
+        variants = [(method, [r["scores"] for r in runs], aucs)]
         if runs and "ensemble" in runs[0]:
             variants.append(
                 (
