@@ -192,7 +192,6 @@ def latency(single: Path, ensemble: Path, data: dict[str, Any]) -> dict[str, flo
 
 def run_method(method: str, data: dict, work: Path, seed: int, args: Any) -> dict[str, Any]:
     out = work / f"{method}_seed{seed}"
-    t0 = time.perf_counter()
     if (out / "train_report.json").exists():  # finished by an earlier call: read back
         report = json.loads((out / "train_report.json").read_text())
     else:
