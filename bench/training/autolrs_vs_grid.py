@@ -19,7 +19,6 @@ with ``--seeds`` seeds each. Printed per dataset:
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import platform
@@ -32,7 +31,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import tensorflow as tf
 
-from bench.training.lr_baseline import REPO, converted, dataset_configs
+from bench.training.lr_baseline import REPO, bench_parser, converted, dataset_configs
 from bench.training.quality import paired, parquet_files, test_scores
 from features.schema import load_schema
 from pipelines.config import config_from_dict
@@ -175,14 +174,9 @@ def report(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--datasets", default="movielens,synthetic")
-    p.add_argument("--data-root", default=str(REPO.parent / "shared" / "data"))
-    p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--rows", type=int, default=20_000, help="synthetic rows")
+    p = bench_parser(__doc__, "movielens,synthetic", 20_000)
     p.add_argument("--epochs", type=int, default=6)
     p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--work", default="")
     p.add_argument("--json", default="")
     args = p.parse_args(argv)
     print(f"machine: {platform.node()}, tensorflow {tf.__version__}, epochs {args.epochs}")

@@ -216,18 +216,25 @@ def report(result: dict[str, Any]) -> None:
     )
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--datasets", default="movielens,synthetic")
+def bench_parser(doc: str, datasets: str, rows: int) -> argparse.ArgumentParser:
+    """The flags every bench/training script has: datasets, data root, seeds, synthetic rows,
+    the folder of the runs."""
+    p = argparse.ArgumentParser(description=doc.split("\n")[0])
+    p.add_argument("--datasets", default=datasets)
     p.add_argument("--data-root", default=str(REPO.parent / "shared" / "data"))
     p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--rows", type=int, default=15_000, help="synthetic rows")
+    p.add_argument("--rows", type=int, default=rows, help="synthetic rows")
+    p.add_argument("--work", default="", help="run folders (default: a temporary folder)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = bench_parser(__doc__, "movielens,synthetic", 15_000)
     p.add_argument("--epochs", type=int, default=0, help="at most (default: the config default)")
     p.add_argument("--batch-size", type=int, default=0, help="default: the config default")
     p.add_argument("--optimizer", default="", help="default: the lr model's config default")
     p.add_argument("--learning-rate", type=float, default=0.0, help="default: as --optimizer")
     p.add_argument("--l2-wide", type=float, default=None, help="default: the config default")
-    p.add_argument("--work", default="", help="run folders (default: a temporary folder)")
     args = p.parse_args(argv)
     print(
         f"machine: {platform.node()} {platform.processor() or platform.machine()}, "

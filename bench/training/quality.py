@@ -38,7 +38,6 @@ its AUCs are noisy), ``synthetic`` (``--rows`` rows, Criteo layout).
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import platform
@@ -53,7 +52,7 @@ import tensorflow as tf
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
 
-from bench.training.lr_baseline import REPO, converted, dataset_configs, encode
+from bench.training.lr_baseline import REPO, bench_parser, converted, dataset_configs, encode
 from features.dataset import field_tf_dtype, iter_batches
 from features.schema import load_schema
 from pipelines.config import config_from_dict
@@ -334,15 +333,10 @@ def report(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--datasets", default="movielens,movielens_time,open_bandit,synthetic")
-    p.add_argument("--data-root", default=str(REPO.parent / "shared" / "data"))
-    p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--rows", type=int, default=8000, help="synthetic rows")
+    p = bench_parser(__doc__, "movielens,movielens_time,open_bandit,synthetic", 8000)
     p.add_argument("--epochs", type=int, default=0, help="0: the config default")
     p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument("--latency", action="store_true", help="time the ensemble's export")
-    p.add_argument("--work", default="", help="run folders (default: a temporary folder)")
     p.add_argument("--json", default="", help="write the summary here")
     args = p.parse_args(argv)
     args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
