@@ -39,7 +39,7 @@ from sklearn.preprocessing import OneHotEncoder
 
 from features.schema import FeatureKind
 from pipelines.evaluation import bootstrap
-from pipelines.evaluation.sources import Logs
+from pipelines.evaluation.sources import Logs, SourceError
 
 ESTIMATORS = ("ips", "snips", "dm", "dr")
 
@@ -60,17 +60,22 @@ class BanditLogs:
 
 
 def bandit_logs(logs: Logs, action: str, propensity: str) -> BanditLogs:
-    """Validated bandit view of the logs: propensities in (0, 1], actions, rewards."""
+    """Validated bandit view of the logs: propensities in (0, 1], actions, rewards.
+
+    Raises:
+      SourceError: the logs lack the action or propensity field, or a propensity is missing or
+        outside (0, 1] (a user error: the command line prints one line).
+    """
     for name in (action, propensity):
         if name not in logs.table.column_names:
-            raise KeyError(
+            raise SourceError(
                 f"off-policy estimates need field {name!r} in the logs; fields: "
                 f"{logs.table.column_names[:40]}"
             )
     pb = pc.cast(logs.table.column(propensity), pa.float64()).to_numpy(zero_copy_only=False)
     bad = np.flatnonzero(~np.isfinite(pb) | (pb <= 0) | (pb > 1))
     if bad.size:
-        raise ValueError(
+        raise SourceError(
             f"propensity field {propensity!r}: {bad.size} values are missing or outside (0, 1], "
             f"first at row {int(bad[0])} (value {_show(pb[bad[0]])}); expected logging probabilities"
         )

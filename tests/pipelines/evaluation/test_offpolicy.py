@@ -125,8 +125,11 @@ def test_bad_propensities_are_named(tmp_path):
     t = t.set_column(3, "propensity", pa.array(prop))
     pq.write_table(t, tmp_path / "logs.parquet")
     logs = sources.load_logs([str(tmp_path / "logs.parquet")], str(tmp_path / "schema.toml"))
-    with pytest.raises(ValueError, match=r"propensity field 'propensity'.*first at row 7"):
+    # a user error (SourceError: one `error:` line from the command line), not a bug
+    with pytest.raises(sources.SourceError, match=r"propensity field 'propensity'.*first at row 7"):
         offpolicy.bandit_logs(logs, "item", "propensity")
+    with pytest.raises(sources.SourceError, match=r"need field 'pscore' in the logs"):
+        offpolicy.bandit_logs(logs, "item", "pscore")
 
 
 def test_open_bandit_uniform_policy_matches_observed_random_ctr(shared_data):
