@@ -380,9 +380,17 @@ class PairStatsConfig:
     def __post_init__(self) -> None:
         if not self.pairs:
             raise ConfigError('[pair_stats] pairs: give at least one pair, e.g. [["a", "b"]]')
+        seen: set[frozenset[str]] = set()
         for p in self.pairs:
             if isinstance(p, str) or len(p) != 2 or not all(isinstance(f, str) for f in p):
                 raise ConfigError(f"[pair_stats] pairs: {p!r} is not a pair of field names")
+            if p[0] == p[1]:
+                raise ConfigError(
+                    f"[pair_stats] pairs: {list(p)}: a pair needs two different fields"
+                )
+            if frozenset(p) in seen:
+                raise ConfigError(f"[pair_stats] pairs: {list(p)} is given twice")
+            seen.add(frozenset(p))
         if self.source not in _PAIR_SOURCES:
             raise ConfigError(
                 f"[pair_stats] source = {self.source!r} is not one of {list(_PAIR_SOURCES)}"

@@ -80,6 +80,12 @@ def run_pcf_gnn(cfg: Any, log: Any = _print) -> dict[str, Any]:
                     f"[pair_stats] pairs: {list(p)}: {f!r} is {kind.value}; pairs need "
                     f"categorical or multi_categorical fields"
                 )
+        kinds = [schema.field(f).kind for f in p]
+        if kinds.count(FeatureKind.MULTI_CATEGORICAL) == 2:
+            raise ConfigError(
+                f"[pair_stats] pairs: {list(p)}: at most one field of a pair may be "
+                "multi_categorical"
+            )
     t0 = time.time()
     graph = build_graph(
         schema,

@@ -114,6 +114,8 @@ train = "train"
         ('[pair_stats]\npairs = [["a", "b"]]\nalpha = "x"', r"\[pair_stats\] alpha must be a"),
         ('[pair_stats]\npairs = [["a", 1]]', r"\[pair_stats\] pairs must be a list of lists of"),
         ('[pair_stats]\npairs = [["a", "b"]]\nhead = "32"', r"\[pair_stats\] head must be a list"),
+        ('[pair_stats]\npairs = [["a", "a"]]', r"\['a', 'a'\]: a pair needs two different fields"),
+        ('[pair_stats]\npairs = [["a", "b"], ["b", "a"]]', r"\['b', 'a'\] is given twice"),
         ("[model]\n[train]\nseed = 1.0", r"\[train\] seed must be an integer, got 1.0"),
     ],
 )

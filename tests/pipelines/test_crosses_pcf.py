@@ -143,3 +143,27 @@ def test_config_errors(tiny_data: dict[str, Path], capsys: pytest.CaptureFixture
     assert load_config(cfg_path).pair_stats is None
     assert main(["crosses", "pcf-gnn", "--config", str(cfg_path)]) == 2
     assert "no [pair_stats] section" in capsys.readouterr().err
+
+
+def test_pairs_the_graph_cannot_take_are_config_errors(
+    tiny_data: dict[str, Path], capsys: pytest.CaptureFixture
+) -> None:
+    """A field paired with itself, a pair given twice, two multi-valued fields: one error
+    line naming the pair (exit 2), not a traceback."""
+    run = tiny_data["root"] / "pairs"
+    cfg_path = _config(tiny_data, run)
+    text = cfg_path.read_text()
+    schema = tiny_data["root"] / "two_multi.toml"
+    extra = '\n[[fields]]\nname = "tags2"\nkind = "multi_categorical"\ncolumn = "tags"\n'
+    schema.write_text(Path(tiny_data["schema"]).read_text() + extra + 'separator = "|"\n')
+    cases = [
+        ('[["user", "user"]]', "['user', 'user']: a pair needs two different fields"),
+        ('[["user", "item"], ["item", "user"]]', "['item', 'user'] is given twice"),
+        ('[["tags", "tags2"]]', "at most one field of a pair may be multi_categorical"),
+    ]
+    for pairs, words in cases:
+        edited = text.replace('[["user", "item"], ["user", "tags"]]', pairs)
+        cfg_path.write_text(edited.replace(str(tiny_data["schema"]), str(schema)))
+        assert main(["crosses", "pcf-gnn", "--config", str(cfg_path)]) == 2
+        err = capsys.readouterr().err
+        assert words in err and "Traceback" not in err
