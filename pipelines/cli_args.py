@@ -197,6 +197,20 @@ def export(sub: Subparsers) -> None:
         "server loads or compiles it before the model",
     )
     e.add_argument(
+        "--ensemble-runs",
+        nargs="+",
+        metavar="RUN",
+        default=[],
+        help="export one SavedModel averaging the selected checkpoints of --run and these runs "
+        "(e.g. the same config trained with other seeds; the runs must take the same fields)",
+    )
+    e.add_argument(
+        "--combine",
+        choices=["logits", "probabilities"],
+        default="logits",
+        help="how --ensemble-runs members are averaged (default: logits)",
+    )
+    e.add_argument(
         "--single",
         action="store_true",
         help="of a run with a chosen ensemble: export its selected single checkpoint instead",

@@ -11,7 +11,8 @@ Layout: ``<run>/export/<version>/`` (version = 1, 2, ... as TF Serving expects) 
 ``assets.extra/stats.json`` (the training statistics, without the vocabularies the model holds).
 ``export_cascade_saved_model`` writes a pre-ranking -> ranking cascade (``ranking.cascade``);
 ``export_ensemble`` writes several checkpoints of one run as one model of the same signature,
-its outputs averaged over the members (docs/ensembles.md).
+its outputs averaged over the members, and ``export_run_ensemble`` the selected checkpoints of
+several runs (docs/ensembles.md).
 """
 
 from __future__ import annotations
@@ -184,6 +185,10 @@ def saved_model_bytes(path: str | Path) -> dict[str, int]:
     return {"variables": variables, "total": total}
 
 
+class EnsembleError(ValueError):
+    """Runs or checkpoints that cannot make one ensemble (a user error)."""
+
+
 class EnsembleServingModule(tf.Module):
     """Several RankingModels behind one raw-feature signature, their outputs averaged.
 
@@ -256,22 +261,76 @@ def export_ensemble(
     if combine not in COMBINES:
         raise ValueError(f"export_ensemble: combine = {combine!r}: expected one of {COMBINES}")
     paths = RunPaths(Path(run_dir))
-    schema = load_schema(paths.schema)
     models = [serving_form(load_checkpoint_model(run_dir, c)) for c in checkpoints]
     out = Path(output) if output else next_version(paths.exports)
+    meta = {
+        "run": str(paths.root.resolve()),
+        "ensemble": {"combine": combine, "members": list(checkpoints)},
+        **(extra or {}),
+    }
+    return _save_ensemble(models, paths, out, combine, meta)
+
+
+def export_run_ensemble(
+    runs: list[str | Path], output: str | Path | None = None, combine: str = "logits"
+) -> Path:
+    """Writes one SavedModel averaging the selected checkpoints of several training runs
+    (``load_trained_model``: each run's best validation checkpoint, else its latest), e.g.
+    runs of one config with different seeds; returns its folder (``output``, replaced, or the
+    first run's next export version).
+
+    The runs must take the same model inputs (names, kinds and raw types of the fields): each member keeps
+    its own preprocessing and weights, so their vocabularies, statistics and architectures may
+    differ. ``assets.extra/`` holds the first run's schema and statistics; ``stitchrec.json``
+    names the runs and their checkpoints (``ensemble.members``: ``<run>:<checkpoint>``).
+
+    Raises:
+      EnsembleError: fewer than two runs, a run given twice, runs of different model inputs, or
+        an unknown ``combine``.
+      FileNotFoundError: a run has no model or no checkpoint.
+    """
+    folders = [Path(r).resolve() for r in runs]
+    if len(folders) < 2 or len(set(folders)) != len(folders):
+        raise EnsembleError(f"export: runs = {[str(r) for r in runs]}: expected two or more runs")
+    if combine not in COMBINES:
+        raise EnsembleError(f"export: combine = {combine!r}: expected one of {COMBINES}")
+    loaded = [load_trained_model(r) for r in folders]
+    first = _inputs(loaded[0][1])
+    for run, (_, schema, _) in zip(folders[1:], loaded[1:], strict=True):
+        if _inputs(schema) != first:
+            raise EnsembleError(
+                f"export: run {str(run)!r} takes the inputs {_inputs(schema)}, the run "
+                f"{str(folders[0])!r} {first}: an ensemble's members must take the same fields"
+            )
+    paths = RunPaths(folders[0])
+    out = Path(output) if output else next_version(paths.exports)
+    members = [f"{run}:{ckpt}" for run, (_, _, ckpt) in zip(folders, loaded, strict=True)]
+    meta = {
+        "run": str(folders[0]),
+        "runs": [str(r) for r in folders],
+        "ensemble": {"combine": combine, "members": members},
+    }
+    return _save_ensemble([serving_form(m) for m, _, _ in loaded], paths, out, combine, meta)
+
+
+def _inputs(schema: Schema) -> list[str]:
+    """The model inputs of ``schema`` as ``name (kind dtype)``."""
+    return [f"{f.name} ({f.kind.value} {f.dtype})" for f in schema.model_inputs]
+
+
+def _save_ensemble(
+    models: list[RankingModel], paths: RunPaths, out: Path, combine: str, meta: dict[str, Any]
+) -> Path:
+    """The SavedModel of ``EnsembleServingModule(models)`` at ``out`` (replaced), with the
+    assets of run ``paths`` and ``meta`` in ``stitchrec.json``."""
+    schema = load_schema(paths.schema)
     if out.exists():
         shutil.rmtree(out)
     fields = list(schema.model_inputs)
     module = EnsembleServingModule(models, fields, combine)
     with keras_option_scope(save_traces=False, in_tf_saved_model_scope=True):
         tf.saved_model.save(module, str(out), signatures={"serving_default": module.serve})
-    meta = {
-        "model": models[0].name,
-        "inputs": [f.name for f in fields],
-        "run": str(paths.root.resolve()),
-        "ensemble": {"combine": combine, "members": list(checkpoints)},
-        **(extra or {}),
-    }
+    meta = {"model": models[0].name, "inputs": [f.name for f in fields], **meta}
     write_assets_extra(out, schema, fields, meta)
     shutil.copy(paths.stats / "stats.json", out / ASSETS_EXTRA / "stats.json")
     return out

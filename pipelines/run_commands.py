@@ -3,6 +3,7 @@
 
     stitchrec train   --config FILE [--set KEY=VALUE]... [--output DIR] [--max-bad-rows N]
     stitchrec export  --run DIR [--output DIR] [--single] [--cascade-rank RUN --keep M]
+                      [--ensemble-runs RUN... [--combine logits|probabilities]]
                       [--fuse-kernels]
                       [--fuse [--fuse-ladder N,...] [--fuse-plan-batch B]
                        [--fuse-realization xla_clusters|generated] [--fuse-loop-matmuls]]
@@ -18,7 +19,7 @@ from pathlib import Path
 from compiler_opt.fused_signature import FusionSpec, write_spec
 from pipelines.config import load_config
 from pipelines.errors import UsageError
-from pipelines.export import export_ensemble, export_run, saved_model_bytes
+from pipelines.export import export_ensemble, export_run, export_run_ensemble, saved_model_bytes
 from pipelines.preranking import export_cascade_runs
 from pipelines.run.snapshots import ENSEMBLE_FILE, chosen_ensemble
 from pipelines.train import train
@@ -50,7 +51,15 @@ def cmd_export(args: argparse.Namespace) -> int:
             plan_batch=args.fuse_plan_batch,
             loop_matmuls=args.fuse_loop_matmuls,
         )
-    if args.cascade_rank:
+    if args.ensemble_runs:
+        if args.cascade_rank or args.single or args.fuse_kernels or spec is not None:
+            raise UsageError(
+                "export --ensemble-runs: not with --cascade-rank, --single, --fuse-kernels or "
+                "--fuse"
+            )
+        out = export_run_ensemble([args.run, *args.ensemble_runs], args.output, args.combine)
+        _print(f"ensemble of {1 + len(args.ensemble_runs)} runs' selected checkpoints")
+    elif args.cascade_rank:
         if not args.output:
             raise UsageError("export --cascade-rank needs --output (the cascade's folder)")
         out = export_cascade_runs(

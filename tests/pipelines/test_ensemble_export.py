@@ -13,8 +13,15 @@ import tensorflow as tf  # tests/conftest.py sets TF_USE_LEGACY_KERAS first
 
 from features.dataset import field_tf_dtype
 from features.schema import load_schema
+from pipelines.cli import main
 from pipelines.config import load_config
-from pipelines.export import export_ensemble, export_saved_model, load_checkpoint_model
+from pipelines.export import (
+    EnsembleError,
+    export_ensemble,
+    export_run_ensemble,
+    export_saved_model,
+    load_checkpoint_model,
+)
 from pipelines.run import ensemble as E
 from pipelines.run.model import load_trained_model
 from pipelines.run.scoring import predict
@@ -136,3 +143,56 @@ def test_server_ranks_with_the_ensemble_like_the_saved_model(run, tmp_path):
         result = client.rank("ens", user, candidates)
     np.testing.assert_array_equal(result.indices, np.arange(6))
     np.testing.assert_allclose(result.scores, want["score"], atol=1e-6)
+
+
+def _second_run(run, name: str, schema_text: str | None = None, seed: int = 1):
+    """Another tiny run over the fixture's data (another seed, or another schema)."""
+    root = run["data"]["root"]
+    data = dict(run["data"])
+    if schema_text is not None:
+        data["schema"] = root / f"{name}_schema.toml"
+        data["schema"].write_text(schema_text)
+    model_section = {"type": "dnn", "embedding_dim": 4, "mlp": [8]}
+    train_section = {"batch_size": 256, "epochs": 1, "seed": seed, "log_every": 100}
+    cfg = write_run_config(root / f"{name}.toml", data, root / name, model_section, train_section)
+    train(load_config(cfg), log=lambda _: None)
+    return root / name
+
+
+def test_runs_of_other_seeds_export_as_one_ensemble(run, tmp_path, capsys):
+    """``export --ensemble-runs``: the selected checkpoints of several runs (another model type
+    here: each member keeps its own preprocessing), averaged behind one signature."""
+    other = _second_run(run, "seed1")
+    out = tmp_path / "runs_ens"
+    argv = ["export", "--run", str(run["dir"]), "--ensemble-runs", str(other), "--output", str(out)]
+    assert main(argv) == 0
+    assert "ensemble of 2 runs' selected checkpoints" in capsys.readouterr().out
+    feats = _rows(run)
+    logits = [
+        load_trained_model(r)[0]({k: tf.constant(v) for k, v in feats.items()}).numpy()
+        for r in (run["dir"], other)
+    ]
+    np.testing.assert_allclose(_call(out, feats)["logit"], np.mean(logits, axis=0), atol=1e-5)
+    meta = json.loads((out / "assets.extra" / "stitchrec.json").read_text())
+    assert meta["runs"] == [str(run["dir"].resolve()), str(other.resolve())]
+    members = meta["ensemble"]["members"]
+    assert [m.split(":")[0] for m in members] == meta["runs"] and meta["ensemble"][
+        "combine"
+    ] == "logits"
+    with pytest.raises(EnsembleError, match="expected two or more runs"):
+        export_run_ensemble([run["dir"], run["dir"]])
+
+
+def test_runs_of_other_fields_or_flags_that_do_not_combine_are_usage_errors(run, capsys):
+    without_price = load_schema(run["data"]["schema"]).select(
+        [f.name for f in load_schema(run["data"]["schema"]).fields if f.name != "price"]
+    )
+    path = run["data"]["root"] / "no_price.toml"
+    without_price.save(path)
+    other = _second_run(run, "no_price", path.read_text())
+    argv = ["export", "--run", str(run["dir"]), "--ensemble-runs", str(other), "--output", "x"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "an ensemble's members must take the same fields" in err and "Traceback" not in err
+    assert main([*argv, "--single"]) == 2
+    assert "export --ensemble-runs: not with --cascade-rank, --single" in capsys.readouterr().err
