@@ -279,9 +279,9 @@ def export_run_ensemble(
     runs of one config with different seeds; returns its folder (``output``, replaced, or the
     first run's next export version).
 
-    The runs must take the same model inputs (names, kinds and raw types of the fields): each member keeps
-    its own preprocessing and weights, so their vocabularies, statistics and architectures may
-    differ. ``assets.extra/`` holds the first run's schema and statistics; ``stitchrec.json``
+    The runs must take the same model inputs (names, kinds and raw types of the fields): each
+    member keeps its own preprocessing and weights, so their vocabularies, statistics and
+    architectures may differ. ``assets.extra/`` holds the first run's schema and statistics; ``stitchrec.json``
     names the runs and their checkpoints (``ensemble.members``: ``<run>:<checkpoint>``).
 
     Raises:

@@ -32,7 +32,8 @@ import pyarrow.parquet as pq
 import tensorflow as tf
 
 from bench.training.lr_baseline import REPO, bench_parser, converted, dataset_configs
-from bench.training.quality import paired, parquet_files, test_scores
+from bench.training.quality import paired, test_scores
+from features.dataset import list_parquet
 from features.schema import load_schema
 from pipelines.config import config_from_dict
 from pipelines.train import train
@@ -121,7 +122,7 @@ def bench_dataset(name: str, args: Any, work: Path) -> dict[str, Any] | None:
         y = np.concatenate(
             [
                 pq.read_table(f).column(load_schema(grid_dir / "schema.toml").label.name).to_numpy()
-                for f in parquet_files(test)
+                for f in list_parquet(test)
             ]
         )
         pairs.append(paired(y, test_scores(grid_dir, test), test_scores(work / f"a{seed}", test)))

@@ -53,12 +53,13 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
 
 from bench.training.lr_baseline import REPO, bench_parser, converted, dataset_configs, encode
-from features.dataset import field_tf_dtype, iter_batches
+from features.dataset import field_tf_dtype, iter_batches, list_parquet
 from features.schema import load_schema
 from pipelines.config import config_from_dict
 from pipelines.evaluation.compare import compare_scores
 from pipelines.export import export_ensemble, export_run, load_checkpoint_model
 from pipelines.run.model import load_trained_model
+from pipelines.run.scoring import predict
 from pipelines.train import train
 
 C_GRID = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0)
@@ -109,14 +110,6 @@ def time_split(data_root: Path, work: Path) -> dict[str, Any] | None:
     }
 
 
-def parquet_files(paths: list[str]) -> list[Path]:
-    """Files of ``paths``, a folder standing for its ``*.parquet`` files."""
-    out: list[Path] = []
-    for p in map(Path, paths):
-        out += sorted(p.glob("*.parquet")) if p.is_dir() else [p]
-    return out
-
-
 def test_scores(run_dir: Path, files: list[str], members: list[str] | None = None) -> np.ndarray:
     """Click probabilities of the run's selected checkpoint (or the mean logit of
     ``members``) on every row of ``files``, in file order."""
@@ -125,12 +118,11 @@ def test_scores(run_dir: Path, files: list[str], members: list[str] | None = Non
     else:
         models = [load_trained_model(run_dir)[0]]
     schema = load_schema(run_dir / "schema.toml")
-    names = [f.name for f in schema.model_inputs]
-    out = []
-    for batch in iter_batches(schema, parquet_files(files), batch_size=8192, shuffle=False):
-        feats = {k: tf.constant(batch[k]) for k in names}
-        out.append(np.mean([m(feats, training=False).numpy() for m in models], axis=0))
-    return 1.0 / (1.0 + np.exp(-np.concatenate(out)))
+
+    def scorer(features: dict) -> tf.Tensor:
+        return tf.sigmoid(tf.reduce_mean([m(features, training=False) for m in models], axis=0))
+
+    return predict(scorer, schema, list_parquet(files))[1]
 
 
 def baselines(run_dir: Path, data: dict[str, Any], xgb: bool = True) -> dict[str, Any]:
@@ -173,7 +165,7 @@ def paired(labels: np.ndarray, control: np.ndarray, treatment: np.ndarray) -> di
 def latency(single: Path, ensemble: Path, data: dict[str, Any]) -> dict[str, float]:
     """Median milliseconds of 50 calls of each SavedModel on 512 test rows."""
     schema = load_schema(single / "assets.extra" / "schema.toml")
-    files = parquet_files(data["test"])
+    files = list_parquet(data["test"])
     batch = next(iter_batches(schema, files, batch_size=512, shuffle=False))
     feats = {}
     for f in schema.model_inputs:

@@ -228,8 +228,6 @@ class TrainLoop:
             if features is None:
                 break
             self.train_step(features)
-            if self.snapshots is not None and self.snapshots.after_step(int(s.step)):
-                self.t_window = time.time()  # the snapshot's time is not the window's
             s.step.assign_add(1)
             s.batch.assign_add(1)
             self.trained_steps += 1
@@ -237,6 +235,8 @@ class TrainLoop:
             self.examples_window += n
             self.examples += n
             step = int(s.step)
+            if self.snapshots is not None and self.snapshots.after_step(step - 1):
+                self.t_window = time.time()  # the snapshot's time is not the window's
             if step % tc.log_every == 0 or step == total_steps:
                 self._log_window(epoch, step, total_steps)
             evaluate = bool(tc.eval_every) and step % tc.eval_every == 0

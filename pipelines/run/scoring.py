@@ -19,6 +19,14 @@ def make_scorer(model: RankingModel, schema: Schema) -> Callable[[dict], tf.Tens
     return tf.function(model.score, input_signature=[input_signature(schema.model_inputs)])
 
 
+def make_logit_scorer(model: RankingModel, schema: Schema) -> Callable[[dict], tf.Tensor]:
+    """``model``'s logits (inference mode) as one tf.function over the schema's raw inputs."""
+    return tf.function(
+        lambda features: model(features, training=False),
+        input_signature=[input_signature(schema.model_inputs)],
+    )
+
+
 def predict(
     scorer: Callable[[dict], tf.Tensor], schema: Schema, files: list[Path], batch_size: int = 8192
 ) -> tuple[np.ndarray, np.ndarray]:

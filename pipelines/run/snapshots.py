@@ -15,20 +15,20 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
-from features.dataset import input_signature, iter_batches
+from features.dataset import iter_batches
 from features.schema import Schema
 from pipelines.config import ConfigError
 from pipelines.run import ensemble as ens
 from pipelines.run.paths import Log
 from pipelines.run.schedules import CyclicSchedule, check_lr_schedule
-from pipelines.run.scoring import predict
+from pipelines.run.scoring import make_logit_scorer, predict
 
 #: ``[train] ensemble`` values: no ensemble, or Auto-Ensemble's snapshots of one run.
 ENSEMBLE_MODES = ("none", "auto")
@@ -148,14 +148,6 @@ def run_schedule(tc: Any, steps_per_epoch: int, total_steps: int) -> tuple[str, 
     return "cyclic", options
 
 
-def logit_scorer(model: tf.keras.Model, schema: Schema) -> Callable[[dict], tf.Tensor]:
-    """``model``'s logits (inference mode) as one tf.function over the schema's raw inputs."""
-    return tf.function(
-        lambda features: model(features, training=False),
-        input_signature=[input_signature(schema.model_inputs)],
-    )
-
-
 def validation_labels(schema: Schema, files: list[Path]) -> np.ndarray:
     """The labels of every row of ``files``, in file order."""
     batches = iter_batches(schema, files, batch_size=8192, shuffle=False)
@@ -185,7 +177,7 @@ class SnapshotTaker:
         self.run_dir, self.model, self.schema = Path(run_dir), model, schema
         self.validation_files, self.schedule, self.log = validation_files, schedule, log
         self.options = dict(options)
-        self.scorer = logit_scorer(model, schema)
+        self.scorer = make_logit_scorer(model, schema)
         self.labels = validation_labels(schema, validation_files)
         self.collector = ens.SnapshotCollector(
             self.labels,
@@ -242,9 +234,10 @@ class SnapshotTaker:
         self.seconds += time.perf_counter() - t0
         return True
 
-    def choose(self) -> ens.Selection | None:
+    def choose(self) -> tuple[ens.Selection, list[str]] | None:
         """Selects the members over every snapshot taken and writes ``ensemble.json``
-        (atomically); None when the run took no snapshot."""
+        (atomically); the selection and the members' checkpoints, None when the run took no
+        snapshot."""
         entries = ens.read_snapshots(self.run_dir)
         if not entries:
             return None
@@ -269,7 +262,7 @@ class SnapshotTaker:
             f"({', '.join(members)}): {o['metric']} "
             f"{selection.ensemble_metrics[o['metric']]:.4f}"
         )
-        return selection
+        return selection, members
 
     def finish(self, test_files: list[Path]) -> dict[str, Any] | None:
         """The members chosen (``choose``) and, with a test split, the ensemble's test AUC and
@@ -277,11 +270,10 @@ class SnapshotTaker:
 
         The members are read into the model in turn: afterwards it holds the last member's
         weights."""
-        selection = self.choose()
-        if selection is None:
+        chosen = self.choose()
+        if chosen is None:
             return None
-        entries = ens.read_snapshots(self.run_dir)
-        members = [entries[i]["checkpoint"] for i in selection.members]
+        selection, members = chosen
         report = {
             "collection": self.collector.to_dict(),
             "selection": selection.to_dict(),
