@@ -368,6 +368,19 @@ def serve(sub: Subparsers) -> None:
         "--max-request-rows", type=int, default=100_000, help="examples one request may hold"
     )
     p.add_argument(
+        "--max-tensor-elements",
+        type=int,
+        default=1_000_000,
+        help="elements one input tensor may declare (TF Serving and KServe shapes)",
+    )
+    p.add_argument("--max-string-kb", type=int, default=1024, help="largest string value, in KiB")
+    p.add_argument(
+        "--max-broadcast-mb",
+        type=int,
+        default=32,
+        help="MiB a rank request's user features may take once repeated over its candidates",
+    )
+    p.add_argument(
         "--max-message-mb", type=float, default=64.0, help="largest gRPC message, in MiB"
     )
     p.add_argument("--token", action="append", default=[], help="accepted bearer token")

@@ -123,13 +123,33 @@ class VersionPolicy:
 
 @dataclasses.dataclass(frozen=True)
 class Limits:
-    """Per-request limits: examples in one request (rows), candidates in one rank request."""
+    """Per-request limits, checked before the server allocates for a request.
+
+    max_request_rows: examples in one request (the candidates of a rank request).
+    max_tensor_elements: elements one input tensor may declare (TF Serving ``tensor_shape``,
+    KServe ``shape``), checked on the declared shape before any value is decoded.
+    max_string_bytes: bytes of one string value.
+    max_broadcast_bytes: bytes a rank request's user features take once copied over its
+    candidates (the sum of the user strings' lengths times the candidates): the model scores
+    one row per candidate, so each user value is repeated N times in memory.
+    max_message_chars: longest error message sent back (longer ones are cut, saying how much).
+    """
 
     max_request_rows: int = 100_000
+    max_tensor_elements: int = 1_000_000
+    max_string_bytes: int = 1024 * 1024
+    max_broadcast_bytes: int = 32 * 1024 * 1024
+    max_message_chars: int = 1000
 
     def __post_init__(self) -> None:
-        if self.max_request_rows < 1:
-            raise ValueError(f"max_request_rows must be >= 1, got {self.max_request_rows}")
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"limits: {f.name} must be an integer >= 1, got {value!r}")
+        if self.max_message_chars < 100:
+            raise ValueError(
+                f"limits: max_message_chars must be >= 100, got {self.max_message_chars}"
+            )
 
 
 @dataclasses.dataclass(frozen=True)

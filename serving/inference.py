@@ -4,10 +4,16 @@ Requests arrive in three wire formats (RankingService, TF Serving, KServe v2); e
 its tensors into ``{name: numpy array}`` and calls ``predict`` or ``rank`` here, so every
 protocol gets the same checks and the same errors:
 
-- missing, extra or mistyped features, wrong shapes, NaN/Inf, empty or too-large batches:
+- missing, extra or mistyped features, wrong shapes, NaN/Inf, empty or too-large batches, user
+  features that would take too much memory once repeated over the candidates:
   INVALID_ARGUMENT, naming the feature, what was found and what the model expects;
 - unknown model or version: NOT_FOUND, naming what is served;
 - a full batch queue: RESOURCE_EXHAUSTED; a deadline that passed in the queue: DEADLINE_EXCEEDED.
+
+A request is served in three steps so that the costly one can run off the event loop:
+``resolve`` (the model version and signature: NOT_FOUND before anything is decoded), the
+decoding and checks (``check_features``, ``prepare_rank``: plain functions a servicer runs on a
+worker thread), and ``run`` (the dynamic batcher, or the signature alone).
 """
 
 from __future__ import annotations
@@ -15,8 +21,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
 
 import grpc
 import numpy as np
@@ -116,17 +122,26 @@ def coerce(
     )
 
 
-def _check_names(specs: Mapping[str, Any], features: Mapping[str, Any], where: str) -> None:
-    """INVALID_ARGUMENT naming the missing and the unknown features, if any."""
-    missing = sorted(set(specs) - set(features))
-    extra = sorted(set(features) - set(specs))
+def name_list(names: Any, most: int = 10) -> str:
+    """``names`` sorted, at most ``most`` of them shown (messages echo client input)."""
+    names = sorted(names)
+    shown = [n if len(n) <= 64 else n[:64] + "..." for n in names[:most]]
+    more = f" and {len(names) - most} more" if len(names) > most else ""
+    return f"{shown}{more}"
+
+
+def check_names(specs: Mapping[str, Any], features: Any, where: str) -> None:
+    """INVALID_ARGUMENT naming the missing and the unknown features, if any (``features``: the
+    request's input names, checked before any value is decoded)."""
+    missing = set(specs) - set(features)
+    extra = set(features) - set(specs)
     if missing or extra:
         parts = []
         if missing:
-            parts.append(f"missing feature(s) {missing}")
+            parts.append(f"missing feature(s) {name_list(missing)}")
         if extra:
-            parts.append(f"unknown feature(s) {extra}")
-        raise invalid(f"{where}: {'; '.join(parts)}; the model expects {sorted(specs)}")
+            parts.append(f"unknown feature(s) {name_list(extra)}")
+        raise invalid(f"{where}: {'; '.join(parts)}; the model expects {name_list(specs, 50)}")
 
 
 def check_features(
@@ -141,7 +156,7 @@ def check_features(
     Every feature must be a 1-D array (``[rows, 1]`` is accepted as ``[rows]``) of the same
     length ``rows`` with ``1 <= rows <= limits.max_request_rows``.
     """
-    _check_names(specs, features, where)
+    check_names(specs, features, where)
     out: dict[str, np.ndarray] = {}
     rows = None
     first = ""
@@ -184,11 +199,69 @@ def _check_deadline(deadline: float | None) -> None:
         raise ServingError(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded before inference")
 
 
-async def _run_signature(
-    mv: ModelVersion, features: dict[str, np.ndarray], signature: str
+T = TypeVar("T")
+Offload = Callable[[Callable[[], T]], Awaitable[T]]
+
+
+async def inline(fn: Callable[[], T]) -> T:
+    """The default ``offload``: runs ``fn`` on the calling thread."""
+    return fn()
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """A request's model version and signature, with the inputs the signature takes."""
+
+    mv: ModelVersion
+    signature: str
+    specs: Mapping[str, InputSpec]
+    where: str
+
+
+def resolve(repo: ModelRepository, name: str, version: int | None, signature: str = "") -> Target:
+    """The live version and signature a request names (NOT_FOUND when there is none)."""
+    mv = repo.get(name, version)
+    signature = signature or SERVING_SIGNATURE
+    where = f"model {name!r} version {mv.version}"
+    if signature == SERVING_SIGNATURE:
+        return Target(mv, signature, mv.inputs, where)
+    if signature not in mv.signature_inputs:
+        raise ModelNotFound(
+            f"{where} has no signature {name_list([signature])}; it has {mv.signature_names}"
+        )
+    return Target(mv, signature, mv.signature_inputs[signature], where)
+
+
+def check_inputs(
+    target: Target,
+    features: Mapping[str, np.ndarray],
+    limits: Limits,
+    strings_checked: bool = False,
+) -> tuple[dict[str, np.ndarray], int]:
+    """``check_features`` for the target's signature (``serving_default``: every input
+    ``[rows]``; other signatures: inputs of static shape ``[1]`` take one value)."""
+    if target.signature == SERVING_SIGNATURE:
+        return check_features(features, target.specs, target.where, limits, strings_checked)
+    return _check_shapes_free(features, target.specs, target.where, limits)
+
+
+async def run(
+    target: Target, checked: dict[str, np.ndarray], rows: int, deadline: float | None
 ) -> dict[str, np.ndarray]:
-    loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(None, mv.run, mv.next_instance(), features, signature)
+    """Scores checked inputs: ``serving_default`` through the dynamic batcher, other
+    signatures alone on a worker thread."""
+    _check_deadline(deadline)
+    mv = target.mv
+    if target.signature != SERVING_SIGNATURE:
+        loop = asyncio.get_running_loop()
+        instance = mv.next_instance()
+        return await mv.call(
+            lambda: loop.run_in_executor(None, mv.run, instance, checked, target.signature)
+        )
+    batcher = mv.batcher
+    if batcher is None:
+        raise ServingError(grpc.StatusCode.UNAVAILABLE, f"{target.where} is not started")
+    return await mv.call(lambda: batcher.submit(checked, rows, deadline))
 
 
 async def predict(
@@ -201,30 +274,17 @@ async def predict(
     deadline: float | None = None,
     limits: Limits | None = None,
     strings_checked: bool = False,
+    offload: Offload = inline,
 ) -> tuple[ModelVersion, dict[str, np.ndarray]]:
     """Scores one request: ``{feature: [rows]}`` -> ``{output: [rows, ...]}``.
 
     ``serving_default`` requests go through the dynamic batcher; other signatures run alone.
+    ``offload`` runs the checks (e.g. on a worker thread).
     """
     limits = limits or Limits()
-    mv = repo.get(name, version)
-    signature = signature or SERVING_SIGNATURE
-    where = f"model {name!r} version {mv.version}"
-    if signature != SERVING_SIGNATURE:
-        if signature not in mv.signature_inputs:
-            raise ModelNotFound(
-                f"{where} has no signature {signature!r}; it has {mv.signature_names}"
-            )
-        specs = mv.signature_inputs[signature]
-        checked, _ = _check_shapes_free(features, specs, where, limits)
-        _check_deadline(deadline)
-        return mv, await mv.call(lambda: _run_signature(mv, checked, signature))
-    checked, rows = check_features(features, mv.inputs, where, limits, strings_checked)
-    _check_deadline(deadline)
-    batcher = mv.batcher
-    if batcher is None:
-        raise ServingError(grpc.StatusCode.UNAVAILABLE, f"{where} is not started")
-    return mv, await mv.call(lambda: batcher.submit(checked, rows, deadline))
+    target = resolve(repo, name, version, signature)
+    checked, rows = await offload(lambda: check_inputs(target, features, limits, strings_checked))
+    return target.mv, await run(target, checked, rows, deadline)
 
 
 def _check_shapes_free(
@@ -238,7 +298,7 @@ def _check_shapes_free(
     inputs with static shape ``[1]`` take exactly one value; the others ``[n]`` values, the
     same ``n >= 1`` for all of them.
     """
-    _check_names(specs, features, where)
+    check_names(specs, features, where)
     once = {n for n, s in specs.items() if s.shape == (1,)}
     per_row = {n: features[n] for n in specs if n not in once}
     single = {n: features[n] for n in once}
@@ -281,6 +341,75 @@ def top_k(scores: np.ndarray, k: int) -> np.ndarray:
     return order[:k].astype(np.int32)
 
 
+def prepare_rank(
+    target: Target,
+    user: Mapping[str, np.ndarray],
+    candidates: Mapping[str, np.ndarray],
+    limits: Limits,
+    strings_checked: bool = False,
+) -> tuple[dict[str, np.ndarray], int, int]:
+    """A rank request's inputs for ``target``: ``(checked inputs, rows, candidates)``.
+
+    With a ``rank_request`` target the user features stay ``[1]``; with ``serving_default`` they
+    are repeated over the candidates, refused (INVALID_ARGUMENT) when the copies would take more
+    than ``limits.max_broadcast_bytes``.
+    """
+    where = target.where
+    both = sorted(set(user) & set(candidates))
+    if both:
+        raise invalid(
+            f"{where}: feature(s) {name_list(both)} given both as user and candidate features"
+        )
+    for n, a in user.items():
+        if a.size != 1:
+            raise invalid(
+                f"{where}: user feature {n!r} has {a.size} values; a user feature takes exactly one"
+            )
+    if not candidates:
+        raise invalid(f"{where}: no candidate features; expected [N] values per candidate feature")
+    lengths = {n: len(a) for n, a in candidates.items()}
+    n_cand = max(lengths.values())
+    if n_cand == 0:
+        raise invalid(f"{where}: empty candidate list; expected at least one candidate")
+    if n_cand > limits.max_request_rows:
+        raise invalid(
+            f"{where}: {n_cand} candidates in one request; the server accepts at most "
+            f"{limits.max_request_rows}"
+        )
+    if target.signature == RANK_SIGNATURE:
+        features = {**{n: a.reshape(1) for n, a in user.items()}, **candidates}
+        checked, rows = check_inputs(target, features, limits)
+        return checked, rows, n_cand
+    bad = {n: v for n, v in lengths.items() if v != n_cand}
+    if bad:
+        raise invalid(
+            f"{where}: candidate features differ in length: "
+            f"{name_list(f'{n}: {v}' for n, v in lengths.items())}; each needs "
+            f"one value per candidate"
+        )
+    _check_broadcast(user, n_cand, where, limits)
+    tiled = {n: np.repeat(a.reshape(1), n_cand) for n, a in user.items()}
+    checked, rows = check_inputs(target, {**tiled, **candidates}, limits, strings_checked)
+    return checked, rows, n_cand
+
+
+def _check_broadcast(
+    user: Mapping[str, np.ndarray], n_cand: int, where: str, limits: Limits
+) -> None:
+    """INVALID_ARGUMENT when the user features repeated over ``n_cand`` candidates would take
+    more than ``limits.max_broadcast_bytes`` (strings: their length; numbers: their size)."""
+    one = 0
+    for a in user.values():
+        v = a.reshape(-1)[0]
+        one += len(v) if isinstance(v, bytes | str) else a.dtype.itemsize
+    if one * n_cand > limits.max_broadcast_bytes:
+        raise invalid(
+            f"{where}: the user features take {one} bytes; repeated over {n_cand} candidates "
+            f"they would take {one * n_cand} bytes; the server accepts at most "
+            f"{limits.max_broadcast_bytes} (send fewer candidates or shorter user values)"
+        )
+
+
 async def rank(
     repo: ModelRepository,
     name: str,
@@ -293,68 +422,34 @@ async def rank(
     deadline: float | None = None,
     limits: Limits | None = None,
     strings_checked: bool = False,
+    offload: Offload = inline,
 ) -> RankResult:
     """Scores N candidates for one user: user features ``[1]`` each, candidate features ``[N]``.
 
     With a ``rank_request`` signature the model takes them as they are; otherwise the user
     features are tiled to ``[N]`` and the request joins the dynamic batcher through
-    ``serving_default``.
+    ``serving_default``. ``offload`` runs the tiling and checks (e.g. on a worker thread).
     """
     limits = limits or Limits()
     mv = repo.get(name, version)
-    where = f"model {name!r} version {mv.version}"
+    signature = RANK_SIGNATURE if mv.rank_inputs is not None else SERVING_SIGNATURE
+    target = resolve(repo, name, mv.version, signature)
     if k < 0:
-        raise invalid(f"{where}: top_k must be >= 0, got {k}")
-    both = sorted(set(user) & set(candidates))
-    if both:
-        raise invalid(f"{where}: feature(s) {both} given both as user and candidate features")
-    for n, a in user.items():
-        if a.size != 1:
-            raise invalid(
-                f"{where}: user feature {n!r} has {a.size} values; a user feature takes exactly one"
-            )
-    if not candidates:
-        raise invalid(f"{where}: no candidate features; expected [N] values per candidate feature")
-    lengths = {n: len(a) for n, a in candidates.items()}
-    n_cand = max(lengths.values())
-    if n_cand == 0:
-        raise invalid(f"{where}: empty candidate list; expected at least one candidate")
+        raise invalid(f"{target.where}: top_k must be >= 0, got {k}")
+    checked, rows, n_cand = await offload(
+        lambda: prepare_rank(target, user, candidates, limits, strings_checked)
+    )
+    outputs = await run(target, checked, rows, deadline)
     out_name = output or "score"
-    if mv.rank_inputs is not None:
-        features = {**{n: a.reshape(1) for n, a in user.items()}, **candidates}
-        _, outputs = await predict(
-            repo,
-            name,
-            mv.version,
-            features,
-            signature=RANK_SIGNATURE,
-            deadline=deadline,
-            limits=limits,
-        )
-    else:
-        bad = {n: v for n, v in lengths.items() if v != n_cand}
-        if bad:
-            raise invalid(
-                f"{where}: candidate features differ in length: {lengths}; each needs one value "
-                f"per candidate"
-            )
-        tiled = {n: np.repeat(a.reshape(1), n_cand) for n, a in user.items()}
-        _, outputs = await predict(
-            repo,
-            name,
-            mv.version,
-            {**tiled, **candidates},
-            deadline=deadline,
-            limits=limits,
-            strings_checked=strings_checked,
-        )
     if out_name not in outputs:
-        raise invalid(f"{where}: no output {out_name!r}; outputs: {sorted(outputs)}")
+        raise invalid(
+            f"{target.where}: no output {name_list([out_name])}; outputs: {sorted(outputs)}"
+        )
     scores = np.asarray(outputs[out_name], dtype=np.float32).reshape(-1)
     if len(scores) != n_cand:
         raise ServingError(
             grpc.StatusCode.INTERNAL,
-            f"{where}: output {out_name!r} has {len(scores)} values for {n_cand} candidates",
+            f"{target.where}: output {out_name!r} has {len(scores)} values for {n_cand} candidates",
         )
     idx = top_k(scores, k)
     return RankResult(mv.version, scores[idx], idx)

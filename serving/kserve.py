@@ -9,7 +9,7 @@ from protos import grpc_service_pb2 as kserve_pb2
 from protos import grpc_service_pb2_grpc as kserve_grpc
 from serving import inference
 from serving.codec import kserve_datatype, kserve_inputs_to_numpy, numpy_to_kserve_raw
-from serving.inference import invalid
+from serving.inference import check_names, invalid
 from serving.repository import ModelNotFound
 from serving.rpc import ServerState, check_outputs, deadline, rpc
 
@@ -18,13 +18,16 @@ SERVER_VERSION = "0.1.0"
 
 
 def version_arg(text: str, where: str) -> int | None:
-    """A KServe version string -> a version number (``""``: None, the highest live one)."""
+    """A KServe version string -> a version number (``""``: None, the highest live one).
+
+    Only ASCII digits are a version: ``"1_0"``, ``" 1 "`` or ``"+1"`` are refused.
+    """
     if not text:
         return None
-    try:
-        v = int(text)
-    except ValueError:
-        raise invalid(f"{where}: model version {text!r} is not an integer") from None
+    if not (text.isascii() and text.isdigit()):
+        shown = text if len(text) <= 32 else text[:32] + "..."
+        raise invalid(f"{where}: model version {shown!r} is not a positive integer")
+    v = int(text)
     if v < 1:
         raise invalid(f"{where}: model version must be >= 1, got {v}")
     return v
@@ -34,16 +37,16 @@ class KServeServicer(kserve_grpc.GRPCInferenceServiceServicer):
     def __init__(self, state: ServerState):
         self.state = state
 
-    @rpc("ServerLive")
+    @rpc("ServerLive", kserve_pb2.ServerLiveRequest)
     async def ServerLive(self, request: Any, context: Any) -> Any:
         return kserve_pb2.ServerLiveResponse(live=True)
 
-    @rpc("ServerReady")
+    @rpc("ServerReady", kserve_pb2.ServerReadyRequest)
     async def ServerReady(self, request: Any, context: Any) -> Any:
         ready = self.state.repo.ready() and not self.state.shutting_down
         return kserve_pb2.ServerReadyResponse(ready=ready)
 
-    @rpc("ModelReady")
+    @rpc("ModelReady", kserve_pb2.ModelReadyRequest)
     async def ModelReady(self, request: Any, context: Any) -> Any:
         version = version_arg(request.version, "ModelReadyRequest")
         if request.name not in self.state.repo.model_names():
@@ -51,11 +54,11 @@ class KServeServicer(kserve_grpc.GRPCInferenceServiceServicer):
         ready = self.state.repo.ready(request.name, version) and not self.state.shutting_down
         return kserve_pb2.ModelReadyResponse(ready=ready)
 
-    @rpc("ServerMetadata")
+    @rpc("ServerMetadata", kserve_pb2.ServerMetadataRequest)
     async def ServerMetadata(self, request: Any, context: Any) -> Any:
         return kserve_pb2.ServerMetadataResponse(name=SERVER_NAME, version=SERVER_VERSION)
 
-    @rpc("ModelMetadata")
+    @rpc("ModelMetadata", kserve_pb2.ModelMetadataRequest)
     async def ModelMetadata(self, request: Any, context: Any) -> Any:
         version = version_arg(request.version, "ModelMetadataRequest")
         mv = self.state.repo.get(request.name, version)
@@ -71,22 +74,23 @@ class KServeServicer(kserve_grpc.GRPCInferenceServiceServicer):
             resp.outputs.add(name=name, datatype=kserve_datatype(spec.dtype), shape=dims)
         return resp
 
-    @rpc("ModelInfer")
+    @rpc("ModelInfer", kserve_pb2.ModelInferRequest)
     async def ModelInfer(self, request: kserve_pb2.ModelInferRequest, context: Any) -> Any:
         where = "ModelInferRequest"
         if not request.model_name:
             raise invalid(f"{where}: model_name is empty")
         version = version_arg(request.model_version, where)
-        features = kserve_inputs_to_numpy(request, where)
-        mv, outputs = await inference.predict(
-            self.state.repo,
-            request.model_name,
-            version,
-            features,
-            deadline=deadline(context),
-            limits=self.state.limits,
-            strings_checked=True,
-        )
+        target = inference.resolve(self.state.repo, request.model_name, version)
+        check_names(target.specs, [t.name for t in request.inputs], target.where)
+        limits = self.state.limits
+
+        def decode() -> tuple[dict, int]:
+            features = kserve_inputs_to_numpy(request, where, limits)
+            return inference.check_inputs(target, features, limits, strings_checked=True)
+
+        checked, rows = await self.state.offload(decode)
+        mv = target.mv
+        outputs = await inference.run(target, checked, rows, deadline(context))
         wanted = [o.name for o in request.outputs] or sorted(outputs)
         check_outputs(wanted, outputs, where, "unknown output(s)")
         resp = kserve_pb2.ModelInferResponse(

@@ -18,15 +18,24 @@ class RankingServicer(rank_grpc.RankingServiceServicer):
     def __init__(self, state: ServerState):
         self.state = state
 
-    @rpc("Rank")
+    @rpc("Rank", rank_pb2.RankRequest)
     async def Rank(self, request: rank_pb2.RankRequest, context: grpc.aio.ServicerContext) -> Any:
         where = "RankRequest"
         if not request.model_name:
             raise invalid(f"{where}: model_name is empty")
         if request.model_version < 0:
             raise invalid(f"{where}: model_version must be >= 0, got {request.model_version}")
-        user = features_to_numpy(request.user_features, f"{where}.user_features")
-        cands = features_to_numpy(request.candidate_features, f"{where}.candidate_features")
+        limits = self.state.limits
+        # the model first: an unknown model is NOT_FOUND before any feature is decoded
+        self.state.repo.get(request.model_name, request.model_version or None)
+        user, cands = await self.state.offload(
+            lambda: (
+                features_to_numpy(request.user_features, f"{where}.user_features", limits),
+                features_to_numpy(
+                    request.candidate_features, f"{where}.candidate_features", limits
+                ),
+            )
+        )
         result = await inference.rank(
             self.state.repo,
             request.model_name,
@@ -36,8 +45,9 @@ class RankingServicer(rank_grpc.RankingServiceServicer):
             k=request.top_k,
             output=request.output,
             deadline=deadline(context),
-            limits=self.state.limits,
+            limits=limits,
             strings_checked=True,
+            offload=self.state.offload,
         )
         return rank_pb2.RankResponse(
             model_name=request.model_name,

@@ -406,8 +406,7 @@ class ModelRepository:
                     f"model {name!r} has no ready version (versions: {self._describe(name)})"
                 )
             raise ModelNotFound(
-                f"unknown model {name!r}; the repository {str(self.root)!r} serves "
-                f"{sorted(self._live) or 'no models'}"
+                f"unknown model {name!r}; the server serves {sorted(self._live) or 'no models'}"
             )
         if not version:
             return live[max(live)]
@@ -434,14 +433,16 @@ class ModelRepository:
     def status(self, name: str) -> dict[int, VersionStatus]:
         if name not in self._status:
             raise ModelNotFound(
-                f"unknown model {name!r}; the repository {str(self.root)!r} has "
-                f"{self.model_names() or 'no models'}"
+                f"unknown model {name!r}; the server has {self.model_names() or 'no models'}"
             )
         return dict(self._status[name])
 
     def _describe(self, name: str) -> str:
+        """The versions of ``name`` and their states, for clients: load errors without the
+        repository's path."""
+        root = str(self.root)
         return ", ".join(
-            f"{v}: {s.state}{' (' + s.error + ')' if s.error else ''}"
+            f"{v}: {s.state}{' (' + s.error.replace(root, '<repository>') + ')' if s.error else ''}"
             for v, s in sorted(self._status.get(name, {}).items())
         )
 

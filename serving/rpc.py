@@ -1,17 +1,29 @@
-"""What every gRPC service shares: the server state and the ``rpc`` handler wrapper (exceptions
--> gRPC status codes through ``serving.inference.status_of``, one metrics record per call)."""
+"""What every gRPC service shares: the server state and the ``rpc`` handler wrapper.
+
+Inference services are registered with ``add_service``, which hands the wrapper the request's
+wire bytes: ``rpc`` parses them (on a worker thread when they are large, so that a big request
+never holds the event loop that health checks and other calls need), answers a message that
+does not parse with INVALID_ARGUMENT, maps exceptions to gRPC status codes through
+``serving.inference.status_of`` (messages cut to ``Limits.max_message_chars``) and records one
+metrics sample per call.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import json
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
+from google.protobuf import message as pb_message
+from google.protobuf import message_factory
+from google.protobuf.descriptor import ServiceDescriptor
 
 from serving import inference
 from serving.inference import Limits, invalid
@@ -20,19 +32,63 @@ from serving.repository import ModelRepository
 
 log = logging.getLogger("stitchrec.serving")
 
+T = TypeVar("T")
+
+# requests up to this many bytes are parsed on the event loop (a thread hop costs more)
+INLINE_PARSE_BYTES = 64 * 1024
+
+
+def codec_threads() -> int:
+    """Worker threads that decode and check requests: one per core, 2 to 8."""
+    return max(2, min(8, os.cpu_count() or 2))
+
 
 class ServerState:
-    """What the services share: the repository, limits, metrics and the shutdown flag."""
+    """What the services share: the repository, limits, metrics, the shutdown flag and the
+    worker threads that decode requests (``offload``)."""
 
-    def __init__(self, repo: ModelRepository, metrics: Metrics, limits: Limits):
+    def __init__(
+        self, repo: ModelRepository, metrics: Metrics, limits: Limits, threads: int | None = None
+    ):
         self.repo = repo
         self.metrics = metrics
         self.limits = limits
         self.shutting_down = False
+        self.pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=threads or codec_threads(), thread_name_prefix="stitchrec-decode"
+        )
+
+    async def offload(self, fn: Callable[[], T]) -> T:
+        """Runs ``fn`` on a decode worker thread; the event loop stays free meanwhile."""
+        return await asyncio.get_running_loop().run_in_executor(self.pool, fn)
+
+    async def parse(self, request_type: type[pb_message.Message], raw: bytes) -> Any:
+        """The request message in ``raw`` (INVALID_ARGUMENT when it does not parse)."""
+        name = request_type.DESCRIPTOR.name
+        try:
+            if len(raw) <= INLINE_PARSE_BYTES:
+                return request_type.FromString(raw)
+            return await self.offload(lambda: request_type.FromString(raw))
+        except pb_message.DecodeError as e:
+            raise invalid(f"the request is not a valid {name} message: {e}") from None
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
 
 
-def rpc(method: str) -> Callable:
-    """Wraps a handler: exceptions -> gRPC status with a message, metrics per call."""
+def clip(message: str, most: int) -> str:
+    """``message`` cut to at most about ``most`` characters, saying how much was cut."""
+    if len(message) <= most:
+        return message
+    return f"{message[:most]}... ({len(message) - most} more characters)"
+
+
+def rpc(method: str, request_type: type[pb_message.Message] | None = None) -> Callable:
+    """Wraps a handler: exceptions -> gRPC status with a message, metrics per call.
+
+    With ``request_type`` the handler is registered (``add_service``) to receive wire bytes;
+    the wrapper parses them into ``request_type`` before calling it.
+    """
 
     def deco(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
         @functools.wraps(fn)
@@ -43,6 +99,8 @@ def rpc(method: str) -> Callable:
                 self.state.metrics.record_rpc(method, code, time.perf_counter() - t0)
 
             try:
+                if request_type is not None and isinstance(request, bytes):
+                    request = await self.state.parse(request_type, request)
                 response = await fn(self, request, context)
             except asyncio.CancelledError:
                 record("CANCELLED")
@@ -54,13 +112,38 @@ def rpc(method: str) -> Callable:
                 # counted before the status goes out: a client that sees the error and then
                 # scrapes /metrics finds it counted
                 record(status.name)
-                await context.abort(status, message)
+                await context.abort(status, clip(message, self.state.limits.max_message_chars))
             record("OK")
             return response
 
+        wrapper.request_type = request_type  # type: ignore[attr-defined]
         return wrapper
 
     return deco
+
+
+def _serialize(message: pb_message.Message) -> bytes:
+    return message.SerializeToString()
+
+
+def add_service(server: grpc.aio.Server, servicer: Any, service: ServiceDescriptor) -> None:
+    """Registers every unary method of ``service`` on ``server``, served by ``servicer``'s
+    method of the same name. Methods wrapped by ``rpc(..., request_type)`` get the wire bytes
+    (parsed by the wrapper); the others the parsed request."""
+    handlers = {}
+    for m in service.methods:
+        fn = getattr(servicer, m.name)
+        parses = getattr(fn, "request_type", None) is not None
+        handlers[m.name] = grpc.unary_unary_rpc_method_handler(
+            fn,
+            request_deserializer=None
+            if parses
+            else message_factory.GetMessageClass(m.input_type).FromString,
+            response_serializer=_serialize,
+        )
+    generic = grpc.method_handlers_generic_handler(service.full_name, handlers)
+    server.add_generic_rpc_handlers((generic,))
+    server.add_registered_method_handlers(service.full_name, handlers)
 
 
 def deadline(context: grpc.aio.ServicerContext) -> float | None:
@@ -72,4 +155,4 @@ def check_outputs(wanted: list[str], outputs: dict, where: str, what: str) -> No
     """Raises INVALID_ARGUMENT when ``wanted`` names an output the model does not have."""
     unknown = sorted(set(wanted) - set(outputs))
     if unknown:
-        raise invalid(f"{where}: {what} {unknown}; outputs: {sorted(outputs)}")
+        raise invalid(f"{where}: {what} {inference.name_list(unknown)}; outputs: {sorted(outputs)}")

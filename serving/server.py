@@ -24,32 +24,29 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from tensorflow_serving.apis import (
     model_service_pb2,
-    model_service_pb2_grpc,
     prediction_service_pb2,
-    prediction_service_pb2_grpc,
 )
 
 from protos import grpc_service_pb2 as kserve_pb2
-from protos import grpc_service_pb2_grpc as kserve_grpc
 from protos import ranking_service_pb2 as rank_pb2
-from protos import ranking_service_pb2_grpc as rank_grpc
 from serving.config import ServerOptions
 from serving.interceptors import AccessLogInterceptor, TokenAuthInterceptor
 from serving.kserve import KServeServicer
 from serving.metrics import Metrics
 from serving.ranking_service import RankingServicer
 from serving.repository import ModelRepository
-from serving.rpc import ServerState
+from serving.rpc import ServerState, add_service
 from serving.tf_serving import ModelServicer, PredictionServicer
 
 log = logging.getLogger("stitchrec.serving.server")
 
-SERVICE_NAMES = (
-    rank_pb2.DESCRIPTOR.services_by_name["RankingService"].full_name,
-    prediction_service_pb2.DESCRIPTOR.services_by_name["PredictionService"].full_name,
-    model_service_pb2.DESCRIPTOR.services_by_name["ModelService"].full_name,
-    kserve_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name,
+SERVICES = (
+    rank_pb2.DESCRIPTOR.services_by_name["RankingService"],
+    prediction_service_pb2.DESCRIPTOR.services_by_name["PredictionService"],
+    model_service_pb2.DESCRIPTOR.services_by_name["ModelService"],
+    kserve_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"],
 )
+SERVICE_NAMES = tuple(s.full_name for s in SERVICES)
 
 
 class ServingServer:
@@ -85,6 +82,7 @@ class ServingServer:
         self.repository.flush()
         await self.grpc_server.stop(grace)
         await self.repository.close()
+        self.state.close()
         self.metrics.stop_http()
         log.info(json.dumps({"event": "stopped", "seconds": round(time.monotonic() - t0, 3)}))
 
@@ -138,12 +136,14 @@ def _grpc_server(options: ServerOptions) -> grpc.aio.Server:
 
 def _add_services(server: grpc.aio.Server, state: ServerState) -> health.aio.HealthServicer:
     """Registers every service plus grpc.health.v1 and reflection; returns the health servicer."""
-    rank_grpc.add_RankingServiceServicer_to_server(RankingServicer(state), server)
-    prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(
-        PredictionServicer(state), server
+    servicers = (
+        RankingServicer(state),
+        PredictionServicer(state),
+        ModelServicer(state),
+        KServeServicer(state),
     )
-    model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelServicer(state), server)
-    kserve_grpc.add_GRPCInferenceServiceServicer_to_server(KServeServicer(state), server)
+    for servicer, service in zip(servicers, SERVICES, strict=True):
+        add_service(server, servicer, service)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     health_name = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name

@@ -16,7 +16,7 @@ from tensorflow_serving.apis import (
 
 from serving import inference
 from serving.codec import numpy_to_tensor_proto, tensor_protos_to_numpy
-from serving.inference import invalid
+from serving.inference import check_names, invalid
 from serving.repository import ModelNotFound
 from serving.rpc import ServerState, check_outputs, deadline, rpc
 
@@ -42,21 +42,23 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
     def __init__(self, state: ServerState):
         self.state = state
 
-    @rpc("Predict")
+    @rpc("Predict", predict_pb2.PredictRequest)
     async def Predict(self, request: predict_pb2.PredictRequest, context: Any) -> Any:
         where = "PredictRequest"
         name, version = model_spec(request.model_spec, where)
-        features = tensor_protos_to_numpy(request.inputs, where)
-        mv, outputs = await inference.predict(
-            self.state.repo,
-            name,
-            version,
-            features,
-            signature=request.model_spec.signature_name,
-            deadline=deadline(context),
-            limits=self.state.limits,
-            strings_checked=True,
+        target = inference.resolve(
+            self.state.repo, name, version, request.model_spec.signature_name
         )
+        check_names(target.specs, request.inputs.keys(), target.where)
+        limits = self.state.limits
+
+        def decode() -> tuple[dict, int]:
+            features = tensor_protos_to_numpy(request.inputs, where, limits)
+            return inference.check_inputs(target, features, limits, strings_checked=True)
+
+        checked, rows = await self.state.offload(decode)
+        mv = target.mv
+        outputs = await inference.run(target, checked, rows, deadline(context))
         wanted = list(request.output_filter) or sorted(outputs)
         check_outputs(wanted, outputs, where, "output_filter names unknown output(s)")
         resp = predict_pb2.PredictResponse()
@@ -67,7 +69,7 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
             resp.outputs[k].CopyFrom(numpy_to_tensor_proto(outputs[k]))
         return resp
 
-    @rpc("GetModelMetadata")
+    @rpc("GetModelMetadata", get_model_metadata_pb2.GetModelMetadataRequest)
     async def GetModelMetadata(
         self, request: get_model_metadata_pb2.GetModelMetadataRequest, context: Any
     ) -> Any:
@@ -94,7 +96,7 @@ class ModelServicer(model_service_pb2_grpc.ModelServiceServicer):
     def __init__(self, state: ServerState):
         self.state = state
 
-    @rpc("GetModelStatus")
+    @rpc("GetModelStatus", get_model_status_pb2.GetModelStatusRequest)
     async def GetModelStatus(
         self, request: get_model_status_pb2.GetModelStatusRequest, context: Any
     ) -> Any:

@@ -99,12 +99,25 @@ def test_serve_two_workers_exported_model(exported_repo):
             proc.wait()
 
 
-def test_serve_rejects_bad_flags_with_one_error_line(tmp_path):
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (
+            ["--version-policy", "newest"],
+            "error: version policy 'newest': expected latest[:N], all or specific",
+        ),
+        (
+            ["--max-string-kb", "0"],
+            "error: limits: max_string_bytes must be an integer >= 1, got 0",
+        ),
+    ],
+)
+def test_serve_rejects_bad_flags_with_one_error_line(tmp_path, flags, message):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     p = subprocess.run(
-        [sys.executable, "-m", "pipelines.cli", "serve", "--repo", str(tmp_path),
-         "--version-policy", "newest"],
+        [sys.executable, "-m", "pipelines.cli", "serve", "--repo", str(tmp_path), *flags],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert p.returncode == 2
-    assert "error: version policy 'newest': expected latest[:N], all or specific" in p.stderr
+    assert message in p.stderr
+    assert "Traceback" not in p.stderr

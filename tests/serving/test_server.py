@@ -606,7 +606,7 @@ def test_bad_kserve_datatype_shape_and_tf_serving_shape(server):
         stub.ModelInfer(req)
     req = _kserve_request()
     req.model_version = "x"
-    with pytest.raises(grpc.RpcError, match="model version 'x' is not an integer"):
+    with pytest.raises(grpc.RpcError, match="model version 'x' is not a positive integer"):
         stub.ModelInfer(req)
     predict = prediction_service_pb2_grpc.PredictionServiceStub(
         grpc.insecure_channel(server.target)
