@@ -14,6 +14,7 @@ from typing import Any
 import grpc
 
 from serving import inference
+from serving.admission import Admission
 from serving.inference import Limits, invalid
 from serving.metrics import Metrics
 from serving.repository import ModelRepository
@@ -22,17 +23,26 @@ log = logging.getLogger("stitchrec.serving")
 
 
 class ServerState:
-    """What the services share: the repository, limits, metrics and the shutdown flag."""
+    """What the services share: the repository, limits, metrics, admission control and the
+    shutdown flag (True from the start of a stop: readiness reports false)."""
 
-    def __init__(self, repo: ModelRepository, metrics: Metrics, limits: Limits):
+    def __init__(
+        self,
+        repo: ModelRepository,
+        metrics: Metrics,
+        limits: Limits,
+        admission: Admission | None = None,
+    ):
         self.repo = repo
         self.metrics = metrics
         self.limits = limits
+        self.admission = admission or Admission(256, metrics)
         self.shutting_down = False
 
 
 def rpc(method: str) -> Callable:
-    """Wraps a handler: exceptions -> gRPC status with a message, metrics per call."""
+    """Wraps a handler: admission control (``serving.admission``), exceptions -> gRPC status
+    with a message (and a retry hint when overloaded), metrics per call."""
 
     def deco(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
         @functools.wraps(fn)
@@ -42,19 +52,21 @@ def rpc(method: str) -> Callable:
             def record(code: str) -> None:
                 self.state.metrics.record_rpc(method, code, time.perf_counter() - t0)
 
+            admission = self.state.admission
             try:
-                response = await fn(self, request, context)
+                with admission.admit(method):
+                    response = await fn(self, request, context)
             except asyncio.CancelledError:
                 record("CANCELLED")
                 raise
             except Exception as e:
-                status, message = inference.status_of(e)
+                status, message, trailers = admission.answer(method, e)
                 if status == grpc.StatusCode.INTERNAL:
                     log.exception(json.dumps({"event": "internal_error", "method": method}))
                 # counted before the status goes out: a client that sees the error and then
                 # scrapes /metrics finds it counted
                 record(status.name)
-                await context.abort(status, message)
+                await context.abort(status, message, trailing_metadata=trailers)
             record("OK")
             return response
 
