@@ -50,11 +50,12 @@ class Rejected(Exception):
 
 
 def grpc_limits(max_inflight: int) -> tuple[int, list[tuple[str, int]]]:
-    """gRPC's ``maximum_concurrent_rpcs`` and its channel options for a server admitting
-    ``max_inflight`` inference calls: the same bound on calls per connection
-    (``grpc.max_concurrent_streams``; a client with more waits for a stream on its side)."""
+    """gRPC's ``maximum_concurrent_rpcs`` for a server admitting ``max_inflight`` inference
+    calls (calls past it: RESOURCE_EXHAUSTED from gRPC), and the channel options bounding the
+    calls of one connection at twice that (``grpc.max_concurrent_streams``; a client with more
+    waits for a stream on its side, a stream opened past it is refused: UNAVAILABLE)."""
     limit = 2 * max_inflight + GRPC_HEADROOM
-    return limit, [("grpc.max_concurrent_streams", limit)]
+    return limit, [("grpc.max_concurrent_streams", 2 * limit)]
 
 
 class Admission:
