@@ -52,6 +52,8 @@ from serving.tf_serving import ModelServicer, PredictionServicer
 
 log = logging.getLogger("stitchrec.serving.server")
 
+REFUSING_S = 0.25  # on stop, the least time new calls are answered UNAVAILABLE before gRPC stops
+
 SERVICE_NAMES = (
     rank_pb2.DESCRIPTOR.services_by_name["RankingService"].full_name,
     prediction_service_pb2.DESCRIPTOR.services_by_name["PredictionService"].full_name,
@@ -102,6 +104,11 @@ class ServingServer:
         t1 = time.monotonic()
         answered = await self.state.admission.wait_idle(0.0 if grace is None else grace)
         left = None if grace is None else max(0.0, grace - (time.monotonic() - t1))
+        if left is not None:
+            # new calls keep getting UNAVAILABLE from the handlers a moment: gRPC's own stop
+            # cancels the calls it has received but not yet handed to a handler
+            await asyncio.sleep(min(left, max(0.0, REFUSING_S - (time.monotonic() - t1))))
+            left = max(0.0, grace - (time.monotonic() - t1))
         # what is left in flight (non-inference calls, or past the grace) gets the rest
         await self.grpc_server.stop(left if answered or left is None else 0.0)
         await self.repository.close()
