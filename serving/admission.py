@@ -36,6 +36,8 @@ PUSHBACK_KEY = "grpc-retry-pushback-ms"
 # streams, reflection, metadata calls, and inference calls being refused
 GRPC_HEADROOM = 128
 
+PENDING_CALLS = 100_000  # calls gRPC holds for the event loop before it cancels them
+
 Metadata = tuple[tuple[str, str], ...]
 
 
@@ -53,9 +55,15 @@ def grpc_limits(max_inflight: int) -> tuple[int, list[tuple[str, int]]]:
     """gRPC's ``maximum_concurrent_rpcs`` for a server admitting ``max_inflight`` inference
     calls (calls past it: RESOURCE_EXHAUSTED from gRPC), and the channel options bounding the
     calls of one connection at twice that (``grpc.max_concurrent_streams``; a client with more
-    waits for a stream on its side, a stream opened past it is refused: UNAVAILABLE)."""
+    waits for a stream on its side, a stream opened past it is refused: UNAVAILABLE). Calls
+    that gRPC has received but the event loop has not yet taken wait for it (up to their
+    deadline) instead of being cancelled after a second, as gRPC does past 1,000 such calls."""
     limit = 2 * max_inflight + GRPC_HEADROOM
-    return limit, [("grpc.max_concurrent_streams", 2 * limit)]
+    return limit, [
+        ("grpc.max_concurrent_streams", 2 * limit),
+        ("grpc.server.max_pending_requests", PENDING_CALLS),
+        ("grpc.server.max_pending_requests_hard_limit", PENDING_CALLS),
+    ]
 
 
 class Admission:
