@@ -1,5 +1,6 @@
 """A graceful stop on a real server under load: health NOT_SERVING while calls are still served,
-Watch streams end at once, then UNAVAILABLE, no call CANCELLED; per-model health; reflection v1."""
+Watch streams end at once, then UNAVAILABLE, no call CANCELLED; per-model health; reflection v1;
+the `stitchrec serve` flags of admission and drain."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2
 
+from pipelines import serve
+from pipelines.cli import build_parser
 from protos import ranking_service_pb2_grpc as rank_grpc
 from serving.client import make_request
 from serving.config import BatchingConfig, ServerOptions
@@ -151,3 +154,17 @@ def test_per_model_health_and_reflection_v1(repo, tmp_path):
         } <= names
         assert file.file_descriptor_response.file_descriptor_proto
         channel.close()
+
+
+def test_serve_flags_reach_the_options_and_the_workers():
+    argv = ["serve", "--repo", "models", "--max-inflight", "8", "--max-queued-rows", "100"]
+    argv += ["--retry-after-ms", "50", "--drain-seconds", "2.5", "--workers", "2"]
+    args = build_parser().parse_args(argv)
+    opts = serve._options(args)
+    assert (opts.max_inflight, opts.retry_after_ms, opts.drain_s) == (8, 50, 2.5)
+    assert opts.batching.max_queued_rows == 100
+    worker = serve._worker_argv(args, 8500, 0)
+    for flag in ("--max-inflight", "--max-queued-rows", "--retry-after-ms", "--drain-seconds"):
+        assert flag in worker
+    defaults = serve._options(build_parser().parse_args(["serve", "--repo", "models"]))
+    assert (defaults.max_inflight, defaults.drain_s) == (256, 5.0)
