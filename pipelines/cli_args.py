@@ -393,6 +393,7 @@ def serve(sub: Subparsers) -> None:
         default=10.0,
         help="on SIGTERM, seconds in-flight calls get to finish",
     )
+    _admission_flags(p)
     p.add_argument("--access-log", action="store_true", help="one JSON log line per call")
     p.add_argument(
         "--no-fusion",
@@ -403,6 +404,33 @@ def serve(sub: Subparsers) -> None:
     p.add_argument("--intra-op-threads", type=int, default=0, help="TensorFlow; 0: default")
     p.add_argument("--inter-op-threads", type=int, default=0, help="TensorFlow; 0: default")
     p.set_defaults(handler="pipelines.serve:cmd_serve")
+
+
+def _admission_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--max-inflight",
+        type=int,
+        default=256,
+        help="inference calls handled at once; more: RESOURCE_EXHAUSTED at once",
+    )
+    p.add_argument(
+        "--max-queued-rows",
+        type=int,
+        default=65536,
+        help="examples waiting in one model version's batch queue; more: RESOURCE_EXHAUSTED",
+    )
+    p.add_argument(
+        "--retry-after-ms",
+        type=int,
+        default=100,
+        help="retry hint sent with RESOURCE_EXHAUSTED (retry-after-ms, grpc-retry-pushback-ms)",
+    )
+    p.add_argument(
+        "--drain-seconds",
+        type=float,
+        default=5.0,
+        help="on SIGTERM, seconds health reports NOT_SERVING while calls are still served",
+    )
 
 
 def _batching_flags(p: argparse.ArgumentParser) -> None:

@@ -6,7 +6,8 @@
                     [--preferred-batch-sizes 256,1024] [--max-queue-size Q] [--no-batching]
                     [--token T]... [--tls-cert F --tls-key F [--tls-client-ca F]]
                     [--max-message-mb M] [--grace-seconds G] [--access-log] [--log-level L]
-                    [--no-fusion]
+                    [--no-fusion] [--max-inflight N] [--max-queued-rows R]
+                    [--retry-after-ms MS] [--drain-seconds D]
 
 With ``--workers N > 1`` the command reserves the port, starts N server processes that bind it
 with SO_REUSEPORT (worker i serves metrics on ``--metrics-port + i``), forwards SIGTERM/SIGINT
@@ -58,6 +59,7 @@ def _checked_options(args: argparse.Namespace) -> ServerOptions:
             preferred_batch_sizes=args.preferred_batch_sizes,
             max_queue_size=args.max_queue_size,
             concurrency=args.batch_concurrency,
+            max_queued_rows=args.max_queued_rows,
         ),
         limits=Limits(
             max_request_rows=args.max_request_rows,
@@ -77,6 +79,9 @@ def _checked_options(args: argparse.Namespace) -> ServerOptions:
         tls_client_ca=args.tls_client_ca,
         access_log=args.access_log,
         fusion=not args.no_fusion,
+        max_inflight=args.max_inflight,
+        retry_after_ms=args.retry_after_ms,
+        drain_s=args.drain_seconds,
         reuse_port=args.workers > 1 or os.environ.get("STITCHREC_WORKER_INDEX") is not None,
     )
 
@@ -137,6 +142,10 @@ def _worker_argv(args: argparse.Namespace, port: int, index: int) -> list[str]:
         "max_broadcast_mb",
         "max_message_mb",
         "grace_seconds",
+        "max_inflight",
+        "max_queued_rows",
+        "retry_after_ms",
+        "drain_seconds",
         "log_level",
         "intra_op_threads",
         "inter_op_threads",
@@ -147,7 +156,7 @@ def _worker_argv(args: argparse.Namespace, port: int, index: int) -> list[str]:
         value = getattr(args, flag)
         if value is not None:
             out += ["--" + flag.replace("_", "-"), str(value)]
-    for flag in ("no_batching", "access_log"):
+    for flag in ("no_batching", "access_log", "no_fusion"):
         if getattr(args, flag):
             out.append("--" + flag.replace("_", "-"))
     return out

@@ -14,8 +14,13 @@ When to dispatch (the same rules as Triton's dynamic batcher):
 - a request whose deadline has passed before its batch is formed is answered
   ``DeadlineExceeded`` and never computed; a request whose caller went away is dropped.
 
-A full queue fails fast (``QueueFull``, mapped to RESOURCE_EXHAUSTED): a server that cannot keep
-up answers at once instead of letting latency grow without bound. With ``enabled = False`` each
+A full queue fails fast (``QueueFull``, mapped to RESOURCE_EXHAUSTED): more than
+``max_queue_size`` requests or ``max_queued_rows`` examples waiting (a request larger than
+``max_queued_rows`` is taken when the queue is empty). A request whose deadline is nearer than the
+expected wait (``expected_wait``: the batching window still to run, or the queued examples over
+the measured throughput) fails at once with ``WouldMissDeadline`` (DEADLINE_EXCEEDED) instead of
+waiting for a deadline it cannot meet. A server that cannot keep up answers at once instead of
+letting latency grow without bound. With ``enabled = False`` each
 request runs alone (the "no batching" baseline), ``concurrency`` at a time per instance.
 """
 
@@ -38,11 +43,26 @@ RunFn = Callable[[int, dict[str, np.ndarray]], dict[str, np.ndarray]]
 
 
 class QueueFull(Exception):
-    """The batch queue is full: the server is overloaded (RESOURCE_EXHAUSTED)."""
+    """The batch queue is full: the server is overloaded (RESOURCE_EXHAUSTED).
+
+    ``reason``: ``queue_requests`` or ``queue_rows``, the bound that was reached."""
+
+    def __init__(self, message: str, reason: str = "queue_requests"):
+        super().__init__(message)
+        self.reason = reason
 
 
 class DeadlineExceeded(Exception):
     """The request's deadline passed while it waited in the queue (DEADLINE_EXCEEDED)."""
+
+
+class WouldMissDeadline(DeadlineExceeded):
+    """The request's deadline is nearer than the expected wait in the queue: refused at once."""
+
+    reason = "deadline"
+
+
+_EWMA = 0.2  # weight of the newest batch in the batch timing averages
 
 
 class BatcherClosed(Exception):
@@ -139,11 +159,41 @@ class DynamicBatcher:
         self._closed = False
         self._flushing = False
         self._scheduler = asyncio.get_running_loop().create_task(self._schedule())
+        self._slots = slots
         self.batches = 0  # batches run (for tests and stats)
+        self.batch_seconds: float | None = None  # EWMA of the model time of one batch
+        self.rows_per_second: float | None = None  # EWMA of one batch's examples per second
 
     @property
     def queued(self) -> int:
         return len(self._queue)
+
+    @property
+    def queued_rows(self) -> int:
+        return self._queued_rows
+
+    def expected_wait(self, rows: int, now: float | None = None) -> float:
+        """Seconds a request of ``rows`` examples queued now is expected to wait for its batch.
+
+        0 with an empty queue. When the request still fits the first batch: the batching window
+        left to the oldest request. Otherwise the batches ahead of it over the free model slots:
+        the smaller of (queued rows / measured rows per second) and (batches ahead x measured
+        seconds per batch), so a throughput measured on small batches does not overestimate a
+        queue that runs as large ones. 0 until a batch has been measured.
+        """
+        if not self._queue:
+            return 0.0
+        cfg = self.config
+        now = time.monotonic() if now is None else now
+        if cfg.enabled and self._queued_rows + rows < cfg.max_batch_size:
+            if self._flushing:
+                return 0.0
+            return max(0.0, self._queue[0].enqueued + cfg.max_queue_delay_us / 1e6 - now)
+        if self.batch_seconds is None or self.rows_per_second is None:
+            return 0.0
+        ahead = -(-self._queued_rows // cfg.max_batch_size) if cfg.enabled else len(self._queue)
+        by_rows = self._queued_rows / self.rows_per_second
+        return min(by_rows, ahead * self.batch_seconds) / self._slots
 
     async def submit(
         self, features: dict[str, np.ndarray], rows: int, deadline: float | None = None
@@ -151,11 +201,27 @@ class DynamicBatcher:
         """Queues one request of ``rows`` examples; returns its outputs ``{name: [rows, ...]}``."""
         if self._closed:
             raise BatcherClosed("the model version is being unloaded")
-        if len(self._queue) >= self.config.max_queue_size:
+        cfg = self.config
+        if len(self._queue) >= cfg.max_queue_size:
             raise QueueFull(
-                f"the batch queue is full ({self.config.max_queue_size} requests waiting); "
+                f"the batch queue is full ({cfg.max_queue_size} requests waiting); "
                 f"retry later or add capacity"
             )
+        if self._queue and self._queued_rows + rows > cfg.max_queued_rows:
+            raise QueueFull(
+                f"the batch queue is full ({self._queued_rows} examples waiting, this request "
+                f"has {rows}, max_queued_rows={cfg.max_queued_rows}); retry later or add capacity",
+                reason="queue_rows",
+            )
+        if deadline is not None:
+            now = time.monotonic()
+            wait = self.expected_wait(rows, now)
+            if wait > deadline - now:
+                raise WouldMissDeadline(
+                    f"deadline exceeded: {1e3 * max(deadline - now, 0.0):.1f} ms left, the "
+                    f"expected wait in the batch queue is {1e3 * wait:.1f} ms "
+                    f"({self._queued_rows} examples waiting)"
+                )
         fut = asyncio.get_running_loop().create_future()
         self._queue.append(_Item(features, rows, deadline, fut, time.monotonic()))
         self._queued_rows += rows
@@ -237,7 +303,7 @@ class DynamicBatcher:
                     if not it.future.done():
                         it.future.set_exception(e)
                 return
-            self.batches += 1
+            self._measure(sum(rows), time.monotonic() - start)
             for it, part in zip(items, parts, strict=True):
                 if not it.future.done():
                     it.future.set_result(part)
@@ -245,6 +311,16 @@ class DynamicBatcher:
                 self._on_batch(sum(rows), len(items), [start - it.enqueued for it in items])
         finally:
             self._free.release()
+
+    def _measure(self, rows: int, seconds: float) -> None:
+        """Updates the batch timing averages with one batch of ``rows`` that took ``seconds``."""
+        self.batches += 1
+        seconds = max(seconds, 1e-6)
+        if self.batch_seconds is None or self.rows_per_second is None:
+            self.batch_seconds, self.rows_per_second = seconds, rows / seconds
+            return
+        self.batch_seconds += _EWMA * (seconds - self.batch_seconds)
+        self.rows_per_second += _EWMA * (rows / seconds - self.rows_per_second)
 
     def flush(self) -> None:
         """From now on dispatches queued requests at once instead of waiting out the window.

@@ -38,6 +38,8 @@ class BatchingConfig:
     max_queue_delay_us: longest the oldest queued request waits for others to join it.
     preferred_batch_sizes: batch sizes (rows) dispatched at once when the queue reaches them.
     max_queue_size: most requests waiting; one more fails with RESOURCE_EXHAUSTED.
+    max_queued_rows: most examples waiting; a request that would pass it fails with
+    RESOURCE_EXHAUSTED (a larger request is taken when the queue is empty).
     concurrency: batches run at the same time on each model instance.
     """
 
@@ -47,9 +49,10 @@ class BatchingConfig:
     preferred_batch_sizes: tuple[int, ...] = ()
     max_queue_size: int = 2048
     concurrency: int = 1
+    max_queued_rows: int = 65536
 
     def __post_init__(self) -> None:
-        for name in ("max_batch_size", "max_queue_size", "concurrency"):
+        for name in ("max_batch_size", "max_queue_size", "concurrency", "max_queued_rows"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"batching: {name} must be an integer >= 1, got {value!r}")
@@ -165,6 +168,12 @@ class ServerOptions:
     reuse_port: bind with SO_REUSEPORT so several processes share the port.
     fusion: honour an export's ``assets.extra/fusion.json`` (``stitchrec export --fuse``):
     planned XLA clusters and batch-size buckets, compiled at load (False: serve it unfused).
+    max_inflight: inference calls (Rank, Predict, ModelInfer) handled at once; one more is
+    answered RESOURCE_EXHAUSTED at once.
+    retry_after_ms: the retry hint of every RESOURCE_EXHAUSTED answer (trailing metadata
+    ``retry-after-ms`` and ``grpc-retry-pushback-ms``, which gRPC retry policies honour).
+    drain_s: on stop, seconds health reports NOT_SERVING while calls are still served, so load
+    balancers move traffic away before new calls are refused (``stitchrec serve``: 5).
     """
 
     batching: BatchingConfig = BatchingConfig()
@@ -184,8 +193,19 @@ class ServerOptions:
     reuse_port: bool = False
     devices: tuple[str, ...] | None = None
     fusion: bool = True
+    max_inflight: int = 256
+    retry_after_ms: int = 100
+    drain_s: float = 0.0
 
     def __post_init__(self) -> None:
+        if isinstance(self.max_inflight, bool) or not isinstance(self.max_inflight, int):
+            raise ValueError(f"max_inflight must be an integer >= 1, got {self.max_inflight!r}")
+        if self.max_inflight < 1:
+            raise ValueError(f"max_inflight must be an integer >= 1, got {self.max_inflight}")
+        if not 0 <= self.retry_after_ms <= 3_600_000:
+            raise ValueError(f"retry_after_ms must be in [0, 3600000], got {self.retry_after_ms}")
+        if not 0 <= self.drain_s <= 3600:
+            raise ValueError(f"drain_s must be in [0, 3600] seconds, got {self.drain_s}")
         if self.max_message_bytes < 1024:
             raise ValueError(f"max_message_bytes must be >= 1024, got {self.max_message_bytes}")
         if (self.tls_cert is None) != (self.tls_key is None):

@@ -2,6 +2,8 @@
 
     stitchrec_requests_total{method, code}             RPCs answered, by gRPC status code
     stitchrec_request_failures_total{method, code}     the subset that did not end OK
+    stitchrec_rejected_total{method, reason}           calls refused by admission control:
+        inflight, queue_requests, queue_rows, deadline, stopping (see serving.admission)
     stitchrec_request_latency_seconds{method}          histogram of time in the handler
     stitchrec_queue_seconds{model}                     histogram of time in the batch queue
     stitchrec_batch_rows{model}                        histogram of examples per batch
@@ -48,6 +50,12 @@ class Metrics:
         self.failures = prom.Counter(
             "stitchrec_request_failures", "RPCs that did not end OK", ["method", "code"], registry=r
         )
+        self.rejected = prom.Counter(
+            "stitchrec_rejected",
+            "Calls refused by admission control",
+            ["method", "reason"],
+            registry=r,
+        )
         self.latency = prom.Histogram(
             "stitchrec_request_latency_seconds",
             "Time in the RPC handler",
@@ -89,6 +97,9 @@ class Metrics:
         if code != "OK":
             self.failures.labels(method, code).inc()
         self.latency.labels(method).observe(seconds)
+
+    def record_rejection(self, method: str, reason: str) -> None:
+        self.rejected.labels(method, reason).inc()
 
     def record_batch(self, model: str, rows: int, requests: int, waits: list[float]) -> None:
         self.batch_rows.labels(model).observe(rows)

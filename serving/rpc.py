@@ -26,6 +26,7 @@ from google.protobuf import message_factory
 from google.protobuf.descriptor import ServiceDescriptor
 
 from serving import inference
+from serving.admission import Admission
 from serving.inference import Limits, invalid
 from serving.metrics import Metrics
 from serving.repository import ModelRepository
@@ -44,15 +45,22 @@ def codec_threads() -> int:
 
 
 class ServerState:
-    """What the services share: the repository, limits, metrics, the shutdown flag and the
-    worker threads that decode requests (``offload``)."""
+    """What the services share: the repository, limits, metrics, admission control, the
+    shutdown flag (True from the start of a stop: readiness reports false) and the worker
+    threads that decode requests (``offload``)."""
 
     def __init__(
-        self, repo: ModelRepository, metrics: Metrics, limits: Limits, threads: int | None = None
+        self,
+        repo: ModelRepository,
+        metrics: Metrics,
+        limits: Limits,
+        admission: Admission | None = None,
+        threads: int | None = None,
     ):
         self.repo = repo
         self.metrics = metrics
         self.limits = limits
+        self.admission = admission or Admission(256, metrics)
         self.shutting_down = False
         self.pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=threads or codec_threads(), thread_name_prefix="stitchrec-decode"
@@ -84,10 +92,11 @@ def clip(message: str, most: int) -> str:
 
 
 def rpc(method: str, request_type: type[pb_message.Message] | None = None) -> Callable:
-    """Wraps a handler: exceptions -> gRPC status with a message, metrics per call.
+    """Wraps a handler: admission control (``serving.admission``), exceptions -> gRPC status
+    with a message (and a retry hint when overloaded), metrics per call.
 
     With ``request_type`` the handler is registered (``add_service``) to receive wire bytes;
-    the wrapper parses them into ``request_type`` before calling it.
+    the wrapper parses them into ``request_type`` (after admission) before calling it.
     """
 
     def deco(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
@@ -98,21 +107,27 @@ def rpc(method: str, request_type: type[pb_message.Message] | None = None) -> Ca
             def record(code: str) -> None:
                 self.state.metrics.record_rpc(method, code, time.perf_counter() - t0)
 
+            admission = self.state.admission
             try:
-                if request_type is not None and isinstance(request, bytes):
-                    request = await self.state.parse(request_type, request)
-                response = await fn(self, request, context)
+                with admission.admit(method):
+                    if request_type is not None and isinstance(request, bytes):
+                        request = await self.state.parse(request_type, request)
+                    response = await fn(self, request, context)
             except asyncio.CancelledError:
                 record("CANCELLED")
                 raise
             except Exception as e:
-                status, message = inference.status_of(e)
+                status, message, trailers = admission.answer(method, e)
                 if status == grpc.StatusCode.INTERNAL:
                     log.exception(json.dumps({"event": "internal_error", "method": method}))
                 # counted before the status goes out: a client that sees the error and then
                 # scrapes /metrics finds it counted
                 record(status.name)
-                await context.abort(status, clip(message, self.state.limits.max_message_chars))
+                await context.abort(
+                    status,
+                    clip(message, self.state.limits.max_message_chars),
+                    trailing_metadata=trailers,
+                )
             record("OK")
             return response
 

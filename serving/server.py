@@ -2,9 +2,15 @@
 
 ``create_server(address, repo, options)`` loads the repository (every selected version loaded and
 warmed), starts the services (RankingService, TF Serving PredictionService and ModelService,
-KServe v2 GRPCInferenceService, grpc.health.v1, reflection) and returns ``(server, port)``;
-``await server.stop(grace)`` turns health to NOT_SERVING, stops accepting calls, lets in-flight
-calls finish (up to ``grace`` seconds), then drains the batchers and unloads the models.
+KServe v2 GRPCInferenceService, grpc.health.v1 per service and per model, reflection v1 and
+v1alpha) and returns ``(server, port)``. Admission control (``serving.admission``) bounds the
+inference calls in flight and answers overload at once.
+
+``await server.stop(grace)`` drains: every health status turns NOT_SERVING (KServe ServerReady
+false) and health Watch streams end; for the drain period (``ServerOptions.drain_s``) calls are
+still served, so load balancers move traffic away; then new calls are answered UNAVAILABLE, the
+batchers dispatch their queues at once and the calls in flight are answered (up to ``grace``
+seconds); then the gRPC server stops and the models are unloaded.
 
 Several processes can serve one port (``SO_REUSEPORT``; the kernel spreads connections over
 them): ``stitchrec serve --workers N`` starts N such processes (see ``pipelines/serve.py``).
@@ -20,8 +26,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tensorflow_serving.apis import (
     model_service_pb2,
     prediction_service_pb2,
@@ -29,16 +34,21 @@ from tensorflow_serving.apis import (
 
 from protos import grpc_service_pb2 as kserve_pb2
 from protos import ranking_service_pb2 as rank_pb2
+from serving import admission
 from serving.config import ServerOptions
+from serving.health import NOT_SERVING, SERVING, HealthServicer
 from serving.interceptors import AccessLogInterceptor, TokenAuthInterceptor
 from serving.kserve import KServeServicer
 from serving.metrics import Metrics
 from serving.ranking_service import RankingServicer
+from serving.reflection import enable_reflection
 from serving.repository import ModelRepository
 from serving.rpc import ServerState, add_service
 from serving.tf_serving import ModelServicer, PredictionServicer
 
 log = logging.getLogger("stitchrec.serving.server")
+
+REFUSING_S = 0.25  # on stop, the least time new calls are answered UNAVAILABLE before gRPC stops
 
 SERVICES = (
     rank_pb2.DESCRIPTOR.services_by_name["RankingService"],
@@ -56,9 +66,10 @@ class ServingServer:
         self,
         grpc_server: grpc.aio.Server,
         state: ServerState,
-        health_servicer: health.aio.HealthServicer,
+        health_servicer: HealthServicer,
         port: int,
         metrics_port: int | None,
+        drain_s: float = 0.0,
     ):
         self.grpc_server = grpc_server
         self.state = state
@@ -67,24 +78,48 @@ class ServingServer:
         self.health = health_servicer
         self.port = port
         self.metrics_port = metrics_port
+        self.drain_s = drain_s
         self._stopped = False
 
-    async def stop(self, grace: float | None = 10.0) -> None:
-        """Graceful stop: NOT_SERVING, refuse new calls, finish in-flight ones, unload."""
+    async def stop(self, grace: float | None = 10.0, drain: float | None = None) -> None:
+        """Graceful stop: NOT_SERVING (Watch streams end), ``drain`` seconds still serving
+        (default ``drain_s``), then UNAVAILABLE to new calls while the queued and in-flight
+        ones are answered (up to ``grace`` seconds; None: none waited for), then unload."""
         if self._stopped:
             return
         self._stopped = True
+        drain = self.drain_s if drain is None else drain
         t0 = time.monotonic()
         self.state.shutting_down = True
-        await self.health.enter_graceful_shutdown()
+        self.health.shut_down()
+        log.info(json.dumps({"event": "draining", "seconds": drain}))
         await self.repository.stop_polling()
+        await asyncio.sleep(max(0.0, drain - (time.monotonic() - t0)))
+        self.state.admission.refuse()
         # no new call joins the queued ones: dispatch them now rather than after the window
         self.repository.flush()
-        await self.grpc_server.stop(grace)
+        t1 = time.monotonic()
+        answered = await self.state.admission.wait_idle(0.0 if grace is None else grace)
+        left = None if grace is None else max(0.0, grace - (time.monotonic() - t1))
+        if left is not None:
+            # new calls keep getting UNAVAILABLE from the handlers a moment: gRPC's own stop
+            # cancels the calls it has received but not yet handed to a handler
+            await asyncio.sleep(min(left, max(0.0, REFUSING_S - (time.monotonic() - t1))))
+            left = max(0.0, grace - (time.monotonic() - t1))
+        # what is left in flight (non-inference calls, or past the grace) gets the rest
+        await self.grpc_server.stop(left if answered or left is None else 0.0)
         await self.repository.close()
         self.state.close()
         self.metrics.stop_http()
-        log.info(json.dumps({"event": "stopped", "seconds": round(time.monotonic() - t0, 3)}))
+        log.info(
+            json.dumps(
+                {
+                    "event": "stopped",
+                    "seconds": round(time.monotonic() - t0, 3),
+                    "in_flight_left": self.state.admission.inflight,
+                }
+            )
+        )
 
     async def wait_for_termination(self) -> None:
         await self.grpc_server.wait_for_termination()
@@ -124,17 +159,20 @@ def _grpc_server(options: ServerOptions) -> grpc.aio.Server:
         interceptors.append(TokenAuthInterceptor(options.tokens))
     if options.access_log:
         interceptors.append(AccessLogInterceptor())
+    max_rpcs, limits = admission.grpc_limits(options.max_inflight)
     return grpc.aio.server(
         interceptors=interceptors,
+        maximum_concurrent_rpcs=max_rpcs,
         options=[
             ("grpc.max_receive_message_length", options.max_message_bytes),
             ("grpc.max_send_message_length", options.max_message_bytes),
             ("grpc.so_reuseport", 1 if options.reuse_port else 0),
+            *limits,
         ],
     )
 
 
-def _add_services(server: grpc.aio.Server, state: ServerState) -> health.aio.HealthServicer:
+def _add_services(server: grpc.aio.Server, state: ServerState) -> HealthServicer:
     """Registers every service plus grpc.health.v1 and reflection; returns the health servicer."""
     servicers = (
         RankingServicer(state),
@@ -144,12 +182,10 @@ def _add_services(server: grpc.aio.Server, state: ServerState) -> health.aio.Hea
     )
     for servicer, service in zip(servicers, SERVICES, strict=True):
         add_service(server, servicer, service)
-    health_servicer = health.aio.HealthServicer()
+    health_servicer = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     health_name = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
-    reflection.enable_server_reflection(
-        (*SERVICE_NAMES, health_name, reflection.SERVICE_NAME), server
-    )
+    enable_reflection((*SERVICE_NAMES, health_name), server)
     return health_servicer
 
 
@@ -173,20 +209,22 @@ def _bind(server: grpc.aio.Server, address: str, options: ServerOptions) -> int:
 
 
 def _health_sync(
-    state: ServerState, health_servicer: health.aio.HealthServicer
+    state: ServerState, health_servicer: HealthServicer
 ) -> Callable[[], Awaitable[None]]:
-    """A coroutine function setting every service SERVING while every model has a ready
-    version (and the server is not stopping), NOT_SERVING otherwise."""
+    """A coroutine function setting the server and every service SERVING while every model has
+    a ready version, each model SERVING while it has one, each ready ``<model>/<version>``
+    SERVING (NOT_SERVING everywhere once the server stops)."""
 
     async def sync_health() -> None:
-        ok = state.repo.ready() and not state.shutting_down
-        status = (
-            health_pb2.HealthCheckResponse.SERVING
-            if ok
-            else health_pb2.HealthCheckResponse.NOT_SERVING
-        )
-        for name in ("", *SERVICE_NAMES):
-            await health_servicer.set(name, status)
+        repo = state.repo
+        up = not state.shutting_down
+        overall = SERVING if up and repo.ready() else NOT_SERVING
+        statuses = dict.fromkeys(("", *SERVICE_NAMES), overall)
+        for name in repo.model_names():
+            statuses[name] = SERVING if up and repo.ready(name) else NOT_SERVING
+            for v in repo.live_versions(name):
+                statuses[f"{name}/{v}"] = SERVING if up else NOT_SERVING
+        health_servicer.update(statuses)
 
     return sync_health
 
@@ -204,7 +242,8 @@ async def create_server(
     metrics = Metrics()
     repository = _repository(repo, options, metrics)
     server = _grpc_server(options)
-    state = ServerState(repository, metrics, options.limits)
+    gate = admission.Admission(options.max_inflight, metrics, options.retry_after_ms)
+    state = ServerState(repository, metrics, options.limits, gate)
     health_servicer = _add_services(server, state)
     port = _bind(server, address, options)
     sync_health = _health_sync(state, health_servicer)
@@ -234,7 +273,8 @@ async def create_server(
             }
         )
     )
-    return ServingServer(server, state, health_servicer, port, metrics_port), port
+    serving = ServingServer(server, state, health_servicer, port, metrics_port, options.drain_s)
+    return serving, port
 
 
 class JsonFormatter(logging.Formatter):
@@ -272,7 +312,9 @@ def configure_logging(level: str = "INFO") -> None:
 async def serve_forever(
     address: str, repo: str | Path, options: ServerOptions, grace: float = 10.0
 ) -> int:
-    """Runs until SIGTERM or SIGINT, then stops gracefully; prints the port once serving."""
+    """Runs until SIGTERM or SIGINT, then stops gracefully (``ServingServer.stop``: the drain
+    period of ``options.drain_s``, then up to ``grace`` seconds for the calls in flight); prints
+    the port once serving."""
     import signal
 
     server, port = await create_server(address, repo, options)

@@ -492,7 +492,7 @@ def test_graceful_stop_drains_in_flight_requests(repo):
     s = ServerThread(repo, opts)
     stub = rank_grpc.RankingServiceStub(grpc.insecure_channel(s.target))
     reqs = [make_request("lin", {"user": "u1"}, {"item": [i], "price": [0.0]}) for i in range(20)]
-    futures = [stub.Rank.future(r, timeout=60) for r in reqs]
+    futures = [stub.Rank.future(r, timeout=300) for r in reqs]  # beyond the window
     batcher = s.server.repository.get("lin").batcher
     t0 = time.monotonic()
     while batcher.queued < 20 and time.monotonic() - t0 < 20:
