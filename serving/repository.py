@@ -562,10 +562,11 @@ class ModelRepository:
             for v in sorted(todo, reverse=True):
                 self._set_status(name, v, VersionState.LOADING)
                 t0 = time.monotonic()
+                stamp = tree_fingerprint(on_disk[v])  # before: a change during the load retries
                 try:
                     mv = await loop.run_in_executor(None, self._load, name, v, on_disk[v])
                 except Exception as e:  # rollback: keep serving what is live
-                    self._failed[(name, v)] = tree_fingerprint(on_disk[v])
+                    self._failed[(name, v)] = stamp
                     msg = f"{type(e).__name__}: {e}".splitlines()[0][:500]
                     self._set_status(name, v, VersionState.END, msg)
                     log.error(

@@ -70,20 +70,24 @@ export_saved_model(TinyRanker(1.0), schema, sys.argv[1])
 def _export_killed_midway(out: Path, scratch: Path) -> int:
     """Runs KILLED_EXPORT in a subprocess, SIGKILLs it midway; returns its pid."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(
-        [sys.executable, "-c", KILLED_EXPORT, str(out), str(scratch)],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    try:
-        ready, _, _ = select.select([proc.stdout], [], [], 120)
-        assert ready and proc.stdout.readline().strip() == "writing assets"
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(30)
+    log = scratch / "export.log"
+    with log.open("w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", KILLED_EXPORT, str(out), str(scratch)],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+        )
+        try:
+            ready, _, _ = select.select([proc.stdout], [], [], 120)
+            line = proc.stdout.readline().strip() if ready else ""
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(30)
+            proc.stdout.close()
+    assert line == "writing assets", log.read_text()[-2000:]
     return proc.pid
 
 
