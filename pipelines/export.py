@@ -9,6 +9,10 @@ Layout: ``<run>/export/<version>/`` (version = 1, 2, ... as TF Serving expects) 
 ``assets.extra/schema.toml`` (the fields the signature takes) and
 ``assets.extra/stitchrec.json`` (model name, training run, input names) and
 ``assets.extra/stats.json`` (the training statistics, without the vocabularies the model holds).
+Every version folder is written under a hidden name (``.<version>.tmp-<pid>``), marked complete
+(``assets.extra/stitchrec.done``, written last) and renamed into place
+(``serving.version_files.atomic_dir``): a killed export leaves only a hidden folder, which
+servers and ``next_version`` ignore and the next export deletes.
 ``export_cascade_saved_model`` writes a pre-ranking -> ranking cascade (``ranking.cascade``);
 ``export_ensemble`` writes several checkpoints of one run as one model of the same signature,
 its outputs averaged over the members, and ``export_run_ensemble`` the selected checkpoints of
@@ -35,6 +39,7 @@ from pipelines.run.model import load_trained_model, restore_run_model
 from pipelines.run.paths import ASSETS_EXTRA, RunPaths
 from ranking.cascade import CascadeModule
 from ranking.models import RankingModel
+from serving.version_files import atomic_dir
 
 
 class ServingModule(tf.Module):
@@ -51,6 +56,8 @@ class ServingModule(tf.Module):
 
 
 def next_version(base: Path) -> Path:
+    """``base/<N + 1>``, N the highest version folder name under ``base`` (hidden temporary
+    folders of unfinished exports are not versions)."""
     versions = [int(p.name) for p in base.glob("*") if p.is_dir() and p.name.isdigit()]
     return base / str(max(versions, default=0) + 1)
 
@@ -80,24 +87,22 @@ def export_saved_model(
         model = fuse(model, FuseSpec(kernels=True))
         fused = model.embedding
     out = Path(output)
-    if out.exists():
-        shutil.rmtree(out)
     fields = list(schema.model_inputs)
     module = ServingModule(model, fields)
-    # Only the serving signature is traced: Keras would also trace every layer's call for
-    # `load_model`, hundreds of functions that a serving process would load and never run.
-    with keras_option_scope(save_traces=False, in_tf_saved_model_scope=True):
-        tf.saved_model.save(module, str(out), signatures={"serving_default": module.serve})
-    if fused is not None:
-        if fused.kernel is None:
-            shutil.rmtree(out)
-            raise ValueError(
-                f"export --fuse-kernels: no generated op for {model.name}'s embeddings "
-                f"({fused.fallback_reason or f'no field covered: {fused.uncovered}'})"
-            )
-        emb_assets.write_saved_model_assets(out, kernels_of(fused_collections(model)))
-    meta = {"model": model.name, "inputs": [f.name for f in fields], **(extra or {})}
-    write_assets_extra(out, schema, fields, meta)
+    with atomic_dir(out) as tmp:
+        # Only the serving signature is traced: Keras would also trace every layer's call for
+        # `load_model`, hundreds of functions that a serving process would load and never run.
+        with keras_option_scope(save_traces=False, in_tf_saved_model_scope=True):
+            tf.saved_model.save(module, str(tmp), signatures={"serving_default": module.serve})
+        if fused is not None:
+            if fused.kernel is None:
+                raise ValueError(
+                    f"export --fuse-kernels: no generated op for {model.name}'s embeddings "
+                    f"({fused.fallback_reason or f'no field covered: {fused.uncovered}'})"
+                )
+            emb_assets.write_saved_model_assets(tmp, kernels_of(fused_collections(model)))
+        meta = {"model": model.name, "inputs": [f.name for f in fields], **(extra or {})}
+        write_assets_extra(tmp, schema, fields, meta)
     return out
 
 
@@ -140,22 +145,24 @@ def export_cascade_saved_model(
       ValueError: ``kernels`` and no generated op could be built for the cascade's lookups.
     """
     if not kernels:
-        return CascadeModule(prerank, rank, groups, keep).save(output, extra)
+        with atomic_dir(output) as tmp:
+            CascadeModule(prerank, rank, groups, keep).save(tmp, extra)
+        return Path(output)
     spec = FuseSpec(kernels=True)
     scored = tuple(
         fuse(m, spec) if isinstance(m, RankingModel) and m.embedding is not None else m
         for m in (prerank, rank)
     )
     module = CascadeModule(prerank, rank, groups, keep, request_models=scored)
-    out = module.save(output, extra)
-    used = kernels_of(
-        module.prerank_scorer.embedding_collections + module.rank_scorer.embedding_collections
-    )
-    if not used:
-        shutil.rmtree(out)
-        raise ValueError("export --fuse-kernels: no generated op for the cascade's lookups")
-    emb_assets.write_saved_model_assets(out, used)
-    return out
+    with atomic_dir(output) as tmp:
+        module.save(tmp, extra)
+        used = kernels_of(
+            module.prerank_scorer.embedding_collections + module.rank_scorer.embedding_collections
+        )
+        if not used:
+            raise ValueError("export --fuse-kernels: no generated op for the cascade's lookups")
+        emb_assets.write_saved_model_assets(tmp, used)
+    return Path(output)
 
 
 def export_run(
@@ -166,14 +173,15 @@ def export_run(
     model, schema, ckpt = load_trained_model(run_dir)
     paths = RunPaths(Path(run_dir))
     out = Path(output) if output else next_version(paths.exports)
-    out = export_saved_model(
-        model,
-        schema,
-        out,
-        extra={"run": str(paths.root.resolve()), "checkpoint": ckpt},
-        kernels=kernels,
-    )
-    shutil.copy(paths.stats / "stats.json", out / ASSETS_EXTRA / "stats.json")
+    with atomic_dir(out) as tmp:
+        export_saved_model(
+            model,
+            schema,
+            tmp,
+            extra={"run": str(paths.root.resolve()), "checkpoint": ckpt},
+            kernels=kernels,
+        )
+        shutil.copy(paths.stats / "stats.json", tmp / ASSETS_EXTRA / "stats.json")
     return out
 
 
@@ -324,13 +332,12 @@ def _save_ensemble(
     """The SavedModel of ``EnsembleServingModule(models)`` at ``out`` (replaced), with the
     assets of run ``paths`` and ``meta`` in ``stitchrec.json``."""
     schema = load_schema(paths.schema)
-    if out.exists():
-        shutil.rmtree(out)
     fields = list(schema.model_inputs)
     module = EnsembleServingModule(models, fields, combine)
-    with keras_option_scope(save_traces=False, in_tf_saved_model_scope=True):
-        tf.saved_model.save(module, str(out), signatures={"serving_default": module.serve})
-    meta = {"model": models[0].name, "inputs": [f.name for f in fields], **meta}
-    write_assets_extra(out, schema, fields, meta)
-    shutil.copy(paths.stats / "stats.json", out / ASSETS_EXTRA / "stats.json")
+    with atomic_dir(out) as tmp:
+        with keras_option_scope(save_traces=False, in_tf_saved_model_scope=True):
+            tf.saved_model.save(module, str(tmp), signatures={"serving_default": module.serve})
+        meta = {"model": models[0].name, "inputs": [f.name for f in fields], **meta}
+        write_assets_extra(tmp, schema, fields, meta)
+        shutil.copy(paths.stats / "stats.json", tmp / ASSETS_EXTRA / "stats.json")
     return out

@@ -90,6 +90,7 @@ from ranking.fscd import (
 )
 from ranking.models import RankingModel
 from ranking.two_tower import build_two_tower, tower_fields
+from serving.version_files import atomic_dir
 
 _INPUT_KINDS = ("categorical", "multi_categorical", "numeric")
 
@@ -561,15 +562,16 @@ def export_cascade_runs(
     the candidates' lookups as generated ops)."""
     prerank, _, pre_ckpt = load_trained_model(prerank_run)
     rank, schema, rank_ckpt = load_trained_model(rank_run)
-    out = export_cascade_saved_model(
-        prerank,
-        rank,
-        field_groups(schema),
-        output,
-        keep,
-        extra={"prerank_checkpoint": pre_ckpt, "rank_checkpoint": rank_ckpt},
-        kernels=kernels,
-    )
-    inputs = json.loads((out / "assets.extra" / "stitchrec.json").read_text())["inputs"]
-    schema.select(inputs).save(out / "assets.extra" / "schema.toml")
-    return out
+    with atomic_dir(output) as tmp:  # schema.toml is in the version before it is in place
+        out = export_cascade_saved_model(
+            prerank,
+            rank,
+            field_groups(schema),
+            tmp,
+            keep,
+            extra={"prerank_checkpoint": pre_ckpt, "rank_checkpoint": rank_ckpt},
+            kernels=kernels,
+        )
+        inputs = json.loads((out / "assets.extra" / "stitchrec.json").read_text())["inputs"]
+        schema.select(inputs).save(out / "assets.extra" / "schema.toml")
+    return Path(output)

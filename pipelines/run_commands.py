@@ -16,13 +16,21 @@ import dataclasses
 import functools
 from pathlib import Path
 
-from compiler_opt.fused_signature import FusionSpec, write_spec
+from compiler_opt.fused_signature import FUSION_FILE, FusionSpec, write_spec
 from pipelines.config import load_config
 from pipelines.errors import UsageError
-from pipelines.export import export_ensemble, export_run, export_run_ensemble, saved_model_bytes
+from pipelines.export import (
+    export_ensemble,
+    export_run,
+    export_run_ensemble,
+    next_version,
+    saved_model_bytes,
+)
 from pipelines.preranking import export_cascade_runs
+from pipelines.run.paths import ASSETS_EXTRA, RunPaths
 from pipelines.run.snapshots import ENSEMBLE_FILE, chosen_ensemble
 from pipelines.train import train
+from serving.version_files import atomic_dir
 
 _print = functools.partial(print, flush=True)
 
@@ -51,41 +59,47 @@ def cmd_export(args: argparse.Namespace) -> int:
             plan_batch=args.fuse_plan_batch,
             loop_matmuls=args.fuse_loop_matmuls,
         )
+    out = Path(args.output) if args.output else next_version(RunPaths(Path(args.run)).exports)
+    with atomic_dir(out) as tmp:  # fusion.json is in the version before it is in place
+        _export(args, tmp, fused=spec is not None)
+        if spec is not None:
+            write_spec(tmp, spec)
+    size = saved_model_bytes(out)
+    _print(f"exported {out} ({size['total']:,} bytes, variables {size['variables']:,})")
+    if spec is not None:
+        _print(
+            f"fusion: {out / ASSETS_EXTRA / FUSION_FILE} ({spec.realization}, buckets "
+            f"{', '.join(map(str, spec.ladder))}; the server plans and compiles at load)"
+        )
+    return 0
+
+
+def _export(args: argparse.Namespace, output: Path, fused: bool) -> None:
+    """Writes the SavedModel ``args`` ask for to ``output``."""
     if args.ensemble_runs:
-        if args.cascade_rank or args.single or args.fuse_kernels or spec is not None:
+        if args.cascade_rank or args.single or args.fuse_kernels or fused:
             raise UsageError(
                 "export --ensemble-runs: not with --cascade-rank, --single, --fuse-kernels or "
                 "--fuse"
             )
-        out = export_run_ensemble([args.run, *args.ensemble_runs], args.output, args.combine)
+        export_run_ensemble([args.run, *args.ensemble_runs], output, args.combine)
         _print(f"ensemble of {1 + len(args.ensemble_runs)} runs' selected checkpoints")
     elif args.cascade_rank:
         if not args.output:
             raise UsageError("export --cascade-rank needs --output (the cascade's folder)")
-        out = export_cascade_runs(
-            args.run, args.cascade_rank, args.output, keep=args.keep, kernels=args.fuse_kernels
+        export_cascade_runs(
+            args.run, args.cascade_rank, output, keep=args.keep, kernels=args.fuse_kernels
         )
     else:
         ensemble = None if args.single else chosen_ensemble(args.run)
         if ensemble is not None:
-            if args.fuse_kernels or spec is not None:
+            if args.fuse_kernels or fused:
                 raise UsageError(
                     f"export --fuse-kernels / --fuse: not available for the ensemble of "
                     f"{args.run} ({ENSEMBLE_FILE}); add --single to export its selected "
                     "checkpoint alone"
                 )
-            out = export_ensemble(
-                args.run, ensemble["members"], args.output, combine=ensemble["combine"]
-            )
+            export_ensemble(args.run, ensemble["members"], output, combine=ensemble["combine"])
             _print(f"ensemble of {len(ensemble['members'])}: {', '.join(ensemble['members'])}")
         else:
-            out = export_run(args.run, args.output, kernels=args.fuse_kernels)
-    size = saved_model_bytes(out)
-    _print(f"exported {out} ({size['total']:,} bytes, variables {size['variables']:,})")
-    if spec is not None:
-        path = write_spec(out, spec)
-        _print(
-            f"fusion: {path} ({spec.realization}, buckets {', '.join(map(str, spec.ladder))}; "
-            "the server plans and compiles at load)"
-        )
-    return 0
+            export_run(args.run, output, kernels=args.fuse_kernels)

@@ -8,7 +8,19 @@ Layout (the same as TF Serving and Triton)::
           saved_model.pb
           variables/...
           assets.extra/schema.toml, stitchrec.json   # written by `stitchrec export`
+          assets.extra/stitchrec.done                # completion marker, written last
         2/
+        .3.tmp-4711/       # hidden: a version being written (never a version)
+
+Which folders are versions (``serving.version_files``): a positive-integer name (hidden names
+never are) that is complete: its marker ``assets.extra/stitchrec.done`` lists every file and
+its size, and each is there with that size (``stitchrec export`` and
+``serving.testing.write_linear_model`` write it last, then rename the folder into place). A
+SavedModel without the marker (``tf.saved_model.save`` by another tool) needs
+``saved_model.pb`` and, when it has a ``variables/`` folder, ``variables/variables.index``; it
+is loaded at server start, and when it appears later once it has not changed between two scans
+(one poll interval). A version that is not complete yet is skipped (logged once as
+``waiting``) until it is.
 
 Version policies (per model, default ``latest``):
 
@@ -24,8 +36,8 @@ old version finish on it: its batcher is drained before it is released), so a ho
 request. Rollback: a version that fails to load or warm up is marked failed (state END with the
 error) and the previous version keeps serving; deleting the newest version folder (or pinning
 ``specific:N``) reloads the previous one before the newer one is unloaded. A failed version is
-retried when its folder changes. Write a new version under a temporary name and rename it into
-place so the poller never sees half a SavedModel.
+retried when any file under it changes (``tree_fingerprint``: every file's path, size and
+mtime), once it is complete again.
 """
 
 from __future__ import annotations
@@ -53,6 +65,7 @@ from compiler_opt.embedding_op import ops as emb_ops
 from compiler_opt.fused_signature import FusedSignature, read_spec
 from serving.batching import DynamicBatcher
 from serving.config import BatchingConfig, VersionPolicy, VersionState
+from serving.version_files import SettledVersions, is_hidden, tree_fingerprint
 
 log = logging.getLogger("stitchrec.serving.repository")
 
@@ -130,24 +143,15 @@ def _dummy(spec: InputSpec, rows: int) -> np.ndarray:
 
 
 def version_dirs(model_dir: Path) -> dict[int, Path]:
-    """The version folders of one model: positive-integer names holding a SavedModel."""
+    """The version folders of one model: positive-integer names (complete or not, see
+    ``serving.version_files.version_state``)."""
     out = {}
     if not model_dir.is_dir():
         return out
     for p in model_dir.iterdir():
-        is_version = p.is_dir() and p.name.isdigit() and int(p.name) > 0
-        if is_version and ((p / "saved_model.pb").exists() or (p / "saved_model.pbtxt").exists()):
+        if p.is_dir() and p.name.isdigit() and int(p.name) > 0:
             out[int(p.name)] = p
     return out
-
-
-def _fingerprint(path: Path) -> float:
-    """Changes when a version folder is rewritten: newest mtime of its top-level entries."""
-    stamps = [path.stat().st_mtime]
-    for p in (path / "saved_model.pb", path / "variables"):
-        if p.exists():
-            stamps.append(p.stat().st_mtime)
-    return max(stamps)
 
 
 class ModelVersion:
@@ -382,7 +386,9 @@ class ModelRepository:
         self._on_change = on_change
         self._live: dict[str, dict[int, ModelVersion]] = {}
         self._status: dict[str, dict[int, VersionStatus]] = {}
-        self._failed: dict[tuple[str, int], float] = {}
+        self._failed: dict[tuple[str, int], str] = {}
+        self._settled = SettledVersions()
+        self._waiting: set[tuple[str, int]] = set()  # versions not yet loadable, logged
         self._lock = asyncio.Lock()
         self._poller: asyncio.Task | None = None
         self.loaded_once = False
@@ -490,9 +496,9 @@ class ModelRepository:
         """One scan of the root: load new versions, swap, unload the ones no longer selected."""
         async with self._lock:
             disk = {
-                p.name: version_dirs(p)
+                p.name: self._loadable(p.name, version_dirs(p))
                 for p in sorted(self.root.iterdir())
-                if p.is_dir() and not p.name.startswith(".")
+                if p.is_dir() and not is_hidden(p.name)
             }
             for name in sorted(set(disk) | set(self._live)):
                 await self._sync(name, disk.get(name, {}))
@@ -513,15 +519,37 @@ class ModelRepository:
         if self._on_change is not None:
             self._on_change(name, version, state)
 
+    def _loadable(self, name: str, dirs: dict[int, Path]) -> dict[int, Path]:
+        """The versions of ``dirs`` to consider: live ones, failed ones (kept failed until a
+        file under them changes: then retried) and the complete ones (``SettledVersions``)."""
+        out = {}
+        live = self._live.get(name, {})
+        for v, path in dirs.items():
+            key = (name, v)
+            if v in live:
+                out[v] = path
+                continue
+            ok, why = self._settled.loadable(key, path, first_scan=not self.loaded_once)
+            failed = self._failed.get(key)
+            if failed is not None:
+                out[v] = path
+                if ok and failed != tree_fingerprint(path):
+                    del self._failed[key]
+            elif ok:
+                out[v] = path
+            if why and key not in self._waiting:
+                log.info(json.dumps({"event": "waiting", "model": name, "version": v, "why": why}))
+                self._waiting.add(key)
+            elif not why:
+                self._waiting.discard(key)
+        self._settled.forget(name, set(dirs) - set(live))
+        self._waiting = {k for k in self._waiting if k[0] != name or k[1] in dirs}
+        return out
+
     async def _sync(self, name: str, on_disk: dict[int, Path]) -> None:
         policy = self.policy_of(name)
         live = dict(self._live.get(name, {}))
         loop = asyncio.get_running_loop()
-        # forget failures of folders that changed (a fixed version is retried)
-        for v, path in on_disk.items():
-            stamp = self._failed.get((name, v))
-            if stamp is not None and stamp != _fingerprint(path):
-                del self._failed[(name, v)]
         for n, v in list(self._failed):
             if n == name and v not in on_disk:
                 del self._failed[(n, v)]
@@ -535,10 +563,11 @@ class ModelRepository:
             for v in sorted(todo, reverse=True):
                 self._set_status(name, v, VersionState.LOADING)
                 t0 = time.monotonic()
+                stamp = tree_fingerprint(on_disk[v])  # before: a change during the load retries
                 try:
                     mv = await loop.run_in_executor(None, self._load, name, v, on_disk[v])
                 except Exception as e:  # rollback: keep serving what is live
-                    self._failed[(name, v)] = _fingerprint(on_disk[v])
+                    self._failed[(name, v)] = stamp
                     msg = f"{type(e).__name__}: {e}".splitlines()[0][:500]
                     self._set_status(name, v, VersionState.END, msg)
                     log.error(

@@ -34,6 +34,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from serving.config import ServerOptions
 from serving.server import ServingServer, create_server
+from serving.version_files import atomic_dir
 
 # --------------------------------------------------------------------------------------------
 # servers
@@ -163,25 +164,28 @@ class _Linear(tf.Module):
 
 
 def write_linear_model(path: str | Path, bias: float, rank_signature: bool = False) -> Path:
-    """Writes the SavedModel (with assets.extra like `stitchrec export`) to ``path``; with
-    ``rank_signature`` it also has a ``rank_request`` signature (one user, N candidates)."""
+    """Writes the SavedModel (with assets.extra and the completion marker like `stitchrec
+    export`, ``serving.version_files.atomic_dir``) to ``path``; with ``rank_signature`` it also
+    has a ``rank_request`` signature (one user, N candidates)."""
     path = Path(path)
     module = _Linear(bias)
     sigs = {"serving_default": module.serve}
     if rank_signature:
         sigs["rank_request"] = module.rank
-    tf.saved_model.save(module, str(path), signatures=sigs)
-    extra = path / "assets.extra"
-    extra.mkdir(exist_ok=True)
-    (extra / "schema.toml").write_text(SCHEMA)
-    (extra / "stitchrec.json").write_text(
-        json.dumps({"model": "linear", "inputs": ["user", "item", "price"], "bias": bias})
-    )
+    with atomic_dir(path) as tmp:
+        tf.saved_model.save(module, str(tmp), signatures=sigs)
+        extra = tmp / "assets.extra"
+        extra.mkdir(exist_ok=True)
+        (extra / "schema.toml").write_text(SCHEMA)
+        (extra / "stitchrec.json").write_text(
+            json.dumps({"model": "linear", "inputs": ["user", "item", "price"], "bias": bias})
+        )
     return path
 
 
 def copy_version(src: Path, dst_root: Path, version: int) -> Path:
-    """Copies a SavedModel folder in as ``dst_root/<version>`` atomically (temp name + rename)."""
+    """Copies a SavedModel folder in as ``dst_root/<version>`` atomically (hidden temporary
+    name + rename)."""
     tmp = dst_root / f".tmp-{version}"
     shutil.copytree(src, tmp)
     final = dst_root / str(version)

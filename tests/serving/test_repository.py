@@ -18,6 +18,7 @@ from serving.client import AsyncRankingClient
 from serving.repository import ModelNotFound, ModelRepository, VersionPolicy
 from serving.server import ServerOptions
 from serving.testing import ServerThread, copy_version, reference_score, write_linear_model
+from serving.version_files import MARKER
 
 
 @pytest.fixture(scope="module")
@@ -187,3 +188,41 @@ def test_health_follows_readiness(tmp_path, built):
         copy_version(built[0], root / "m", 2)
         _wait_for(lambda: status() == health_pb2.HealthCheckResponse.SERVING)
         assert s.server.repository.live_versions("m") == [2]
+
+
+def _halve_variables(version: Path) -> tuple[Path, bytes]:
+    """Truncates the version's variables data file in place; returns it and its bytes."""
+    data = next((version / "variables").glob("variables.data-*"))
+    full = data.read_bytes()
+    data.write_bytes(full[: len(full) // 2])
+    return data, full
+
+
+def test_copy_in_progress_is_not_loaded_until_it_is_complete(tmp_path, built):
+    root = tmp_path / "repo"
+    copy_version(built[0], root / "m", 1)
+    with ServerThread(root, ServerOptions(poll_interval_s=0.05)) as s:
+        # a copy that is not atomic (cp -r): the marker is there, a variables file is not yet
+        partial = root / "m" / ".partial"
+        shutil.copytree(built[1], partial)
+        data, full = _halve_variables(partial)
+        partial.rename(root / "m" / "2")
+        data = root / "m" / "2" / data.relative_to(partial)
+        time.sleep(0.3)  # several scans
+        assert list(s.server.repository.status("m")) == [1]
+        assert s.server.repository.live_versions("m") == [1]
+        data.write_bytes(full)  # the copy completes
+        _wait_for(lambda: s.server.repository.live_versions("m") == [2])
+
+
+def test_failed_version_is_retried_when_a_file_under_it_changes(tmp_path, built):
+    root = tmp_path / "repo"
+    v1 = copy_version(built[0], root / "m", 1)
+    (v1 / MARKER).unlink(missing_ok=True)  # a SavedModel written by another tool
+    data, full = _halve_variables(v1)
+    with ServerThread(root, ServerOptions(poll_interval_s=0.05)) as s:
+        status = s.server.repository.status("m")[1]
+        assert status.state == "END"
+        assert "Read less bytes than requested" in status.error
+        data.write_bytes(full)  # rewritten in place: the folder and variables/ keep their mtimes
+        _wait_for(lambda: s.server.repository.live_versions("m") == [1])
