@@ -246,22 +246,33 @@ def check_inputs(
 
 
 async def run(
-    target: Target, checked: dict[str, np.ndarray], rows: int, deadline: float | None
+    target: Target,
+    prepare: Callable[[], tuple[dict[str, np.ndarray], int]],
+    deadline: float | None,
+    offload: Offload = inline,
 ) -> dict[str, np.ndarray]:
-    """Scores checked inputs: ``serving_default`` through the dynamic batcher, other
-    signatures alone on a worker thread."""
-    _check_deadline(deadline)
+    """Scores a request: ``prepare`` (run by ``offload``) decodes and checks its inputs, then
+    ``serving_default`` goes through the dynamic batcher and other signatures run alone on a
+    worker thread.
+
+    The version counts the request as in flight from the start, so a hot swap that retires the
+    version while the inputs are decoded waits for it instead of closing its batcher.
+    """
     mv = target.mv
-    if target.signature != SERVING_SIGNATURE:
-        loop = asyncio.get_running_loop()
-        instance = mv.next_instance()
-        return await mv.call(
-            lambda: loop.run_in_executor(None, mv.run, instance, checked, target.signature)
-        )
-    batcher = mv.batcher
-    if batcher is None:
-        raise ServingError(grpc.StatusCode.UNAVAILABLE, f"{target.where} is not started")
-    return await mv.call(lambda: batcher.submit(checked, rows, deadline))
+
+    async def go() -> dict[str, np.ndarray]:
+        checked, rows = await offload(prepare)
+        _check_deadline(deadline)
+        if target.signature != SERVING_SIGNATURE:
+            loop = asyncio.get_running_loop()
+            instance = mv.next_instance()
+            return await loop.run_in_executor(None, mv.run, instance, checked, target.signature)
+        batcher = mv.batcher
+        if batcher is None:
+            raise ServingError(grpc.StatusCode.UNAVAILABLE, f"{target.where} is not started")
+        return await batcher.submit(checked, rows, deadline)
+
+    return await mv.call(go)
 
 
 async def predict(
@@ -436,10 +447,15 @@ async def rank(
     target = resolve(repo, name, mv.version, signature)
     if k < 0:
         raise invalid(f"{target.where}: top_k must be >= 0, got {k}")
-    checked, rows, n_cand = await offload(
-        lambda: prepare_rank(target, user, candidates, limits, strings_checked)
-    )
-    outputs = await run(target, checked, rows, deadline)
+    counts: list[int] = []
+
+    def prepare() -> tuple[dict[str, np.ndarray], int]:
+        checked, rows, n_cand = prepare_rank(target, user, candidates, limits, strings_checked)
+        counts.append(n_cand)
+        return checked, rows
+
+    outputs = await run(target, prepare, deadline, offload)
+    n_cand = counts[0]
     out_name = output or "score"
     if out_name not in outputs:
         raise invalid(

@@ -88,9 +88,8 @@ class KServeServicer(kserve_grpc.GRPCInferenceServiceServicer):
             features = kserve_inputs_to_numpy(request, where, limits)
             return inference.check_inputs(target, features, limits, strings_checked=True)
 
-        checked, rows = await self.state.offload(decode)
         mv = target.mv
-        outputs = await inference.run(target, checked, rows, deadline(context))
+        outputs = await inference.run(target, decode, deadline(context), self.state.offload)
         wanted = [o.name for o in request.outputs] or sorted(outputs)
         check_outputs(wanted, outputs, where, "unknown output(s)")
         resp = kserve_pb2.ModelInferResponse(

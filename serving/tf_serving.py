@@ -56,9 +56,8 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
             features = tensor_protos_to_numpy(request.inputs, where, limits)
             return inference.check_inputs(target, features, limits, strings_checked=True)
 
-        checked, rows = await self.state.offload(decode)
         mv = target.mv
-        outputs = await inference.run(target, checked, rows, deadline(context))
+        outputs = await inference.run(target, decode, deadline(context), self.state.offload)
         wanted = list(request.output_filter) or sorted(outputs)
         check_outputs(wanted, outputs, where, "output_filter names unknown output(s)")
         resp = predict_pb2.PredictResponse()
