@@ -1,17 +1,21 @@
 """The gRPC inference server; it loads SavedModels and never imports ranking/.
 
 - ``config``: BatchingConfig, VersionPolicy, Limits, ServerOptions (no TensorFlow);
-- ``repository``: models/<name>/<version>/ SavedModels (``ModelVersion``, ``VersionState``),
-  version policies, polling, warmup, hot swap, rollback; one model instance per GPU (round
-  robin) or one on the CPU;
+- ``repository``: models/<name>/<version>/ SavedModels, version policies, polling, hot swap,
+  rollback; ``version_files``: which folders are complete versions, and writing one atomically;
+- ``model_version``: one version loaded and warmed on its instances (one per GPU, round robin,
+  or one on the CPU), its signatures and batcher;
 - ``batching``: the dynamic batcher (max batch size, queue delay, preferred sizes, bounded queue);
+- ``admission``: in-flight bounds and retry hints; ``health``: grpc.health.v1 per service and per
+  model; ``reflection``: server reflection v1 and v1alpha;
 - ``inference``: feature checks and the predict / rank calls every protocol shares;
 - ``ranking_service``: StitchRec's RankingService; ``tf_serving``: TF Serving's
   PredictionService and ModelService; ``kserve``: KServe v2's GRPCInferenceService;
 - ``codec``: wire tensors of the three protocols <-> numpy; ``rpc``: the state the services
   share and the handler wrapper (errors -> gRPC status codes, metrics);
 - ``interceptors``: bearer-token auth and JSON access logs; ``metrics``: Prometheus;
-- ``server``: ``create_server(address, repo, options) -> (server, port)``, graceful stop;
+- ``server``: ``create_server(address, repo, options) -> (server, port)``, drain and graceful
+  stop;
 - ``client``: a Python client of the RankingService;
 - ``testing``: a server on a background thread and a hand-checkable linear SavedModel, for
   tests and benchmarks.

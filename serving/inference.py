@@ -29,14 +29,14 @@ import numpy as np
 
 from serving.batching import BatcherClosed, DeadlineExceeded, QueueFull
 from serving.config import Limits
-from serving.repository import (
+from serving.model_version import (
     RANK_SIGNATURE,
     SERVING_SIGNATURE,
     InputSpec,
     ModelNotFound,
-    ModelRepository,
     ModelVersion,
 )
+from serving.repository import ModelRepository
 
 
 class ServingError(Exception):

@@ -10,7 +10,7 @@ from protos import grpc_service_pb2_grpc as kserve_grpc
 from serving import inference
 from serving.codec import kserve_datatype, kserve_inputs_to_numpy, numpy_to_kserve_raw
 from serving.inference import check_names, invalid
-from serving.repository import ModelNotFound
+from serving.model_version import ModelNotFound
 from serving.rpc import ServerState, check_outputs, deadline, rpc
 
 SERVER_NAME = "stitchrec"

@@ -17,7 +17,7 @@ from tensorflow_serving.apis import (
 from serving import inference
 from serving.codec import numpy_to_tensor_proto, tensor_protos_to_numpy
 from serving.inference import check_names, invalid
-from serving.repository import ModelNotFound
+from serving.model_version import ModelNotFound
 from serving.rpc import ServerState, check_outputs, deadline, rpc
 
 TF_INTERNAL = 13  # tensorflow.error.INTERNAL

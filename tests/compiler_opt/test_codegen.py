@@ -354,7 +354,7 @@ def test_saved_model_loads_in_a_fresh_process_after_the_library(block, tmp_path)
         "import pipelines\n"
         "import tensorflow as tf\n"
         "from compiler_opt.embedding_op import assets as emb_assets\n"
-        "from serving.repository import ModelVersion\n"
+        "from serving.model_version import ModelVersion\n"
         "mv = ModelVersion('m', 1, Path(sys.argv[1]), ['/CPU:0']).load()  # the server loads the op\n"
         "out = mv.run(0, {'x': np.ones(3, np.float32)})['out']\n"
         "assert np.abs(out - np.load(sys.argv[2]).sum(1)).max() <= 1e-5, 'server differs'\n"

@@ -34,7 +34,7 @@ from compiler_opt.loop_op import cuda as loop_cuda
 from compiler_opt.loop_op import groups as loop_groups
 from compiler_opt.loop_op import spec as loop_def
 from embeddings.collection import EmbeddingCollection
-from serving.repository import kernel_devices
+from serving.model_version import kernel_devices
 from tests.compiler_opt.conftest import need_compiler
 from tests.compiler_opt.test_codegen import DENSE, TABLES, make_ids
 

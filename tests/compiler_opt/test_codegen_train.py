@@ -79,7 +79,7 @@ def test_stitchrec_train_with_fusion_reaches_the_same_auc(cache, tmp_path):
         "import sys, numpy as np\n"
         "from pathlib import Path\n"
         "import pipelines\n"
-        "from serving.repository import ModelVersion, _signature_inputs\n"
+        "from serving.model_version import ModelVersion, _signature_inputs\n"
         "from tests.testdata import make_tiny_table\n"
         "t = make_tiny_table(50, seed=3)\n"
         "out = {}\n"

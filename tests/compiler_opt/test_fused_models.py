@@ -86,7 +86,7 @@ def test_fm_and_wide_weights_run_as_generated_ops(tiny, model_type, tmp_path):
     from pipelines.export import export_saved_model
     from pipelines.run.model import build_run_model
     from ranking.config import ModelConfig
-    from serving.repository import ModelVersion
+    from serving.model_version import ModelVersion
 
     d, data, schema, files, stats = tiny
     cfg = PipelineConfig(

@@ -232,7 +232,7 @@ def test_cascade_with_generated_lookups_serves_the_same_scores(setup, tmp_path):
 
     need_compiler()
     from pipelines.export import export_cascade_saved_model
-    from serving.repository import ModelVersion
+    from serving.model_version import ModelVersion
 
     groups, _, rank, prerank, request, cands = setup
     plain = CascadeModule(prerank, rank, groups, keep=4).rank_request({**request, **cands})
