@@ -28,6 +28,7 @@ from tf_keras.src.saving.legacy.saved_model.utils import keras_option_scope
 from compiler_opt.embedding_op import assets as emb_assets
 from compiler_opt.transform import FuseSpec, fuse, fused_collections, kernels_of
 from embeddings.protocols import HasServingForm
+from embeddings.quantize import DEFAULT_MIN_ROWS, quantized_model
 from features.dataset import input_signature
 from features.schema import FeatureSpec, Schema, load_schema
 from pipelines.run.ensemble import COMBINES
@@ -61,6 +62,8 @@ def export_saved_model(
     output: str | Path,
     extra: dict[str, Any] | None = None,
     kernels: bool = False,
+    quantize: str | None = None,
+    quantize_min_rows: int = DEFAULT_MIN_ROWS,
 ) -> Path:
     """Writes the SavedModel of ``model`` to ``output`` (replacing it).
 
@@ -69,12 +72,21 @@ def export_saved_model(
     holds only what serving needs. With ``kernels``, the embedding block then runs as one
     generated op (``compiler_opt.codegen``; fields it does not cover keep their layers) and the
     op's source ships in ``assets/`` so that a server loads (or compiles) it before the model.
+    With ``quantize`` (``int8`` or ``fp16``), the embedding tables of at least
+    ``quantize_min_rows`` rows are stored row-wise quantized (``embeddings.quantize``) and
+    ``stitchrec.json`` records them under ``quantization``.
 
     Raises:
       ValueError: ``kernels`` and no generated op could be built (no compiler, or no field
-        covered): the export would not hold what was asked for.
+        covered): the export would not hold what was asked for; ``kernels`` with ``quantize``
+        (the generated op reads float32 tables); an unknown ``quantize`` mode.
     """
     model = serving_form(model)
+    if quantize is not None:
+        if kernels:
+            raise ValueError("export: quantized tables and kernels: the generated op reads fp32")
+        model, record = quantized_model(model, quantize, quantize_min_rows)
+        extra = {**(extra or {}), "quantization": record}
     fused = None
     if kernels:
         model = fuse(model, FuseSpec(kernels=True))
@@ -159,10 +171,15 @@ def export_cascade_saved_model(
 
 
 def export_run(
-    run_dir: str | Path, output: str | Path | None = None, kernels: bool = False
+    run_dir: str | Path,
+    output: str | Path | None = None,
+    kernels: bool = False,
+    quantize: str | None = None,
+    quantize_min_rows: int = DEFAULT_MIN_ROWS,
 ) -> Path:
     """Exports the latest checkpoint of a training run; returns the SavedModel folder
-    (``kernels``: the embedding block as a generated op, see ``export_saved_model``)."""
+    (``kernels``: the embedding block as a generated op; ``quantize``: its tables quantized;
+    see ``export_saved_model``)."""
     model, schema, ckpt = load_trained_model(run_dir)
     paths = RunPaths(Path(run_dir))
     out = Path(output) if output else next_version(paths.exports)
@@ -172,6 +189,8 @@ def export_run(
         out,
         extra={"run": str(paths.root.resolve()), "checkpoint": ckpt},
         kernels=kernels,
+        quantize=quantize,
+        quantize_min_rows=quantize_min_rows,
     )
     shutil.copy(paths.stats / "stats.json", out / ASSETS_EXTRA / "stats.json")
     return out

@@ -4,7 +4,7 @@
     stitchrec train   --config FILE [--set KEY=VALUE]... [--output DIR] [--max-bad-rows N]
     stitchrec export  --run DIR [--output DIR] [--single] [--cascade-rank RUN --keep M]
                       [--ensemble-runs RUN... [--combine logits|probabilities]]
-                      [--fuse-kernels]
+                      [--fuse-kernels] [--quantize int8|fp16 [--quantize-min-rows N]]
                       [--fuse [--fuse-ladder N,...] [--fuse-plan-batch B]
                        [--fuse-realization xla_clusters|generated] [--fuse-loop-matmuls]]
 """
@@ -51,6 +51,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             plan_batch=args.fuse_plan_batch,
             loop_matmuls=args.fuse_loop_matmuls,
         )
+    _check_quantize(args)
     if args.ensemble_runs:
         if args.cascade_rank or args.single or args.fuse_kernels or spec is not None:
             raise UsageError(
@@ -68,6 +69,11 @@ def cmd_export(args: argparse.Namespace) -> int:
     else:
         ensemble = None if args.single else chosen_ensemble(args.run)
         if ensemble is not None:
+            if args.quantize:
+                raise UsageError(
+                    f"export --quantize: not available for the ensemble of {args.run} "
+                    f"({ENSEMBLE_FILE}); add --single to export its selected checkpoint alone"
+                )
             if args.fuse_kernels or spec is not None:
                 raise UsageError(
                     f"export --fuse-kernels / --fuse: not available for the ensemble of "
@@ -79,7 +85,13 @@ def cmd_export(args: argparse.Namespace) -> int:
             )
             _print(f"ensemble of {len(ensemble['members'])}: {', '.join(ensemble['members'])}")
         else:
-            out = export_run(args.run, args.output, kernels=args.fuse_kernels)
+            out = export_run(
+                args.run,
+                args.output,
+                kernels=args.fuse_kernels,
+                quantize=args.quantize,
+                quantize_min_rows=args.quantize_min_rows,
+            )
     size = saved_model_bytes(out)
     _print(f"exported {out} ({size['total']:,} bytes, variables {size['variables']:,})")
     if spec is not None:
@@ -89,3 +101,27 @@ def cmd_export(args: argparse.Namespace) -> int:
             "the server plans and compiles at load)"
         )
     return 0
+
+
+def _check_quantize(args: argparse.Namespace) -> None:
+    """UsageError for a ``--quantize`` the export cannot honour (checked before any work)."""
+    if args.quantize_min_rows < 0:
+        raise UsageError(
+            f"export --quantize-min-rows {args.quantize_min_rows}: expected a row count >= 0"
+        )
+    if not args.quantize:
+        return
+    others = [
+        flag
+        for flag, given in (
+            ("--fuse-kernels", args.fuse_kernels),
+            ("--cascade-rank", args.cascade_rank),
+            ("--ensemble-runs", args.ensemble_runs),
+        )
+        if given
+    ]
+    if others:
+        raise UsageError(
+            f"export --quantize: not with {', '.join(others)}: quantized tables are written "
+            "for one model's SavedModel (the generated embedding op reads fp32 tables)"
+        )
