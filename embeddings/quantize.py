@@ -279,7 +279,7 @@ class QuantizedEmbedding(tf.keras.layers.Layer):
                 f"{type(source).__name__}"
             )
         self.source_config = tf.keras.layers.serialize(source)
-        self._source = [source]
+        self._source = _Untracked(source)  # not a dependency: nothing of it is saved
         self.tables = {
             k: t if isinstance(t, QuantizedTable) else tf.keras.layers.deserialize(t)
             for k, t in tables.items()
@@ -294,7 +294,7 @@ class QuantizedEmbedding(tf.keras.layers.Layer):
 
     @property
     def source(self) -> tf.keras.layers.Layer:
-        return self._source[0]
+        return self._source.layer
 
     def call(self, ids: tf.Tensor | tf.RaggedTensor) -> tf.Tensor:
         src, flat = self.source, flat_ids(ids)
@@ -320,6 +320,15 @@ class QuantizedEmbedding(tf.keras.layers.Layer):
     def get_config(self) -> dict[str, Any]:
         tables = {k: tf.keras.layers.serialize(t) for k, t in self.tables.items()}
         return {**super().get_config(), "source": self.source_config, "tables": tables}
+
+
+class _Untracked:
+    """Holds a layer out of Keras' and the checkpoint's sight."""
+
+    __slots__ = ("layer",)
+
+    def __init__(self, layer: tf.keras.layers.Layer):
+        self.layer = layer
 
 
 _TABLE_NAMES = {
