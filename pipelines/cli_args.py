@@ -219,7 +219,8 @@ def export(sub: Subparsers) -> None:
         "--quantize",
         choices=("int8", "fp16"),
         help="store the embedding tables row-wise quantized: int8 with a per-row scale and "
-        "offset, or fp16 (not with --fuse-kernels, --cascade-rank or an ensemble)",
+        "offset, or fp16 (each member's, for an ensemble; not with --fuse-kernels or "
+        "--cascade-rank)",
     )
     e.add_argument(
         "--quantize-min-rows",

@@ -258,9 +258,12 @@ def export_ensemble(
     output: str | Path | None = None,
     combine: str = "logits",
     extra: dict[str, Any] | None = None,
+    quantize: str | None = None,
+    quantize_min_rows: int = DEFAULT_MIN_ROWS,
 ) -> Path:
     """Writes one SavedModel averaging the run's models at ``checkpoints`` (see
-    ``EnsembleServingModule``); returns its folder (``output``, replaced, or the run's next
+    ``EnsembleServingModule``; ``quantize``: each member's tables quantized, as
+    ``export_saved_model`` does); returns its folder (``output``, replaced, or the run's next
     export version).
 
     Its ``serving_default`` takes the raw-feature signature of a single model's export and
@@ -281,22 +284,28 @@ def export_ensemble(
         raise ValueError(f"export_ensemble: combine = {combine!r}: expected one of {COMBINES}")
     paths = RunPaths(Path(run_dir))
     models = [serving_form(load_checkpoint_model(run_dir, c)) for c in checkpoints]
+    models, quantization = _quantized(models, quantize, quantize_min_rows)
     out = Path(output) if output else next_version(paths.exports)
     meta = {
         "run": str(paths.root.resolve()),
         "ensemble": {"combine": combine, "members": list(checkpoints)},
+        **quantization,
         **(extra or {}),
     }
     return _save_ensemble(models, paths, out, combine, meta)
 
 
 def export_run_ensemble(
-    runs: list[str | Path], output: str | Path | None = None, combine: str = "logits"
+    runs: list[str | Path],
+    output: str | Path | None = None,
+    combine: str = "logits",
+    quantize: str | None = None,
+    quantize_min_rows: int = DEFAULT_MIN_ROWS,
 ) -> Path:
     """Writes one SavedModel averaging the selected checkpoints of several training runs
     (``load_trained_model``: each run's best validation checkpoint, else its latest), e.g.
     runs of one config with different seeds; returns its folder (``output``, replaced, or the
-    first run's next export version).
+    first run's next export version). ``quantize``: each member's tables quantized.
 
     The runs must take the same model inputs (names, kinds and raw types of the fields): each
     member keeps its own preprocessing and weights, so their vocabularies, statistics and
@@ -329,7 +338,21 @@ def export_run_ensemble(
         "runs": [str(r) for r in folders],
         "ensemble": {"combine": combine, "members": members},
     }
-    return _save_ensemble([serving_form(m) for m, _, _ in loaded], paths, out, combine, meta)
+    models = [serving_form(m) for m, _, _ in loaded]
+    models, quantization = _quantized(models, quantize, quantize_min_rows)
+    return _save_ensemble(models, paths, out, combine, {**meta, **quantization})
+
+
+def _quantized(
+    models: list[RankingModel], quantize: str | None, min_rows: int
+) -> tuple[list[RankingModel], dict[str, Any]]:
+    """The members with their tables quantized (``quantize`` None: as they are) and
+    ``{"quantization": {"mode", "min_rows", "members": [record, ...]}}`` (or ``{}``)."""
+    if quantize is None:
+        return models, {}
+    pairs = [quantized_model(m, quantize, min_rows) for m in models]
+    record = {"mode": quantize, "min_rows": min_rows, "members": [r for _, r in pairs]}
+    return [m for m, _ in pairs], {"quantization": record}
 
 
 def _inputs(schema: Schema) -> list[str]:

@@ -58,7 +58,13 @@ def cmd_export(args: argparse.Namespace) -> int:
                 "export --ensemble-runs: not with --cascade-rank, --single, --fuse-kernels or "
                 "--fuse"
             )
-        out = export_run_ensemble([args.run, *args.ensemble_runs], args.output, args.combine)
+        out = export_run_ensemble(
+            [args.run, *args.ensemble_runs],
+            args.output,
+            args.combine,
+            quantize=args.quantize,
+            quantize_min_rows=args.quantize_min_rows,
+        )
         _print(f"ensemble of {1 + len(args.ensemble_runs)} runs' selected checkpoints")
     elif args.cascade_rank:
         if not args.output:
@@ -69,11 +75,6 @@ def cmd_export(args: argparse.Namespace) -> int:
     else:
         ensemble = None if args.single else chosen_ensemble(args.run)
         if ensemble is not None:
-            if args.quantize:
-                raise UsageError(
-                    f"export --quantize: not available for the ensemble of {args.run} "
-                    f"({ENSEMBLE_FILE}); add --single to export its selected checkpoint alone"
-                )
             if args.fuse_kernels or spec is not None:
                 raise UsageError(
                     f"export --fuse-kernels / --fuse: not available for the ensemble of "
@@ -81,7 +82,12 @@ def cmd_export(args: argparse.Namespace) -> int:
                     "checkpoint alone"
                 )
             out = export_ensemble(
-                args.run, ensemble["members"], args.output, combine=ensemble["combine"]
+                args.run,
+                ensemble["members"],
+                args.output,
+                combine=ensemble["combine"],
+                quantize=args.quantize,
+                quantize_min_rows=args.quantize_min_rows,
             )
             _print(f"ensemble of {len(ensemble['members'])}: {', '.join(ensemble['members'])}")
         else:
@@ -116,12 +122,11 @@ def _check_quantize(args: argparse.Namespace) -> None:
         for flag, given in (
             ("--fuse-kernels", args.fuse_kernels),
             ("--cascade-rank", args.cascade_rank),
-            ("--ensemble-runs", args.ensemble_runs),
         )
         if given
     ]
     if others:
         raise UsageError(
-            f"export --quantize: not with {', '.join(others)}: quantized tables are written "
-            "for one model's SavedModel (the generated embedding op reads fp32 tables)"
+            f"export --quantize: not with {', '.join(others)}: the generated embedding op and "
+            "the cascade export read fp32 tables; export without --quantize"
         )

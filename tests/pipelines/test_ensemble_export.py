@@ -219,6 +219,18 @@ def test_quantized_export_is_smaller_and_scores_within_tolerance(run, tmp_path, 
     want, got = _call(fp32, feats), _call(int8, feats)
     np.testing.assert_allclose(got["score"], want["score"], atol=0.01)
     assert not np.array_equal(got["score"], want["score"])
+    # an ensemble: each member's tables quantized, one record per member
+    ckpts = [e["checkpoint"] for e in E.read_snapshots(run["dir"])][:2]
+    plain = export_ensemble(run["dir"], ckpts, tmp_path / "ens")
+    small = export_ensemble(
+        run["dir"], ckpts, tmp_path / "qens", quantize="int8", quantize_min_rows=30
+    )
+    record = json.loads((small / "assets.extra" / "stitchrec.json").read_text())["quantization"]
+    assert record["mode"] == "int8" and len(record["members"]) == 2
+    assert all(m["tables"][0]["mode"] == "int8" for m in record["members"])
+    np.testing.assert_allclose(
+        _call(small, feats)["score"], _call(plain, feats)["score"], atol=0.01
+    )
     capsys.readouterr()
     for bad, message in (
         (["--quantize", "int8", "--fuse-kernels"], "export --quantize: not with --fuse-kernels"),
