@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import json
 from pathlib import Path
 
 from compiler_opt.fused_signature import FusionSpec, write_spec
@@ -21,6 +22,7 @@ from pipelines.config import load_config
 from pipelines.errors import UsageError
 from pipelines.export import export_ensemble, export_run, export_run_ensemble, saved_model_bytes
 from pipelines.preranking import export_cascade_runs
+from pipelines.run.paths import ASSETS_EXTRA
 from pipelines.run.snapshots import ENSEMBLE_FILE, chosen_ensemble
 from pipelines.train import train
 
@@ -100,6 +102,8 @@ def cmd_export(args: argparse.Namespace) -> int:
             )
     size = saved_model_bytes(out)
     _print(f"exported {out} ({size['total']:,} bytes, variables {size['variables']:,})")
+    if args.quantize:
+        _print(_quantization_line(out))
     if spec is not None:
         path = write_spec(out, spec)
         _print(
@@ -130,3 +134,16 @@ def _check_quantize(args: argparse.Namespace) -> None:
             f"export --quantize: not with {', '.join(others)}: the generated embedding op and "
             "the cascade export read fp32 tables; export without --quantize"
         )
+
+
+def _quantization_line(out: Path) -> str:
+    """What ``--quantize`` did, from the export's ``stitchrec.json``."""
+    meta = json.loads((Path(out) / ASSETS_EXTRA / "stitchrec.json").read_text())["quantization"]
+    records = meta.get("members", [meta])
+    tables = [t for r in records for t in r["tables"]]
+    done = sum(t["mode"] != "fp32" for t in tables)
+    before, after = sum(t["bytes_fp32"] for t in tables), sum(t["bytes"] for t in tables)
+    return (
+        f"quantized {done} of {len(tables)} embedding tables to {meta['mode']} (those of at least "
+        f"{meta['min_rows']:,} rows): {before:,} -> {after:,} table bytes"
+    )

@@ -206,6 +206,9 @@ def test_quantized_export_is_smaller_and_scores_within_tolerance(run, tmp_path, 
     argv = ["export", "--run", str(run["dir"]), "--single", "--output"]
     assert main([*argv, str(fp32)]) == 0
     assert main([*argv, str(int8), "--quantize", "int8", "--quantize-min-rows", "30"]) == 0
+    assert "quantized 1 of 4 embedding tables to int8 (those of at least 30 rows)" in (
+        capsys.readouterr().out
+    )
     meta = json.loads((int8 / "assets.extra" / "stitchrec.json").read_text())["quantization"]
     modes = {t["field"]: t["mode"] for t in meta["tables"]}
     assert modes == {"user": "int8", "item": "fp32", "tags": "fp32", "age": "fp32"}
