@@ -11,7 +11,8 @@ each export prints:
   of ``stitchrec.json``; tables under ``--min-rows`` rows stay fp32 in every export);
 * ``variables B``: the SavedModel's ``variables/`` bytes on disk;
 * ``RSS MB``: VmRSS of a fresh process after it loaded the SavedModel and scored one batch of
-  1,024 test rows, and ``+RSS MB`` that minus the VmRSS the same process had before the load;
+  1,024 test rows, and ``+RSS MB`` that minus the VmRSS the same process had before the load
+  (medians over ``--repeats`` processes);
 * the test AUC and log loss (``pipelines.evaluate`` on the run's test split) and their deltas.
 
 Ratios are fp32 / quantized (bytes) and quantized - fp32 (quality), all in the same run.
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -66,17 +68,21 @@ print(json.dumps({"base_kb": base, "rss_kb": rss_kb()}))
 """
 
 
-def rss_mb(model_dir: Path, test_dir: Path) -> tuple[float, float]:
-    """(VmRSS, VmRSS minus that before the load) of a fresh serving process, in MB."""
-    out = subprocess.run(
-        [sys.executable, "-c", RSS_SCRIPT, str(model_dir), str(test_dir)],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=ROOT,
-    ).stdout
-    r = json.loads(out.strip().splitlines()[-1])
-    return r["rss_kb"] / 1024, (r["rss_kb"] - r["base_kb"]) / 1024
+def rss_mb(model_dir: Path, test_dir: Path, repeats: int) -> tuple[float, float]:
+    """Medians over ``repeats`` fresh serving processes of (VmRSS, VmRSS minus that before the
+    load), in MB."""
+    found = []
+    for _ in range(repeats):
+        out = subprocess.run(
+            [sys.executable, "-c", RSS_SCRIPT, str(model_dir), str(test_dir)],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=ROOT,
+        ).stdout
+        r = json.loads(out.strip().splitlines()[-1])
+        found.append((r["rss_kb"] / 1024, (r["rss_kb"] - r["base_kb"]) / 1024))
+    return statistics.median(f[0] for f in found), statistics.median(f[1] for f in found)
 
 
 def data_config(args: argparse.Namespace, work: Path) -> DataConfig:
@@ -110,7 +116,7 @@ def test_files(run: Path, work: Path) -> Path:
     return converted if converted.exists() else work / "synthetic-data" / "test"
 
 
-def measure(run: Path, test: Path, min_rows: int) -> list[dict[str, Any]]:
+def measure(run: Path, test: Path, min_rows: int, repeats: int) -> list[dict[str, Any]]:
     model, schema, _ = load_trained_model(run)
     rows = []
     for mode in MODES:
@@ -123,7 +129,7 @@ def measure(run: Path, test: Path, min_rows: int) -> list[dict[str, Any]]:
             table = record["bytes_fp32"]
         else:
             table = meta["quantization"]["bytes"]
-        rss, added = rss_mb(out, test)
+        rss, added = rss_mb(out, test, repeats)
         quality = evaluate(out, list_parquet([test]))
         rows.append(
             {
@@ -153,8 +159,8 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             f"{base['table_bytes'] / r['table_bytes']:>6.2f} {r['variables_bytes']:>12,d} "
             f"{base['variables_bytes'] / r['variables_bytes']:>6.2f} {r['rss_mb']:>7.1f} "
             f"{r['rss_added_mb']:>8.1f} {base['rss_added_mb'] / r['rss_added_mb']:>6.2f} "
-            f"{r['auc']:>8.5f} {r['auc'] - base['auc']:>+9.5f} {r['logloss']:>8.5f} "
-            f"{r['logloss'] - base['logloss']:>+9.5f}"
+            f"{r['auc']:>8.5f} {r['auc'] - base['auc']:>+9.6f} {r['logloss']:>8.5f} "
+            f"{r['logloss'] - base['logloss']:>+9.6f}"
         )
 
 
@@ -166,13 +172,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dim", type=int, default=32, help="embedding dimension")
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--min-rows", type=int, default=1024, help="--quantize-min-rows")
+    p.add_argument("--repeats", type=int, default=3, help="serving processes per export (RSS)")
     p.add_argument("--work", default="", help="run folder (default: a temporary folder)")
     args = p.parse_args(argv)
     print(f"machine: {platform.node()} {platform.machine()}, dataset {args.dataset}")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(args.work or tmp)
         run = trained_run(args, work)
-        rows = measure(run, test_files(run, work), args.min_rows)
+        rows = measure(run, test_files(run, work), args.min_rows, args.repeats)
         print(f"run {run}, test rows {rows[0]['rows']:,}, --quantize-min-rows {args.min_rows}")
         print_table(rows)
         (work / f"quantize-{args.dataset}.json").write_text(json.dumps(rows, indent=1))

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf  # tests/conftest.py sets TF_USE_LEGACY_KERAS first
 
+from compiler_opt.fused_signature import FusedSignature, FusionSpec
 from embeddings.collection import EMBEDDING_METHODS, EmbeddingCollection
 from embeddings.quantize import (
     QuantizedEmbedding,
@@ -19,6 +20,7 @@ from embeddings.quantize import (
     quantized_layer,
 )
 from pipelines.export import saved_model_bytes
+from tests.compiler_opt.conftest import HAND
 from tests.embeddings.roundtrip import assert_saved_model_round_trip, layer_module
 
 
@@ -184,3 +186,29 @@ def test_argument_errors_name_what_was_expected():
         quantized_layer(tf.keras.layers.Dense(2, name="d"), "int8", 0)
     with pytest.raises(ValueError, match="must be an EmbeddingCollection"):
         quantized_form(layer, "int8", 0)
+
+
+def test_a_quantized_lookup_runs_fused_as_the_server_fuses_an_export(tmp_path):
+    """``export --fuse`` plans the serving signature at load: the int8 gathers and the
+    dequantization are ops like the others (a cluster gives the plain signature's outputs)."""
+    layer = quantized_layer(_layer("full", {}), "int8", 0)[0]
+
+    class Module(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = layer
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.int64, name="ids")])
+        def serve(self, ids):
+            return {"score": tf.sigmoid(tf.reduce_sum(self.layer(ids), axis=1))}
+
+    module = Module()
+    tf.saved_model.save(module, str(tmp_path / "sm"), signatures={"serving_default": module.serve})
+    loaded = tf.saved_model.load(str(tmp_path / "sm"))  # kept alive: the signature needs it
+    sig = loaded.signatures["serving_default"]
+    fused = FusedSignature(sig, FusionSpec(ladder=(16,), plan_batch=16), HAND)
+    ids = np.arange(-2, 38, dtype=np.int64)
+    assert fused.clusters >= 1
+    fused.warmup({"ids": ids[:4]})
+    want = sig(ids=tf.constant(ids))["score"].numpy()
+    np.testing.assert_allclose(fused({"ids": ids})["score"].numpy(), want, rtol=1e-6)
