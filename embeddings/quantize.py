@@ -39,6 +39,7 @@ DEFAULT_MIN_ROWS = 1024
 _DTYPES = {"int8": tf.int8, "fp16": tf.float16, "fp32": tf.float32}
 _FP16_MAX = float(np.finfo(np.float16).max)
 _INT32_MAX = 2**31 - 1
+_CHUNK_ROWS = 1 << 16
 
 
 def quantize_rows(
@@ -54,17 +55,23 @@ def quantize_rows(
         beyond float16's range.
     """
     check_choice("mode", mode, TABLE_MODES)
-    x = np.asarray(table, np.float64)
-    if x.ndim != 2 or not np.all(np.isfinite(x)):
-        raise ValueError(f"table must be a finite 2-D array, got shape {x.shape}")
+    table = np.asarray(table)
+    if table.ndim != 2 or table.shape[1] < 1 or not np.all(np.isfinite(table)):
+        raise ValueError(f"table must be a finite 2-D array of rows, got shape {table.shape}")
     if mode != "int8":
-        if mode == "fp16" and x.size and np.abs(x).max() > _FP16_MAX:
-            raise ValueError(f"table holds {np.abs(x).max():g}, beyond float16's {_FP16_MAX:g}")
-        return x.astype(_DTYPES[mode].as_numpy_dtype), None, None
-    mn = x.min(axis=1) if x.shape[1] else np.zeros(x.shape[0])
-    mx = x.max(axis=1) if x.shape[1] else np.zeros(x.shape[0])
-    q, scale = _int8(x, mn[:, None], mx[:, None])
-    return q, scale[:, 0], mn.astype(np.float32)
+        biggest = float(np.abs(table).max()) if table.size else 0.0
+        if mode == "fp16" and biggest > _FP16_MAX:
+            raise ValueError(f"table holds {biggest:g}, beyond float16's {_FP16_MAX:g}")
+        return table.astype(_DTYPES[mode].as_numpy_dtype), None, None
+    rows = table.shape[0]
+    q = np.empty(table.shape, np.int8)
+    scale, offset = np.empty(rows, np.float32), np.empty(rows, np.float32)
+    for start in range(0, rows, _CHUNK_ROWS):  # float64 arithmetic, a chunk at a time
+        x = table[start : start + _CHUNK_ROWS].astype(np.float64)
+        mn, mx = x.min(axis=1, keepdims=True), x.max(axis=1, keepdims=True)
+        q[start : start + len(x)], part = _int8(x, mn, mx)
+        scale[start : start + len(x)], offset[start : start + len(x)] = part[:, 0], mn[:, 0]
+    return q, scale, offset
 
 
 def _int8(x: np.ndarray, mn: np.ndarray, mx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -86,7 +93,8 @@ def quantize_ragged(
     if splits.size < 2 or splits[0] != 0 or splits[-1] != x.size or np.any(np.diff(splits) < 0):
         raise ValueError(f"row_splits must rise from 0 to {x.size}, got {splits.size} entries")
     if mode != "int8":
-        return quantize_rows(x[None, :], mode)[0][0], None, None
+        flat = quantize_rows(x[None, :], mode)[0][0] if x.size else x
+        return flat.astype(_DTYPES[mode].as_numpy_dtype), None, None
     lengths = np.diff(splits)
     row = np.repeat(np.arange(lengths.size), lengths)
     mn = np.zeros(lengths.size)
