@@ -433,12 +433,13 @@ def quantized_form(
 
 def quantized_model(model: Any, mode: str, min_rows: int = DEFAULT_MIN_ROWS) -> tuple[Any, dict]:
     """``model`` (a ``RankingModel``) with its ``embedding`` block in ``quantized_form`` (a new
-    model sharing every other block), and the record of ``quantized_form``.
-
-    Raises:
-      ValueError: the model has no embedding block (see also ``quantized_form``).
-    """
+    model sharing every other block), and the record of ``quantized_form``. A model without an
+    embedding block (a linear model: its per-id weights are one float a row) is returned as it
+    is, with a record of no tables."""
+    check_choice("mode", mode, MODES)
+    check_int("min_rows", min_rows, 0)
     if getattr(model, "embedding", None) is None:
-        raise ValueError(f"quantize: model {model.name!r} has no embedding block to quantize")
+        empty = {"mode": mode, "min_rows": min_rows, "tables": [], "bytes_fp32": 0, "bytes": 0}
+        return model, empty
     block, record = quantized_form(model.embedding, mode, min_rows)
     return model.with_blocks(embedding=block), record

@@ -18,6 +18,7 @@ from embeddings.quantize import (
     quantize_rows,
     quantized_form,
     quantized_layer,
+    quantized_model,
 )
 from pipelines.export import saved_model_bytes
 from tests.compiler_opt.conftest import HAND
@@ -213,3 +214,11 @@ def test_a_quantized_lookup_runs_fused_as_the_server_fuses_an_export(tmp_path):
     fused.warmup({"ids": ids[:4]})
     want = sig(ids=tf.constant(ids))["score"].numpy()
     np.testing.assert_allclose(fused({"ids": ids})["score"].numpy(), want, rtol=1e-6)
+
+
+def test_a_model_without_an_embedding_block_is_left_as_it_is():
+    model = tf.keras.Sequential([tf.keras.layers.Dense(1)], name="linear")
+    same, record = quantized_model(model, "int8", 0)
+    assert same is model and record["tables"] == [] and record["bytes"] == 0
+    with pytest.raises(ValueError, match="mode must be one of"):
+        quantized_model(model, "int4", 0)
