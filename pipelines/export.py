@@ -84,7 +84,7 @@ def export_saved_model(
     model = serving_form(model)
     if quantize is not None:
         if kernels:
-            raise ValueError("export: quantized tables and kernels: the generated op reads fp32")
+            raise ValueError("export: quantize and kernels: the generated op reads fp32 tables")
         model, record = quantized_model(model, quantize, quantize_min_rows)
         extra = {**(extra or {}), "quantization": record}
     fused = None
