@@ -215,6 +215,20 @@ def export(sub: Subparsers) -> None:
         action="store_true",
         help="of a run with a chosen ensemble: export its selected single checkpoint instead",
     )
+    e.add_argument(
+        "--quantize",
+        choices=("int8", "fp16"),
+        help="store the embedding tables row-wise quantized: int8 with a per-row scale and "
+        "offset, or fp16 (each member's, for an ensemble; not with --fuse-kernels or "
+        "--cascade-rank)",
+    )
+    e.add_argument(
+        "--quantize-min-rows",
+        type=int,
+        default=1024,
+        metavar="N",
+        help="--quantize only the tables of at least N rows; smaller ones stay fp32 (default 1024)",
+    )
     _fuse_flags(e)
     e.set_defaults(handler="pipelines.run_commands:cmd_export")
 

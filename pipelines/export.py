@@ -32,6 +32,7 @@ from tf_keras.src.saving.legacy.saved_model.utils import keras_option_scope
 from compiler_opt.embedding_op import assets as emb_assets
 from compiler_opt.transform import FuseSpec, fuse, fused_collections, kernels_of
 from embeddings.protocols import HasServingForm
+from embeddings.quantize import DEFAULT_MIN_ROWS, quantized_model
 from features.dataset import input_signature
 from features.schema import FeatureSpec, Schema, load_schema
 from pipelines.run.ensemble import COMBINES
@@ -68,6 +69,8 @@ def export_saved_model(
     output: str | Path,
     extra: dict[str, Any] | None = None,
     kernels: bool = False,
+    quantize: str | None = None,
+    quantize_min_rows: int = DEFAULT_MIN_ROWS,
 ) -> Path:
     """Writes the SavedModel of ``model`` to ``output`` (replacing it).
 
@@ -76,12 +79,21 @@ def export_saved_model(
     holds only what serving needs. With ``kernels``, the embedding block then runs as one
     generated op (``compiler_opt.codegen``; fields it does not cover keep their layers) and the
     op's source ships in ``assets/`` so that a server loads (or compiles) it before the model.
+    With ``quantize`` (``int8`` or ``fp16``), the embedding tables of at least
+    ``quantize_min_rows`` rows are stored row-wise quantized (``embeddings.quantize``) and
+    ``stitchrec.json`` records them under ``quantization``.
 
     Raises:
       ValueError: ``kernels`` and no generated op could be built (no compiler, or no field
-        covered): the export would not hold what was asked for.
+        covered): the export would not hold what was asked for; ``kernels`` with ``quantize``
+        (the generated op reads float32 tables); an unknown ``quantize`` mode.
     """
     model = serving_form(model)
+    if quantize is not None:
+        if kernels:
+            raise ValueError("export: quantize and kernels: the generated op reads fp32 tables")
+        model, record = quantized_model(model, quantize, quantize_min_rows)
+        extra = {**(extra or {}), "quantization": record}
     fused = None
     if kernels:
         model = fuse(model, FuseSpec(kernels=True))
@@ -166,10 +178,15 @@ def export_cascade_saved_model(
 
 
 def export_run(
-    run_dir: str | Path, output: str | Path | None = None, kernels: bool = False
+    run_dir: str | Path,
+    output: str | Path | None = None,
+    kernels: bool = False,
+    quantize: str | None = None,
+    quantize_min_rows: int = DEFAULT_MIN_ROWS,
 ) -> Path:
     """Exports the latest checkpoint of a training run; returns the SavedModel folder
-    (``kernels``: the embedding block as a generated op, see ``export_saved_model``)."""
+    (``kernels``: the embedding block as a generated op; ``quantize``: its tables quantized;
+    see ``export_saved_model``)."""
     model, schema, ckpt = load_trained_model(run_dir)
     paths = RunPaths(Path(run_dir))
     out = Path(output) if output else next_version(paths.exports)
@@ -180,6 +197,8 @@ def export_run(
             tmp,
             extra={"run": str(paths.root.resolve()), "checkpoint": ckpt},
             kernels=kernels,
+            quantize=quantize,
+            quantize_min_rows=quantize_min_rows,
         )
         shutil.copy(paths.stats / "stats.json", tmp / ASSETS_EXTRA / "stats.json")
     return out
@@ -247,9 +266,12 @@ def export_ensemble(
     output: str | Path | None = None,
     combine: str = "logits",
     extra: dict[str, Any] | None = None,
+    quantize: str | None = None,
+    quantize_min_rows: int = DEFAULT_MIN_ROWS,
 ) -> Path:
     """Writes one SavedModel averaging the run's models at ``checkpoints`` (see
-    ``EnsembleServingModule``); returns its folder (``output``, replaced, or the run's next
+    ``EnsembleServingModule``; ``quantize``: each member's tables quantized, as
+    ``export_saved_model`` does); returns its folder (``output``, replaced, or the run's next
     export version).
 
     Its ``serving_default`` takes the raw-feature signature of a single model's export and
@@ -270,22 +292,28 @@ def export_ensemble(
         raise ValueError(f"export_ensemble: combine = {combine!r}: expected one of {COMBINES}")
     paths = RunPaths(Path(run_dir))
     models = [serving_form(load_checkpoint_model(run_dir, c)) for c in checkpoints]
+    models, quantization = _quantized(models, quantize, quantize_min_rows)
     out = Path(output) if output else next_version(paths.exports)
     meta = {
         "run": str(paths.root.resolve()),
         "ensemble": {"combine": combine, "members": list(checkpoints)},
+        **quantization,
         **(extra or {}),
     }
     return _save_ensemble(models, paths, out, combine, meta)
 
 
 def export_run_ensemble(
-    runs: list[str | Path], output: str | Path | None = None, combine: str = "logits"
+    runs: list[str | Path],
+    output: str | Path | None = None,
+    combine: str = "logits",
+    quantize: str | None = None,
+    quantize_min_rows: int = DEFAULT_MIN_ROWS,
 ) -> Path:
     """Writes one SavedModel averaging the selected checkpoints of several training runs
     (``load_trained_model``: each run's best validation checkpoint, else its latest), e.g.
     runs of one config with different seeds; returns its folder (``output``, replaced, or the
-    first run's next export version).
+    first run's next export version). ``quantize``: each member's tables quantized.
 
     The runs must take the same model inputs (names, kinds and raw types of the fields): each
     member keeps its own preprocessing and weights, so their vocabularies, statistics and
@@ -318,7 +346,21 @@ def export_run_ensemble(
         "runs": [str(r) for r in folders],
         "ensemble": {"combine": combine, "members": members},
     }
-    return _save_ensemble([serving_form(m) for m, _, _ in loaded], paths, out, combine, meta)
+    models = [serving_form(m) for m, _, _ in loaded]
+    models, quantization = _quantized(models, quantize, quantize_min_rows)
+    return _save_ensemble(models, paths, out, combine, {**meta, **quantization})
+
+
+def _quantized(
+    models: list[RankingModel], quantize: str | None, min_rows: int
+) -> tuple[list[RankingModel], dict[str, Any]]:
+    """The members with their tables quantized (``quantize`` None: as they are) and
+    ``{"quantization": {"mode", "min_rows", "members": [record, ...]}}`` (or ``{}``)."""
+    if quantize is None:
+        return models, {}
+    pairs = [quantized_model(m, quantize, min_rows) for m in models]
+    record = {"mode": quantize, "min_rows": min_rows, "members": [r for _, r in pairs]}
+    return [m for m, _ in pairs], {"quantization": record}
 
 
 def _inputs(schema: Schema) -> list[str]:

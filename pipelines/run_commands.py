@@ -4,7 +4,7 @@
     stitchrec train   --config FILE [--set KEY=VALUE]... [--output DIR] [--max-bad-rows N]
     stitchrec export  --run DIR [--output DIR] [--single] [--cascade-rank RUN --keep M]
                       [--ensemble-runs RUN... [--combine logits|probabilities]]
-                      [--fuse-kernels]
+                      [--fuse-kernels] [--quantize int8|fp16 [--quantize-min-rows N]]
                       [--fuse [--fuse-ladder N,...] [--fuse-plan-batch B]
                        [--fuse-realization xla_clusters|generated] [--fuse-loop-matmuls]]
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import json
 from pathlib import Path
 
 from compiler_opt.fused_signature import FUSION_FILE, FusionSpec, write_spec
@@ -59,6 +60,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             plan_batch=args.fuse_plan_batch,
             loop_matmuls=args.fuse_loop_matmuls,
         )
+    _check_quantize(args)
     out = Path(args.output) if args.output else next_version(RunPaths(Path(args.run)).exports)
     with atomic_dir(out) as tmp:  # fusion.json is in the version before it is in place
         _export(args, tmp, fused=spec is not None)
@@ -66,6 +68,8 @@ def cmd_export(args: argparse.Namespace) -> int:
             write_spec(tmp, spec)
     size = saved_model_bytes(out)
     _print(f"exported {out} ({size['total']:,} bytes, variables {size['variables']:,})")
+    if args.quantize:
+        _print(_quantization_line(out))
     if spec is not None:
         _print(
             f"fusion: {out / ASSETS_EXTRA / FUSION_FILE} ({spec.realization}, buckets "
@@ -82,7 +86,13 @@ def _export(args: argparse.Namespace, output: Path, fused: bool) -> None:
                 "export --ensemble-runs: not with --cascade-rank, --single, --fuse-kernels or "
                 "--fuse"
             )
-        export_run_ensemble([args.run, *args.ensemble_runs], output, args.combine)
+        export_run_ensemble(
+            [args.run, *args.ensemble_runs],
+            output,
+            args.combine,
+            quantize=args.quantize,
+            quantize_min_rows=args.quantize_min_rows,
+        )
         _print(f"ensemble of {1 + len(args.ensemble_runs)} runs' selected checkpoints")
     elif args.cascade_rank:
         if not args.output:
@@ -99,7 +109,56 @@ def _export(args: argparse.Namespace, output: Path, fused: bool) -> None:
                     f"{args.run} ({ENSEMBLE_FILE}); add --single to export its selected "
                     "checkpoint alone"
                 )
-            export_ensemble(args.run, ensemble["members"], output, combine=ensemble["combine"])
+            export_ensemble(
+                args.run,
+                ensemble["members"],
+                output,
+                combine=ensemble["combine"],
+                quantize=args.quantize,
+                quantize_min_rows=args.quantize_min_rows,
+            )
             _print(f"ensemble of {len(ensemble['members'])}: {', '.join(ensemble['members'])}")
         else:
-            export_run(args.run, output, kernels=args.fuse_kernels)
+            export_run(
+                args.run,
+                output,
+                kernels=args.fuse_kernels,
+                quantize=args.quantize,
+                quantize_min_rows=args.quantize_min_rows,
+            )
+
+
+def _check_quantize(args: argparse.Namespace) -> None:
+    """UsageError for a ``--quantize`` the export cannot honour (checked before any work)."""
+    if args.quantize_min_rows < 0:
+        raise UsageError(
+            f"export --quantize-min-rows {args.quantize_min_rows}: expected a row count >= 0"
+        )
+    if not args.quantize:
+        return
+    others = [
+        flag
+        for flag, given in (
+            ("--fuse-kernels", args.fuse_kernels),
+            ("--cascade-rank", args.cascade_rank),
+        )
+        if given
+    ]
+    if others:
+        raise UsageError(
+            f"export --quantize: not with {', '.join(others)}: the generated embedding op and "
+            "the cascade export read fp32 tables; export without --quantize"
+        )
+
+
+def _quantization_line(out: Path) -> str:
+    """What ``--quantize`` did, from the export's ``stitchrec.json``."""
+    meta = json.loads((Path(out) / ASSETS_EXTRA / "stitchrec.json").read_text())["quantization"]
+    records = meta.get("members", [meta])
+    tables = [t for r in records for t in r["tables"]]
+    done = sum(t["mode"] != "fp32" for t in tables)
+    before, after = sum(t["bytes_fp32"] for t in tables), sum(t["bytes"] for t in tables)
+    return (
+        f"quantized {done} of {len(tables)} embedding tables to {meta['mode']} (those of at least "
+        f"{meta['min_rows']:,} rows): {before:,} -> {after:,} table bytes"
+    )

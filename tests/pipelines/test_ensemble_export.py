@@ -196,3 +196,64 @@ def test_runs_of_other_fields_or_flags_that_do_not_combine_are_usage_errors(run,
     assert "an ensemble's members must take the same fields" in err and "Traceback" not in err
     assert main([*argv, "--single"]) == 2
     assert "export --ensemble-runs: not with --cascade-rank, --single" in capsys.readouterr().err
+
+
+def test_quantized_export_is_smaller_and_scores_within_tolerance(run, tmp_path, capsys):
+    """``export --quantize int8``: the tables of at least ``--quantize-min-rows`` rows are held
+    as int8 rows with a scale and an offset each (``user``: 41 rows), the smaller ones as fp32;
+    ``stitchrec.json`` records them; the scores stay within the quantization error."""
+    fp32, int8 = tmp_path / "fp32", tmp_path / "int8"
+    argv = ["export", "--run", str(run["dir"]), "--single", "--output"]
+    assert main([*argv, str(fp32)]) == 0
+    assert main([*argv, str(int8), "--quantize", "int8", "--quantize-min-rows", "30"]) == 0
+    assert "quantized 1 of 4 embedding tables to int8 (those of at least 30 rows)" in (
+        capsys.readouterr().out
+    )
+    meta = json.loads((int8 / "assets.extra" / "stitchrec.json").read_text())["quantization"]
+    modes = {t["field"]: t["mode"] for t in meta["tables"]}
+    assert modes == {"user": "int8", "item": "fp32", "tags": "fp32", "age": "fp32"}
+    user = next(t for t in meta["tables"] if t["field"] == "user")
+    assert user["bytes"] == user["rows"] * (user["dim"] + 8) < user["bytes_fp32"]
+    # the variables hold the int8 table: smaller by what the record says (the files of so
+    # small a model are mostly names and the object graph, so the tensors are summed)
+    sizes = [_tensor_bytes(p) for p in (fp32, int8)]
+    assert sizes[0] - sizes[1] == meta["bytes_fp32"] - meta["bytes"] > 0
+    feats = _rows(run, 64)
+    want, got = _call(fp32, feats), _call(int8, feats)
+    np.testing.assert_allclose(got["score"], want["score"], atol=0.01)
+    assert not np.array_equal(got["score"], want["score"])
+    # an ensemble: each member's tables quantized, one record per member
+    ckpts = [e["checkpoint"] for e in E.read_snapshots(run["dir"])][:2]
+    plain = export_ensemble(run["dir"], ckpts, tmp_path / "ens")
+    small = export_ensemble(
+        run["dir"], ckpts, tmp_path / "qens", quantize="int8", quantize_min_rows=30
+    )
+    record = json.loads((small / "assets.extra" / "stitchrec.json").read_text())["quantization"]
+    assert record["mode"] == "int8" and len(record["members"]) == 2
+    assert all(m["tables"][0]["mode"] == "int8" for m in record["members"])
+    np.testing.assert_allclose(
+        _call(small, feats)["score"], _call(plain, feats)["score"], atol=0.01
+    )
+    capsys.readouterr()
+    for bad, message in (
+        (["--quantize", "int8", "--fuse-kernels"], "export --quantize: not with --fuse-kernels"),
+        (["--quantize-min-rows", "-1"], "export --quantize-min-rows -1: expected a row count"),
+    ):
+        assert main([*argv, str(tmp_path / "bad"), *bad]) == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1
+        assert not (tmp_path / "bad").exists()
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv, str(tmp_path / "bad"), "--quantize", "int4"])
+    assert exit_info.value.code == 2 and "invalid choice: 'int4'" in capsys.readouterr().err
+
+
+def _tensor_bytes(saved_model) -> int:
+    """Bytes of the tensors in a SavedModel's variables."""
+    reader = tf.train.load_checkpoint(str(saved_model / "variables" / "variables"))
+    shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
+    return sum(
+        int(np.prod(shapes[k])) * dtypes[k].size
+        for k in shapes
+        if k != "_CHECKPOINTABLE_OBJECT_GRAPH"
+    )
