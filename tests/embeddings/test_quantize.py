@@ -28,14 +28,17 @@ from tests.embeddings.roundtrip import assert_saved_model_round_trip, layer_modu
 def test_int8_rows_by_hand():
     table = np.array([[-1.0, 0.0, 1.55], [3.0, 3.0, 3.0], [0.0, 0.51, 0.2]], np.float32)
     q, scale, offset = quantize_rows(table, "int8")
-    assert q.dtype == np.int8 and scale.dtype == np.float32 and offset.dtype == np.float32
-    # row 0: scale (1.55 - -1) / 255 = 0.01; (x + 1) / 0.01 = 0, 100, 255 -> minus 128
+    assert q.dtype == np.int8 and scale.dtype == np.float16 and offset.dtype == np.float16
+    # row 0: scale (1.55 - -1) / 255 = 0.01, rounded up to float16 (0.010002);
+    # (x + 1) / scale = 0, 99.98, 254.95 -> 0, 100, 255 -> minus 128
     np.testing.assert_array_equal(q[0], [-128, -28, 127])
     # row 1 is constant: scale 0, every code -128, the value comes back exactly
     np.testing.assert_array_equal(q[1], [-128, -128, -128])
-    # row 2: scale 0.51 / 255 = 0.002; 0.2 / 0.002 = 100
+    # row 2: scale 0.51 / 255 = 0.002 (float16 0.0020008); 0.2 / scale = 99.96 -> 100
     np.testing.assert_array_equal(q[2], [-128, 127, -28])
-    np.testing.assert_allclose(scale, [0.01, 0.0, 0.002], rtol=1e-6)
+    exact = np.array([0.01, 0.0, 0.002])
+    np.testing.assert_allclose(scale, exact, rtol=1e-3)
+    assert np.all(scale.astype(np.float64) >= exact)  # rounded up: codes stay in range
     np.testing.assert_array_equal(offset, [-1.0, 3.0, 0.0])
     back = dequantize_rows(q, scale, offset)
     assert back[1].tolist() == [3.0, 3.0, 3.0]
@@ -58,7 +61,7 @@ def test_fp16_rows_and_a_ragged_table_by_hand():
     # rows [0, 1] and [5] (a one-entry row: scale 0) of a compact AMTL-like table
     q, scale, offset = quantize_ragged(np.array([0.0, 1.0, 5.0]), np.array([0, 2, 3]), "int8")
     np.testing.assert_array_equal(q, [-128, 127, -128])
-    np.testing.assert_allclose(scale, [1 / 255, 0.0], rtol=1e-6)
+    np.testing.assert_allclose(scale, [1 / 255, 0.0], rtol=1e-3)
     np.testing.assert_array_equal(offset, [0.0, 5.0])
 
 
@@ -141,13 +144,14 @@ def test_collection_quantized_form_records_the_tables_and_shrinks_the_saved_mode
     assert new.layers_by_field["small"] is coll.layers_by_field["small"]
     big, small = record["tables"]
     assert big == {"field": "big", "table": "table", "rows": 2000, "dim": 32, "mode": "int8",
-                   "bytes_fp32": 2000 * 32 * 4, "bytes": 2000 * (32 + 8)}  # fmt: skip
+                   "bytes_fp32": 2000 * 32 * 4, "bytes": 2000 * (32 + 4)}  # fmt: skip
     assert small["mode"] == "fp32" and small["bytes"] == small["bytes_fp32"] == 40 * 32 * 4
     assert record["bytes"] == big["bytes"] + small["bytes"]
     got = new(ids).vectors
     np.testing.assert_allclose(got["big"], want["big"], atol=0.01)
     np.testing.assert_array_equal(got["small"], want["small"])
-    # the SavedModel variables: the big table at 40 of 128 bytes a row, >= 3x smaller
+    # the SavedModel variables: the big table at 36 of 128 bytes a row (3.56x smaller), less
+    # the checkpoint's own few KB
     sizes = {}
     for name, block in (
         ("fp32", coll.layers_by_field["big"]),
@@ -155,7 +159,7 @@ def test_collection_quantized_form_records_the_tables_and_shrinks_the_saved_mode
     ):
         tf.saved_model.save(layer_module(block), str(tmp_path / name))
         sizes[name] = saved_model_bytes(tmp_path / name)["variables"]
-    assert sizes["fp32"] / sizes["int8"] >= 3.0
+    assert sizes["fp32"] / sizes["int8"] >= 3.4
 
 
 @pytest.mark.parametrize("mode", ["int8", "fp16"])
