@@ -2,7 +2,7 @@
 
 - ``ServerThread``: a real server on ``127.0.0.1:0`` running on a background thread's event
   loop, for synchronous clients; ``wait_serving(target)`` waits for grpc.health.v1 SERVING (a
-  server in another process).
+  server in another process); ``wait_until(cond)`` polls a condition.
 - A hand-checkable SavedModel with the export contract (raw features by name -> ``score``,
   ``logit``)::
 
@@ -71,6 +71,15 @@ class ServerThread:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def wait_until(cond: Any, timeout: float = 30.0) -> None:
+    """Polls ``cond()`` every 50 ms until it is true; TimeoutError after ``timeout`` seconds."""
+    t0 = time.monotonic()
+    while not cond():
+        if time.monotonic() - t0 > timeout:
+            raise TimeoutError(f"condition not reached in {timeout} s")
+        time.sleep(0.05)
 
 
 def wait_serving(target: str, timeout: float = 60) -> None:

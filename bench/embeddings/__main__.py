@@ -26,13 +26,13 @@ import argparse
 import dataclasses
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pipelines  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow loads)
+from bench.rss import serving_rss_kb
 from features import synthetic, synthetic_config
 from features.schema import load_schema
 from pipelines.config import DataConfig, PipelineConfig, TrainConfig
@@ -61,40 +61,10 @@ MODELS = {
     ),
 }
 
-RSS_SCRIPT = """
-import json, sys
-import pipelines
-import tensorflow as tf
-from features.dataset import iter_batches, list_parquet
-from features.schema import load_schema
-
-def rss_kb():
-    for line in open("/proc/self/status"):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-
-model_dir, data_dir = sys.argv[1], sys.argv[2]
-tf.constant([1.0]) + 1.0
-base = rss_kb()
-if model_dir != "-":
-    schema = load_schema(model_dir + "/assets.extra/schema.toml")
-    fn = tf.saved_model.load(model_dir).signatures["serving_default"]
-    batch = next(iter_batches(schema, list_parquet(data_dir), batch_size=1024, shuffle=False))
-    fn(**{f.name: tf.constant(batch[f.name]) for f in schema.model_inputs})
-print(json.dumps({"base_kb": base, "rss_kb": rss_kb()}))
-"""
-
 
 def serving_rss_mb(model_dir: Path | None, data_dir: Path) -> float:
     """VmRSS of a fresh process after loading ``model_dir`` and scoring one batch, in MB."""
-    out = subprocess.run(
-        [sys.executable, "-c", RSS_SCRIPT, str(model_dir or "-"), str(data_dir)],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=ROOT,
-    ).stdout
-    return json.loads(out.strip().splitlines()[-1])["rss_kb"] / 1024
+    return serving_rss_kb(model_dir, data_dir)[1] / 1024
 
 
 def movielens(work: Path, shared: Path) -> tuple[DataConfig, TrainConfig]:

@@ -24,13 +24,13 @@ import argparse
 import json
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import pipelines  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow loads)
+from bench.rss import serving_rss_kb
 from embeddings.quantize import quantized_form
 from features import synthetic, synthetic_config
 from features.dataset import list_parquet
@@ -45,43 +45,14 @@ from ranking.config import ModelConfig
 ROOT = Path(__file__).resolve().parents[2]
 MODES = ("fp32", "fp16", "int8")
 
-RSS_SCRIPT = """
-import json, sys
-import pipelines
-import tensorflow as tf
-from features.dataset import iter_batches, list_parquet
-from features.schema import load_schema
-
-def rss_kb():
-    for line in open("/proc/self/status"):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-
-model_dir, data_dir = sys.argv[1], sys.argv[2]
-schema = load_schema(model_dir + "/assets.extra/schema.toml")
-batch = next(iter_batches(schema, list_parquet(data_dir), batch_size=1024, shuffle=False))
-tf.constant([1.0]) + 1.0
-base = rss_kb()
-fn = tf.saved_model.load(model_dir).signatures["serving_default"]
-fn(**{f.name: tf.constant(batch[f.name]) for f in schema.model_inputs})
-print(json.dumps({"base_kb": base, "rss_kb": rss_kb()}))
-"""
-
 
 def rss_mb(model_dir: Path, test_dir: Path, repeats: int) -> tuple[float, float]:
     """Medians over ``repeats`` fresh serving processes of (VmRSS, VmRSS minus that before the
     load), in MB."""
     found = []
     for _ in range(repeats):
-        out = subprocess.run(
-            [sys.executable, "-c", RSS_SCRIPT, str(model_dir), str(test_dir)],
-            capture_output=True,
-            text=True,
-            check=True,
-            cwd=ROOT,
-        ).stdout
-        r = json.loads(out.strip().splitlines()[-1])
-        found.append((r["rss_kb"] / 1024, (r["rss_kb"] - r["base_kb"]) / 1024))
+        base, rss = serving_rss_kb(model_dir, test_dir)
+        found.append((rss / 1024, (rss - base) / 1024))
     return statistics.median(f[0] for f in found), statistics.median(f[1] for f in found)
 
 

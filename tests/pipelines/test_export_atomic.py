@@ -19,7 +19,7 @@ from features.schema import Schema, load_schema
 from pipelines.export import export_saved_model, next_version
 from serving.client import RankingClient
 from serving.config import ServerOptions
-from serving.testing import SCHEMA, ServerThread, reference_score
+from serving.testing import SCHEMA, ServerThread, reference_score, wait_until
 from serving.version_files import COMPLETE, version_state
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -96,14 +96,6 @@ def _rank(target: str):
         return c.rank("m", {"user": "u1"}, {"item": [3], "price": [1.0]})
 
 
-def _wait_for(cond, timeout: float = 30.0) -> None:
-    t0 = time.monotonic()
-    while not cond():
-        if time.monotonic() - t0 > timeout:
-            raise TimeoutError("condition not reached")
-        time.sleep(0.05)
-
-
 def test_killed_export_never_serves_and_the_next_export_cleans_up(tmp_path):
     schema = linear_schema(tmp_path)
     models = tmp_path / "repo" / "m"
@@ -119,7 +111,7 @@ def test_killed_export_never_serves_and_the_next_export_cleans_up(tmp_path):
         assert next_version(models) == models / "2"
         export_saved_model(TinyRanker(1.0), schema, next_version(models))
         assert sorted(p.name for p in models.iterdir()) == ["1", "2"]  # the leftover is gone
-        _wait_for(lambda: s.server.repository.live_versions("m") == [2])
+        wait_until(lambda: s.server.repository.live_versions("m") == [2])
         r = _rank(s.target)
     assert r.version == 2
     assert r.scores[0] == pytest.approx(reference_score(1.0, "u1", 3, 1.0), rel=1e-6)

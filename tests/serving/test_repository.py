@@ -17,7 +17,13 @@ from serving.batching import BatchingConfig
 from serving.client import AsyncRankingClient
 from serving.repository import ModelNotFound, ModelRepository, VersionPolicy
 from serving.server import ServerOptions
-from serving.testing import ServerThread, copy_version, reference_score, write_linear_model
+from serving.testing import (
+    ServerThread,
+    copy_version,
+    reference_score,
+    wait_until,
+    write_linear_model,
+)
 from serving.version_files import MARKER
 
 
@@ -93,14 +99,6 @@ def _load_test(
     return t
 
 
-def _wait_for(cond, timeout: float = 30.0) -> None:
-    t0 = time.monotonic()
-    while not cond():
-        if time.monotonic() - t0 > timeout:
-            raise TimeoutError("condition not reached")
-        time.sleep(0.05)
-
-
 def test_hot_swap_and_rollback_under_load_fail_no_request(tmp_path, built):
     root = tmp_path / "repo"
     copy_version(built[0], root / "m", 1)
@@ -110,22 +108,22 @@ def test_hot_swap_and_rollback_under_load_fail_no_request(tmp_path, built):
         results: list = []
         errors: list = []
         t = _load_test(s, stop, results, errors)
-        _wait_for(lambda: len(results) > 50)
+        wait_until(lambda: len(results) > 50)
         copy_version(built[1], root / "m", 2)  # new version: swapped in under load
-        _wait_for(lambda: results[-1][1] == 2)
+        wait_until(lambda: results[-1][1] == 2)
         n_v2 = len(results)
-        _wait_for(lambda: len(results) > n_v2 + 50)
+        wait_until(lambda: len(results) > n_v2 + 50)
         shutil.rmtree(root / "m" / "2")  # rollback: version 1 comes back before 2 leaves
-        _wait_for(lambda: results[-1][1] == 1)
+        wait_until(lambda: results[-1][1] == 1)
         # a broken version 3 never serves; version 1 keeps serving
         bad = root / "m" / ".tmp3"
         bad.mkdir()
         (bad / "saved_model.pb").write_bytes(b"not a SavedModel")
         bad.rename(root / "m" / "3")
-        _wait_for(lambda: s.server.repository.status("m").get(3, None) is not None
+        wait_until(lambda: s.server.repository.status("m").get(3, None) is not None
                   and s.server.repository.status("m")[3].state == "END")  # fmt: skip
         n_end = len(results)
-        _wait_for(lambda: len(results) > n_end + 50)
+        wait_until(lambda: len(results) > n_end + 50)
         stop.set()
         t.join(30)
         status = s.server.repository.status("m")
@@ -186,7 +184,7 @@ def test_health_follows_readiness(tmp_path, built):
 
         assert status() == health_pb2.HealthCheckResponse.NOT_SERVING  # no ready version
         copy_version(built[0], root / "m", 2)
-        _wait_for(lambda: status() == health_pb2.HealthCheckResponse.SERVING)
+        wait_until(lambda: status() == health_pb2.HealthCheckResponse.SERVING)
         assert s.server.repository.live_versions("m") == [2]
 
 
@@ -212,7 +210,7 @@ def test_copy_in_progress_is_not_loaded_until_it_is_complete(tmp_path, built):
         assert list(s.server.repository.status("m")) == [1]
         assert s.server.repository.live_versions("m") == [1]
         data.write_bytes(full)  # the copy completes
-        _wait_for(lambda: s.server.repository.live_versions("m") == [2])
+        wait_until(lambda: s.server.repository.live_versions("m") == [2])
 
 
 def test_failed_version_is_retried_when_a_file_under_it_changes(tmp_path, built):
@@ -225,4 +223,4 @@ def test_failed_version_is_retried_when_a_file_under_it_changes(tmp_path, built)
         assert status.state == "END"
         assert "Read less bytes than requested" in status.error
         data.write_bytes(full)  # rewritten in place: the folder and variables/ keep their mtimes
-        _wait_for(lambda: s.server.repository.live_versions("m") == [1])
+        wait_until(lambda: s.server.repository.live_versions("m") == [1])
