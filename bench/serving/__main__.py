@@ -169,6 +169,20 @@ def run_hot_swap(m: Model, plan: Plan, out: Path) -> dict:
     return r
 
 
+def run_overload(args: argparse.Namespace, prepared: dict[str, Model], plan: Plan, out: Path,
+                 h2: str | None) -> dict:  # fmt: skip
+    m = prepared[args.overload_model]
+    n = plan.sizes[-1]
+    sweep = args.overload_sweep or ("4,16" if args.quick else "4,16,64")
+    print(f"overload: {m.name} model, Rank, {n} candidates", flush=True)
+    over = overload.run(
+        m.repo, out, METHODS["rank"], m.reqs[n]["paths"]["rank"], m.frames["rank", n], plan,
+        h2, tuple(int(c) for c in sweep.split(",")), (1, 4) if args.quick else (1, 2, 4, 8),
+    )  # fmt: skip
+    over.update(model=m.name, candidates=n)
+    return over
+
+
 def report(results: Path) -> int:
     """Prints the tables of the runs in ``results`` (a results.json), then their aggregates as
     one JSON line."""
@@ -180,6 +194,21 @@ def report(results: Path) -> int:
         print(overload.table(data["overload"]))
     print(json.dumps({"aggregated": aggregated}), flush=True)
     return 0
+
+
+def show(result: dict) -> None:
+    print()
+    print(table(result["aggregated"]))
+    if result["overload"]:
+        print()
+        print(overload.table(result["overload"]))
+    swap = result["hot_swap"]
+    if swap:
+        print(
+            f"\nhot swap under load: {swap['requests']} requests, {swap['failures']} failed, "
+            f"answers by version {swap['versions']}"
+        )
+    print(f"\nfinished in {result['seconds']} s")
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
@@ -241,17 +270,7 @@ def main(argv: list[str] | None = None) -> int:
                     raise
                 notes.append(f"triton skipped on {name}: {e}")
                 print(notes[-1], flush=True)
-    over = None
-    if not args.skip_overload:
-        m = prepared[args.overload_model]
-        n = plan.sizes[-1]
-        sweep = args.overload_sweep or ("4,16" if args.quick else "4,16,64")
-        print(f"overload: {m.name} model, Rank, {n} candidates", flush=True)
-        over = overload.run(
-            m.repo, out, METHODS["rank"], m.reqs[n]["paths"]["rank"], m.frames["rank", n], plan,
-            h2, tuple(int(c) for c in sweep.split(",")), (1, 4) if args.quick else (1, 2, 4, 8),
-        )  # fmt: skip
-        over.update(model=m.name, candidates=n)
+    over = None if args.skip_overload else run_overload(args, prepared, plan, out, h2)
     swap = None if args.skip_hot_swap else run_hot_swap(prepared[names[0]], plan, out)
     result = {
         "plan": dataclasses.asdict(plan),
@@ -269,17 +288,8 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": round(time.time() - t0, 1),
     }
     (out / "results.json").write_text(json.dumps(result, indent=1, default=str))
-    print()
-    print(table(aggregate(rows)))
-    if over:
-        print()
-        print(overload.table(over))
-    if swap:
-        print(
-            f"\nhot swap under load: {swap['requests']} requests, {swap['failures']} failed, "
-            f"answers by version {swap['versions']}"
-        )
-    print(f"\nwrote {out / 'results.json'} in {result['seconds']} s")
+    show(result)
+    print(f"wrote {out / 'results.json'}")
     return 0
 
 
