@@ -25,7 +25,7 @@ import numpy as np
 from tensorflow.core.framework import tensor_pb2, types_pb2
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
-from bench.serving.__main__ import start_ours
+from bench.serving.servers import start_ours
 from protos import grpc_service_pb2 as kserve_pb2
 from protos import grpc_service_pb2_grpc as kserve_grpc
 from protos import ranking_service_pb2 as rank_pb2

@@ -6,8 +6,10 @@
 ``--requests``: a file of pre-serialized request messages (each preceded by a 4-byte
 little-endian length) sent round robin as raw bytes, so the generator spends no time encoding.
 ``concurrency`` streams each send a request, wait for the answer, and send the next one. Prints
-one JSON object: requests/s, p50/p90/p99/max latency (ms) over the measured window, failures
-by status code, and (with ``--rank-versions``) how many answers each model version gave.
+one JSON object: requests/s of OK answers (goodput), their p50/p90/p99/max latency (ms) over
+the measured window, failures by status code, ``by_code``: the count, share and p50/p99 latency
+of every status code (OK included), and (with ``--rank-versions``) how many answers each model
+version gave. ``--timeout`` is the deadline of every call (DEADLINE_EXCEEDED past it).
 
 ``--record FILE`` also writes the measured latencies (seconds), the window and the failures as
 JSON; ``--summarize FILE`` prints the summary of such a record and sends nothing.
@@ -49,8 +51,28 @@ def write_requests(path: str, messages: list[bytes]) -> None:
             f.write(struct.pack("<I", len(m)) + m)
 
 
-def summarize(latencies: list[float], seconds: float, failures: Counter) -> dict:
+def _ms(values: list[float], q: float) -> float:
+    return round(float(np.percentile(np.array(values) * 1e3, q)), 3) if values else 0.0
+
+
+def summarize(
+    latencies: list[float],
+    seconds: float,
+    failures: Counter,
+    failure_latencies: dict[str, list[float]] | None = None,
+) -> dict:
+    """requests/s and latency of the OK answers; counts, shares and (when recorded) p50/p99
+    latency of every status code, OK included."""
     lat = np.array(latencies) * 1e3 if latencies else np.zeros(1)
+    failure_latencies = failure_latencies or {}
+    total = len(latencies) + sum(failures.values())
+    by_code = {"OK": {"count": len(latencies), "p50_ms": _ms(latencies, 50),
+                      "p99_ms": _ms(latencies, 99)}}  # fmt: skip
+    for code, n in failures.items():
+        ls = failure_latencies.get(code, [])
+        by_code[code] = {"count": n, "p50_ms": _ms(ls, 50), "p99_ms": _ms(ls, 99)}
+    for v in by_code.values():
+        v["share"] = round(v["count"] / total, 4) if total else 0.0
     return {
         "requests": len(latencies),
         "seconds": round(seconds, 3),
@@ -61,6 +83,7 @@ def summarize(latencies: list[float], seconds: float, failures: Counter) -> dict
         "max_ms": round(float(lat.max()), 3),
         "failures": sum(failures.values()),
         "failures_by_code": dict(failures),
+        "by_code": by_code,
     }
 
 
@@ -86,6 +109,7 @@ async def run(args: argparse.Namespace) -> dict:
     end = measure_from + args.seconds
     latencies: list[float] = []
     failures: Counter = Counter()
+    failure_latencies: dict[str, list[float]] = {}
     versions: Counter = Counter()
 
     async def stream(i: int) -> None:
@@ -107,6 +131,7 @@ async def run(args: argparse.Namespace) -> dict:
             except grpc.aio.AioRpcError as e:
                 if t0 >= measure_from or args.rank_versions:
                     failures[e.code().name] += 1
+                    failure_latencies.setdefault(e.code().name, []).append(time.perf_counter() - t0)
 
     await asyncio.gather(*[stream(i) for i in range(args.concurrency)])
     for ch in channels:
@@ -117,10 +142,11 @@ async def run(args: argparse.Namespace) -> dict:
             "latencies_s": latencies,
             "seconds": args.seconds,
             "failures_by_code": dict(failures),
+            "failure_latencies_s": failure_latencies,
         }
         with open(args.record, "w") as f:
             json.dump(record, f)
-    out = summarize(latencies, args.seconds, failures)
+    out = summarize(latencies, args.seconds, failures, failure_latencies)
     out["concurrency"] = args.concurrency
     if decode is not None:
         out["versions"] = {str(k): v for k, v in sorted(versions.items())}
@@ -132,7 +158,10 @@ def summarize_record(path: str) -> dict:
     with open(path) as f:
         record = json.load(f)
     return summarize(
-        record["latencies_s"], record["seconds"], Counter(record.get("failures_by_code", {}))
+        record["latencies_s"],
+        record["seconds"],
+        Counter(record.get("failures_by_code", {})),
+        record.get("failure_latencies_s"),
     )
 
 

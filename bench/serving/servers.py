@@ -1,0 +1,140 @@
+"""The servers of bench/serving as subprocesses: ``stitchrec serve`` and Triton (PyTriton).
+
+Triton Inference Server 2.51 comes from nvidia-pytriton 0.7.0 in its own venv, made once from
+/usr/bin/python3.11 under the bench cache (numpy<2, tensorflow-cpu 2.21), never the project's.
+Every server serves Prometheus metrics; ``Proc.metrics_ports`` lists them (one per worker).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import grpc
+
+from protos import grpc_service_pb2 as kserve_pb2
+from protos import grpc_service_pb2_grpc as kserve_grpc
+
+ROOT = Path(__file__).resolve().parents[2]
+TRITON_PYTHON = "/usr/bin/python3.11"
+TRITON_REQUIREMENTS = ("nvidia-pytriton==0.7.0", "numpy<2", "tensorflow-cpu>=2.21,<2.22")
+MODEL = "ctr"
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "2"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Proc:
+    """A server subprocess stopped with SIGTERM (then SIGKILL after 30 s)."""
+
+    def __init__(self, cmd: list[str], log: Path, environ: dict[str, str] | None = None):
+        self.log = log.open("w")
+        self.p = subprocess.Popen(
+            cmd, cwd=ROOT, env=environ or env(), stdout=subprocess.PIPE, stderr=self.log, text=True
+        )
+        self.metrics_ports: list[int] = []
+        self.kind = "stitchrec"
+
+    def line(self, timeout: float = 300) -> dict:
+        result: list[str] = []
+        t = threading.Thread(target=lambda: result.append(self.p.stdout.readline()), daemon=True)
+        t.start()
+        t.join(timeout)
+        if not result or not result[0]:
+            raise RuntimeError(f"server did not start; see {self.log.name}")
+        return json.loads(result[0])
+
+    def stop(self) -> int:
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGTERM)
+            try:
+                self.p.wait(30)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait()
+        self.log.close()
+        return self.p.returncode
+
+
+def start_ours(
+    repo: Path, out: Path, tag: str, extra: list[str], workers: int = 1
+) -> tuple[Proc, int]:
+    """``stitchrec serve`` on a free port with metrics on free ports: (process, gRPC port)."""
+    cmd = [
+        sys.executable, "-m", "pipelines.cli", "serve", "--repo", str(repo), "--host", "127.0.0.1",
+        "--port", "0", "--workers", str(workers), "--log-level", "WARNING",
+        "--metrics-port", "0", *extra,
+    ]  # fmt: skip
+    proc = Proc(cmd, out / f"server-{tag}.log")
+    lines = [proc.line()]
+    for _ in range(workers if workers > 1 else 0):
+        lines.append(proc.line())  # each worker prints once it serves
+    proc.metrics_ports = sorted({int(x["metrics_port"]) for x in lines if x.get("metrics_port")})
+    return proc, int(lines[0]["port"])
+
+
+def _wait_kserve_ready(port: int, timeout: float) -> None:
+    t0 = time.monotonic()
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+        stub = kserve_grpc.GRPCInferenceServiceStub(ch)
+        while time.monotonic() - t0 < timeout:
+            try:
+                if stub.ModelReady(kserve_pb2.ModelReadyRequest(name=MODEL), timeout=2).ready:
+                    return
+            except grpc.RpcError:
+                pass
+            time.sleep(0.5)
+    raise RuntimeError(f"Triton not ready on port {port} after {timeout:.0f} s")
+
+
+def triton_venv(cache: Path) -> Path:
+    """The Triton venv (made once): /usr/bin/python3.11 + nvidia-pytriton 0.7.0, numpy<2, TF."""
+    venv = cache / "pytriton-venv"
+    marker = venv / ".stitchrec-ready"
+    if marker.exists():
+        return venv / "bin" / "python"
+    if not Path(TRITON_PYTHON).exists():
+        raise RuntimeError(f"{TRITON_PYTHON} not found (Triton's venv needs Python 3.11)")
+    shutil.rmtree(venv, ignore_errors=True)
+    subprocess.run([TRITON_PYTHON, "-m", "venv", str(venv)], check=True)
+    subprocess.run(
+        [str(venv / "bin" / "pip"), "install", "-q", *TRITON_REQUIREMENTS],
+        check=True,
+        timeout=1800,
+    )
+    marker.write_text("\n".join(TRITON_REQUIREMENTS))
+    return venv / "bin" / "python"
+
+
+def start_triton(python: Path, saved: Path, out: Path, tag: str) -> tuple[Proc, int]:
+    port, metrics = free_port(), free_port()
+    cmd = [
+        str(python), str(ROOT / "bench" / "serving" / "triton_server.py"), "--model", str(saved),
+        "--name", MODEL, "--grpc-port", str(port), "--http-port", str(free_port()),
+        "--metrics-port", str(metrics), "--max-batch-size", "4096",
+        "--max-queue-delay-us", "500",
+    ]  # fmt: skip
+    environ = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    proc = Proc(cmd, out / f"server-triton-{tag}.log", environ=environ)
+    proc.metrics_ports, proc.kind = [metrics], "triton"
+    try:
+        _wait_kserve_ready(port, 300)
+    except RuntimeError:
+        proc.stop()
+        raise
+    return proc, port
