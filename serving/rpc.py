@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import functools
 import json
 import logging
@@ -35,8 +36,12 @@ log = logging.getLogger("stitchrec.serving")
 
 T = TypeVar("T")
 
-# requests up to this many bytes are parsed on the event loop (a thread hop costs more)
-INLINE_PARSE_BYTES = 64 * 1024
+# requests up to this many bytes are parsed and decoded on the event loop: their checks bound
+# the work to milliseconds, and a thread hop would cost more than it saves
+INLINE_BYTES = 64 * 1024
+
+# the wire size of the request the running handler serves (set by ``rpc``)
+_request_bytes: contextvars.ContextVar[int] = contextvars.ContextVar("request_bytes", default=0)
 
 
 def codec_threads() -> int:
@@ -67,14 +72,17 @@ class ServerState:
         )
 
     async def offload(self, fn: Callable[[], T]) -> T:
-        """Runs ``fn`` on a decode worker thread; the event loop stays free meanwhile."""
+        """Runs ``fn`` on a decode worker thread, the event loop free meanwhile; for a request
+        of at most ``INLINE_BYTES`` on the wire, at once on the loop."""
+        if _request_bytes.get() <= INLINE_BYTES:
+            return fn()
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn)
 
     async def parse(self, request_type: type[pb_message.Message], raw: bytes) -> Any:
         """The request message in ``raw`` (INVALID_ARGUMENT when it does not parse)."""
         name = request_type.DESCRIPTOR.name
         try:
-            if len(raw) <= INLINE_PARSE_BYTES:
+            if len(raw) <= INLINE_BYTES:
                 return request_type.FromString(raw)
             return await self.offload(lambda: request_type.FromString(raw))
         except pb_message.DecodeError as e:
@@ -111,6 +119,7 @@ def rpc(method: str, request_type: type[pb_message.Message] | None = None) -> Ca
             try:
                 with admission.admit(method):
                     if request_type is not None and isinstance(request, bytes):
+                        _request_bytes.set(len(request))
                         request = await self.state.parse(request_type, request)
                     response = await fn(self, request, context)
             except asyncio.CancelledError:
