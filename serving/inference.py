@@ -220,9 +220,13 @@ class Target:
 
 def resolve(repo: ModelRepository, name: str, version: int | None, signature: str = "") -> Target:
     """The live version and signature a request names (NOT_FOUND when there is none)."""
-    mv = repo.get(name, version)
+    return target_of(repo.get(name, version), signature)
+
+
+def target_of(mv: ModelVersion, signature: str = "") -> Target:
+    """The ``Target`` of signature ``signature`` (default ``serving_default``) of ``mv``."""
     signature = signature or SERVING_SIGNATURE
-    where = f"model {name!r} version {mv.version}"
+    where = f"model {mv.name!r} version {mv.version}"
     if signature == SERVING_SIGNATURE:
         return Target(mv, signature, mv.inputs, where)
     if signature not in mv.signature_inputs:
@@ -443,8 +447,7 @@ async def rank(
     """
     limits = limits or Limits()
     mv = repo.get(name, version)
-    signature = RANK_SIGNATURE if mv.rank_inputs is not None else SERVING_SIGNATURE
-    target = resolve(repo, name, mv.version, signature)
+    target = target_of(mv, RANK_SIGNATURE if mv.rank_inputs is not None else SERVING_SIGNATURE)
     if k < 0:
         raise invalid(f"{target.where}: top_k must be >= 0, got {k}")
     counts: list[int] = []
