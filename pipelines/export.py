@@ -53,7 +53,25 @@ class ServingModule(tf.Module):
 
     def _serve(self, features: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
         logits = self.model(features, training=False)
-        return {"score": tf.sigmoid(logits), "logit": logits}
+        return serving_outputs(logits, tf.sigmoid(logits), task_names(self.model))
+
+
+def task_names(model: tf.keras.Model) -> list[str]:
+    """The task names of a model's logit columns (one name for a single-task model)."""
+    return list(getattr(model, "task_names", None) or ["score"])
+
+
+def serving_outputs(logits: tf.Tensor, scores: tf.Tensor, tasks: list[str]) -> dict[str, tf.Tensor]:
+    """The signature's outputs from logits and probabilities ``[batch]`` (one task) or
+    ``[batch, T]`` (columns in task order): ``score`` and ``logit`` of the primary (first)
+    task, and for a multi-task model ``score_<task>`` and ``logit_<task>`` of every task."""
+    if logits.shape.rank == 1:
+        return {"score": scores, "logit": logits}
+    out = {"score": scores[:, 0], "logit": logits[:, 0]}
+    for i, task in enumerate(tasks):
+        out[f"score_{task}"] = scores[:, i]
+        out[f"logit_{task}"] = logits[:, i]
+    return out
 
 
 def next_version(base: Path) -> Path:
@@ -233,13 +251,15 @@ class EnsembleServingModule(tf.Module):
         self.serve = tf.function(self._serve, input_signature=[input_signature(fields)])
 
     def _serve(self, features: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-        x = tf.stack([m(features, training=False) for m in self.members])  # [members, batch]
+        # [members, batch] (or [members, batch, T] for multi-task members)
+        x = tf.stack([m(features, training=False) for m in self.members])
+        tasks = task_names(self.members[0])
         if self.combine == "logits":
             logits = tf.reduce_mean(x, axis=0)
-            return {"score": tf.sigmoid(logits), "logit": logits}
+            return serving_outputs(logits, tf.sigmoid(logits), tasks)
         top = tf.reduce_logsumexp(tf.math.log_sigmoid(x), axis=0)
         bottom = tf.reduce_logsumexp(tf.math.log_sigmoid(-x), axis=0)
-        return {"score": tf.reduce_mean(tf.sigmoid(x), axis=0), "logit": top - bottom}
+        return serving_outputs(top - bottom, tf.reduce_mean(tf.sigmoid(x), axis=0), tasks)
 
 
 def load_checkpoint_model(run_dir: str | Path, checkpoint: str) -> RankingModel:

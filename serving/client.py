@@ -34,6 +34,8 @@ class RankResult:
     version: int
     scores: np.ndarray  # [k] float32
     indices: np.ndarray  # [k] int32
+    #: a multi-task model's score of each task at ``indices`` (empty for one task)
+    tasks: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
 
 def to_feature(name: str, values: Any) -> rank_pb2.Feature:
@@ -80,6 +82,10 @@ def _result(resp: rank_pb2.RankResponse) -> RankResult:
         resp.model_version,
         np.array(resp.scores, dtype=np.float32),
         np.array(resp.indices, dtype=np.int32),
+        {
+            task: np.array(values.value, dtype=np.float32)
+            for task, values in resp.task_scores.items()
+        },
     )
 
 

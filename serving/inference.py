@@ -346,6 +346,29 @@ class RankResult:
     version: int
     scores: np.ndarray  # [k] float32
     indices: np.ndarray  # [k] int32, candidate indices
+    #: a multi-task model's ``score_<task>`` outputs at ``indices``, by task name
+    tasks: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+
+
+TASK_SCORE_PREFIX = "score_"
+
+
+def task_scores(
+    outputs: Mapping[str, np.ndarray], indices: np.ndarray, n_cand: int, where: str
+) -> dict[str, np.ndarray]:
+    """``{task: [k] float32}``: each ``score_<task>`` output ``[N]`` at ``indices``."""
+    tasks = {}
+    for key, value in outputs.items():
+        if not key.startswith(TASK_SCORE_PREFIX):
+            continue
+        values = np.asarray(value, dtype=np.float32).reshape(-1)
+        if len(values) != n_cand:
+            raise ServingError(
+                grpc.StatusCode.INTERNAL,
+                f"{where}: output {key!r} has {len(values)} values for {n_cand} candidates",
+            )
+        tasks[key[len(TASK_SCORE_PREFIX) :]] = values[indices]
+    return tasks
 
 
 def top_k(scores: np.ndarray, k: int) -> np.ndarray:
@@ -471,4 +494,4 @@ async def rank(
             f"{target.where}: output {out_name!r} has {len(scores)} values for {n_cand} candidates",
         )
     idx = top_k(scores, k)
-    return RankResult(mv.version, scores[idx], idx)
+    return RankResult(mv.version, scores[idx], idx, task_scores(outputs, idx, n_cand, target.where))

@@ -54,4 +54,8 @@ class RankingServicer(rank_grpc.RankingServiceServicer):
             model_version=result.version,
             scores=result.scores.tolist(),
             indices=result.indices.tolist(),
+            task_scores={
+                task: rank_pb2.FloatList(value=values.tolist())
+                for task, values in result.tasks.items()
+            },
         )
