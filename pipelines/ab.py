@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 
 from pipelines.evaluation import report
-from pipelines.evaluation.compare import ABOptions, run_ab
+from pipelines.evaluation.ab_run import ABOptions, run_ab
 
 
 def cmd_ab(args: argparse.Namespace) -> int:
@@ -46,6 +46,7 @@ def cmd_ab(args: argparse.Namespace) -> int:
         grpc_timeout_s=args.grpc_timeout,
         html=not args.no_html,
         workers=args.threads,
+        tasks=list(args.task),
     )
     result = run_ab(opts, log=lambda m: print(m, flush=True))
     print(report.console(result), flush=True)

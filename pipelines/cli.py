@@ -82,6 +82,7 @@ USER_ERRORS: tuple[type[Exception], ...] = (
 LOADED_USER_ERRORS = (
     ("compiler_opt.fused_signature", "FusionSpecError"),
     ("pipelines.evaluation.sources", "SourceError"),
+    ("pipelines.evaluation.tasks", "TaskError"),
     ("pipelines.export", "EnsembleError"),
     ("ranking.metrics", "MetricInputError"),
 )

@@ -273,6 +273,12 @@ def evaluate(sub: Subparsers) -> None:
         "--data", nargs="+", required=True, help="Parquet shards, or raw files with --schema"
     )
     v.add_argument("--schema", help="schema of raw --data files (default: Parquet shards)")
+    v.add_argument(
+        "--task",
+        action="append",
+        metavar="NAME",
+        help="a task of a multi-task model to evaluate (repeatable; default: every task)",
+    )
     _bad_rows(v)
     v.set_defaults(handler="pipelines.evaluate:cmd_evaluate")
 
@@ -535,6 +541,13 @@ def _ab_metrics(a: argparse.ArgumentParser) -> None:
         help="more values are pooled into '(other)'",
     )
     a.add_argument("--primary", default="auc", help="metric the verdict is based on")
+    a.add_argument(
+        "--task",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a task of multi-task models to compare (repeatable; default: every task)",
+    )
 
 
 def _ab_off_policy(a: argparse.ArgumentParser) -> None:

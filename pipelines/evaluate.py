@@ -19,19 +19,27 @@ import tensorflow as tf
 from features import read_report, readers
 from features.dataset import iter_batches, list_parquet, table_to_numpy
 from features.schema import Schema, SchemaError, load_schema
+from pipelines.evaluation.tasks import (
+    ModelTask,
+    model_tasks,
+    needed_labels,
+    needed_outputs,
+    select_tasks,
+    task_metrics,
+)
 from pipelines.run.paths import ASSETS_EXTRA
-from ranking import metrics
 
 
 def _batches(
     schema: Schema | None,
     model_schema: Schema,
+    labels: list[str],
     data: Sequence[str | Path],
     batch_size: int,
     max_bad_rows: int,
     report: read_report.ReadReport,
 ) -> Iterator[dict[str, np.ndarray]]:
-    fields = [*model_schema.model_inputs, model_schema.label]
+    fields = [*model_schema.model_inputs, *(model_schema.field(n) for n in labels)]
     if schema is None:
         yield from iter_batches(
             model_schema, list_parquet(list(data)), batch_size=batch_size, shuffle=False
@@ -46,6 +54,54 @@ def _batches(
         yield table_to_numpy(batch, [schema.field(f.name) for f in fields])
 
 
+def saved_model_tasks(model_dir: str | Path) -> tuple[Schema, list[ModelTask]]:
+    """The schema a StitchRec SavedModel takes (labels included) and its tasks."""
+    extra = Path(model_dir) / ASSETS_EXTRA
+    schema_file = extra / "schema.toml"
+    if not schema_file.exists():
+        raise FileNotFoundError(f"{model_dir} is not a StitchRec SavedModel: no {schema_file}")
+    meta_file = extra / "stitchrec.json"
+    meta = json.loads(meta_file.read_text()) if meta_file.exists() else {}
+    model_schema = load_schema(schema_file)
+    return model_schema, model_tasks(meta, model_schema)
+
+
+def score_tasks(
+    model_dir: str | Path,
+    data: Sequence[str | Path],
+    tasks: Sequence[ModelTask] | None = None,
+    *,
+    schema: Schema | None = None,
+    batch_size: int = 8192,
+    max_bad_rows: int = 0,
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], read_report.ReadReport]:
+    """({label: [n]}, {output: [n]}, read report): the labels and signature outputs that
+    ``tasks`` (default: every task of the model) read, over ``data``."""
+    model_schema, all_tasks = saved_model_tasks(model_dir)
+    tasks = list(tasks or all_tasks)
+    fn = tf.saved_model.load(str(model_dir)).signatures["serving_default"]
+    inputs = [f.name for f in model_schema.model_inputs]
+    label_names, outputs = needed_labels(tasks), needed_outputs(tasks)
+    report = read_report.ReadReport()
+    labels: dict[str, list[np.ndarray]] = {n: [] for n in label_names}
+    scores: dict[str, list[np.ndarray]] = {n: [] for n in outputs}
+    for batch in _batches(
+        schema, model_schema, label_names, data, batch_size, max_bad_rows, report
+    ):
+        out = fn(**{n: tf.constant(batch[n]) for n in inputs})
+        for n in label_names:
+            labels[n].append(batch[n])
+        for n in outputs:
+            scores[n].append(out[n].numpy())
+    if not labels[label_names[0]]:
+        raise read_report.DataError(f"no rows to evaluate in {[str(d) for d in data]}")
+    return (
+        {n: np.concatenate(v) for n, v in labels.items()},
+        {n: np.concatenate(v) for n, v in scores.items()},
+        report,
+    )
+
+
 def score_saved_model(
     model_dir: str | Path,
     data: Sequence[str | Path],
@@ -54,24 +110,17 @@ def score_saved_model(
     batch_size: int = 8192,
     max_bad_rows: int = 0,
 ) -> tuple[np.ndarray, np.ndarray, read_report.ReadReport]:
-    """(labels, scores, read report) of the SavedModel's ``serving_default`` over ``data``."""
-    model_dir = Path(model_dir)
-    schema_file = model_dir / ASSETS_EXTRA / "schema.toml"
-    if not schema_file.exists():
-        raise FileNotFoundError(f"{model_dir} is not a StitchRec SavedModel: no {schema_file}")
-    model_schema = load_schema(schema_file)
-    fn = tf.saved_model.load(str(model_dir)).signatures["serving_default"]
-    inputs = [f.name for f in model_schema.model_inputs]
-    label = model_schema.label.name
-    report = read_report.ReadReport()
-    labels, scores = [], []
-    for batch in _batches(schema, model_schema, data, batch_size, max_bad_rows, report):
-        out = fn(**{n: tf.constant(batch[n]) for n in inputs})
-        labels.append(batch[label])
-        scores.append(out["score"].numpy())
-    if not labels:
-        raise read_report.DataError(f"no rows to evaluate in {[str(d) for d in data]}")
-    return np.concatenate(labels), np.concatenate(scores), report
+    """(labels, scores, read report) of the primary task over ``data``."""
+    _, tasks = saved_model_tasks(model_dir)
+    labels, scores, report = score_tasks(
+        model_dir,
+        data,
+        tasks[:1],
+        schema=schema,
+        batch_size=batch_size,
+        max_bad_rows=max_bad_rows,
+    )
+    return labels[tasks[0].label], scores[tasks[0].output], report
 
 
 def evaluate(
@@ -79,28 +128,43 @@ def evaluate(
     data: Sequence[str | Path],
     *,
     schema: str | Path | None = None,
+    tasks: Sequence[str] | None = None,
     batch_size: int = 8192,
     max_bad_rows: int = 0,
 ) -> dict[str, Any]:
-    y, p, report = score_saved_model(
+    """The metrics of the model's tasks (``tasks``: names; default every task) on ``data``.
+
+    The top-level keys are the first evaluated task's metrics (the primary task by default);
+    a multi-task model's result also holds ``tasks``: ``{task: metrics}`` of every task
+    evaluated, with ``given_<parent>`` metrics on the parent-positive rows of a task whose
+    label is defined only there (``pipelines.evaluation.tasks``).
+    """
+    _, all_tasks = saved_model_tasks(model_dir)
+    chosen = select_tasks(all_tasks, tasks)
+    labels, scores, report = score_tasks(
         model_dir,
         data,
+        chosen,
         schema=load_schema(schema) if schema else None,
         batch_size=batch_size,
         max_bad_rows=max_bad_rows,
     )
-    return {
-        "rows": int(y.size),
-        "positives": int(y.sum()),
-        "auc": metrics.auc(y, p),
-        "logloss": metrics.logloss(y, p),
-        "mean_score": float(p.mean()),
-        "bad_rows_skipped": report.bad_rows,
-    }
+    per_task = {t.name: task_metrics(t, labels, scores) for t in chosen}
+    first = per_task[chosen[0].name]
+    result: dict[str, Any] = {**first, "bad_rows_skipped": report.bad_rows}
+    if len(all_tasks) > 1:
+        result = {"task": chosen[0].name, **result, "tasks": per_task}
+    return result
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     """``stitchrec evaluate`` (flags in ``pipelines.cli_args``): prints the metrics as JSON."""
-    result = evaluate(args.model, args.data, schema=args.schema, max_bad_rows=args.max_bad_rows)
+    result = evaluate(
+        args.model,
+        args.data,
+        schema=args.schema,
+        tasks=args.task,
+        max_bad_rows=args.max_bad_rows,
+    )
     print(json.dumps(result, indent=1), flush=True)
     return 0

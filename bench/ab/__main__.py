@@ -35,7 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 import pipelines  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow loads)
-from pipelines.evaluation import compare, report
+from pipelines.evaluation import ab_run, compare, report
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARED = ROOT.parent / "shared" / "data"
@@ -99,7 +99,7 @@ def bench_point(out: Path, rows: int) -> dict[str, Any]:
         pq.write_table(
             pa.table({"row_id": perm, "score": d[m][perm]}), out / "synthetic" / f"{m}.parquet"
         )
-    opts = compare.ABOptions(
+    opts = ab_run.ABOptions(
         control=str(out / "synthetic" / "control.parquet"),
         treatment=str(out / "synthetic" / "treatment.parquet"),
         data=[str(data)],
@@ -109,7 +109,7 @@ def bench_point(out: Path, rows: int) -> dict[str, Any]:
         resamples=0,
     )
     t0, c0 = time.perf_counter(), time.process_time()
-    res = compare.run_ab(opts, log=lambda _m: None)
+    res = ab_run.run_ab(opts, log=lambda _m: None)
     elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
     print(
         f"[speed, no bootstrap] {rows:,} rows x 2 models end to end: {elapsed:.1f} s wall, "
@@ -243,7 +243,7 @@ def bench_obd(out: Path, resamples: int, seed: int) -> dict[str, Any]:
         )
         train(load_config(cfg), log=lambda _m: None)
         exports[name] = export_run(out / "obd" / name)
-    opts = compare.ABOptions(
+    opts = ab_run.ABOptions(
         control=str(exports["control"]),
         treatment=str(exports["treatment"]),
         data=[str(d / "random/all/all.csv")],
@@ -257,7 +257,7 @@ def bench_obd(out: Path, resamples: int, seed: int) -> dict[str, Any]:
         min_slice_rows=500,
     )
     t0 = time.perf_counter()
-    res = compare.run_ab(opts, log=print)
+    res = ab_run.run_ab(opts, log=print)
     elapsed = time.perf_counter() - t0
     print(report.console(res))
     print(f"[Open Bandit example] {elapsed:.1f} s; {_load()}")

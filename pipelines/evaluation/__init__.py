@@ -14,6 +14,8 @@ building blocks) are ``ranking.metrics``; this package adds what comparing two m
 * ``sources``   score sources: exported SavedModels, TF-Serving gRPC servers, Parquet score files.
 * ``report``    self-contained HTML and the console summary.
 * ``svg``       the report's charts, written as SVG text (no plotting library).
-* ``compare``   ties it together and writes ``ab.json`` / ``ab.html``; ``compare.run_ab`` is
-                the entry point.
+* ``compare``   the paired comparison of two score vectors on the same rows, per slice.
+* ``tasks``     the tasks of an exported model: which output scores which label.
+* ``ab_run``    ties it together, task by task, and writes ``ab.json`` / ``ab.html``;
+                ``ab_run.run_ab`` is the entry point.
 """

@@ -8,17 +8,15 @@ and both score sources, adds off-policy estimates when the logs carry propensiti
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from pipelines.evaluation import bootstrap, offpolicy, report, sources
+from pipelines.evaluation import bootstrap, offpolicy, sources
 from ranking import metrics
 
 MODELS = ("control", "treatment")
@@ -444,148 +442,3 @@ def off_policy(
             for est in offpolicy.ESTIMATORS
         }
     return out
-
-
-# --------------------------------------------------------------------------------------------
-# the command
-
-
-@dataclass
-class ABOptions:
-    control: str
-    treatment: str
-    data: list[str]
-    schema: str | None = None
-    output: str | None = None
-    row_id: str | None = None
-    id_column: str = "row_id"
-    score_column: str = "score"
-    group: str | None = None
-    k: list[int] = field(default_factory=lambda: [5, 10])
-    slices: list[str] = field(default_factory=list)
-    resamples: int = 1000
-    seed: int = 0
-    unit: str = "rows"
-    bins: int = 10
-    min_slice_rows: int = 100
-    max_slice_values: int = 20
-    primary: str = "auc"
-    action: str | None = None
-    propensity: str | None = None
-    temperature: float = 1.0
-    reward_folds: int = 2
-    policies: list[str] = field(default_factory=lambda: ["uniform"])
-    max_bad_rows: int = 0
-    grpc_timeout_s: float = 60.0
-    html: bool = True
-    workers: int = 1
-
-
-def _score_logs(
-    opts: ABOptions, logs: sources.Logs
-) -> tuple[dict[str, sources.ScoreSource], dict[str, np.ndarray]]:
-    """The control and treatment sources, and their ``[n]`` scores of the logged rows."""
-    srcs = {
-        m: sources.open_source(
-            spec,
-            id_column=opts.id_column,
-            score_column=opts.score_column,
-            action=opts.action,
-            grpc_timeout_s=opts.grpc_timeout_s,
-        )
-        for m, spec in (("control", opts.control), ("treatment", opts.treatment))
-    }
-    scores = {}
-    for m, src in srcs.items():
-        s = src.scores(logs)
-        if s.shape != (logs.n,):
-            raise sources.SourceError(
-                f"{m} source {src.name} returned {s.size} scores for {logs.n} logged rows"
-            )
-        scores[m] = s
-    return srcs, scores
-
-
-def _off_policy_of(
-    opts: ABOptions,
-    logs: sources.Logs,
-    srcs: Mapping[str, sources.ScoreSource],
-    log: Callable[[str], None],
-) -> tuple[dict[str, Any], float]:
-    """``off_policy`` of both sources and the extra ``opts.policies``, and its seconds."""
-    if not opts.action:
-        raise ValueError("off-policy estimates need --action (the logged action field)")
-    policies = dict(srcs)
-    for p in opts.policies:
-        policies[p] = sources.open_source(p, action=opts.action)
-    t0 = time.perf_counter()
-    estimates = off_policy(
-        logs,
-        policies,
-        action=opts.action,
-        propensity=opts.propensity,
-        temperature=opts.temperature,
-        reward_folds=opts.reward_folds,
-        resamples=max(opts.resamples, 200),
-        seed=opts.seed,
-        log=log,
-    )
-    return estimates, time.perf_counter() - t0
-
-
-def run_ab(opts: ABOptions, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Reads the logs and both sources, compares, writes ab.json / ab.html under ``output``."""
-    t0 = time.perf_counter()
-    logs = sources.load_logs(
-        opts.data,
-        opts.schema,
-        row_id=opts.row_id,
-        sources=[opts.control, opts.treatment],
-        max_bad_rows=opts.max_bad_rows,
-    )
-    log(f"logs: {logs.n:,} rows, {int(logs.labels.sum()):,} clicks from {logs.description}")
-    srcs, scores = _score_logs(opts, logs)
-    t_scores = time.perf_counter() - t0
-    for name in [opts.group, *opts.slices]:
-        if name is not None and name not in logs.table.column_names:
-            raise sources.SourceError(
-                f"field {name!r} is not in the logs; fields: {logs.table.column_names[:40]}"
-            )
-    result = compare_scores(
-        logs.labels,
-        scores["control"],
-        scores["treatment"],
-        groups=logs.column(opts.group) if opts.group else None,
-        slices={f: logs.column(f) for f in opts.slices},
-        ks=opts.k,
-        resamples=opts.resamples,
-        seed=opts.seed,
-        unit=opts.unit,
-        bins=opts.bins,
-        min_slice_rows=opts.min_slice_rows,
-        max_slice_values=opts.max_slice_values,
-        workers=opts.workers,
-    )
-    result["control"] = {"source": srcs["control"].name}
-    result["treatment"] = {"source": srcs["treatment"].name}
-    result["data"] = {
-        "files": opts.data,
-        "schema": logs.schema.name,
-        "bad_rows_skipped": logs.bad_rows,
-    }
-    result["group_field"] = opts.group
-    result["verdict"] = verdict(result, opts.primary)
-    result["timing_s"]["scoring"] = t_scores
-    if opts.propensity:
-        result["off_policy"], result["timing_s"]["off_policy"] = _off_policy_of(
-            opts, logs, srcs, log
-        )
-    result["timing_s"]["total"] = time.perf_counter() - t0
-    result = clean_json(result)
-    if opts.output:
-        out = Path(opts.output)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "ab.json").write_text(json.dumps(result, indent=1))
-        if opts.html:
-            (out / "ab.html").write_text(report.html(result))
-    return result

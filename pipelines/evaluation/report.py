@@ -1,6 +1,6 @@
 """Console summary and a self-contained HTML report (inline SVG plots written by
 ``pipelines.evaluation.svg``, no plotting library; no scripts, no network) of an A/B comparison
-result (the dict ``compare.run_ab`` returns and writes to ``ab.json``)."""
+result (the dict ``ab_run.run_ab`` returns and writes to ``ab.json``)."""
 
 from __future__ import annotations
 
@@ -99,7 +99,25 @@ def console(result: Mapping[str, Any]) -> str:
             else f"VERDICT ({v['primary_metric']}, 95%): {v['verdict'].upper()} "
             f"(delta {_fmt(v['delta'])}, CI {_ci(v)}, p {_fmt(v['p_value'], 3)})"
         )
+    lines += _task_lines(result)
     return "\n".join(lines)
+
+
+def _task_lines(result: Mapping[str, Any]) -> list[str]:
+    """One verdict line per task of a multi-task comparison (the tables above are the first
+    task's)."""
+    tasks = result.get("tasks")
+    if not tasks:
+        return []
+    lines = ["", f"tasks (the tables above: {result.get('task')}):"]
+    for name, t in tasks.items():
+        v = t["verdict"]
+        lines.append(
+            f"  {name:12s} label {t['label']:12s} rows {t['rows']:>9,}  positives "
+            f"{t['positives']:>8,}  {v['primary_metric']} delta {_fmt(v['delta'])} CI {_ci(v)}"
+            f"  {v['verdict']}"
+        )
+    return lines
 
 
 # --------------------------------------------------------------------------------------------

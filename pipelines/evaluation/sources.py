@@ -20,6 +20,8 @@ A source is named by one string (``--control`` / ``--treatment``):
 
 from __future__ import annotations
 
+import copy
+import json
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,8 +36,10 @@ from tensorflow_serving.apis import get_model_metadata_pb2, predict_pb2, predict
 from features import read_report, readers
 from features.dataset import column_to_numpy, list_parquet
 from features.schema import FeatureKind, Schema, load_schema
+from pipelines.evaluation.tasks import ModelTask, model_tasks
 
 SCHEMA_ASSET = Path("assets.extra") / "schema.toml"
+META_ASSET = Path("assets.extra") / "stitchrec.json"
 
 
 def _show(x: object) -> str:
@@ -136,6 +140,10 @@ class ScoreSource:
     name: str
     can_score_candidates = True
 
+    def for_task(self, task: ModelTask) -> ScoreSource:
+        """This source scoring ``task`` (sources with one score column score every task)."""
+        return self
+
     def score_table(self, table: pa.Table, schema: Schema) -> np.ndarray:
         raise NotImplementedError
 
@@ -189,8 +197,29 @@ class SavedModelSource(ScoreSource):
         if not asset.is_file():
             raise SourceError(f"{path} is not a StitchRec SavedModel: it has no {SCHEMA_ASSET}")
         self.model_schema = load_schema(asset)
+        meta_file = self.path / META_ASSET
+        meta = json.loads(meta_file.read_text()) if meta_file.is_file() else {}
+        self.tasks = model_tasks(meta, self.model_schema)
+        self.output = "score"
         self.fn = tf.saved_model.load(str(self.path)).signatures["serving_default"]
         self.input_names = [f.name for f in self.model_schema.model_inputs]
+
+    def for_task(self, task: ModelTask) -> SavedModelSource:
+        """This source scoring ``task``: the model's output for a task of that name, or its
+        ``score`` when it is a single-task model of the task's label."""
+        mine = {t.name: t for t in self.tasks}
+        if task.name in mine:
+            output = mine[task.name].output
+        elif len(self.tasks) == 1 and self.tasks[0].label == task.label:
+            output = "score"
+        else:
+            raise SourceError(
+                f"SavedModel {self.name} has no task {task.name!r} (label {task.label!r}); its "
+                f"tasks: {sorted(mine)}"
+            )
+        other = copy.copy(self)
+        other.output = output
+        return other
 
     def score_table(self, table: pa.Table, schema: Schema) -> np.ndarray:
         out = []
@@ -198,7 +227,7 @@ class SavedModelSource(ScoreSource):
             part = table.slice(lo, self.batch_size)
             feats = _inputs(part, self.model_schema, self.input_names, f"SavedModel {self.name}")
             res = self.fn(**{k: tf.constant(v) for k, v in feats.items()})
-            out.append(res["score"].numpy().reshape(-1).astype(np.float64))
+            out.append(res[self.output].numpy().reshape(-1).astype(np.float64))
         return np.concatenate(out) if out else np.empty(0)
 
 
@@ -220,6 +249,14 @@ class GrpcSource(ScoreSource):
         self.channel = grpc.insecure_channel(f"{u.hostname}:{u.port}")
         self.stub = prediction_service_pb2_grpc.PredictionServiceStub(self.channel)
         self.input_names: list[str] | None = None
+        self.output = "score"
+
+    def for_task(self, task: ModelTask) -> GrpcSource:
+        """This source scoring ``task`` by its output (``score_<task>``; ``score`` for the
+        primary task of a single-task model)."""
+        other = copy.copy(self)
+        other.output = task.output
+        return other
 
     def _spec(self, msg):
         msg.model_spec.name = self.model
@@ -266,12 +303,12 @@ class GrpcSource(ScoreSource):
                 raise SourceError(
                     f"gRPC source {self.name}: Predict failed ({e.code().name}): {e.details()}"
                 ) from None
-            if "score" not in res.outputs:
+            if self.output not in res.outputs:
                 raise SourceError(
-                    f"gRPC source {self.name}: the response has no 'score' output; it has "
-                    f"{sorted(res.outputs)}"
+                    f"gRPC source {self.name}: the response has no {self.output!r} output; it "
+                    f"has {sorted(res.outputs)}"
                 )
-            out.append(tf.make_ndarray(res.outputs["score"]).reshape(-1).astype(np.float64))
+            out.append(tf.make_ndarray(res.outputs[self.output]).reshape(-1).astype(np.float64))
         return np.concatenate(out) if out else np.empty(0)
 
 
