@@ -45,6 +45,10 @@ def test_ragged_to_padded_truncates_pads_and_masks():
     np.testing.assert_array_equal(mask.numpy(), [[True, True], [False, False], [True, False]])
     dense, mask = ragged_to_padded(ids, 4)
     np.testing.assert_array_equal(dense.numpy(), [[3, 4, 5, 0], [0, 0, 0, 0], [7, 0, 0, 0]])
+    spec = tf.RaggedTensorSpec([None, None], tf.int64)
+    graph = tf.function(lambda r: ragged_to_padded(r, 2), input_signature=[spec])
+    dense, mask = graph(tf.cast(ids, tf.int64))
+    np.testing.assert_array_equal(dense.numpy(), [[3, 4], [0, 0], [7, 0]])
     with pytest.raises(ValueError, match="max_len must be an int >= 1, got 0"):
         ragged_to_padded(ids, 0)
     with pytest.raises(ValueError, match="ids must be a RaggedTensor"):
