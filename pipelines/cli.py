@@ -2,8 +2,10 @@
 
     stitchrec demo      [--rows N] [--output DIR] [--model TYPE] [--epochs N]
     stitchrec generate  --output DIR [--rows N] [--seed S] [--test-fraction X] [--criteo-tsv]
+                        [--sequences] [--conversion]
     stitchrec convert   --schema S --input F... --output DIR [--test-fraction X] [--max-bad-rows N]
     stitchrec stats     --schema S --input F... --output DIR [--max-bad-rows N]
+    stitchrec add-history --input F --output F [--user C] [--item C] [--time C] [--length N] ...
     stitchrec train     --config FILE [--set KEY=VALUE]... [--output DIR] [--max-bad-rows N]
     stitchrec tune      --config FILE --trials N [--timeout S] [--output DIR] [--space FILE] ...
     stitchrec export    --run DIR [--output DIR] [--cascade-rank RUN --keep M] [--fuse ...]
@@ -55,6 +57,7 @@ COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     cli_args.generate,
     cli_args.convert,
     cli_args.stats,
+    cli_args.add_history,
     cli_args.train,
     cli_args.tune,
     cli_args.export,

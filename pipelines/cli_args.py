@@ -96,6 +96,17 @@ def generate(sub: Subparsers) -> None:
     g.add_argument(
         "--criteo-tsv", action="store_true", help="also write train.tsv in Criteo layout"
     )
+    g.add_argument(
+        "--sequences",
+        action="store_true",
+        help="add the target item, its category and the behaviour sequences hist_items and "
+        "hist_cats, with a planted history x target click effect",
+    )
+    g.add_argument(
+        "--conversion",
+        action="store_true",
+        help="add the label buy, defined on the clicked rows (0 where label is 0)",
+    )
     g.set_defaults(handler="pipelines.data_commands:cmd_generate")
 
 
@@ -120,6 +131,36 @@ def stats(sub: Subparsers) -> None:
     s.add_argument("--output", required=True, help="folder for stats.json and vocab/")
     _bad_rows(s)
     s.set_defaults(handler="pipelines.data_commands:cmd_stats")
+
+
+def add_history(sub: Subparsers) -> None:
+    h = sub.add_parser(
+        "add-history",
+        help="add each row's previous items of the same user (a behaviour sequence) to a CSV log",
+        description="Writes the rows of a CSV log plus the user's previous items (strictly "
+        "earlier timestamps, newest first, joined with '|') as a new column, atomically.",
+    )
+    h.add_argument("--input", required=True, help="CSV log with a header row")
+    h.add_argument("--output", required=True, help="CSV file to write (replaced when it exists)")
+    h.add_argument("--user", default="userId", help="user column (default userId)")
+    h.add_argument("--item", default="movieId", help="item column (default movieId)")
+    h.add_argument("--time", default="timestamp", help="timestamp column (default timestamp)")
+    h.add_argument(
+        "--length", type=positive, default=20, help="previous items kept per row (default 20)"
+    )
+    h.add_argument("--column", default=None, help="history column name (default hist_<item>)")
+    h.add_argument(
+        "--attributes",
+        default=None,
+        help="CSV side table keyed by the item column (e.g. movies.csv) for --attribute",
+    )
+    h.add_argument(
+        "--attribute",
+        default=None,
+        help="a column of --attributes: writes <attribute>_first (the row item's first '|' "
+        "value) and hist_<attribute>_first (aligned with the history)",
+    )
+    h.set_defaults(handler="pipelines.data_commands:cmd_add_history")
 
 
 def train(sub: Subparsers) -> None:
