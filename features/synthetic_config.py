@@ -250,7 +250,7 @@ def synthetic_schema(config: SyntheticConfig) -> Schema:
     """Criteo layout read from parquet: label, I* numeric (log1p), C* categorical strings; with
     ``conversion`` the label ``buy`` defined on ``label``, with ``sequences`` the target ``item``
     and ``item_cat`` (categorical) and the sequences ``hist_items`` (sharing ``item``'s table)
-    and ``hist_cats`` (aligned with ``hist_items``)."""
+    and ``hist_cats`` (sharing ``item_cat``'s table, aligned with ``hist_items``)."""
     fields = [FeatureSpec(name=LABEL, kind=FeatureKind.LABEL)]
     if config.conversion:
         fields.append(FeatureSpec(name=CONVERSION_LABEL, kind=FeatureKind.LABEL, defined_on=LABEL))
@@ -285,6 +285,7 @@ def _history_specs(config: SyntheticConfig) -> list[FeatureSpec]:
             name=hist_cats,
             kind=sequence,
             max_len=config.hist_max_len,
+            shares_embedding_with=item_cat,
             aligned_with=hist_items,
             group="user",
         ),

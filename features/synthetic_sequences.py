@@ -21,7 +21,8 @@ an item of that cluster. The target item's cluster ``c_t`` is ``c_u`` with proba
     item        the target item's token                         categorical
     item_cat    k<c_t>                                          categorical
     hist_items  the L history items' tokens, newest first, "|"  sequence (shares item's table)
-    hist_cats   k<c_j> of each history item, aligned            sequence (aligned_with hist_items)
+    hist_cats   k<c_j> of each history item, aligned            sequence (shares item_cat's
+                                                                table, aligned_with hist_items)
 
 History x target term, added to the click logit of ``features.synthetic``::
 

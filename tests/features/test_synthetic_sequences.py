@@ -147,7 +147,8 @@ def test_written_dataset_has_the_sequence_schema_and_per_task_oracle_aucs(tmp_pa
     hist = schema.field("hist_items")
     assert hist.kind == FeatureKind.SEQUENCE and hist.shares_embedding_with == "item"
     assert hist.max_len == config.hist_max_len
-    assert schema.field("hist_cats").aligned_with == "hist_items"
+    cats = schema.field("hist_cats")
+    assert cats.aligned_with == "hist_items" and cats.shares_embedding_with == "item_cat"
     truth = json.loads((tmp_path / "ground_truth.json").read_text())
     tasks = truth["observed"]["oracle_auc_tasks"]
     assert tasks == summary["oracle_auc_tasks"] and set(tasks) == {"click", "ctcvr", "cvr"}
