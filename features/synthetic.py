@@ -52,6 +52,11 @@ chunk ``i`` from its own ``SeedSequence(seed, spawn_key=(1, i))`` stream, and re
 requested ``batch_rows``: the same config gives identical columns whatever ``batch_rows`` is,
 and the rows of a shorter run are the first rows of a longer one with the same seed.
 
+Opt-in extras (off by default, and then the rows are exactly the above): ``sequences`` adds a
+target item, its category and behaviour sequences with a planted history x target click term,
+``conversion`` a label ``buy`` defined on the clicked rows (``features.synthetic_sequences``
+gives their formulas); the other columns are the same with or without them.
+
 The settings, constants and schema are in ``features.synthetic_config``, the click model and
 the ground truth in ``features.synthetic_model``; this module draws rows and writes datasets.
 """
