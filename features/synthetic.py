@@ -52,6 +52,11 @@ chunk ``i`` from its own ``SeedSequence(seed, spawn_key=(1, i))`` stream, and re
 requested ``batch_rows``: the same config gives identical columns whatever ``batch_rows`` is,
 and the rows of a shorter run are the first rows of a longer one with the same seed.
 
+Opt-in extras (off by default, and then the rows are exactly the above): ``sequences`` adds a
+target item, its category and behaviour sequences with a planted history x target click term,
+``conversion`` a label ``buy`` defined on the clicked rows (``features.synthetic_sequences``
+gives their formulas); the other columns are the same with or without them.
+
 The settings, constants and schema are in ``features.synthetic_config``, the click model and
 the ground truth in ``features.synthetic_model``; this module draws rows and writes datasets.
 """
@@ -74,6 +79,8 @@ from features.readers import rebatch
 from features.shards import ShardWriter
 from features.synthetic_config import (
     CHUNK_ROWS,
+    CONVERSION_LABEL,
+    LABEL,
     SyntheticConfig,
     arrow_schema,
     is_int,
@@ -89,35 +96,50 @@ from features.synthetic_model import (
     seeded_rng,
     sigmoid,
 )
+from features.synthetic_sequences import HistoryDraw, history_columns
 
 _PRIVATE_PROB = "__prob"
 _PRIVATE_SPLIT = "__split"
+_PRIVATE_CVR = "__cvr"
 
 
-def _head(x: np.ndarray | list[np.ndarray], n: int) -> Any:
+def _head(x: Any, n: int) -> Any:
+    if x is None:
+        return None
+    if isinstance(x, HistoryDraw):
+        return x.head(n)
     return [a[:n] for a in x] if isinstance(x, list) else x[:n]
 
 
 def _chunk_batch(config: SyntheticConfig, model: ClickModel, index: int) -> pa.RecordBatch:
-    """Chunk ``index`` as a RecordBatch plus the private true-probability and split columns."""
+    """Chunk ``index`` as a RecordBatch plus the private true-probability and split columns
+    (and, with ``conversion``, the true pCVR)."""
     n = min(CHUNK_ROWS, config.rows - index * CHUNK_ROWS)
     # always a full chunk of draws, so a shorter run is a prefix of a longer one
     d = draw_chunk(config, model, seeded_rng(config.seed, 1, index), CHUNK_ROWS)
     if n < CHUNK_ROWS:
         d = Draw(*(_head(getattr(d, f.name), n) for f in dataclasses.fields(d)))
     prob = sigmoid(model.intercept + d.offset)
-    cols: list[pa.Array] = [pa.array((d.label_u < prob).astype(np.float32))]
-    for c in d.counts:
+    click = (d.label_u < prob).astype(np.float32)
+    cols: dict[str, pa.Array] = {LABEL: pa.array(click)}
+    for name, c in zip(config.numeric_names, d.counts, strict=True):
         miss = np.isnan(c)
-        cols.append(pa.array(np.where(miss, np.float32(0), c), mask=miss, type=pa.float32()))
-    for r, tokens in zip(d.ranks, model.tokens, strict=True):
-        cols.append(pc.take(tokens, pa.array(r, mask=r < 0, type=pa.int32())))
-    cols += [pa.array(prob), pa.array(d.split_u)]
+        cols[name] = pa.array(np.where(miss, np.float32(0), c), mask=miss, type=pa.float32())
+    for name, r, tokens in zip(config.categorical_names, d.ranks, model.tokens, strict=True):
+        cols[name] = pc.take(tokens, pa.array(r, mask=r < 0, type=pa.int32()))
+    if model.history is not None:
+        cols.update(history_columns(model.history, d.history))
+    private = [pa.field(_PRIVATE_PROB, pa.float64()), pa.field(_PRIVATE_SPLIT, pa.float64())]
+    cols[_PRIVATE_PROB], cols[_PRIVATE_SPLIT] = pa.array(prob), pa.array(d.split_u)
+    if model.conversion is not None:
+        cvr = sigmoid(model.conversion.intercept + d.buy_offset)
+        cols[CONVERSION_LABEL] = pa.array(click * (d.buy_u < cvr).astype(np.float32))
+        cols[_PRIVATE_CVR] = pa.array(cvr)
+        private.append(pa.field(_PRIVATE_CVR, pa.float64()))
     schema = arrow_schema(config)
-    schema = schema.append(pa.field(_PRIVATE_PROB, pa.float64())).append(
-        pa.field(_PRIVATE_SPLIT, pa.float64())
-    )
-    return pa.RecordBatch.from_arrays(cols, schema=schema)
+    for field in private:
+        schema = schema.append(field)
+    return pa.RecordBatch.from_arrays([cols[name] for name in schema.names], schema=schema)
 
 
 def _check_positive(name: str, value: Any) -> int:
@@ -138,7 +160,9 @@ def generate_batches(
     """Streams ``config.rows`` rows as RecordBatches of ``batch_rows`` rows (the last: the rest).
 
     Columns: ``label`` float32 0/1, ``I*`` float32 (null = missing), ``C*`` string (null =
-    missing). The rows do not depend on ``batch_rows``.
+    missing), and with ``conversion`` / ``sequences`` the columns of
+    ``features.synthetic_sequences`` (order: ``arrow_schema(config)``). The rows do not depend
+    on ``batch_rows``.
     """
     batch_rows = _check_positive("batch_rows", batch_rows)
     names = arrow_schema(config).names
@@ -181,7 +205,8 @@ class _SplitWriter:
 
 
 class _TsvWriter:
-    """Criteo TSV: label, I* as integers, C* hex tokens; tab separated, empty = missing."""
+    """Criteo TSV: label, I* as integers, C* hex tokens; tab separated, empty = missing (the
+    conversion label and the history fields are not written)."""
 
     def __init__(self, path: Path, config: SyntheticConfig) -> None:
         import pyarrow.csv as pcsv
@@ -196,6 +221,7 @@ class _TsvWriter:
         self._writer = pcsv.CSVWriter(str(path), self.schema, write_options=options)
 
     def write(self, batch: pa.RecordBatch) -> None:
+        batch = batch.select(self.schema.names)
         cols = [c.cast(t) for c, t in zip(batch.columns, self.schema.types, strict=True)]
         self._writer.write_batch(pa.RecordBatch.from_arrays(cols, schema=self.schema))
 
@@ -226,23 +252,28 @@ def write_dataset(
     same rows as the parquet splits in Criteo's TSV layout.
 
     Summary: rows and CTR per split, ``oracle_auc`` (AUC of the true click probability on the test
-    split, the ceiling of any model; None for an empty or one-class split) and the paths.
+    split, the ceiling of any model; None for an empty or one-class split) and the paths. With
+    ``config.conversion`` also ``oracle_auc_tasks``: ``click`` (= ``oracle_auc``), ``ctcvr``
+    (``buy`` against the true pCTR * pCVR on all test rows, ESMM's full-impression task) and
+    ``cvr`` (``buy`` against the true pCVR on the clicked test rows).
     """
     test_fraction, rows_per_shard = _check_write_args(test_fraction, rows_per_shard)
     out = Path(out_dir)
+    feature_schema = synthetic_schema(config)
     out.mkdir(parents=True, exist_ok=True)
     schema = arrow_schema(config)
     shards = {s: _SplitWriter(out / s, schema, rows_per_shard) for s in ("train", "test")}
     tsv = {s: _TsvWriter(out / f"{s}.tsv", config) for s in shards} if criteo_tsv else {}
-    test_probs: list[np.ndarray] = []
-    test_labels: list[np.ndarray] = []
+    test_parts: list[pa.RecordBatch] = []
+    private = [_PRIVATE_PROB, LABEL] + (
+        [_PRIVATE_CVR, CONVERSION_LABEL] if config.conversion else []
+    )
     for batch in _private_batches(config, 262_144):
         is_test = pc.less(batch.column(_PRIVATE_SPLIT), test_fraction)
         for split, mask in (("test", is_test), ("train", pc.invert(is_test))):
             part = batch.filter(mask)
             if split == "test":
-                test_probs.append(part.column(_PRIVATE_PROB).to_numpy())
-                test_labels.append(part.column("label").to_numpy())
+                test_parts.append(part.select(private))
             part = part.select(schema.names)
             shards[split].write(part)
             if split in tsv:
@@ -251,14 +282,36 @@ def write_dataset(
         shard.finish()
     for writer in tsv.values():
         writer.close()
-    y = np.concatenate(test_labels)
-    oracle = float(roc_auc_score(y, np.concatenate(test_probs))) if 0 < y.sum() < y.size else None
-    summary = _summary(out, shards, tsv, oracle)
-    synthetic_schema(config).save(out / "schema.toml")
+    oracle = _oracle_aucs(pa.Table.from_batches(test_parts))
+    summary = _summary(out, shards, tsv, oracle.pop("click"))
+    if config.conversion:
+        summary["oracle_auc_tasks"] = {"click": summary["oracle_auc"], **oracle}
+    feature_schema.save(out / "schema.toml")
     truth = ground_truth(config)
-    truth["observed"] = {k: summary[k] for k in ("rows", "ctr", "oracle_auc")}
+    keys = ("rows", "ctr", "oracle_auc") + (("oracle_auc_tasks",) if config.conversion else ())
+    truth["observed"] = {k: summary[k] for k in keys}
     (out / "ground_truth.json").write_text(json.dumps(truth, indent=2) + "\n")
     return summary
+
+
+def _auc(labels: np.ndarray, scores: np.ndarray) -> float | None:
+    """ROC AUC, None for an empty or one-class set."""
+    positives = labels.sum()
+    return float(roc_auc_score(labels, scores)) if 0 < positives < labels.size else None
+
+
+def _oracle_aucs(test: pa.Table) -> dict[str, float | None]:
+    """AUC of the true probability against the drawn labels of the test rows: ``click``, and
+    with a conversion label ``ctcvr`` (buy against pCTR * pCVR on all rows) and ``cvr`` (buy
+    against pCVR on the clicked rows)."""
+    click, p_click = test.column(LABEL).to_numpy(), test.column(_PRIVATE_PROB).to_numpy()
+    out = {"click": _auc(click, p_click)}
+    if CONVERSION_LABEL in test.column_names:
+        buy, p_cvr = test.column(CONVERSION_LABEL).to_numpy(), test.column(_PRIVATE_CVR).to_numpy()
+        clicked = click == 1
+        out["ctcvr"] = _auc(buy, p_click * p_cvr)
+        out["cvr"] = _auc(buy[clicked], p_cvr[clicked])
+    return out
 
 
 def _summary(

@@ -19,6 +19,9 @@ TRIPLE_MAX_VOCAB = 100
 PAIR_MAX_VOCAB = 1_000
 MAX_VOCAB = 100_000_000
 SCHEMA_NAME = "synthetic"
+LABEL = "label"
+CONVERSION_LABEL = "buy"
+HISTORY_FIELDS = ("item", "item_cat", "hist_items", "hist_cats")
 
 # Criteo's (Kaggle) cardinalities, the large ones capped at 100k to keep memory modest
 # (about 0.7M values in all).
@@ -59,6 +62,20 @@ class SyntheticConfig:
       effect_scale: typical standard deviation of one planted term on the logit.
       target_ctr: mean click probability.
       seed: the seed of everything (model and rows).
+      sequences: add the target ``item``, its cluster ``item_cat``, the history sequences
+        ``hist_items`` and ``hist_cats`` and the planted history x target click term
+        (``features.synthetic_sequences``).
+      num_clusters: latent interest clusters ``K`` (sequences only).
+      items_per_cluster: items per cluster ``S``; ``K * S`` items in all.
+      hist_max_len: the longest history; the schema's ``max_len``.
+      hist_empty_rate: share of rows with an empty history.
+      interest_focus: ``f``, chance that a history item comes from the user's interest cluster.
+      target_interest: ``rho``, chance that the target item comes from it.
+      hist_decay: weight ``decay^j`` of history position ``j`` (0 = newest) in the term.
+      hist_strength: scale of the history x target term on the click logit.
+      conversion: add the label ``buy`` defined on the clicked rows.
+      target_cvr: mean conversion probability of a click.
+      conversion_scale: typical size of one conversion term on the pCVR logit.
     """
 
     rows: int = 1_000_000
@@ -75,6 +92,18 @@ class SyntheticConfig:
     effect_scale: float = 0.5
     target_ctr: float = 0.25
     seed: int = 0
+    sequences: bool = False
+    num_clusters: int = 10
+    items_per_cluster: int = 200
+    hist_max_len: int = 20
+    hist_empty_rate: float = 0.1
+    interest_focus: float = 0.7
+    target_interest: float = 0.3
+    hist_decay: float = 0.8
+    hist_strength: float = 0.5
+    conversion: bool = False
+    target_cvr: float = 0.2
+    conversion_scale: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("rows", "num_numeric", "num_categorical", "seed"):
@@ -105,6 +134,29 @@ class SyntheticConfig:
                 f"{self.n_numeric_effects}"
             )
         self._check_field_budget()
+        self._check_sequences()
+
+    def _check_sequences(self) -> None:
+        for name in ("sequences", "conversion"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        for name in ("num_clusters", "items_per_cluster", "hist_max_len"):
+            self._check_int(name, 1)
+        for name in ("hist_empty_rate", "interest_focus", "target_interest"):
+            self._check_real(name, getattr(self, name), lo=0.0, hi=1.0)
+        self._check_real("hist_decay", self.hist_decay, lo=0.0)
+        self._check_real("hist_strength", self.hist_strength, lo=0.0)
+        self._check_real("target_cvr", self.target_cvr, lo=0.0, hi=1.0, lo_open=True)
+        self._check_real("conversion_scale", self.conversion_scale, lo=0.0)
+        if self.conversion:
+            noise = sum(s >= 2 for s in self.vocab_sizes) - (
+                3 * self.n_triples + 2 * self.n_pairs + self.n_single
+            )
+            if noise < 1:
+                raise ValueError(
+                    "conversion needs a categorical field with a vocabulary >= 2 in no planted "
+                    "click effect: lower n_single, n_pairs or n_triples or add a field"
+                )
 
     def _check_int(self, name: str, lo: int) -> None:
         value = getattr(self, name)
@@ -195,8 +247,13 @@ def field_exponents(config: SyntheticConfig) -> tuple[float, ...]:
 
 
 def synthetic_schema(config: SyntheticConfig) -> Schema:
-    """Criteo layout read from parquet: label, I* numeric (log1p), C* categorical strings."""
-    fields = [FeatureSpec(name="label", kind=FeatureKind.LABEL)]
+    """Criteo layout read from parquet: label, I* numeric (log1p), C* categorical strings; with
+    ``conversion`` the label ``buy`` defined on ``label``, with ``sequences`` the target ``item``
+    and ``item_cat`` (categorical) and the sequences ``hist_items`` (sharing ``item``'s table)
+    and ``hist_cats`` (sharing ``item_cat``'s table, aligned with ``hist_items``)."""
+    fields = [FeatureSpec(name=LABEL, kind=FeatureKind.LABEL)]
+    if config.conversion:
+        fields.append(FeatureSpec(name=CONVERSION_LABEL, kind=FeatureKind.LABEL, defined_on=LABEL))
     fields += [
         FeatureSpec(name=n, kind=FeatureKind.NUMERIC, transform="log1p")
         for n in config.numeric_names
@@ -205,14 +262,45 @@ def synthetic_schema(config: SyntheticConfig) -> Schema:
         FeatureSpec(name=n, kind=FeatureKind.CATEGORICAL, min_count=2)
         for n in config.categorical_names
     ]
+    if config.sequences:
+        fields += _history_specs(config)
     source = SourceSpec(format="parquet", columns=tuple(f.name for f in fields))
     return Schema(name=SCHEMA_NAME, fields=tuple(fields), source=source)
 
 
+def _history_specs(config: SyntheticConfig) -> list[FeatureSpec]:
+    item, item_cat, hist_items, hist_cats = HISTORY_FIELDS
+    sequence = FeatureKind("sequence")
+    return [
+        FeatureSpec(name=item, kind=FeatureKind.CATEGORICAL, group="item"),
+        FeatureSpec(name=item_cat, kind=FeatureKind.CATEGORICAL, group="item"),
+        FeatureSpec(
+            name=hist_items,
+            kind=sequence,
+            max_len=config.hist_max_len,
+            shares_embedding_with=item,
+            group="user",
+        ),
+        FeatureSpec(
+            name=hist_cats,
+            kind=sequence,
+            max_len=config.hist_max_len,
+            shares_embedding_with=item_cat,
+            aligned_with=hist_items,
+            group="user",
+        ),
+    ]
+
+
 def arrow_schema(config: SyntheticConfig) -> pa.Schema:
-    """label float32 (not null), I* float32 (nullable), C* string (nullable)."""
+    """label float32 (not null), with ``conversion`` buy float32 (not null), I* float32
+    (nullable), C* string (nullable), with ``sequences`` item, item_cat, hist_items, hist_cats
+    string (not null; an empty history is an empty string)."""
+    labels = [LABEL, CONVERSION_LABEL] if config.conversion else [LABEL]
+    history = HISTORY_FIELDS if config.sequences else ()
     return pa.schema(
-        [pa.field("label", pa.float32(), nullable=False)]
+        [pa.field(n, pa.float32(), nullable=False) for n in labels]
         + [pa.field(n, pa.float32()) for n in config.numeric_names]
         + [pa.field(n, pa.string()) for n in config.categorical_names]
+        + [pa.field(n, pa.string(), nullable=False) for n in history]
     )

@@ -22,6 +22,16 @@ from features.synthetic_config import (
     SyntheticConfig,
     field_exponents,
 )
+from features.synthetic_sequences import (
+    ConversionModel,
+    HistoryDraw,
+    HistoryModel,
+    conversion_offset,
+    conversion_truth,
+    draw_history,
+    history_model,
+    history_truth,
+)
 
 _HEX = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
 
@@ -51,6 +61,8 @@ class ClickModel:
     triples: tuple[_Cross, ...]
     numeric: tuple[tuple[int, float], ...]  # (numeric field index, weight)
     intercept: float
+    history: HistoryModel | None = None  # config.sequences
+    conversion: ConversionModel | None = None  # config.conversion
 
 
 def seeded_rng(seed: int, *key: int) -> np.random.Generator:
@@ -153,6 +165,30 @@ def _build_crosses(
     return tuple(out)
 
 
+def _conversion_model(
+    config: SyntheticConfig,
+    probs: list[np.ndarray],
+    used: set[int],
+    click_numeric: np.ndarray,
+) -> ConversionModel:
+    """Up to two numeric fields without a click effect and one categorical noise field."""
+    rng = seeded_rng(config.seed, 0, 7)
+    free = [k for k in range(config.num_numeric) if k not in set(click_numeric.tolist())]
+    numeric = sorted(free[i] for i in rng.permutation(len(free))[:2])
+    weights = _effect_scales(rng, len(numeric), config.conversion_scale)
+    weights *= rng.choice([-1.0, 1.0], size=len(numeric))
+    noise = [i for i, v in enumerate(config.vocab_sizes) if v >= 2 and i not in used]
+    small = [i for i in noise if config.vocab_sizes[i] <= PAIR_MAX_VOCAB] or noise
+    field = int(small[rng.integers(len(small))])
+    table = _pure_interaction(rng.standard_normal(config.vocab_sizes[field]), [probs[field]])
+    return ConversionModel(
+        numeric=tuple((int(k), float(w)) for k, w in zip(numeric, weights, strict=True)),
+        field=field,
+        scale=float(_effect_scales(rng, 1, config.conversion_scale)[0]),
+        table=table,
+    )
+
+
 def _model_without_intercept(config: SyntheticConfig) -> ClickModel:
     probs = [
         zipf_probabilities(size, exponent)
@@ -168,6 +204,13 @@ def _model_without_intercept(config: SyntheticConfig) -> ClickModel:
     num_fields = rng.permutation(config.num_numeric)[: config.n_numeric_effects]
     num_w = _effect_scales(rng, len(num_fields), config.effect_scale)
     num_w *= rng.choice([-1.0, 1.0], size=len(num_fields))
+    used = {f for group in (*singles, *pairs, *triples) for f in group}
+    history = conversion = None
+    if config.sequences:
+        ranks = zipf_probabilities(config.items_per_cluster, config.zipf_exponent)
+        history = history_model(config, seeded_rng(config.seed, 0, 6), ranks)
+    if config.conversion:
+        conversion = _conversion_model(config, probs, used, num_fields)
     return ClickModel(
         cdfs=tuple(np.cumsum(p) for p in probs),
         tokens=_make_tokens(config),
@@ -180,6 +223,8 @@ def _model_without_intercept(config: SyntheticConfig) -> ClickModel:
         triples=_build_crosses(config, triples, probs, 5),
         numeric=tuple((int(k), float(w)) for k, w in zip(sorted(num_fields), num_w, strict=True)),
         intercept=0.0,
+        history=history,
+        conversion=conversion,
     )
 
 
@@ -204,6 +249,10 @@ def _cached_model(config: SyntheticConfig) -> ClickModel:
     model = _model_without_intercept(config)
     draw = draw_chunk(config, model, seeded_rng(config.seed, 2), CALIBRATION_ROWS)
     b = _calibrate_intercept(draw.offset, config.target_ctr)
+    if model.conversion is not None:
+        b_buy = _calibrate_intercept(draw.buy_offset, config.target_cvr)
+        conversion = dataclasses.replace(model.conversion, intercept=b_buy)
+        model = dataclasses.replace(model, conversion=conversion)
     return dataclasses.replace(model, intercept=b)
 
 
@@ -224,6 +273,9 @@ class Draw:
     offset: np.ndarray  # logit minus the intercept
     split_u: np.ndarray
     label_u: np.ndarray
+    history: HistoryDraw | None = None  # config.sequences
+    buy_offset: np.ndarray | None = None  # config.conversion: pCVR logit minus its intercept
+    buy_u: np.ndarray | None = None
 
 
 def _draw_categorical(rng: np.random.Generator, cdf: np.ndarray, m: float, n: int) -> np.ndarray:
@@ -261,14 +313,24 @@ def _logit_offset(
 def draw_chunk(
     config: SyntheticConfig, model: ClickModel, rng: np.random.Generator, n: int
 ) -> Draw:
-    """All random draws of ``n`` rows, in a fixed order from one stream."""
+    """All random draws of ``n`` rows, in a fixed order from one stream (the history and
+    conversion draws last, so the other columns do not depend on them)."""
     m = config.missing_rate
     ranks = [_draw_categorical(rng, cdf, m, n) for cdf in model.cdfs]
     counts = [
         _draw_count(rng, mu, s, m, n) for mu, s in zip(model.num_mu, model.num_sigma, strict=True)
     ]
     offset = _logit_offset(model, ranks, counts)
-    return Draw(ranks, counts, offset, rng.random(n), rng.random(n))
+    draw = Draw(ranks, counts, offset, rng.random(n), rng.random(n))
+    if model.history is not None:
+        draw.history = draw_history(config, model.history, rng, n)
+        draw.offset = draw.offset + draw.history.term
+    if model.conversion is not None:
+        draw.buy_offset = conversion_offset(
+            model.conversion, ranks, counts, model.num_mean, model.num_std
+        )
+        draw.buy_u = rng.random(n)
+    return draw
 
 
 # ---------------------------------------------------------------------------------------------
@@ -293,6 +355,16 @@ def ground_truth(config: SyntheticConfig) -> dict[str, Any]:
     model = click_model(config)
     cat, num = config.categorical_names, config.numeric_names
     used = {f for c in (*model.singles, *model.pairs, *model.triples) for f in c.fields}
+    truth = _click_truth(config, model, used)
+    if model.history is not None:
+        truth["history"] = history_truth(config, model.history)
+    if model.conversion is not None:
+        truth["conversion"] = conversion_truth(model.conversion, cat, num)
+    return truth
+
+
+def _click_truth(config: SyntheticConfig, model: ClickModel, used: set[int]) -> dict[str, Any]:
+    cat, num = config.categorical_names, config.numeric_names
     return {
         "name": SCHEMA_NAME,
         "seed": config.seed,

@@ -2,8 +2,10 @@
 
     stitchrec demo      [--rows N] [--output DIR] [--model TYPE] [--epochs N]
     stitchrec generate  --output DIR [--rows N] [--seed S] [--test-fraction X] [--criteo-tsv]
+                        [--sequences] [--conversion]
     stitchrec convert   --schema S --input F... --output DIR [--test-fraction X] [--max-bad-rows N]
     stitchrec stats     --schema S --input F... --output DIR [--max-bad-rows N]
+    stitchrec add-history --input F --output F [--user C] [--item C] [--time C] [--length N] ...
     stitchrec train     --config FILE [--set KEY=VALUE]... [--output DIR] [--max-bad-rows N]
     stitchrec tune      --config FILE --trials N [--timeout S] [--output DIR] [--space FILE] ...
     stitchrec export    --run DIR [--output DIR] [--cascade-rank RUN --keep M] [--fuse ...]
@@ -14,9 +16,10 @@
     stitchrec ab        --control A --treatment B --data LOGS... [--output DIR] ...
     stitchrec fuse explain SAVED_MODEL [--batch N] [--signature NAME] [--json FILE] ...
 
-Each command's flags come from its function in ``pipelines.cli_args`` (argparse only); the
-module that runs it (TensorFlow and all) is imported only when the command runs, so
-``stitchrec --help`` starts in a fraction of a second.
+Each command's flags come from its function in ``pipelines.cli_args`` or, for the data
+commands, ``pipelines.cli_args_data`` (argparse only); the module that runs it (TensorFlow and
+all) is imported only when the command runs, so ``stitchrec --help`` starts in a fraction of a
+second.
 
 User errors (a bad flag, schema, config, data file or score source) print one ``error:`` line
 naming what, where and what was expected, and exit with status 2; a lost peer of a distributed
@@ -38,7 +41,7 @@ from features.crosses.artifact import CrossArtifactError
 from features.crosses.fives_config import FivesDataError
 from features.read_report import DataError
 from features.schema import SchemaError
-from pipelines import cli_args
+from pipelines import cli_args, cli_args_data
 from pipelines.config import ConfigError
 from pipelines.errors import UsageError
 from pipelines.stderr_filter import filtered_stderr
@@ -52,9 +55,10 @@ EPILOG = (
 # The order `stitchrec --help` lists the commands in.
 COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     cli_args.demo,
-    cli_args.generate,
-    cli_args.convert,
-    cli_args.stats,
+    cli_args_data.generate,
+    cli_args_data.convert,
+    cli_args_data.stats,
+    cli_args_data.add_history,
     cli_args.train,
     cli_args.tune,
     cli_args.export,

@@ -1,8 +1,9 @@
 """The flags of every ``stitchrec`` command, and which function runs it.
 
-Each function here adds one command's sub-parser and names its handler as
-``"module:function"`` (``set_defaults(handler=...)``); ``pipelines.cli`` imports that module only
-when the command runs. This module imports argparse only, so ``stitchrec --help`` and every
+Each function here (and in ``pipelines.cli_args_data`` for the data commands ``generate``,
+``convert``, ``stats`` and ``add-history``) adds one command's sub-parser and names its handler
+as ``"module:function"`` (``set_defaults(handler=...)``); ``pipelines.cli`` imports that module
+only when the command runs. This module imports argparse only, so ``stitchrec --help`` and every
 command's ``--help`` start without TensorFlow.
 """
 
@@ -81,45 +82,6 @@ def demo(sub: Subparsers) -> None:
     d.add_argument("--model", default="dcn_v2", choices=MODEL_TYPES, help="model type")
     d.add_argument("--epochs", type=int, default=1, help="training epochs")
     d.set_defaults(handler="pipelines.demo:cmd_demo")
-
-
-def generate(sub: Subparsers) -> None:
-    g = sub.add_parser("generate", help="write the synthetic Criteo-layout dataset")
-    g.add_argument(
-        "--output",
-        required=True,
-        help="folder for train/ and test/ Parquet shards, schema.toml and ground_truth.json",
-    )
-    g.add_argument("--rows", type=int, default=1_000_000, help="rows to generate")
-    g.add_argument("--seed", type=int, default=0, help="seed of the generator")
-    g.add_argument("--test-fraction", type=float, default=0.2, help="share of rows in test/")
-    g.add_argument(
-        "--criteo-tsv", action="store_true", help="also write train.tsv in Criteo layout"
-    )
-    g.set_defaults(handler="pipelines.data_commands:cmd_generate")
-
-
-def convert(sub: Subparsers) -> None:
-    c = sub.add_parser("convert", help="raw files -> Parquet shards (optionally split)")
-    _raw_input(c)
-    c.add_argument("--output", required=True, help="folder for the shards and schema.toml")
-    c.add_argument(
-        "--test-fraction",
-        type=float,
-        default=0.0,
-        help="share of rows written to a test split (0: one train split)",
-    )
-    c.add_argument("--seed", type=int, default=0, help="seed of the train/test split")
-    _bad_rows(c)
-    c.set_defaults(handler="pipelines.data_commands:cmd_convert")
-
-
-def stats(sub: Subparsers) -> None:
-    s = sub.add_parser("stats", help="vocabularies and numeric statistics in one pass")
-    _raw_input(s)
-    s.add_argument("--output", required=True, help="folder for stats.json and vocab/")
-    _bad_rows(s)
-    s.set_defaults(handler="pipelines.data_commands:cmd_stats")
 
 
 def train(sub: Subparsers) -> None:

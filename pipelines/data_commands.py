@@ -2,8 +2,11 @@
 ``pipelines.cli_args``).
 
     stitchrec generate  --output DIR [--rows N] [--seed S] [--test-fraction X] [--criteo-tsv]
+                        [--sequences] [--conversion]
     stitchrec convert   --schema S --input F... --output DIR [--test-fraction X] [--max-bad-rows N]
     stitchrec stats     --schema S --input F... --output DIR [--max-bad-rows N]
+    stitchrec add-history --input F --output F [--user C] [--item C] [--time C] [--length N]
+                          [--column NAME] [--attributes F --attribute C]
 
 ``convert`` writes ``DIR`` complete or not at all: into a hidden ``.DIR.converting`` folder
 (``convert.json`` first, ``_SUCCESS`` last; ``features.completion``) renamed into place; an
@@ -19,7 +22,7 @@ import shutil
 import time
 from pathlib import Path
 
-from features import completion, read_report, readers, shards, synthetic, synthetic_config
+from features import completion, history, read_report, readers, shards, synthetic, synthetic_config
 from features.schema import load_schema
 from features.stats import compute_stats
 from pipelines.errors import UsageError
@@ -28,7 +31,9 @@ _print = functools.partial(print, flush=True)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    cfg = synthetic_config.SyntheticConfig(rows=args.rows, seed=args.seed)
+    cfg = synthetic_config.SyntheticConfig(
+        rows=args.rows, seed=args.seed, sequences=args.sequences, conversion=args.conversion
+    )
     t0 = time.time()
     summary = synthetic.write_dataset(
         cfg, args.output, test_fraction=args.test_fraction, criteo_tsv=args.criteo_tsv
@@ -125,4 +130,26 @@ def cmd_stats(args: argparse.Namespace) -> int:
                 f"vocab={fs.vocab_size:<8d} oov={fs.oov_count}"
             )
     _print(f"saved to {args.output}")
+    return 0
+
+
+def cmd_add_history(args: argparse.Namespace) -> int:
+    """``features.history.add_history`` with the command's flags."""
+    if (args.attributes is None) != (args.attribute is None):
+        raise UsageError("--attributes and --attribute go together: give both or neither")
+    if Path(args.input).resolve() == Path(args.output).resolve():
+        raise UsageError(f"--output {args.output!r} is the --input file: expected another file")
+    spec = history.HistorySpec(
+        user=args.user,
+        item=args.item,
+        time=args.time,
+        length=args.length,
+        column=args.column,
+        attributes=args.attributes,
+        attribute=args.attribute,
+    )
+    t0 = time.time()
+    rows = history.add_history(args.input, args.output, spec)
+    added = [spec.history_column, *(spec.attribute_columns or ())]
+    _print(f"wrote {rows:,} rows with {added} in {time.time() - t0:.1f}s to {args.output}")
     return 0

@@ -1,0 +1,86 @@
+"""The flags of the data commands ``generate``, ``convert``, ``stats`` and ``add-history``
+(``pipelines.cli_args`` describes how a command's flags and handler are declared)."""
+
+from __future__ import annotations
+
+from pipelines.cli_args import Subparsers, _bad_rows, _raw_input, positive
+
+
+def generate(sub: Subparsers) -> None:
+    g = sub.add_parser("generate", help="write the synthetic Criteo-layout dataset")
+    g.add_argument(
+        "--output",
+        required=True,
+        help="folder for train/ and test/ Parquet shards, schema.toml and ground_truth.json",
+    )
+    g.add_argument("--rows", type=int, default=1_000_000, help="rows to generate")
+    g.add_argument("--seed", type=int, default=0, help="seed of the generator")
+    g.add_argument("--test-fraction", type=float, default=0.2, help="share of rows in test/")
+    g.add_argument(
+        "--criteo-tsv", action="store_true", help="also write train.tsv in Criteo layout"
+    )
+    g.add_argument(
+        "--sequences",
+        action="store_true",
+        help="add the target item, its category and the behaviour sequences hist_items and "
+        "hist_cats, with a planted history x target click effect",
+    )
+    g.add_argument(
+        "--conversion",
+        action="store_true",
+        help="add the label buy, defined on the clicked rows (0 where label is 0)",
+    )
+    g.set_defaults(handler="pipelines.data_commands:cmd_generate")
+
+
+def convert(sub: Subparsers) -> None:
+    c = sub.add_parser("convert", help="raw files -> Parquet shards (optionally split)")
+    _raw_input(c)
+    c.add_argument("--output", required=True, help="folder for the shards and schema.toml")
+    c.add_argument(
+        "--test-fraction",
+        type=float,
+        default=0.0,
+        help="share of rows written to a test split (0: one train split)",
+    )
+    c.add_argument("--seed", type=int, default=0, help="seed of the train/test split")
+    _bad_rows(c)
+    c.set_defaults(handler="pipelines.data_commands:cmd_convert")
+
+
+def stats(sub: Subparsers) -> None:
+    s = sub.add_parser("stats", help="vocabularies and numeric statistics in one pass")
+    _raw_input(s)
+    s.add_argument("--output", required=True, help="folder for stats.json and vocab/")
+    _bad_rows(s)
+    s.set_defaults(handler="pipelines.data_commands:cmd_stats")
+
+
+def add_history(sub: Subparsers) -> None:
+    h = sub.add_parser(
+        "add-history",
+        help="add each row's previous items of the same user (a behaviour sequence) to a CSV log",
+        description="Writes the rows of a CSV log plus the user's previous items (strictly "
+        "earlier timestamps, newest first, joined with '|') as a new column, atomically.",
+    )
+    h.add_argument("--input", required=True, help="CSV log with a header row")
+    h.add_argument("--output", required=True, help="CSV file to write (replaced when it exists)")
+    h.add_argument("--user", default="userId", help="user column (default userId)")
+    h.add_argument("--item", default="movieId", help="item column (default movieId)")
+    h.add_argument("--time", default="timestamp", help="timestamp column (default timestamp)")
+    h.add_argument(
+        "--length", type=positive, default=20, help="previous items kept per row (default 20)"
+    )
+    h.add_argument("--column", default=None, help="history column name (default hist_<item>)")
+    h.add_argument(
+        "--attributes",
+        default=None,
+        help="CSV side table keyed by the item column (e.g. movies.csv) for --attribute",
+    )
+    h.add_argument(
+        "--attribute",
+        default=None,
+        help="a column of --attributes: writes <attribute>_first (the row item's first '|' "
+        "value) and hist_<attribute>_first (aligned with the history)",
+    )
+    h.set_defaults(handler="pipelines.data_commands:cmd_add_history")
