@@ -370,5 +370,3 @@ class SourceSpec:
             if dup:
                 raise SchemaError(f"[source] columns has duplicates: {dup}")
             object.__setattr__(self, "columns", cols)
-
-
