@@ -250,7 +250,7 @@ def _convert_label(field: FeatureSpec, arr: pa.Array) -> _Converted:
     if field.threshold is not None:
         out = pc.cast(pc.greater_equal(f64, field.threshold), pa.float32())
         return _Converted(out, bad, f"a finite number (label = value >= {field.threshold})")
-    bad = bad | ~_mask(pc.or_(pc.equal(f64, 0.0), pc.equal(f64, 1.0)))
+    bad = bad | (~_mask(pc.or_(pc.equal(f64, 0.0), pc.equal(f64, 1.0))) & ~is_null(arr))
     return _Converted(pc.cast(pc.equal(f64, 1.0), pa.float32()), bad, "0 or 1")
 
 
