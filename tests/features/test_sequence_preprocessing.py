@@ -51,6 +51,9 @@ def test_sequence_ids_by_hand(setup) -> None:
     assert pre.embedded_fields == {"item": 4}
     assert pre.categorical_fields == ["item"] and pre.multi_valued_fields == []
     assert pre.input_names == ["item", "hist", "hist_cat"]
+    # a sequence far longer than max_len keeps its newest max_len values
+    long = {**FEATURES, "hist": tf.constant(["|".join(["i3"] * 500 + ["i1"])] * 4)}
+    assert pre(long)[0]["hist"].to_list() == [[3, 3, 3]] * 4
 
 
 def test_hashed_target_and_hashed_sequence(setup) -> None:

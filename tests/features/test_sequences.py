@@ -11,10 +11,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from features.cells import arrow_schema
-from features.dataset import input_fields, iter_batches
+from features.dataset import input_fields, iter_batches, make_dataset
 from features.read_report import DataError, ReadReport
 from features.readers import read_batches
 from features.schema import FeatureKind, FeatureSpec, SchemaError, load_schema, schema_from_dict
+from features.shards import convert
 from features.stats import DatasetStats, compute_stats
 
 SCHEMA = """
@@ -266,6 +267,18 @@ def test_tf_data_checks_the_rules_across_fields(schema, tmp_path: Path) -> None:
     pq.write_table(stray, tmp_path / "stray.parquet")
     with pytest.raises(DataError, match="row 3, field 'buy': 1 where 'click' is 0"):
         list(iter_batches(pschema, [tmp_path / "stray.parquet"], batch_size=4, shuffle=False))
+
+
+def test_convert_then_tf_data(schema, tmp_path: Path) -> None:
+    shards = convert(
+        schema, write(tmp_path, [*ROWS, "0,1,i1,i1,c1"]), tmp_path / "out", max_bad_rows=1
+    )
+    ds = make_dataset(schema.as_parquet(), shards["train"], batch_size=8)
+    batch = next(iter(ds))
+    assert sorted(batch) == ["buy", "click", "hist", "hist_cat", "item"]
+    assert batch["hist"].dtype.name == "string"
+    assert [v.decode() for v in batch["hist_cat"].numpy()] == ["c2|c1", "c1|c2|c3|c1|c2", "", "c3"]
+    assert batch["buy"].numpy().tolist() == [1.0, 0.0, 0.0, 0.0]
 
 
 # --------------------------------------------------------------------------------------------
