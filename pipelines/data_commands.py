@@ -126,10 +126,12 @@ def cmd_stats(args: argparse.Namespace) -> int:
         )
     for name, fs in stats.fields.items():
         if fs.kind == "sequence":
+            shared = schema.field(name).shares_embedding_with
+            vocab = f"shared with {shared}" if shared else f"vocab={fs.vocab_size}"
             _print(
                 f"  {name:24s} sequence    mean length={fs.mean_length:.3g} max={fs.max_length} "
                 f"over max_len={fs.frac_truncated:.2%} empty={fs.frac_empty:.2%} "
-                f"vocab={fs.vocab_size}"
+                f"{vocab}"
             )
         elif fs.kind == "numeric":
             _print(
