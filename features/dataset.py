@@ -1,9 +1,11 @@
 """tf.data input from Parquet shards: batches of raw named tensors, shuffled by seed and epoch.
 
 Each element is a dict ``{field name: tensor [batch]}`` holding the RAW values of every model
-input and the label (``tf.string`` for string fields, ``tf.int64`` for int64 fields, ``tf.float32``
-for numeric fields and the label), exactly what the exported SavedModel's serving signature takes:
-the preprocessing (vocabulary lookup, hashing, bucketizing) runs inside the model.
+input and every label (``tf.string`` for string fields, ``tf.int64`` for int64 fields,
+``tf.float32`` for numeric fields and labels), exactly what the exported SavedModel's serving
+signature takes: the preprocessing (vocabulary lookup, hashing, bucketizing) runs inside the
+model. A sequence field is its text form, values joined by its separator (a Parquet list column
+is joined here).
 
 Missing cells are filled explicitly, never as NaN: ``""`` for strings (the OOV/missing row),
 ``-1`` for int64 categoricals (also the OOV row), ``field.default`` for numeric fields.
@@ -234,9 +236,11 @@ def iter_record_batches(
     ``row_range=(lo, hi)`` keeps rows ``lo <= r < hi`` of the concatenation of ``files`` (in the
     order given): files and row groups outside the range are skipped from their footers, unread.
 
-    Raises ``DataError`` naming the file, row and column for a missing or nested (list) column,
-    a cell that does not cast to its field's type, a label that is not 0/1, a NaN or infinite
-    numeric value, or a file that is not readable Parquet. Bad rows are never skipped here:
+    Raises ``DataError`` naming the file, row and column for a missing or nested (list) column
+    (a list of scalars is allowed for a sequence field), a cell that does not cast to its
+    field's type, a label that is not 0/1, a NaN or infinite numeric value, a row breaking a
+    rule across fields (``features.cells.row_errors``), or a file that is not readable
+    Parquet. Bad rows are never skipped here:
     ``[data] max_bad_rows`` reads Parquet inputs through ``features.shards.convert`` instead.
     """
     fields = list(fields) if fields is not None else input_fields(schema)
