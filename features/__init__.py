@@ -2,7 +2,8 @@
 
 The data layer:
 
-* ``schema``: feature schemas (TOML) and their field kinds, crosses included.
+* ``schema``: feature schemas (TOML) and their field kinds, crosses and sequences included
+  (``schema_fields``: the field and source specs, each checked on its own).
 * ``readers``: streaming CSV/TSV/Parquet reads into typed, validated Arrow batches, built from
   ``file_batches`` (one file's raw columns), ``csv_format`` (CSV helpers), ``joins`` (side
   tables), ``cells`` (the schema's Arrow types and cell conversion) and ``read_report``

@@ -1,11 +1,16 @@
 """The schema's Arrow types (``arrow_schema``) and cell conversion: a raw Arrow column of one
 field -> its typed column and the mask of its bad cells, and a raw batch -> a typed batch
 with a message per bad row.
+
+Besides its cells, a row is checked across fields: two ``aligned_with`` sequences must have
+as many values, and a ``defined_on`` label may be empty (read as 0) only where its parent
+label is 0, and must not be 1 there.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
@@ -30,6 +35,8 @@ def arrow_schema(schema: Schema) -> pa.Schema:
 
 
 def _field_type(field: FeatureSpec) -> pa.DataType:
+    if field.kind == FeatureKind.SEQUENCE:
+        return pa.string()
     if field.kind == FeatureKind.LABEL:
         return pa.float32()
     if field.kind == FeatureKind.TIMESTAMP:
@@ -156,11 +163,57 @@ def _timestamps_to_seconds(arr: pa.Array) -> tuple[pa.Array, np.ndarray]:
     return pa.array(secs, pa.int64(), mask=missing), np.zeros(len(arr), dtype=bool)
 
 
+def is_list_type(t: pa.DataType) -> bool:
+    """A list, large list or fixed-size list type."""
+    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+
+
+def join_sequence(arr: pa.Array, separator: str) -> tuple[pa.Array, np.ndarray]:
+    """A list column of a sequence as its text form (the values joined by ``separator``; a null
+    list stays null) and the mask of rows with a value that is null, empty or holds the
+    separator (such a list has no text form)."""
+    if pa.types.is_fixed_size_list(arr.type):
+        arr = arr.cast(pa.list_(arr.type.value_type))
+    values = as_plain(arr.flatten())
+    if not pa.types.is_string(values.type):
+        values = pc.cast(values, pa.string())
+    bad_value = (
+        is_null(values) | _mask(pc.equal(values, "")) | _mask(pc.match_substring(values, separator))
+    )
+    bad = np.zeros(len(arr), dtype=bool)
+    if bad_value.any():
+        parents = pc.list_parent_indices(arr).to_numpy()
+        bad[parents[bad_value]] = True
+    lengths = pc.list_value_length(arr).fill_null(0).to_numpy(zero_copy_only=False)
+    offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]), pa.int32())
+    lists = pa.ListArray.from_arrays(offsets, values, mask=pc.is_null(arr))
+    return pc.binary_join(lists, separator), bad
+
+
+def _convert_sequence(field: FeatureSpec, arr: pa.Array) -> _Converted:
+    arr = as_plain(arr)
+    if is_list_type(arr.type):
+        out, bad = join_sequence(arr, field.separator)
+        return _Converted(out, bad, f"a list of non-empty texts without {field.separator!r}")
+    out = arr if pa.types.is_string(arr.type) else pc.cast(arr, pa.string())
+    return _Converted(out, np.zeros(len(arr), dtype=bool), "text")
+
+
+def sequence_lengths(arr: pa.Array, separator: str) -> np.ndarray:
+    """The number of ``separator``-separated values of each cell (0: empty or missing)."""
+    arr = as_plain(arr)
+    n = pc.add(pc.count_substring(arr, separator), 1).fill_null(0).to_numpy(zero_copy_only=False)
+    empty = _mask(pc.equal(arr, "")) | is_null(arr)
+    return np.where(empty, 0, n).astype(np.int64)
+
+
 def _convert(field: FeatureSpec, arr: pa.Array) -> _Converted:
     """Converts one raw column to ``field``'s Arrow type, marking bad cells."""
     kind = field.kind
     if kind == FeatureKind.LABEL:
         return _convert_label(field, arr)
+    if kind == FeatureKind.SEQUENCE:
+        return _convert_sequence(field, arr)
     if kind == FeatureKind.TIMESTAMP:
         arr = as_plain(arr)
         if pa.types.is_timestamp(arr.type) or pa.types.is_date(arr.type):
@@ -187,13 +240,17 @@ def _convert(field: FeatureSpec, arr: pa.Array) -> _Converted:
 
 
 def _convert_label(field: FeatureSpec, arr: pa.Array) -> _Converted:
-    """Label column to float32 0.0/1.0: ``value >= threshold`` or a literal 0/1."""
+    """Label column to float32 0.0/1.0: ``value >= threshold`` or a literal 0/1.
+
+    A missing cell is bad, except in a ``defined_on`` label: there it stays null for
+    ``row_errors`` (allowed where the parent label is 0)."""
     f64, bad = _parse_float64(arr)
-    bad = bad | is_null(arr)
+    if field.defined_on is None:
+        bad = bad | is_null(arr)
     if field.threshold is not None:
         out = pc.cast(pc.greater_equal(f64, field.threshold), pa.float32())
         return _Converted(out, bad, f"a finite number (label = value >= {field.threshold})")
-    bad = bad | ~_mask(pc.or_(pc.equal(f64, 0.0), pc.equal(f64, 1.0)))
+    bad = bad | (~_mask(pc.or_(pc.equal(f64, 0.0), pc.equal(f64, 1.0))) & ~is_null(arr))
     return _Converted(pc.cast(pc.equal(f64, 1.0), pa.float32()), bad, "0 or 1")
 
 
@@ -214,10 +271,20 @@ def typed_batch(
     bad_any = np.zeros(len(converted[0].bad), dtype=bool)
     for c in converted:
         bad_any |= c.bad
-    arrays = [c.values for c in converted]
+    values = {f.name: c.values for f, c in zip(schema.fields, converted, strict=True)}
+    across = row_errors(schema.fields, values, bad_any)
+    for f in schema.labels:
+        if f.defined_on is not None:
+            values[f.name] = pc.fill_null(values[f.name], 0.0)
+    arrays = [values[f.name] for f in schema.fields]
     bad: list[tuple[int, str]] = []
+    if across:
+        bad_any[list(across)] = True
     if bad_any.any():
         for i in np.flatnonzero(bad_any).tolist():
+            if i in across:
+                bad.append((i, across[i]))
+                continue
             j = next(k for k, c in enumerate(converted) if c.bad[i])
             f = schema.fields[j]
             where = f"column {f.column!r}" + (f" (field {f.name!r})" if f.name != f.column else "")
@@ -227,3 +294,46 @@ def typed_batch(
         keep = pa.array(~bad_any)
         arrays = [a.filter(keep) for a in arrays]
     return pa.RecordBatch.from_arrays(arrays, schema=arrow_schema(schema)), bad
+
+
+def row_errors(
+    fields: Sequence[FeatureSpec], values: dict[str, pa.Array], bad: np.ndarray
+) -> dict[int, str]:
+    """{row: message} of the rows not already ``bad`` that break a rule across ``fields``:
+    aligned sequences of different lengths; a ``defined_on`` label missing where its parent is
+    1, or 1 where its parent is 0. ``values``: the converted columns by field name (a rule is
+    checked when both its fields are in ``fields``)."""
+    by_name = {f.name: f for f in fields}
+    out: dict[int, str] = {}
+    for f in fields:
+        g = by_name.get(f.aligned_with) if f.kind == FeatureKind.SEQUENCE else None
+        if g is None:
+            continue
+        a = sequence_lengths(values[f.name], f.separator)
+        b = sequence_lengths(values[g.name], g.separator)
+        for i in np.flatnonzero((a != b) & ~bad).tolist():
+            out.setdefault(
+                i,
+                f"fields {f.name!r} and {g.name!r} (aligned_with): {a[i]} and {b[i]} values; "
+                f"expected sequences of the same length",
+            )
+    for f in fields:
+        if f.kind != FeatureKind.LABEL or f.defined_on not in by_name:
+            continue
+        child, parent = values[f.name], values[f.defined_on]
+        missing = is_null(child) & _mask(pc.equal(parent, 1.0))
+        stray = _mask(pc.equal(child, 1.0)) & _mask(pc.equal(parent, 0.0))
+        rule = f"label {f.name!r} is defined_on {f.defined_on!r}"
+        for i in np.flatnonzero(missing & ~bad).tolist():
+            out.setdefault(
+                i,
+                f"field {f.name!r}: missing value where {f.defined_on!r} is 1; expected 0 or 1 "
+                f"({rule})",
+            )
+        for i in np.flatnonzero(stray & ~bad).tolist():
+            out.setdefault(
+                i,
+                f"field {f.name!r}: 1 where {f.defined_on!r} is 0; expected 0 or an empty cell "
+                f"({rule}: only rows where {f.defined_on!r} is 1 can be positive)",
+            )
+    return out

@@ -1,9 +1,11 @@
 """tf.data input from Parquet shards: batches of raw named tensors, shuffled by seed and epoch.
 
 Each element is a dict ``{field name: tensor [batch]}`` holding the RAW values of every model
-input and the label (``tf.string`` for string fields, ``tf.int64`` for int64 fields, ``tf.float32``
-for numeric fields and the label), exactly what the exported SavedModel's serving signature takes:
-the preprocessing (vocabulary lookup, hashing, bucketizing) runs inside the model.
+input and every label (``tf.string`` for string fields, ``tf.int64`` for int64 fields,
+``tf.float32`` for numeric fields and labels), exactly what the exported SavedModel's serving
+signature takes: the preprocessing (vocabulary lookup, hashing, bucketizing) runs inside the
+model. A sequence field is its text form, values joined by its separator (a Parquet list column
+is joined here).
 
 Missing cells are filled explicitly, never as NaN: ``""`` for strings (the OOV/missing row),
 ``-1`` for int64 categoricals (also the OOV row), ``field.default`` for numeric fields.
@@ -27,6 +29,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import tensorflow as tf
 
+from features.cells import is_list_type, join_sequence, row_errors
 from features.completion import check_complete
 from features.file_batches import check_scalar_columns
 from features.read_report import DataError
@@ -48,9 +51,9 @@ def input_signature(fields: Sequence[FeatureSpec]) -> dict[str, tf.TensorSpec]:
 
 
 def input_fields(schema: Schema, with_label: bool = True) -> list[FeatureSpec]:
-    """Model inputs in schema order, then the label."""
+    """Model inputs in schema order, then every label (the primary label first)."""
     fields = list(schema.model_inputs)
-    return [*fields, schema.label] if with_label else fields
+    return [*fields, *schema.labels] if with_label else fields
 
 
 def list_parquet(paths: str | Path | Sequence[str | Path]) -> list[Path]:
@@ -87,10 +90,18 @@ def column_to_numpy(column: pa.ChunkedArray | pa.Array, spec: FeatureSpec) -> np
         if column.null_count:
             column = pc.fill_null(column, -1)
         return column.to_numpy()
+    if spec.kind == FeatureKind.SEQUENCE and is_list_type(column.type):
+        column = join_sequence(_one_chunk(column), spec.separator)[0]
     column = pc.cast(column, pa.string())
     if column.null_count:
         column = pc.fill_null(column, "")
     return column.to_numpy(zero_copy_only=False).astype(object)
+
+
+def _one_chunk(column: pa.ChunkedArray | pa.Array) -> pa.Array:
+    if isinstance(column, pa.ChunkedArray):
+        return column.combine_chunks()
+    return column
 
 
 def table_to_numpy(
@@ -123,7 +134,7 @@ def _check_types(
     for f in fields:
         col = rb.column(f.name)
         target, expected = _arrow_target(f)
-        if col.type == target:
+        if col.type == target or (f.kind == FeatureKind.SEQUENCE and is_list_type(col.type)):
             continue
         try:
             pc.cast(col, target)
@@ -145,15 +156,22 @@ def _casts(arr: pa.Array, target: pa.DataType) -> bool:
 def _check_batch(
     rb: pa.RecordBatch, fields: Sequence[FeatureSpec], path: Path, first_row: int
 ) -> None:
-    """Cells must cast to their field's type; labels must be 0/1 and present; numeric cells
-    finite or missing (never NaN/Inf)."""
+    """Cells must cast to their field's type; labels must be 0/1 and present (a ``defined_on``
+    label may be missing where its parent is 0); numeric cells finite or missing (never
+    NaN/Inf); the rules across fields of ``features.cells`` hold."""
     _check_types(rb, fields, path, first_row)
     for f in fields:
         col = rb.column(f.name)
         if f.kind == FeatureKind.LABEL:
             values = pc.cast(col, pa.float64())
             ok = pc.fill_null(pc.or_(pc.equal(values, 0.0), pc.equal(values, 1.0)), False)
+            if f.defined_on is not None and f.defined_on in rb.schema.names:
+                parent_zero = pc.equal(pc.cast(rb.column(f.defined_on), pa.float64()), 0.0)
+                ok = pc.or_(ok, pc.fill_null(pc.and_(pc.is_null(values), parent_zero), False))
             expected = "0 or 1"
+        elif f.kind == FeatureKind.SEQUENCE and is_list_type(col.type):
+            ok = pa.array(~join_sequence(col, f.separator)[1])
+            expected = f"a list of non-empty texts without {f.separator!r}"
         elif f.kind == FeatureKind.NUMERIC and pa.types.is_floating(col.type):
             ok = pc.fill_null(pc.is_finite(col), True)
             expected = "a finite number or an empty cell"
@@ -162,6 +180,29 @@ def _check_batch(
         if not pc.all(ok).as_py():
             i = pc.index(ok, False).as_py()
             raise DataError(_cell_error(path, first_row + i + 1, f, col[i].as_py(), expected))
+    _check_rows(rb, fields, path, first_row)
+
+
+def _check_rows(
+    rb: pa.RecordBatch, fields: Sequence[FeatureSpec], path: Path, first_row: int
+) -> None:
+    """The rules across fields (``features.cells.row_errors``) among the fields read."""
+    names = {f.name for f in fields}
+    specs = [f for f in fields if f.kind in (FeatureKind.SEQUENCE, FeatureKind.LABEL)]
+    if not any((f.aligned_with or f.defined_on) in names for f in specs):
+        return
+    values = {}
+    for f in specs:
+        col = rb.column(f.name)
+        if f.kind == FeatureKind.SEQUENCE:
+            col = join_sequence(col, f.separator)[0] if is_list_type(col.type) else col
+            values[f.name] = pc.cast(col, pa.string())
+        else:
+            values[f.name] = pc.cast(col, pa.float32())
+    errors = row_errors(specs, values, np.zeros(rb.num_rows, dtype=bool))
+    if errors:
+        i = min(errors)
+        raise DataError(f"{path}: row {first_row + i + 1}, {errors[i]}")
 
 
 def _check_schema(pf: pq.ParquetFile, schema: Schema, columns: list[str], path: Path) -> None:
@@ -173,7 +214,7 @@ def _check_schema(pf: pq.ParquetFile, schema: Schema, columns: list[str], path: 
             f"{path}: Parquet file lacks columns {missing} that schema {schema.name!r} needs; "
             f"it has {names}"
         )
-    check_scalar_columns(path, pf.schema_arrow, columns)
+    check_scalar_columns(path, pf.schema_arrow, columns, {f.name for f in schema.sequences})
 
 
 def _open_parquet(path: Path) -> pq.ParquetFile:
@@ -195,9 +236,11 @@ def iter_record_batches(
     ``row_range=(lo, hi)`` keeps rows ``lo <= r < hi`` of the concatenation of ``files`` (in the
     order given): files and row groups outside the range are skipped from their footers, unread.
 
-    Raises ``DataError`` naming the file, row and column for a missing or nested (list) column,
-    a cell that does not cast to its field's type, a label that is not 0/1, a NaN or infinite
-    numeric value, or a file that is not readable Parquet. Bad rows are never skipped here:
+    Raises ``DataError`` naming the file, row and column for a missing or nested (list) column
+    (a list of scalars is allowed for a sequence field), a cell that does not cast to its
+    field's type, a label that is not 0/1, a NaN or infinite numeric value, a row breaking a
+    rule across fields (``features.cells.row_errors``), or a file that is not readable
+    Parquet. Bad rows are never skipped here:
     ``[data] max_bad_rows`` reads Parquet inputs through ``features.shards.convert`` instead.
     """
     fields = list(fields) if fields is not None else input_fields(schema)

@@ -6,7 +6,7 @@ the line (CSV) or row (Parquet) number of every record.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from features.cells import is_null
+from features.cells import is_list_type, is_null
 from features.csv_format import (
     LineMap,
     column_count_message,
@@ -155,10 +155,20 @@ def _decode_columns(
 # Parquet
 
 
-def check_scalar_columns(file: Path, arrow: pa.Schema, columns: list[str]) -> None:
-    """Raises DataError naming the file and column when one of ``columns`` is nested."""
+def sequence_columns(schema: Schema) -> set[str]:
+    """The source columns of the schema's sequence fields (they may be Parquet lists)."""
+    return {f.column for f in schema.sequences}
+
+
+def check_scalar_columns(
+    file: Path, arrow: pa.Schema, columns: list[str], lists: Collection[str] = ()
+) -> None:
+    """Raises DataError naming the file and column when one of ``columns`` is nested; the
+    ``lists`` columns may also be lists of scalars (sequence fields)."""
     for name in columns:
         t = arrow.field(name).type
+        if name in lists and is_list_type(t) and not pa.types.is_nested(t.value_type):
+            continue
         if pa.types.is_nested(t):
             raise DataError(
                 f"file {str(file)!r}: column {name!r} is a Parquet {t} column: expected one "
@@ -172,7 +182,8 @@ def parquet_batches(
     """Streams one Parquet file as raw columns (the needed ones) in chunks of ``batch_rows``.
 
     A read column of a nested type (list, struct, map) is one DataError for the whole file:
-    every field holds one value per row.
+    every field holds one value per row, except that a sequence field's column may be a list of
+    scalars.
     """
     try:
         pf = pq.ParquetFile(str(file))
@@ -180,7 +191,7 @@ def parquet_batches(
     except (pa.ArrowException, OSError) as e:
         raise DataError(f"file {str(file)!r} is not a readable Parquet file: {e}") from None
     plan = plan_file(schema, file, names, cache)
-    check_scalar_columns(file, pf.schema_arrow, plan.read)
+    check_scalar_columns(file, pf.schema_arrow, plan.read, sequence_columns(schema))
     start = 0
     batches = pf.iter_batches(batch_size=batch_rows, columns=plan.read)
     while True:

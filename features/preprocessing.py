@@ -10,6 +10,14 @@ statistics and returns a ``FeaturePreprocessor``; its ``call`` maps the raw batc
 * ``dense``: float32 ``[batch, n_dense]`` for numeric fields that are not bucketized
   (``None`` when there are none).
 
+Sequence fields (plan op ``sequence``) give ``ids[name]``: int64 ragged ``[batch, None]``, the
+cell split on its ``separator`` (an empty cell: no values), newest first, truncated to the
+first ``max_len`` values. A sequence with ``shares_embedding_with`` looks its values up exactly
+as its target field does (the target's vocabulary, hash buckets or codes: ids in the target's
+table), so history and target read one embedding table; otherwise it has its own vocabulary
+(or hash buckets) and table. ``sequence_fields`` describes them for the model builder; they are
+not in ``embedded_fields`` or ``categorical_fields``, which give the per-field pooled tables.
+
 Cross fields (schema kind ``cross``, e.g. from a FIVES search) are computed here from the RAW
 values of their fields, so a SavedModel computes them at serving time: each crossed field gives
 a string (categorical and multi-categorical: the cell as it is; numeric: its bucket index under
@@ -38,6 +46,7 @@ from features.schema import FeatureKind, Schema
 from features.stats import DatasetStats
 
 CODE_MODES = ("vocabulary", "fingerprint")
+_OPS = ("lookup", "code", "hash", "bucketize", "dense", "cross", "sequence")
 UNSEEN_BIT = 62  # codes of values outside the vocabulary have this bit set
 
 
@@ -59,6 +68,9 @@ def plan_fields(
             raise ValueError(f"field {name!r}: codes need a categorical field, not {kind.value}")
     plans = []
     for spec in schema.model_inputs:
+        if spec.is_sequence:
+            plans.append({"name": spec.name})  # planned below, once its target's plan is known
+            continue
         fs = stats[spec.name]
         base = {"name": spec.name, "dtype": spec.dtype}
         if spec.kind in (FeatureKind.CATEGORICAL, FeatureKind.MULTI_CATEGORICAL):
@@ -97,9 +109,39 @@ def plan_fields(
                 "std": 1.0 if spec.transform == "none" else fs.std,
             }
         plans.append(plan)
+    by_name = {p["name"]: p for p in plans}
+    plans = [
+        plan_sequence(schema, p["name"], stats, by_name) if "op" not in p else p for p in plans
+    ]
     for spec in schema.crosses:
         plans.append(plan_cross(schema, spec, stats))
     return plans
+
+
+def plan_sequence(
+    schema: Schema, name: str, stats: DatasetStats, plans: dict[str, dict[str, Any]]
+) -> dict[str, Any]:
+    """The plan of one ``sequence`` field: ``table`` (the field whose lookup and embedding table
+    its values use: the shared target or itself), ``max_len``, ``aligned_with``, ``separator``,
+    ``num_rows`` and, when not shared, its own ``lookup`` (``vocabulary`` or ``hash``) and
+    ``vocabulary``."""
+    spec = schema.field(name)
+    plan: dict[str, Any] = {
+        "name": name,
+        "dtype": "string",
+        "op": "sequence",
+        "separator": spec.separator,
+        "max_len": spec.max_len,
+        "aligned_with": spec.aligned_with,
+        "table": spec.shares_embedding_with or name,
+    }
+    if spec.shares_embedding_with is not None:
+        return {**plan, "num_rows": plans[spec.shares_embedding_with]["num_rows"]}
+    fs = stats[name]
+    if spec.vocab == "hash":
+        return {**plan, "lookup": "hash", "num_rows": fs.hash_buckets or spec.hash_buckets}
+    vocab = list(fs.vocab)
+    return {**plan, "lookup": "vocabulary", "vocabulary": vocab, "num_rows": len(vocab) + 1}
 
 
 CROSS_SEPARATOR = "\x1f"
@@ -165,19 +207,30 @@ class FeaturePreprocessor(tf.keras.layers.Layer):
 
     Args:
       plans: from ``plan_fields``; each has ``name``, ``dtype`` and ``op`` in
-        ``lookup | hash | bucketize | dense``.
+        ``lookup | code | hash | bucketize | dense | cross | sequence``. A shared sequence's
+        ``table`` must be the name of a ``lookup``, ``code`` or ``hash`` plan among them.
     """
 
     def __init__(self, plans: list[dict[str, Any]], **kwargs: Any):
         super().__init__(**kwargs)
         if not plans:
             raise ValueError("plans must name at least one field")
+        ops = {p.get("name"): p.get("op") for p in plans}
         for p in plans:
-            if p.get("op") not in ("lookup", "code", "hash", "bucketize", "dense", "cross"):
+            if p.get("op") not in _OPS:
                 raise ValueError(f"field {p.get('name')!r}: unknown op {p.get('op')!r}")
+            shared = p["op"] == "sequence" and p["table"] != p["name"]
+            if shared and ops.get(p["table"]) not in ("lookup", "code", "hash"):
+                raise ValueError(
+                    f"sequence {p['name']!r} shares the table of {p['table']!r}, which is not a "
+                    f"looked-up, coded or hashed field of these plans {sorted(ops)}"
+                )
         self.plans = [dict(p) for p in plans]
+        self._plans = {p["name"]: p for p in self.plans}
         self._lookups: dict[str, tf.keras.layers.Layer] = {}
         for p in self.plans:
+            if p["op"] == "sequence" and p["table"] == p["name"]:
+                p = {**p, "op": "lookup" if p["lookup"] == "vocabulary" else "hash"}
             if p["op"] in ("lookup", "code") and (p["op"] == "lookup" or p["vocabulary"]):
                 self._lookups[p["name"]] = tf.keras.layers.StringLookup(
                     vocabulary=p["vocabulary"] or None,
@@ -192,8 +245,20 @@ class FeaturePreprocessor(tf.keras.layers.Layer):
 
     @property
     def embedded_fields(self) -> dict[str, int]:
-        """``{field: rows its embedding table needs}``, in schema order."""
-        return {p["name"]: p["num_rows"] for p in self.plans if p["op"] != "dense"}
+        """``{field: rows its embedding table needs}``, in schema order (not sequences)."""
+        return {
+            p["name"]: p["num_rows"] for p in self.plans if p["op"] not in ("dense", "sequence")
+        }
+
+    @property
+    def sequence_fields(self) -> dict[str, dict[str, Any]]:
+        """``{sequence: {"table": field whose table it reads (its shared target or itself),
+        "max_len": L, "aligned_with": field or None, "num_rows": rows of that table}}``."""
+        return {
+            p["name"]: {k: p[k] for k in ("table", "max_len", "aligned_with", "num_rows")}
+            for p in self.plans
+            if p["op"] == "sequence"
+        }
 
     @property
     def categorical_fields(self) -> list[str]:
@@ -225,6 +290,8 @@ class FeaturePreprocessor(tf.keras.layers.Layer):
             x = features[p["name"]] if p["op"] != "cross" else None
             if p["op"] in ("lookup", "hash"):
                 ids[p["name"]] = self._ids(p, x)
+            elif p["op"] == "sequence":
+                ids[p["name"]] = self._sequence_ids(p, x)
             elif p["op"] == "code":
                 ids[p["name"]] = self._codes(p, x)
             elif p["op"] == "cross":
@@ -244,6 +311,19 @@ class FeaturePreprocessor(tf.keras.layers.Layer):
         if plan["multi"]:
             x = tf.strings.split(x, sep=plan["separator"])
         return tf.cast(self._lookups[plan["name"]](x), tf.int64)
+
+    def _sequence_ids(self, plan: dict[str, Any], x: tf.Tensor) -> tf.RaggedTensor:
+        """int64 ragged ``[batch, None]``: the first ``max_len`` values of each cell, looked up
+        in the table's vocabulary, hash or codes (an empty cell has no values)."""
+        values = tf.strings.split(x, sep=plan["separator"])
+        keep = tf.gather(tf.not_equal(x, ""), values.value_rowids())
+        values = tf.ragged.boolean_mask(values, values.with_flat_values(keep))
+        values = values[:, : plan["max_len"]]
+        table = self._plans[plan["table"]] if plan["table"] != plan["name"] else plan
+        if table["op"] == "code":
+            return values.with_flat_values(self._value_codes(table, values.flat_values))
+        flat = self._lookups[table["name"]](values.flat_values)
+        return values.with_flat_values(tf.cast(flat, tf.int64))
 
     def _codes(self, plan: dict[str, Any], x: tf.Tensor) -> tf.Tensor | tf.RaggedTensor:
         """Unique non-negative int64 codes: 0 for a missing value; with ``vocabulary`` the

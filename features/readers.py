@@ -13,8 +13,12 @@ bad; the first bad row raises ``DataError`` naming the file, the 1-based line (C
 (Parquet), the column, the value and what was expected. With ``max_bad_rows = N`` up to N bad
 rows are skipped and counted in a ``ReadReport``; the (N+1)-th raises.
 
-Missing (empty) cells stay null in categorical, multi_categorical, numeric and meta fields
-(downstream code fills them); a missing label or timestamp makes the row bad. Blank lines (and
+Missing (empty) cells stay null in categorical, multi_categorical, sequence, numeric and meta
+fields (downstream code fills them); a missing label or timestamp makes the row bad, except a
+``defined_on`` label on a row where its parent label is 0 (it reads 0). A sequence column of a
+Parquet file may be a list column, read as its values joined by the field's separator. Rules
+across fields make a row bad too: ``aligned_with`` sequences of different lengths, a
+``defined_on`` label that is 1 where its parent is 0. Blank lines (and
 lines whose every cell is empty) are skipped but still counted in line numbers. Line numbers
 count records, so a quoted value spanning several lines shifts the numbers after it.
 

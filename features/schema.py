@@ -34,8 +34,19 @@ Kinds (``FeatureKind``):
   embedded and pooled with ``combiner``.
 * ``numeric``: a float; missing values become ``default``; optionally ``transform`` (``log1p``,
   ``standardize``) or bucketized by ``num_buckets`` training-data quantiles and embedded.
-* ``label``: the 0/1 target; with ``threshold`` the label is ``column >= threshold`` (MovieLens
-  ratings).
+* ``sequence``: an ordered list of values per row, newest first, joined by ``separator`` in one
+  cell ("i9|i7|i1"; an empty cell is an empty sequence; a Parquet ``list<string>`` column is
+  read as the same text). The model keeps the first ``max_len`` values (longer sequences are
+  truncated). With ``shares_embedding_with = "item"`` the values are looked up in that
+  categorical field's vocabulary (or hash buckets) and read its embedding table; otherwise the
+  sequence has its own vocabulary over all values of all rows (``min_count``, ``max_vocab``,
+  ``vocab = "hash"`` as for categoricals). ``aligned_with`` names a parallel sequence (the
+  category of each history item): a row where the two lengths differ is a bad row.
+* ``label``: a 0/1 target; with ``threshold`` the label is ``column >= threshold`` (MovieLens
+  ratings). A schema has one label or several (multi-task): the first is the primary task
+  (``Schema.label``). ``defined_on = "click"`` makes a label defined only on rows where the
+  label ``click`` is 1 (conversion after click): where ``click`` is 0 its cell may be empty and
+  reads 0, and a 1 there makes the row bad.
 * ``timestamp``: seconds since the epoch (``time_format = "unix"``) or ISO-8601 text
   (``time_format = "iso"``); kept for splits and later features, not fed to models.
 * ``meta``: carried through (row ids, propensities) but not fed to models.
@@ -60,278 +71,43 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from features.schema_fields import (
+    _RANGE,
+    MODEL_INPUT_KINDS,
+    VALUE_KINDS,
+    FeatureKind,
+    FeatureSpec,
+    JoinSpec,
+    SchemaError,
+    SourceSpec,
+    expand_names,
+)
 
-class SchemaError(ValueError):
-    """A schema file or FeatureSpec is invalid; the message names the file, field and key."""
-
-
-class FeatureKind(enum.StrEnum):
-    CATEGORICAL = "categorical"
-    MULTI_CATEGORICAL = "multi_categorical"
-    NUMERIC = "numeric"
-    LABEL = "label"
-    TIMESTAMP = "timestamp"
-    META = "meta"
-    CROSS = "cross"
-
-
-MODEL_INPUT_KINDS = (FeatureKind.CATEGORICAL, FeatureKind.MULTI_CATEGORICAL, FeatureKind.NUMERIC)
-_DTYPES = ("string", "int64", "float32")
-_VOCAB_MODES = ("vocabulary", "hash")
-_TRANSFORMS = ("none", "log1p", "standardize")
-_COMBINERS = ("mean", "sum")
-_TIME_FORMATS = ("unix", "iso")
-_GROUPS = ("user", "item", "context")
-_FORMATS = ("csv", "parquet")
-_RANGE = re.compile(r"^(?P<prefix>.*)\{(?P<lo>\d+)\.\.(?P<hi>\d+)\}(?P<suffix>.*)$")
-
-
-def expand_names(spec: str | Iterable[str]) -> list[str]:
-    """Expands ``"C{1..3}"`` to ``["C1", "C2", "C3"]``; lists expand element-wise."""
-    if isinstance(spec, str):
-        m = _RANGE.match(spec)
-        if not m:
-            return [spec]
-        lo, hi = int(m["lo"]), int(m["hi"])
-        if hi < lo:
-            raise SchemaError(f"name range {spec!r}: upper bound {hi} is below lower bound {lo}")
-        return [f"{m['prefix']}{i}{m['suffix']}" for i in range(lo, hi + 1)]
-    out: list[str] = []
-    for s in spec:
-        out.extend(expand_names(s))
-    return out
-
-
-@dataclasses.dataclass(frozen=True)
-class FeatureSpec:
-    """One field of a dataset.
-
-    Attributes:
-      name: the field's name in Arrow batches, tf.data elements and the serving signature.
-      kind: see the module docstring.
-      column: the source column it is read from (defaults to ``name``).
-      dtype: the raw type: ``string``, ``int64`` or ``float32``. Defaults: categorical ``string``,
-        numeric and label ``float32``, timestamp ``int64``.
-      vocab: ``vocabulary`` (built from training data) or ``hash``.
-      hash_buckets: number of buckets when ``vocab = "hash"``.
-      min_count: values seen fewer times in training go to the OOV row.
-      max_vocab: keep at most this many most frequent values (None: no cap).
-      embedding_dim: overrides the model's default embedding dimension for this field.
-      num_buckets: numeric only: bucketize by this many training quantiles and embed (0: off).
-      transform: numeric only: ``none``, ``log1p`` (of max(x, 0)) or ``standardize``.
-      default: numeric only: value used for a missing cell.
-      separator: multi_categorical only: the separator between values in one cell.
-      combiner: multi_categorical only: ``mean`` or ``sum`` pooling of the value embeddings.
-      threshold: label only: label = column >= threshold (None: the column holds 0/1).
-      time_format: timestamp only: ``unix`` seconds or ``iso`` text.
-      cost: relative serving cost of computing this field (FSCD's complexity term).
-      group: ``user``, ``item`` or ``context`` (None: unassigned).
-      fields: cross only: the crossed fields (two or more model inputs), in order.
-      boundaries: cross only: ``((numeric field, (b1, b2, ...)), ...)``: the bucket boundaries of
-        the crossed numeric fields (bucket = number of boundaries <= value).
-    """
-
-    name: str
-    kind: FeatureKind
-    column: str | None = None
-    dtype: str | None = None
-    vocab: str = "vocabulary"
-    hash_buckets: int = 0
-    min_count: int = 1
-    max_vocab: int | None = None
-    embedding_dim: int | None = None
-    num_buckets: int = 0
-    transform: str = "none"
-    default: float = 0.0
-    separator: str = "|"
-    combiner: str = "mean"
-    threshold: float | None = None
-    time_format: str = "unix"
-    cost: float = 1.0
-    group: str | None = None
-    fields: tuple[str, ...] = ()
-    boundaries: tuple[tuple[str, tuple[float, ...]], ...] = ()
-
-    def __post_init__(self) -> None:
-        try:
-            kind = FeatureKind(self.kind)
-        except ValueError:
-            raise SchemaError(
-                f"field {self.name!r}: kind {self.kind!r} is not one of "
-                f"{[k.value for k in FeatureKind]}"
-            ) from None
-        object.__setattr__(self, "kind", kind)
-        if not self.name or not isinstance(self.name, str):
-            raise SchemaError(f"a field has an empty or non-string name: {self.name!r}")
-        if self.column is None:
-            object.__setattr__(self, "column", self.name)
-        if self.dtype is None:
-            default_dtype = {
-                FeatureKind.CATEGORICAL: "string",
-                FeatureKind.MULTI_CATEGORICAL: "string",
-                FeatureKind.NUMERIC: "float32",
-                FeatureKind.LABEL: "float32",
-                FeatureKind.TIMESTAMP: "int64",
-                FeatureKind.META: "string",
-                FeatureKind.CROSS: "int64",
-            }[kind]
-            object.__setattr__(self, "dtype", default_dtype)
-        self._check_choice("dtype", self.dtype, _DTYPES)
-        self._check_choice("vocab", self.vocab, _VOCAB_MODES)
-        self._check_choice("transform", self.transform, _TRANSFORMS)
-        self._check_choice("combiner", self.combiner, _COMBINERS)
-        self._check_choice("time_format", self.time_format, _TIME_FORMATS)
-        if self.group is not None:
-            self._check_choice("group", self.group, _GROUPS)
-        if kind == FeatureKind.MULTI_CATEGORICAL and self.dtype != "string":
-            raise SchemaError(
-                f"field {self.name!r}: multi_categorical needs dtype 'string', got {self.dtype!r}"
-            )
-        if kind == FeatureKind.NUMERIC and self.dtype == "string":
-            raise SchemaError(f"field {self.name!r}: numeric needs dtype int64 or float32")
-        categorical = kind in (FeatureKind.CATEGORICAL, FeatureKind.MULTI_CATEGORICAL)
-        if categorical and self.vocab == "hash" and self.hash_buckets < 1:
-            raise SchemaError(
-                f"field {self.name!r}: vocab = 'hash' needs hash_buckets >= 1, "
-                f"got {self.hash_buckets}"
-            )
-        self._check_min("min_count", self.min_count, 1)
-        if self.max_vocab is not None:
-            self._check_min("max_vocab", self.max_vocab, 1)
-        if self.embedding_dim is not None:
-            self._check_min("embedding_dim", self.embedding_dim, 1)
-        self._check_min("num_buckets", self.num_buckets, 0)
-        if self.num_buckets == 1:
-            raise SchemaError(f"field {self.name!r}: num_buckets must be 0 (off) or >= 2, got 1")
-        self._check_cross(kind)
-        if not (self.cost >= 0):
-            raise SchemaError(f"field {self.name!r}: cost must be >= 0, got {self.cost!r}")
-        if kind == FeatureKind.MULTI_CATEGORICAL and not self.separator:
-            raise SchemaError(f"field {self.name!r}: separator must be a non-empty string")
-
-    def _check_cross(self, kind: FeatureKind) -> None:
-        """``fields``/``boundaries`` belong to crosses; a cross needs >= 2 distinct fields."""
-        fields = (self.fields,) if isinstance(self.fields, str) else self.fields
-        object.__setattr__(self, "fields", tuple(str(f) for f in fields))
-        try:
-            bounds = tuple((str(n), tuple(float(b) for b in bs)) for n, bs in self.boundaries)
-        except (TypeError, ValueError):
-            raise SchemaError(
-                f"field {self.name!r}: boundaries must be [[numeric field, [b1, b2, ...]], ...], "
-                f"got {self.boundaries!r}"
-            ) from None
-        object.__setattr__(self, "boundaries", bounds)
-        if kind != FeatureKind.CROSS:
-            if self.fields or self.boundaries:
-                raise SchemaError(
-                    f"field {self.name!r}: `fields` and `boundaries` are for kind 'cross' only"
-                )
-            return
-        if len(self.fields) < 2 or len(set(self.fields)) != len(self.fields):
-            raise SchemaError(
-                f"field {self.name!r}: a cross needs `fields` = two or more distinct field "
-                f"names, got {list(self.fields)}"
-            )
-        if self.hash_buckets < 2:
-            raise SchemaError(
-                f"field {self.name!r}: a cross needs hash_buckets >= 2, got {self.hash_buckets}"
-            )
-        for n, bs in bounds:
-            if n not in self.fields:
-                raise SchemaError(
-                    f"field {self.name!r}: boundaries name {n!r}, which is not in its fields "
-                    f"{list(self.fields)}"
-                )
-            if list(bs) != sorted(set(bs)):
-                raise SchemaError(
-                    f"field {self.name!r}: boundaries of {n!r} must be strictly increasing"
-                )
-
-    def _check_choice(self, key: str, value: Any, choices: tuple[str, ...]) -> None:
-        if value not in choices:
-            raise SchemaError(
-                f"field {self.name!r}: {key} = {value!r} is not one of {list(choices)}"
-            )
-
-    def _check_min(self, key: str, value: Any, lo: int) -> None:
-        if not isinstance(value, int) or isinstance(value, bool) or value < lo:
-            raise SchemaError(
-                f"field {self.name!r}: {key} must be an integer >= {lo}, got {value!r}"
-            )
-
-    @property
-    def is_model_input(self) -> bool:
-        return self.kind in MODEL_INPUT_KINDS
-
-    @property
-    def is_embedded(self) -> bool:
-        """Categorical fields, crosses, and numeric fields bucketized into embedded buckets."""
-        return self.kind in (
-            FeatureKind.CATEGORICAL,
-            FeatureKind.MULTI_CATEGORICAL,
-            FeatureKind.CROSS,
-        ) or (self.kind == FeatureKind.NUMERIC and self.num_buckets > 0)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Only the keys that differ from the defaults, so saved schemas stay readable."""
-        out: dict[str, Any] = {"name": self.name, "kind": self.kind.value}
-        cross = {"fields": self.fields, "hash_buckets": 2} if self.kind == FeatureKind.CROSS else {}
-        defaults = FeatureSpec(name=self.name, kind=self.kind, **cross)
-        for f in dataclasses.fields(self):
-            if f.name in ("name", "kind"):
-                continue
-            value = getattr(self, f.name)
-            if value != getattr(defaults, f.name) or (
-                self.kind == FeatureKind.CROSS and f.name in ("fields", "hash_buckets")
-            ):
-                out[f.name] = value
-        if "boundaries" in out:
-            out["boundaries"] = [[n, list(bs)] for n, bs in self.boundaries]
-        return out
-
-
-@dataclasses.dataclass(frozen=True)
-class JoinSpec:
-    """A small side table joined to every batch on ``on`` (e.g. MovieLens movies.csv).
-
-    ``path`` is resolved against the directory of each data file, so one schema serves every
-    folder of a dataset laid out the same way. Side tables are read whole into memory.
-    """
-
-    path: str
-    on: str
-    delimiter: str = ","
-    columns: tuple[str, ...] | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class SourceSpec:
-    """How raw files are read: format, delimiter, header, column names, side-table joins."""
-
-    format: str = "csv"
-    delimiter: str = ","
-    header: bool = True
-    columns: tuple[str, ...] | None = None
-    joins: tuple[JoinSpec, ...] = ()
-
-    def __post_init__(self) -> None:
-        if self.format not in _FORMATS:
-            raise SchemaError(f"[source] format = {self.format!r} is not one of {list(_FORMATS)}")
-        if len(self.delimiter) != 1:
-            raise SchemaError(f"[source] delimiter must be one character, got {self.delimiter!r}")
-        if not self.header and self.format == "csv" and not self.columns:
-            raise SchemaError("[source] header = false needs `columns`, the names of the columns")
-        if self.columns is not None:
-            cols = tuple(expand_names(self.columns))
-            dup = sorted({c for c in cols if cols.count(c) > 1})
-            if dup:
-                raise SchemaError(f"[source] columns has duplicates: {dup}")
-            object.__setattr__(self, "columns", cols)
+__all__ = [
+    "MODEL_INPUT_KINDS",
+    "VALUE_KINDS",
+    "FeatureKind",
+    "FeatureSpec",
+    "JoinSpec",
+    "Schema",
+    "SchemaError",
+    "SourceSpec",
+    "expand_names",
+    "load_schema",
+    "schema_from_dict",
+    "shipped_schemas",
+]
 
 
 @dataclasses.dataclass(frozen=True)
 class Schema:
-    """A named, ordered collection of FeatureSpecs with exactly one label field."""
+    """A named, ordered collection of FeatureSpecs with one or more label fields.
+
+    Checked across fields: names are unique; there is at least one label, and a label's
+    ``defined_on`` names another label (no cycles); a sequence's ``shares_embedding_with``
+    names a categorical field and its ``aligned_with`` another sequence of the same
+    ``max_len`` (no cycles); crosses cross categorical, multi_categorical or numeric fields.
+    """
 
     name: str
     fields: tuple[FeatureSpec, ...]
@@ -343,14 +119,13 @@ class Schema:
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise SchemaError(f"schema {self.name!r}: duplicate field names {dup}")
-        labels = [f.name for f in self.fields if f.kind == FeatureKind.LABEL]
-        if len(labels) != 1:
+        if not self.labels:
             raise SchemaError(
-                f"schema {self.name!r}: expected exactly one field of kind 'label', found "
-                f"{len(labels)} ({labels})"
+                f"schema {self.name!r}: expected at least one field of kind 'label', found none"
             )
         if not any(f.is_model_input for f in self.fields):
             raise SchemaError(f"schema {self.name!r}: no categorical or numeric field to model")
+        self._check_references()
         if self.source.columns is not None:
             missing = [
                 f.column
@@ -364,7 +139,7 @@ class Schema:
                     f"schema {self.name!r}: fields read columns {missing} that [source] columns "
                     f"does not name"
                 )
-        inputs = {f.name: f for f in self.fields if f.is_model_input}
+        inputs = {f.name: f for f in self.fields if f.is_model_input and not f.is_sequence}
         for cross in self.crosses:
             bad = [n for n in cross.fields if n not in inputs]
             if bad:
@@ -379,9 +154,58 @@ class Schema:
                         f"which is {inputs[n].kind.value}, not numeric"
                     )
 
+    def _check_references(self) -> None:
+        """``shares_embedding_with``, ``aligned_with`` and ``defined_on`` name fit fields."""
+        by_name = {f.name: f for f in self.fields}
+        where = f"schema {self.name!r}"
+        for f in self.sequences:
+            target = f.shares_embedding_with
+            if target is not None and (
+                target not in by_name or by_name[target].kind != FeatureKind.CATEGORICAL
+            ):
+                found = f"a {by_name[target].kind.value} field" if target in by_name else "no field"
+                raise SchemaError(
+                    f"{where}: sequence {f.name!r} has shares_embedding_with = {target!r}, which "
+                    f"is {found}; expected a categorical field of the schema"
+                )
+            other = f.aligned_with
+            if other is None:
+                continue
+            if other not in by_name or not by_name[other].is_sequence:
+                found = f"a {by_name[other].kind.value} field" if other in by_name else "no field"
+                raise SchemaError(
+                    f"{where}: sequence {f.name!r} has aligned_with = {other!r}, which is "
+                    f"{found}; expected another sequence field of the schema"
+                )
+            if by_name[other].max_len != f.max_len:
+                raise SchemaError(
+                    f"{where}: sequence {f.name!r} (max_len {f.max_len}) is aligned_with "
+                    f"{other!r} (max_len {by_name[other].max_len}); expected the same max_len"
+                )
+        _check_acyclic(where, "aligned_with", {f.name: f.aligned_with for f in self.sequences})
+        labels = {f.name for f in self.labels}
+        for f in self.labels:
+            if f.defined_on is not None and f.defined_on not in labels:
+                raise SchemaError(
+                    f"{where}: label {f.name!r} has defined_on = {f.defined_on!r}, which is not "
+                    f"a label; expected one of {sorted(labels - {f.name})}"
+                )
+        _check_acyclic(where, "defined_on", {f.name: f.defined_on for f in self.labels})
+
     @property
     def label(self) -> FeatureSpec:
-        return next(f for f in self.fields if f.kind == FeatureKind.LABEL)
+        """The first label: the primary task."""
+        return self.labels[0]
+
+    @property
+    def labels(self) -> tuple[FeatureSpec, ...]:
+        """Every label field, in schema order (the first is the primary task)."""
+        return tuple(f for f in self.fields if f.kind == FeatureKind.LABEL)
+
+    @property
+    def sequences(self) -> tuple[FeatureSpec, ...]:
+        """Fields of kind ``sequence``, in schema order."""
+        return tuple(f for f in self.fields if f.is_sequence)
 
     @property
     def model_inputs(self) -> tuple[FeatureSpec, ...]:
@@ -404,12 +228,24 @@ class Schema:
         return [f.name for f in self.fields]
 
     def select(self, names: Iterable[str]) -> Schema:
-        """The same schema restricted to ``names`` (plus the label), in schema order."""
+        """The same schema restricted to ``names`` in schema order, plus every label and the
+        fields a kept sequence refers to (``shares_embedding_with``, ``aligned_with``)."""
         keep = set(names)
         unknown = sorted(keep - set(self.names))
         if unknown:
             raise SchemaError(f"schema {self.name!r}: unknown fields {unknown}")
-        keep.add(self.label.name)
+        keep.update(f.name for f in self.labels)
+        while True:
+            refs = {
+                r
+                for f in self.sequences
+                if f.name in keep
+                for r in (f.shares_embedding_with, f.aligned_with)
+                if r is not None
+            }
+            if refs <= keep:
+                break
+            keep |= refs
         return dataclasses.replace(self, fields=tuple(f for f in self.fields if f.name in keep))
 
     def as_parquet(self) -> Schema:
@@ -455,6 +291,19 @@ class Schema:
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(self.to_toml())
+
+
+def _check_acyclic(where: str, key: str, links: Mapping[str, str | None]) -> None:
+    """Raises SchemaError when following ``key`` from a field comes back to it."""
+    for start in links:
+        seen = [start]
+        nxt = links.get(start)
+        while nxt is not None:
+            if nxt in seen:
+                cycle = " -> ".join([*seen[seen.index(nxt) :], nxt])
+                raise SchemaError(f"{where}: {key} forms a cycle: {cycle}")
+            seen.append(nxt)
+            nxt = links.get(nxt)
 
 
 def _toml_value(v: Any) -> str:

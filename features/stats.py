@@ -11,7 +11,11 @@ and returns ``DatasetStats``:
 * numeric fields: count, missing, min, max, mean and standard deviation of the value after the
   field's ``transform``, and quantile boundaries for ``num_buckets`` from a uniform bottom-k sample
   (``sample_size`` values per field, exact when the field has fewer values);
-* the label: rows and positives.
+* sequence fields: the length distribution (mean, max, the fraction of rows longer than
+  ``max_len`` and the fraction of empty rows) and, when not shared, the vocabulary over all
+  values of all rows as for a categorical (a shared sequence uses its target's vocabulary);
+* the labels: rows and the positives of every label; for a ``defined_on`` label also the rows
+  where its parent is 1, so ``label_means_on_parent`` gives its conditional rate.
 
 ``cap_hash_tables(stats, schema)`` sizes the tables of hashed fields (``vocab = "hash"``) to
 the training data: ``hash_rows`` gives a field at most ``HASH_ROWS_PER_VALUE`` rows per distinct
@@ -37,7 +41,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from features.schema import FeatureKind, FeatureSpec, Schema
+from features.cells import sequence_lengths
+from features.schema import VALUE_KINDS, FeatureKind, FeatureSpec, Schema
 
 STATS_FILE = "stats.json"
 VOCAB_DIR = "vocab"
@@ -49,6 +54,7 @@ HASH_ROWS_PER_VALUE = 4
 #: The fewest rows a capped hashed field keeps (16k parameters at dim 16): a field with a handful
 #: of training values still has room for values the training rows did not show.
 HASH_MIN_ROWS = 1024
+_VOCAB_KINDS = tuple(k.value for k in VALUE_KINDS)
 
 
 @dataclasses.dataclass
@@ -73,6 +79,11 @@ class FieldStats:
     boundaries: list[float] = dataclasses.field(default_factory=list)
     # hashed categorical fields: the rows of the model's table (0: the schema's hash_buckets)
     hash_buckets: int = 0
+    # sequence: length distribution over all rows (empty and missing cells have length 0)
+    mean_length: float = 0.0
+    max_length: int = 0
+    frac_truncated: float = 0.0  # rows longer than max_len
+    frac_empty: float = 0.0
 
     @property
     def vocab_size(self) -> int:
@@ -88,13 +99,35 @@ class FieldStats:
 
 @dataclasses.dataclass
 class DatasetStats:
+    """Rows, the primary label's ``positives``, per-field statistics and, per label, its
+    positives (``label_positives``) and, for ``defined_on`` labels, the rows where the parent
+    label is 1 (``parent_positives``). Statistics saved without the per-label keys load with
+    them empty."""
+
     rows: int
     positives: float
     fields: dict[str, FieldStats]
+    label_positives: dict[str, float] = dataclasses.field(default_factory=dict)
+    parent_positives: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def label_mean(self) -> float:
+        """The primary label's mean."""
         return self.positives / self.rows if self.rows else 0.0
+
+    @property
+    def label_means(self) -> dict[str, float]:
+        """``{label: mean over all rows}`` (a ``defined_on`` label counts 0 where its parent is
+        0), in schema order."""
+        return {n: p / self.rows if self.rows else 0.0 for n, p in self.label_positives.items()}
+
+    @property
+    def label_means_on_parent(self) -> dict[str, float]:
+        """``{defined_on label: mean over the rows where its parent label is 1}``."""
+        return {
+            n: self.label_positives[n] / rows if rows else 0.0
+            for n, rows in self.parent_positives.items()
+        }
 
     def __getitem__(self, name: str) -> FieldStats:
         try:
@@ -111,10 +144,12 @@ class DatasetStats:
         summary = {
             "rows": self.rows,
             "positives": self.positives,
+            "label_positives": self.label_positives,
+            "parent_positives": self.parent_positives,
             "fields": {n: fs.summary() for n, fs in self.fields.items()},
         }
         for i, (name, fs) in enumerate(self.fields.items()):
-            if fs.kind in (FeatureKind.CATEGORICAL.value, FeatureKind.MULTI_CATEGORICAL.value):
+            if fs.kind in _VOCAB_KINDS:
                 fname = f"{i:03d}.parquet"
                 summary["fields"][name]["vocab_file"] = f"{VOCAB_DIR}/{fname}"
                 table = pa.table(
@@ -144,7 +179,13 @@ class DatasetStats:
                 fs.vocab = t.column("value").to_pylist()
                 fs.vocab_counts = t.column("count").to_pylist()
             fields[name] = fs
-        return cls(rows=raw["rows"], positives=raw["positives"], fields=fields)
+        return cls(
+            rows=raw["rows"],
+            positives=raw["positives"],
+            fields=fields,
+            label_positives=dict(raw.get("label_positives", {})),
+            parent_positives=dict(raw.get("parent_positives", {})),
+        )
 
 
 def hash_rows(hash_buckets: int, distinct: int) -> int:
@@ -200,13 +241,16 @@ class _CategoricalCounter:
         self.count = 0
         self.missing = 0
         self.rows_with_values = 0
+        self.lengths = _LengthCounter(spec.max_len) if spec.is_sequence else None
 
     def update(self, column: pa.Array) -> None:
         if column.type != pa.string():
             column = pc.cast(column, pa.string())
+        if self.lengths is not None:
+            self.lengths.update(sequence_lengths(column, self.spec.separator))
         nulls = column.null_count
         values = column.drop_null()
-        if self.spec.kind == FeatureKind.MULTI_CATEGORICAL:
+        if self.spec.kind in (FeatureKind.MULTI_CATEGORICAL, FeatureKind.SEQUENCE):
             empty = pc.equal(values, "")
             nulls += pc.sum(empty).as_py() or 0
             values = values.filter(pc.invert(empty))
@@ -238,8 +282,11 @@ class _CategoricalCounter:
         self._compact()
         fs = FieldStats(name=self.spec.name, kind=self.spec.kind.value)
         fs.count, fs.missing = self.count, self.missing
-        if self.spec.kind == FeatureKind.MULTI_CATEGORICAL and self.rows_with_values:
+        multi = self.spec.kind in (FeatureKind.MULTI_CATEGORICAL, FeatureKind.SEQUENCE)
+        if multi and self.rows_with_values:
             fs.mean_values_per_row = self.count / self.rows_with_values
+        if self.lengths is not None:
+            self.lengths.finish(fs)
         if not self.parts:
             return fs
         t = self.parts[0]
@@ -250,11 +297,33 @@ class _CategoricalCounter:
         t = t.filter(keep)
         if self.spec.max_vocab is not None:
             t = t.slice(0, self.spec.max_vocab)
-        if self.spec.vocab == "vocabulary":
+        if self.spec.vocab == "vocabulary" and self.spec.shares_embedding_with is None:
             fs.vocab = t.column("value").to_pylist()
             fs.vocab_counts = t.column("count").to_pylist()
             fs.oov_count = self.count - int(sum(fs.vocab_counts))
         return fs
+
+
+class _LengthCounter:
+    """The length distribution of a sequence field: sum, max, rows over ``max_len``, empty."""
+
+    def __init__(self, max_len: int):
+        self.max_len = max_len
+        self.rows = self.total = self.longest = self.over = self.empty = 0
+
+    def update(self, lengths: np.ndarray) -> None:
+        self.rows += lengths.size
+        self.total += int(lengths.sum())
+        self.longest = max(self.longest, int(lengths.max(initial=0)))
+        self.over += int((lengths > self.max_len).sum())
+        self.empty += int((lengths == 0).sum())
+
+    def finish(self, fs: FieldStats) -> None:
+        if self.rows:
+            fs.mean_length = self.total / self.rows
+            fs.frac_truncated = self.over / self.rows
+            fs.frac_empty = self.empty / self.rows
+        fs.max_length = self.longest
 
 
 class _NumericCounter:
@@ -331,21 +400,29 @@ def compute_stats(
             counters[spec.name] = _NumericCounter(spec, sample_size, seed + i)
         else:
             counters[spec.name] = _CategoricalCounter(spec)
-    label = schema.label.name
-    rows, positives = 0, 0.0
+    labels = [f.name for f in schema.labels]
+    positives = dict.fromkeys(labels, 0.0)
+    parents = {f.name: f.defined_on for f in schema.labels if f.defined_on is not None}
+    on_parent = dict.fromkeys(parents, 0.0)
+    rows = 0
     for batch in batches:
         names = batch.schema.names
-        missing = [n for n in [*counters, label] if n not in names]
+        missing = [n for n in [*counters, *labels] if n not in names]
         if missing:
             raise ValueError(f"record batch lacks fields {missing}; it has {names}")
         rows += batch.num_rows
-        positives += float(pc.sum(batch.column(label)).as_py() or 0.0)
+        for name in labels:
+            positives[name] += float(pc.sum(batch.column(name)).as_py() or 0.0)
+        for name, parent in parents.items():
+            on_parent[name] += float(pc.sum(batch.column(parent)).as_py() or 0.0)
         for name, counter in counters.items():
             counter.update(batch.column(name))
     if rows == 0:
         raise ValueError("no rows to compute statistics from")
     return DatasetStats(
         rows=rows,
-        positives=positives,
+        positives=positives[labels[0]],
         fields={name: c.finish() for name, c in counters.items()},
+        label_positives=positives,
+        parent_positives=on_parent,
     )

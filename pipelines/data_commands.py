@@ -119,8 +119,26 @@ def cmd_stats(args: argparse.Namespace) -> int:
     _print(
         f"rows: {stats.rows:,}  label mean: {stats.label_mean:.4f}  bad rows skipped: {report.bad_rows}"
     )
+    if len(stats.label_means) > 1:
+        on_parent = stats.label_means_on_parent
+        _print(
+            "  label means: "
+            + ", ".join(
+                f"{n}={m:.4f}"
+                + (f" ({on_parent[n]:.4f} where its parent is 1)" if n in on_parent else "")
+                for n, m in stats.label_means.items()
+            )
+        )
     for name, fs in stats.fields.items():
-        if fs.kind == "numeric":
+        if fs.kind == "sequence":
+            shared = schema.field(name).shares_embedding_with
+            vocab = f"shared with {shared}" if shared else f"vocab={fs.vocab_size}"
+            _print(
+                f"  {name:24s} sequence    mean length={fs.mean_length:.3g} max={fs.max_length} "
+                f"over max_len={fs.frac_truncated:.2%} empty={fs.frac_empty:.2%} "
+                f"{vocab}"
+            )
+        elif fs.kind == "numeric":
             _print(
                 f"  {name:24s} numeric  missing={fs.missing:<8d} mean={fs.mean:.4g} std={fs.std:.4g}"
             )

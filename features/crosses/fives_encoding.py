@@ -93,8 +93,9 @@ def read_table(schema: Schema, files: Sequence[Any], max_rows: int = 0) -> pa.Ta
 
 
 def searchable_fields(schema: Schema) -> list[str]:
-    """The schema's categorical, multi-categorical and numeric model inputs (not crosses)."""
-    return [f.name for f in schema.model_inputs]
+    """The schema's categorical, multi-categorical and numeric model inputs (not crosses, not
+    sequences)."""
+    return [f.name for f in schema.model_inputs if not f.is_sequence]
 
 
 def fit_encoder(
@@ -116,7 +117,7 @@ def fit_encoder(
     boundaries: dict[str, list[float]] = {}
     for name in names:
         spec = schema.field(name)
-        if not spec.is_model_input:
+        if not spec.is_model_input or spec.is_sequence:
             raise ValueError(
                 f"fives: field {name!r} is {spec.kind.value}; only categorical, "
                 f"multi_categorical and numeric fields can be crossed"

@@ -50,7 +50,7 @@ def test_defaults_by_kind():
             r"unknown keys \['vocab_size'\]",
         ),
         ({"fields": [{"name": "c", "kind": "category"}]}, "kind 'category' is not one of"),
-        ({"fields": [{"name": "c", "kind": "categorical"}]}, "exactly one field of kind 'label'"),
+        ({"fields": [{"name": "c", "kind": "categorical"}]}, "at least one field of kind 'label'"),
         (
             {"fields": [{"name": "c", "kind": "categorical"}, {"name": "c", "kind": "label"}]},
             r"duplicate field names \['c'\]",
