@@ -18,10 +18,6 @@ from features.synthetic_model import ground_truth
 from features.synthetic_sequences import draw_history, kappa
 
 CONFIG = SyntheticConfig(rows=20_000, seed=3, sequences=True, conversion=True)
-needs_sequence_schema = pytest.mark.skipif(
-    not hasattr(FeatureKind, "SEQUENCE"),
-    reason="features.schema has no FeatureKind.SEQUENCE (sequence fields and defined_on labels)",
-)
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +133,6 @@ def test_bad_settings_are_refused(kwargs: dict, pattern: str) -> None:
         SyntheticConfig(**kwargs)
 
 
-@needs_sequence_schema
 def test_written_dataset_has_the_sequence_schema_and_per_task_oracle_aucs(tmp_path) -> None:
     config = SyntheticConfig(rows=6_000, seed=3, sequences=True, conversion=True)
     summary = write_dataset(config, tmp_path)

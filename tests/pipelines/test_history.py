@@ -14,7 +14,7 @@ import pytest
 
 from features.history import HistorySpec, add_history
 from features.read_report import DataError
-from features.schema import FeatureKind, load_schema
+from features.schema import load_schema
 from pipelines.cli import main
 from tests.conftest import ROOT, shared_data_dir
 
@@ -183,10 +183,6 @@ def test_shipped_schema_names_the_written_columns(tmp_path: Path) -> None:
     assert {f.get("column", name) for name, f in fields.items()} <= header
 
 
-@pytest.mark.skipif(
-    not hasattr(FeatureKind, "SEQUENCE"),
-    reason="features.schema has no FeatureKind.SEQUENCE (sequence fields and defined_on labels)",
-)
 def test_shipped_schema_loads() -> None:
     schema = load_schema("movielens_history")
     assert [f.name for f in schema.labels] == ["click", "love"]
