@@ -21,7 +21,8 @@ from features.schema import FeatureKind, FeatureSpec, Schema, load_schema
 from features.stats import DatasetStats
 from pipelines.config import ConfigError, PipelineConfig
 from pipelines.run.paths import Log, RunPaths
-from ranking.models import RankingModel, build_model, planned_method
+from ranking.config import ModelConfig
+from ranking.models import ClickModel, RankingModel, build_model, planned_method
 from ranking.pair_stats import PairStatsGNN, PairStatsTable
 
 #: ``[train] optimizer`` names and the Keras optimizers they make. ``ftrl`` (FTRL-proximal,
@@ -48,8 +49,40 @@ def initial_bias(stats: DatasetStats) -> float:
     return math.log(p / (1 - p))
 
 
-def build_run_model(cfg: PipelineConfig, schema: Schema, stats: DatasetStats) -> RankingModel:
-    """The ranking model of ``cfg`` over ``schema`` (its preprocessor from ``stats``)."""
+def check_tasks(model: ModelConfig, schema: Schema) -> None:
+    """Raises ConfigError unless every ``[model] tasks`` label is a label of ``schema``, task 0
+    reads the schema's first label (the primary task, which evaluation and selection score),
+    and a task ``defined_on`` another reads the label its schema label is defined on (when
+    the schema says)."""
+    if not model.tasks:
+        return
+    labels = {f.name: f for f in schema.labels}
+    by_name = {t.name: t for t in model.tasks}
+    for i, task in enumerate(model.tasks):
+        where = f"[model] tasks[{i}] ({task.name!r})"
+        if task.label not in labels:
+            raise ConfigError(
+                f"{where}: label {task.label!r} is not a label of schema {schema.name!r}; its "
+                f"labels: {list(labels)}"
+            )
+        parent = by_name[task.defined_on].label if task.defined_on is not None else None
+        declared = labels[task.label].defined_on
+        if parent is not None and declared is not None and declared != parent:
+            raise ConfigError(
+                f"{where}: defined_on task {task.defined_on!r} reads label {parent!r}, but the "
+                f"schema defines label {task.label!r} on {declared!r}"
+            )
+    if model.tasks[0].label != schema.label.name:
+        raise ConfigError(
+            f"[model] tasks[0] ({model.tasks[0].name!r}) is the primary task and must read the "
+            f"schema's first label {schema.label.name!r}, got {model.tasks[0].label!r}"
+        )
+
+
+def build_run_model(cfg: PipelineConfig, schema: Schema, stats: DatasetStats) -> ClickModel:
+    """The ranking model of ``cfg`` over ``schema`` (its preprocessor from ``stats``); a
+    multi-task one with ``[model] tasks`` (checked against the schema's labels)."""
+    check_tasks(cfg.model, schema)
     categorical = [
         f.name
         for f in schema.model_inputs
@@ -78,6 +111,7 @@ def build_run_model(cfg: PipelineConfig, schema: Schema, stats: DatasetStats) ->
         counts=counts,
         initial_bias=initial_bias(stats),
         dense_blocks=pair_stats_blocks(cfg),
+        label_means=dict(stats.label_means) if cfg.model.tasks else None,
     )
 
 
