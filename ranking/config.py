@@ -81,8 +81,8 @@ def check_tasks(tasks: tuple[TaskConfig, ...], kind: str) -> None:
         if task.defined_on is not None and task.defined_on not in seen:
             where = "a later task" if task.defined_on in {t.name for t in tasks} else "no task"
             raise ValueError(
-                f"tasks: task {task.name!r} has defined_on = {task.defined_on!r}, {where}; "
-                f"defined_on names an earlier task of {seen}"
+                f"tasks: task {task.name!r}: defined_on = {task.defined_on!r} names {where}; "
+                f"it must name an earlier task, one of {seen}"
             )
         seen.append(task.name)
     if kind == "esmm":
