@@ -23,6 +23,7 @@ from pipelines.config import ConfigError, PipelineConfig
 from pipelines.run.paths import Log, RunPaths
 from ranking.config import ModelConfig
 from ranking.models import ClickModel, RankingModel, build_model, planned_method
+from ranking.multitask import MultiTaskModel
 from ranking.pair_stats import PairStatsGNN, PairStatsTable
 
 #: ``[train] optimizer`` names and the Keras optimizers they make. ``ftrl`` (FTRL-proximal,
@@ -167,8 +168,9 @@ def pair_stats_layer(ps: Any, output_dir: str) -> Any:
     return PairStatsGNN.from_artifact(PCFArtifact.load(directory), pairs, output=ps.output)
 
 
-def warm_start(model: RankingModel, run_dir: str, log: Log) -> None:
-    """Copies a trained run's weights into ``model`` (built, same fields and architecture).
+def warm_start(model: ClickModel, run_dir: str, log: Log) -> None:
+    """Copies a trained run's weights into ``model`` (built, same fields and architecture; a
+    multi-task model from a multi-task run: its interaction, head and towers).
 
     Embedding layers of the same class copy all their weights; an AMTL layer replacing a full
     table takes the trained table (``warm_start_from``) and starts at full length, so training
@@ -176,7 +178,15 @@ def warm_start(model: RankingModel, run_dir: str, log: Log) -> None:
     """
 
     source, _, ckpt = load_trained_model(run_dir)
-    for part in ("interaction", "tower", "head", "wide"):
+    multitask = isinstance(model, MultiTaskModel)
+    if multitask != isinstance(source, MultiTaskModel):
+        raise ValueError(
+            f"warm_start {run_dir}: one model is multi-task ([model] tasks), the other not"
+        )
+    parts = (
+        ("interaction", "head", "towers") if multitask else ("interaction", "tower", "head", "wide")
+    )
+    for part in parts:
         dst, src = getattr(model, part), getattr(source, part)
         if (dst is None) != (src is None):
             raise ValueError(f"warm_start {run_dir}: the models differ in their {part!r} block")
@@ -190,11 +200,12 @@ def warm_start(model: RankingModel, run_dir: str, log: Log) -> None:
                 dst.set_weights(src.get_weights())
             except ValueError as e:
                 raise ValueError(f"warm_start {run_dir}: {part!r} differs: {e}") from None
-    if model.wide is not None:
+    if not multitask and model.wide is not None:
         _copy_embeddings(model.wide.field_weights, source.wide.field_weights, run_dir)
     if model.embedding is not None:
         _copy_embeddings(model.embedding, source.embedding, run_dir)
-    model.bias.assign(source.bias)
+    if not multitask:
+        model.bias.assign(source.bias)
     log(f"warm start from {ckpt}")
 
 

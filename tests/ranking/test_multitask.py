@@ -10,6 +10,7 @@ from features.dataset import make_dataset
 from features.preprocessing import build_preprocessor
 from features.schema import load_schema
 from features.stats import compute_stats
+from pipelines.run.model import load_trained_model, save_model, warm_start
 from pipelines.run.step import make_train_step
 from ranking.blocks import MLP, ConcatInteraction, CrossInteraction, FMInteraction
 from ranking.config import ModelConfig, TaskConfig
@@ -248,3 +249,20 @@ def test_the_mirrored_step_matches_the_one_process_step(tiny):
     rows = tf.constant(250, tf.int64)  # one replica: its rows are the global batch
     got = [float(step((b, rows))) for b in batches[:2]]
     np.testing.assert_allclose(got, one, rtol=1e-5)
+
+
+def test_a_saved_run_model_restores_and_warm_starts(tiny, tmp_path):
+    model = _model(tiny, "mmoe")
+    features = tiny[2][0]
+    model.set_weights([w + 0.1 for w in model.get_weights()])  # away from the initial ones
+    want = model(features).numpy()
+    save_model(model, tiny[0], tmp_path / "run")
+    restored, _, _ = load_trained_model(tmp_path / "run")  # model.json + checkpoint
+    np.testing.assert_allclose(restored(features).numpy(), want, rtol=1e-6, atol=1e-6)
+    fresh = _model(tiny, "mmoe")
+    warm_start(fresh, str(tmp_path / "run"), lambda _: None)
+    np.testing.assert_allclose(fresh(features).numpy(), want, rtol=1e-6, atol=1e-6)
+    single = build_model(ModelConfig(type="dnn", mlp=(4,)), fresh.preprocessor, "label")
+    single(features)
+    with pytest.raises(ValueError, match="one model is multi-task"):
+        warm_start(single, str(tmp_path / "run"), lambda _: None)
