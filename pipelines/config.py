@@ -18,6 +18,10 @@
     type = "dcn_v2"
     embedding_dim = 16
     mlp = [256, 128]
+    # multi-task (ranking.multitask): task 0 is the primary task, the schema's first label
+    # tasks = [{name = "click", label = "click"},
+    #          {name = "buy", label = "buy", defined_on = "click", weight = 0.5}]
+    # multitask = "esmm"                # shared_bottom | mmoe | ple | esmm
 
     [train]                             # the defaults
     batch_size = 256
@@ -435,8 +439,18 @@ class PipelineConfig:
             lines += ["", f"[{section}]"]
             for k, v in values.items():
                 if v is not None:
-                    lines.append(f"{k} = {_toml_value(v)}")
+                    lines.append(f"{k} = {_toml_value(_without_none(v))}")
         return "\n".join(lines) + "\n"
+
+
+def _without_none(value: Any) -> Any:
+    """``value`` with the None entries of its tables (at any depth) left out: TOML has no null,
+    and an absent key reads back as the field's None default (``[model] tasks``)."""
+    if isinstance(value, dict):
+        return {k: _without_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list | tuple):
+        return [_without_none(v) for v in value]
+    return value
 
 
 def set_path(data: dict[str, Any], dotted: str, value: Any) -> None:

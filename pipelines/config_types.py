@@ -3,8 +3,9 @@
 ``check_values(cls, values)`` compares each TOML value with its field's annotation, read with
 ``typing.get_type_hints``: ``int`` (not a boolean), ``float`` (an integer too), ``bool`` (only
 ``true``/``false``), ``str``, ``tuple[X, ...]`` / ``list[X]`` (a TOML array of X),
-``tuple[X, Y]`` (an array of exactly those), ``dict[K, V]`` / ``dict`` (a TOML table), unions
-and ``Optional``. It runs before the dataclass is built, so ``mlp = "64"`` or
+``tuple[X, Y]`` (an array of exactly those), ``dict[K, V]`` / ``dict`` (a TOML table), a
+dataclass (a TOML table whose known keys fit its fields; unknown and missing keys are the
+dataclass builder's to report), unions and ``Optional``. It runs before the dataclass is built, so ``mlp = "64"`` or
 ``deterministic = "false"`` never reach a ``__post_init__`` that would read them loosely.
 """
 
@@ -52,6 +53,13 @@ def matches(tp: Any, value: Any) -> bool:
         return isinstance(value, int | float) and not isinstance(value, bool)
     if tp is str:
         return isinstance(value, str)
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return True
+        types_ = field_types(tp)
+        return isinstance(value, Mapping) and all(
+            matches(types_[k], v) for k, v in value.items() if k in types_
+        )
     origin, args = typing.get_origin(tp) or tp, typing.get_args(tp)
     if origin in (tuple, list):
         if not isinstance(value, list | tuple):
@@ -75,6 +83,9 @@ def describe(tp: Any, plural: bool = False) -> str:
         return " or ".join(parts)
     if tp in _NAMES:
         return _NAMES[tp][plural]
+    if dataclasses.is_dataclass(tp):
+        keys = ", ".join(f.name for f in dataclasses.fields(tp))
+        return f"tables {{{keys}}}" if plural else f"a table {{{keys}}}"
     origin, args = typing.get_origin(tp) or tp, typing.get_args(tp)
     if origin in (tuple, list):
         if origin is tuple and args and args[-1] is not Ellipsis:

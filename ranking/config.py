@@ -3,9 +3,96 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from typing import Any
 
 MODEL_TYPES = ("lr", "fm", "dnn", "dcn_v2")
 EMBEDDING_METHOD_NAMES = ("full", "hashing", "qr", "bh", "amtl")
+MULTITASK_KINDS = ("shared_bottom", "mmoe", "ple", "esmm")
+EXPERT_LAYER_KINDS = ("mlp", "moe")
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskConfig:
+    """One task of a multi-task model (``ModelConfig.tasks``).
+
+    Attributes:
+      name: the task's name (unique among the tasks); names the model's output column.
+      label: the schema label the task is trained on.
+      weight: the task's weight in the summed loss ``sum_k weight_k * loss_k``.
+      defined_on: the name of an earlier task: this task's label is only defined where that
+        task's label is 1 (conversion after click). Under ``multitask = "esmm"`` the second task
+        is trained on every row as pCTCVR; under the other heads its loss counts only the rows
+        whose parent label is 1.
+    """
+
+    name: str
+    label: str
+    weight: float = 1.0
+    defined_on: str | None = None
+
+    def __post_init__(self) -> None:
+        for key in ("name", "label"):
+            value = getattr(self, key)
+            if not isinstance(value, str) or not value:
+                raise ValueError(f"task {key} must be a non-empty string, got {value!r}")
+        if isinstance(self.weight, bool) or not isinstance(self.weight, int | float):
+            raise ValueError(f"task {self.name!r}: weight must be a number, got {self.weight!r}")
+        if not 0 <= self.weight < float("inf"):
+            raise ValueError(
+                f"task {self.name!r}: weight must be a finite number >= 0, got {self.weight!r}"
+            )
+        object.__setattr__(self, "weight", float(self.weight))
+        if self.defined_on is not None and not isinstance(self.defined_on, str):
+            raise ValueError(
+                f"task {self.name!r}: defined_on must be a task name, got {self.defined_on!r}"
+            )
+        if self.defined_on == self.name:
+            raise ValueError(f"task {self.name!r}: defined_on names the task itself")
+
+
+def tasks_of(values: Any) -> tuple[TaskConfig, ...]:
+    """``ModelConfig.tasks`` as TaskConfigs (a mapping becomes one: ``{name = ..., ...}``)."""
+    if isinstance(values, str | Mapping) or not isinstance(values, list | tuple):
+        raise ValueError(f"tasks must be a list of tasks, got {values!r}")
+    tasks = []
+    for i, task in enumerate(values):
+        if isinstance(task, Mapping):
+            allowed = {f.name for f in dataclasses.fields(TaskConfig)}
+            unknown = sorted(set(task) - allowed)
+            missing = sorted({"name", "label"} - set(task))
+            if unknown or missing:
+                problem = f"unknown keys {unknown}" if unknown else f"missing keys {missing}"
+                raise ValueError(f"tasks[{i}]: {problem}; keys: {sorted(allowed)}")
+            task = TaskConfig(**task)
+        elif not isinstance(task, TaskConfig):
+            raise ValueError(f"tasks[{i}] must be a table of name, label, ..., got {task!r}")
+        tasks.append(task)
+    return tuple(tasks)
+
+
+def check_tasks(tasks: tuple[TaskConfig, ...], kind: str) -> None:
+    """Raises ValueError for duplicate names, a ``defined_on`` that names no earlier task, or
+    tasks that ``kind`` cannot train."""
+    seen: list[str] = []
+    for task in tasks:
+        if task.name in seen:
+            raise ValueError(f"tasks: two tasks are named {task.name!r}")
+        if task.defined_on is not None and task.defined_on not in seen:
+            where = "a later task" if task.defined_on in {t.name for t in tasks} else "no task"
+            raise ValueError(
+                f"tasks: task {task.name!r}: defined_on = {task.defined_on!r} names {where}; "
+                f"it must name an earlier task, one of {seen}"
+            )
+        seen.append(task.name)
+    if kind == "esmm":
+        shape_ok = len(tasks) == 2 and tasks[1].defined_on == tasks[0].name
+        if tasks and not shape_ok:
+            raise ValueError(
+                "multitask = 'esmm' needs exactly two tasks, the second defined_on the first "
+                f"(click, then conversion after click), got {[t.name for t in tasks]} with "
+                f"defined_on {[t.defined_on for t in tasks]}"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +125,24 @@ class ModelConfig:
         (``options_for_ratio`` of its method); explicit ``embedding_options`` win.
       compress_min_rows: fields with fewer rows keep full tables whatever their method (their
         table costs little; compressing it only loses accuracy).
+      tasks: the tasks of a multi-task model (``TaskConfig``; task 0 is the primary task). Empty:
+        the single-task model of ``type``. With tasks, ``type`` picks the interaction over the
+        embeddings (``dnn``: concatenation, ``dcn_v2``: cross network, ``fm``: FM term; not
+        ``lr``) and ``multitask`` the head over it (``ranking.multitask``); ``mlp`` is unused.
+      multitask: the multi-task head: ``shared_bottom`` (one shared MLP of ``expert_mlp``),
+        ``mmoe`` (``num_experts`` experts, one softmax gate per task), ``ple`` (per task
+        ``num_experts`` own experts plus ``shared_experts`` shared ones, ``ple_levels``
+        extraction layers) or ``esmm`` (two tasks, click then conversion defined_on it: pCTR and
+        pCVR towers over the shared interaction, the second output pCTCVR = pCTR * pCVR).
+      num_experts: experts of ``mmoe``; task-specific experts per task of ``ple``.
+      expert_mlp: hidden sizes of each expert (the shared MLP of ``shared_bottom``).
+      tower_mlp: hidden sizes of each task's tower before its logit (empty: the logit layer
+        alone).
+      shared_experts: shared experts of each ``ple`` extraction layer.
+      ple_levels: extraction layers of ``ple`` (1: Customized Gate Control alone).
+      expert_layer: what an expert is: ``mlp`` (an MLP of ``expert_mlp``) or ``moe`` (a sparse
+        mixture-of-experts layer of ``ranking.moe``, ``moe_top_k`` / ``moe_prototypes`` /
+        ``moe_capacity_factor``).
     """
 
     type: str = "dcn_v2"
@@ -54,10 +159,25 @@ class ModelConfig:
     embedding_options: dict[str, dict] = dataclasses.field(default_factory=dict)
     embedding_compression: float = 1.0
     compress_min_rows: int = 1000
+    tasks: tuple[TaskConfig, ...] = dataclasses.field(
+        default=(),
+        metadata={"expected": "a list of tables {name, label, weight, defined_on}"},
+    )
+    multitask: str = "shared_bottom"
+    num_experts: int = 4
+    expert_mlp: tuple[int, ...] = (128,)
+    tower_mlp: tuple[int, ...] = (64,)
+    shared_experts: int = 1
+    ple_levels: int = 1
+    expert_layer: str = "mlp"
+    moe_top_k: int = 1
+    moe_prototypes: int = 1
+    moe_capacity_factor: float = 1.25
 
     def __post_init__(self) -> None:
         if self.type not in MODEL_TYPES:
             raise ValueError(f"model type {self.type!r} is not one of {list(MODEL_TYPES)}")
+        self._check_multitask()
         if self.embedding_dim < 1:
             raise ValueError(f"embedding_dim must be >= 1, got {self.embedding_dim}")
         if isinstance(self.mlp, str):
@@ -97,6 +217,41 @@ class ModelConfig:
             )
         if self.compress_min_rows < 1:
             raise ValueError(f"compress_min_rows must be >= 1, got {self.compress_min_rows}")
+
+    def _check_multitask(self) -> None:
+        """Validates (and normalizes) ``tasks`` and the multi-task options."""
+        object.__setattr__(self, "tasks", tasks_of(self.tasks))
+        if self.multitask not in MULTITASK_KINDS:
+            raise ValueError(f"multitask {self.multitask!r} is not one of {list(MULTITASK_KINDS)}")
+        if self.expert_layer not in EXPERT_LAYER_KINDS:
+            raise ValueError(
+                f"expert_layer {self.expert_layer!r} is not one of {list(EXPERT_LAYER_KINDS)}"
+            )
+        for key in ("expert_mlp", "tower_mlp"):
+            value = getattr(self, key)
+            if isinstance(value, str) or any(isinstance(u, bool) for u in value):
+                raise ValueError(f"{key} must be a list of integers, got {value!r}")
+            object.__setattr__(self, key, tuple(int(u) for u in value))
+            if any(u < 1 for u in getattr(self, key)):
+                raise ValueError(f"{key} sizes must be >= 1, got {list(getattr(self, key))}")
+        if not self.expert_mlp:
+            raise ValueError("expert_mlp must be a non-empty list of sizes")
+        for key, lo in (
+            ("num_experts", 1),
+            ("shared_experts", 0),
+            ("ple_levels", 1),
+            ("moe_top_k", 1),
+            ("moe_prototypes", 1),
+        ):
+            if getattr(self, key) < lo:
+                raise ValueError(f"{key} must be >= {lo}, got {getattr(self, key)}")
+        if not self.moe_capacity_factor > 0:
+            raise ValueError(f"moe_capacity_factor must be > 0, got {self.moe_capacity_factor!r}")
+        check_tasks(self.tasks, self.multitask)
+        if self.tasks and self.type == "lr":
+            raise ValueError(
+                "model type 'lr' has no multi-task form; with tasks use dnn, dcn_v2 or fm"
+            )
 
     def method_of(self, field: str) -> str:
         """The embedding method of a categorical field."""

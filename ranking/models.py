@@ -57,11 +57,30 @@ def ranking_task() -> tfrs.tasks.Ranking:
 
 
 class ClickModel(tfrs.models.Model):
-    """Base of the click models: ``call`` gives logits ``[batch]``; the tfrs task in
-    ``self.task`` owns the loss on ``features[self.label]`` and the metrics."""
+    """Base of the click models: ``call`` gives logits, ``[batch]`` for one task or
+    ``[batch, T]`` for ``T`` tasks (``ranking.multitask``); the loss is ``task_loss`` on
+    ``labels_of(features)``, and the tfrs task in ``self.task`` keeps the metrics of the primary
+    task (``primary``).
+
+    A single-task model has one task, named after its label ``self.label``.
+    """
 
     label: str
     task: tfrs.tasks.Ranking
+
+    @property
+    def task_names(self) -> list[str]:
+        """The tasks' names, in the order of the logits' columns (one task: its label)."""
+        return [self.label]
+
+    def labels_of(self, features: dict[str, tf.Tensor]) -> tf.Tensor:
+        """The labels of a batch, in the shape of the logits: ``features[self.label]``."""
+        return features[self.label]
+
+    @staticmethod
+    def primary(x: tf.Tensor) -> tf.Tensor:
+        """The primary task's column: ``x[:, 0]`` of ``[batch, T]`` values, ``x`` of ``[batch]``."""
+        return x[:, 0] if x.shape.rank == 2 else x
 
     def task_loss(self, labels: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
         """The task's loss of ``logits`` ``[batch]`` against ``labels`` ``[batch]``: the mean
@@ -71,14 +90,18 @@ class ClickModel(tfrs.models.Model):
 
     def compute_loss(self, features: dict[str, tf.Tensor], training: bool = False) -> tf.Tensor:
         """The tfrs ``Model`` contract (Keras ``fit``/``evaluate``): the task loss of the batch;
-        outside training the task's metrics are updated too."""
+        outside training the task's metrics are updated too, on the primary task."""
         logits = self(features, training=training)
+        labels = self.labels_of(features)
         if training:
-            return self.task_loss(features[self.label], logits)
-        return self.task(labels=features[self.label], predictions=logits, compute_metrics=True)
+            return self.task_loss(labels, logits)
+        primary = self.task(
+            labels=self.primary(labels), predictions=self.primary(logits), compute_metrics=True
+        )
+        return primary if logits.shape.rank == 1 else self.task_loss(labels, logits)
 
     def score(self, features: dict[str, tf.Tensor]) -> tf.Tensor:
-        """Click probabilities ``[batch]``."""
+        """Click probabilities, in the shape of the logits."""
         return tf.sigmoid(self(features, training=False))
 
 
@@ -304,8 +327,11 @@ def build_model(
     counts: dict[str, list[int]] | None = None,
     initial_bias: float = 0.0,
     dense_blocks: list[tf.keras.layers.Layer] | None = None,
-) -> RankingModel:
-    """Builds ``config.type`` around ``preprocessor`` (a ``FeaturePreprocessor``).
+    label_means: dict[str, float] | None = None,
+) -> ClickModel:
+    """Builds ``config.type`` around ``preprocessor`` (a ``FeaturePreprocessor``); with
+    ``config.tasks`` the multi-task model of ``ranking.multitask.build_multitask_model``
+    (``label`` then unused: the tasks name their labels).
 
     Args:
       field_dims: per-field embedding dimensions overriding ``config.embedding_dim``.
@@ -314,6 +340,8 @@ def build_model(
       initial_bias: starting logit bias, e.g. log(p / (1 - p)) of the training click rate.
       dense_blocks: extra dense inputs computed from raw features (``RankingModel``); each has
         ``output_dim`` columns, fed wherever the numeric features go.
+      label_means: ``{label: training mean}`` of every task's label, the multi-task towers'
+        starting biases (``initial_bias`` is the single-task model's).
     """
     rows = preprocessor.embedded_fields
     dense_blocks = list(dense_blocks or [])
@@ -325,6 +353,19 @@ def build_model(
         raise ValueError(
             f"embedding_methods names fields {unknown} that are not categorical embedded fields; "
             f"those are: {preprocessor.categorical_fields}"
+        )
+    if config.tasks:
+        # ranking.multitask builds on this module's ClickModel: imported here, not at the top
+        from ranking.multitask import build_multitask_model
+
+        return build_multitask_model(
+            config,
+            preprocessor,
+            field_dims=field_dims,
+            field_combiners=combiners,
+            counts=counts,
+            label_means=label_means,
+            dense_blocks=dense_blocks,
         )
     sum_all = {name: "sum" for name in rows}
     wide_tables = embedding_tables(config, preprocessor, lambda _: 1, sum_all, wide=True)

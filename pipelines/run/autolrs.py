@@ -525,13 +525,14 @@ def validation_loss_fn(
     model: tf.keras.Model, batches: Sequence[Mapping[str, tf.Tensor]], label: str
 ) -> ValLossFn:
     """``val_loss_fn`` of a ranking model: the row-weighted mean ``model.task_loss`` of its
-    inference logits over ``batches`` (a fixed held-out slice of the training data)."""
+    inference logits against ``model.labels_of(features)`` over ``batches`` (a fixed held-out
+    slice of the training data); ``label`` (a ``[batch]`` column) counts the rows."""
 
     @tf.function
     def batch_loss(features: Mapping[str, tf.Tensor]) -> tuple[tf.Tensor, tf.Tensor]:
-        labels = features[label]
-        rows = tf.cast(tf.shape(labels)[0], tf.float32)
-        return model.task_loss(labels, model(features, training=False)) * rows, rows
+        rows = tf.cast(tf.shape(features[label])[0], tf.float32)
+        logits = model(features, training=False)
+        return model.task_loss(model.labels_of(features), logits) * rows, rows
 
     def val_loss() -> float:
         total, rows = 0.0, 0.0

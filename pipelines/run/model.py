@@ -21,7 +21,9 @@ from features.schema import FeatureKind, FeatureSpec, Schema, load_schema
 from features.stats import DatasetStats
 from pipelines.config import ConfigError, PipelineConfig
 from pipelines.run.paths import Log, RunPaths
-from ranking.models import RankingModel, build_model, planned_method
+from ranking.config import ModelConfig
+from ranking.models import ClickModel, RankingModel, build_model, planned_method
+from ranking.multitask import MultiTaskModel
 from ranking.pair_stats import PairStatsGNN, PairStatsTable
 
 #: ``[train] optimizer`` names and the Keras optimizers they make. ``ftrl`` (FTRL-proximal,
@@ -48,8 +50,40 @@ def initial_bias(stats: DatasetStats) -> float:
     return math.log(p / (1 - p))
 
 
-def build_run_model(cfg: PipelineConfig, schema: Schema, stats: DatasetStats) -> RankingModel:
-    """The ranking model of ``cfg`` over ``schema`` (its preprocessor from ``stats``)."""
+def check_tasks(model: ModelConfig, schema: Schema) -> None:
+    """Raises ConfigError unless every ``[model] tasks`` label is a label of ``schema``, task 0
+    reads the schema's first label (the primary task, which evaluation and selection score),
+    and a task ``defined_on`` another reads the label its schema label is defined on (when
+    the schema says)."""
+    if not model.tasks:
+        return
+    labels = {f.name: f for f in schema.labels}
+    by_name = {t.name: t for t in model.tasks}
+    for i, task in enumerate(model.tasks):
+        where = f"[model] tasks[{i}] ({task.name!r})"
+        if task.label not in labels:
+            raise ConfigError(
+                f"{where}: label {task.label!r} is not a label of schema {schema.name!r}; its "
+                f"labels: {list(labels)}"
+            )
+        parent = by_name[task.defined_on].label if task.defined_on is not None else None
+        declared = labels[task.label].defined_on
+        if parent is not None and declared is not None and declared != parent:
+            raise ConfigError(
+                f"{where}: defined_on task {task.defined_on!r} reads label {parent!r}, but the "
+                f"schema defines label {task.label!r} on {declared!r}"
+            )
+    if model.tasks[0].label != schema.label.name:
+        raise ConfigError(
+            f"[model] tasks[0] ({model.tasks[0].name!r}) is the primary task and must read the "
+            f"schema's first label {schema.label.name!r}, got {model.tasks[0].label!r}"
+        )
+
+
+def build_run_model(cfg: PipelineConfig, schema: Schema, stats: DatasetStats) -> ClickModel:
+    """The ranking model of ``cfg`` over ``schema`` (its preprocessor from ``stats``); a
+    multi-task one with ``[model] tasks`` (checked against the schema's labels)."""
+    check_tasks(cfg.model, schema)
     categorical = [
         f.name
         for f in schema.model_inputs
@@ -78,6 +112,7 @@ def build_run_model(cfg: PipelineConfig, schema: Schema, stats: DatasetStats) ->
         counts=counts,
         initial_bias=initial_bias(stats),
         dense_blocks=pair_stats_blocks(cfg),
+        label_means=dict(stats.label_means) if cfg.model.tasks else None,
     )
 
 
@@ -133,8 +168,9 @@ def pair_stats_layer(ps: Any, output_dir: str) -> Any:
     return PairStatsGNN.from_artifact(PCFArtifact.load(directory), pairs, output=ps.output)
 
 
-def warm_start(model: RankingModel, run_dir: str, log: Log) -> None:
-    """Copies a trained run's weights into ``model`` (built, same fields and architecture).
+def warm_start(model: ClickModel, run_dir: str, log: Log) -> None:
+    """Copies a trained run's weights into ``model`` (built, same fields and architecture; a
+    multi-task model from a multi-task run: its interaction, head and towers).
 
     Embedding layers of the same class copy all their weights; an AMTL layer replacing a full
     table takes the trained table (``warm_start_from``) and starts at full length, so training
@@ -142,7 +178,15 @@ def warm_start(model: RankingModel, run_dir: str, log: Log) -> None:
     """
 
     source, _, ckpt = load_trained_model(run_dir)
-    for part in ("interaction", "tower", "head", "wide"):
+    multitask = isinstance(model, MultiTaskModel)
+    if multitask != isinstance(source, MultiTaskModel):
+        raise ValueError(
+            f"warm_start {run_dir}: one model is multi-task ([model] tasks), the other not"
+        )
+    parts = (
+        ("interaction", "head", "towers") if multitask else ("interaction", "tower", "head", "wide")
+    )
+    for part in parts:
         dst, src = getattr(model, part), getattr(source, part)
         if (dst is None) != (src is None):
             raise ValueError(f"warm_start {run_dir}: the models differ in their {part!r} block")
@@ -156,11 +200,12 @@ def warm_start(model: RankingModel, run_dir: str, log: Log) -> None:
                 dst.set_weights(src.get_weights())
             except ValueError as e:
                 raise ValueError(f"warm_start {run_dir}: {part!r} differs: {e}") from None
-    if model.wide is not None:
+    if not multitask and model.wide is not None:
         _copy_embeddings(model.wide.field_weights, source.wide.field_weights, run_dir)
     if model.embedding is not None:
         _copy_embeddings(model.embedding, source.embedding, run_dir)
-    model.bias.assign(source.bias)
+    if not multitask:
+        model.bias.assign(source.bias)
     log(f"warm start from {ckpt}")
 
 

@@ -11,18 +11,23 @@ import tensorflow as tf
 from features.dataset import input_signature, iter_batches
 from features.schema import Schema
 from ranking import metrics
-from ranking.models import RankingModel
+from ranking.models import ClickModel
 
 
-def make_scorer(model: RankingModel, schema: Schema) -> Callable[[dict], tf.Tensor]:
-    """``model.score`` as one tf.function over the schema's raw inputs (traced once)."""
-    return tf.function(model.score, input_signature=[input_signature(schema.model_inputs)])
-
-
-def make_logit_scorer(model: RankingModel, schema: Schema) -> Callable[[dict], tf.Tensor]:
-    """``model``'s logits (inference mode) as one tf.function over the schema's raw inputs."""
+def make_scorer(model: ClickModel, schema: Schema) -> Callable[[dict], tf.Tensor]:
+    """``model.score`` of the primary task (``model.primary``), ``[batch]``, as one tf.function
+    over the schema's raw inputs (traced once)."""
     return tf.function(
-        lambda features: model(features, training=False),
+        lambda features: model.primary(model.score(features)),
+        input_signature=[input_signature(schema.model_inputs)],
+    )
+
+
+def make_logit_scorer(model: ClickModel, schema: Schema) -> Callable[[dict], tf.Tensor]:
+    """``model``'s logits of the primary task (inference mode), ``[batch]``, as one
+    tf.function over the schema's raw inputs."""
+    return tf.function(
+        lambda features: model.primary(model(features, training=False)),
         input_signature=[input_signature(schema.model_inputs)],
     )
 

@@ -1,6 +1,7 @@
-"""The one training step: the model's task loss (``ClickModel.task_loss``: its
-``tfrs.tasks.Ranking``, mean binary cross-entropy on logits) plus its added losses (embedding L2, FSCD's penalty), one optimizer
-update. ``stitchrec train`` (one process, multi-worker mirrored, parameter servers), the
+"""The one training step: the model's task loss (``ClickModel.task_loss`` of
+``model.labels_of(features)``: mean binary cross-entropy on logits, a multi-task model's
+weighted sum over its tasks) plus its added losses (embedding L2, FSCD's penalty), one
+optimizer update. ``stitchrec train`` (one process, multi-worker mirrored, parameter servers), the
 pre-ranking stages and the benchmarks all train with it.
 
 Under a ``tf.distribute`` strategy:
@@ -74,25 +75,25 @@ def make_train_step(
     gates: Sequence[tf.Variable] = (),
     gate_optimizer: tf.keras.optimizers.Optimizer | None = None,
 ) -> Callable[[Any], Any]:
-    """One training step of ``model`` on a batch ``{field: [batch]}`` (labels under
-    ``model.label``) as a tf.function; returns the batch's mean task loss (the added losses
-    enter the gradient, not the result).
+    """One training step of ``model`` on a batch ``{field: [batch]}`` (labels
+    ``model.labels_of(batch)``, ``[batch]`` or ``[batch, T]`` for a multi-task model) as a
+    tf.function; returns the batch's mean task loss (the added losses enter the gradient, not
+    the result).
 
     ``element_spec`` (one process): the batch's ``tf.TensorSpec``s, traced once.
     ``loss_metric`` and ``auc_metric``, when given, are updated with the loss and the
-    probabilities. ``strategy``: see the module docstring. ``gates``/``gate_optimizer``: see
+    probabilities of the primary task (``model.primary``). ``strategy``: see the module docstring. ``gates``/``gate_optimizer``: see
     ``optimizer_step``.
     """
-    label = model.label
 
     def update_metrics(loss: tf.Tensor, labels: tf.Tensor, logits: tf.Tensor, **weight) -> None:
         if loss_metric is not None:
             loss_metric.update_state(loss, **weight)
         if auc_metric is not None:
-            auc_metric.update_state(labels, tf.sigmoid(logits))
+            auc_metric.update_state(model.primary(labels), tf.sigmoid(model.primary(logits)))
 
     def whole_batch(features: dict[str, tf.Tensor]) -> tf.Tensor:
-        y = features[label]
+        y = model.labels_of(features)
         loss, logits = optimizer_step(
             model,
             optimizer,
@@ -117,7 +118,7 @@ def make_train_step(
     replicas = strategy.num_replicas_in_sync
 
     def replica_step(features: dict[str, tf.Tensor], rows: tf.Tensor) -> tf.Tensor:
-        y = features[label]
+        y = model.labels_of(features)
         n = tf.cast(tf.shape(y)[0], tf.float32)
         share = n / tf.cast(rows, tf.float32)
         loss, logits = optimizer_step(

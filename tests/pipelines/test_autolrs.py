@@ -232,6 +232,9 @@ class _Ranker(tf.keras.Model):
     def call(self, features, training=False):
         return self.dense(features["x"])
 
+    def labels_of(self, features):
+        return features[self.label]
+
     def task_loss(self, labels, logits):
         return tf.reduce_mean(
             tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits[:, 0])

@@ -2,8 +2,10 @@ from pathlib import Path
 
 import pytest
 
+from features.schema import Schema, load_schema
 from pipelines.config import EPOCHS_BOUND, ConfigError, TrainConfig, load_config, parse_override
-from pipelines.run.model import make_optimizer
+from pipelines.run.model import check_tasks, make_optimizer
+from ranking.config import ModelConfig, TaskConfig
 
 CONFIG = """
 output_dir = "runs/x"
@@ -203,3 +205,80 @@ def test_epochs_default_is_a_bound_where_validation_ends_the_run(tmp_path, train
     (tmp_path / "d.toml").write_text(distributed)
     if "epochs = 3" not in train:
         assert load_config(tmp_path / "d.toml").train.epochs == 1  # no early stopping there
+
+
+_TASKS = """
+[model]
+type = "dnn"
+multitask = "esmm"
+tasks = [{name = "click", label = "label"}, {name = "buy", label = "buy", defined_on = "click"}]
+"""
+
+
+def test_model_tasks_from_toml_and_back(tmp_path):
+    (tmp_path / "c.toml").write_text(_TYPED + _TASKS)
+    cfg = load_config(tmp_path / "c.toml", ["model.tower_mlp=[4]"])
+    assert cfg.model.tasks == (TaskConfig("click", "label"), TaskConfig("buy", "buy", 1.0, "click"))
+    assert cfg.model.multitask == "esmm" and cfg.model.tower_mlp == (4,)
+    (tmp_path / "back.toml").write_text(cfg.to_toml())
+    assert load_config(tmp_path / "back.toml") == cfg
+
+
+@pytest.mark.parametrize(
+    ("edit", "match"),
+    [
+        (('label = "buy"', "label = 3"), r"\[model\] tasks must be a list of tables \{name, label"),
+        (("tasks = [{", 'tasks = ["click", {'), r"\[model\] tasks must be a list of tables"),
+        (
+            ('defined_on = "click"', 'defined_on = "view"'),
+            "task 'buy': defined_on = 'view' names no",
+        ),
+        (('defined_on = "click"', "weight = 1, wieght = 2"), r"tasks\[1\]: unknown keys"),
+        (('multitask = "esmm"', 'multitask = "esmm"\nple_levels = 0'), "ple_levels must be"),
+    ],
+)
+def test_model_task_errors_are_config_errors(tmp_path, edit, match):
+    (tmp_path / "c.toml").write_text(_TYPED + _TASKS.replace(*edit))
+    with pytest.raises(ConfigError, match=match) as e:
+        load_config(tmp_path / "c.toml")
+    assert "c.toml" in str(e.value)
+
+
+_THREE_LABELS = """
+name = "three"
+[source]
+format = "parquet"
+[[fields]]
+name = "user"
+kind = "categorical"
+[[fields]]
+name = "label"
+kind = "label"
+[[fields]]
+name = "view"
+kind = "label"
+[[fields]]
+name = "buy"
+kind = "label"
+defined_on = "label"
+"""
+
+
+@pytest.mark.skipif(not hasattr(Schema, "labels"), reason="needs a schema of several labels")
+def test_tasks_are_checked_against_the_schema_labels(tmp_path):
+    (tmp_path / "s.toml").write_text(_THREE_LABELS)
+    schema = load_schema(tmp_path / "s.toml")
+    click, buy = TaskConfig("click", "label"), TaskConfig("buy", "buy", defined_on="click")
+    check_tasks(ModelConfig(tasks=(click, buy)), schema)
+    check_tasks(ModelConfig(), schema)
+    cases = [
+        ((click, TaskConfig("x", "nope")), r"tasks\[1\] \('x'\): label 'nope' is not a label"),
+        ((TaskConfig("v", "view"), click), r"tasks\[0\] \('v'\) is the primary task"),
+        (
+            (click, TaskConfig("v", "view"), TaskConfig("b", "buy", defined_on="v")),
+            "defined_on task 'v' reads label 'view', but the schema defines label 'buy' on",
+        ),
+    ]
+    for tasks, match in cases:
+        with pytest.raises(ConfigError, match=match):
+            check_tasks(ModelConfig(tasks=tasks), schema)
