@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from features.schema import Schema, load_schema
+from features.schema import load_schema
 from pipelines.config import EPOCHS_BOUND, ConfigError, TrainConfig, load_config, parse_override
 from pipelines.run.model import check_tasks, make_optimizer
 from ranking.config import ModelConfig, TaskConfig
@@ -264,7 +264,6 @@ defined_on = "label"
 """
 
 
-@pytest.mark.skipif(not hasattr(Schema, "labels"), reason="needs a schema of several labels")
 def test_tasks_are_checked_against_the_schema_labels(tmp_path):
     (tmp_path / "s.toml").write_text(_THREE_LABELS)
     schema = load_schema(tmp_path / "s.toml")
