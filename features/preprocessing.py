@@ -315,6 +315,8 @@ class FeaturePreprocessor(tf.keras.layers.Layer):
     def _sequence_ids(self, plan: dict[str, Any], x: tf.Tensor) -> tf.RaggedTensor:
         """int64 ragged ``[batch, None]``: the first ``max_len`` values of each cell, looked up
         in the table's vocabulary, hash or codes (an empty cell has no values)."""
+        if x.dtype != tf.string:  # Keras builds a restored model on float32 placeholders
+            x = tf.strings.as_string(x)
         values = tf.strings.split(x, sep=plan["separator"])
         keep = tf.gather(tf.not_equal(x, ""), values.value_rowids())
         values = tf.ragged.boolean_mask(values, values.with_flat_values(keep))

@@ -40,6 +40,7 @@ from pipelines.run.model import load_trained_model, restore_run_model
 from pipelines.run.paths import ASSETS_EXTRA, RunPaths
 from ranking.cascade import CascadeModule
 from ranking.models import RankingModel
+from ranking.multitask import MultiTaskModel
 from serving.version_files import atomic_dir
 
 
@@ -52,13 +53,48 @@ class ServingModule(tf.Module):
         self.serve = tf.function(self._serve, input_signature=[input_signature(fields)])
 
     def _serve(self, features: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-        logits = self.model(features, training=False)
-        return serving_outputs(logits, tf.sigmoid(logits), task_names(self.model))
+        if not isinstance(self.model, MultiTaskModel):
+            logits = self.model(features, training=False)
+            return serving_outputs(logits, tf.sigmoid(logits), [])
+        joint, conditional = self.model.serving_logits(features)
+        out = serving_outputs(joint, tf.sigmoid(joint), self.model.task_names)
+        names = self.model.task_names
+        for t, logit in conditional.items():
+            key = f"{names[t]}_given_{names[self.model.parents[t]]}"
+            out[f"score_{key}"] = tf.sigmoid(logit)
+            out[f"logit_{key}"] = logit
+        return out
 
 
-def task_names(model: tf.keras.Model) -> list[str]:
-    """The task names of a model's logit columns (one name for a single-task model)."""
-    return list(getattr(model, "task_names", None) or ["score"])
+def joint_logits(model: tf.keras.Model, features: dict[str, tf.Tensor]) -> tf.Tensor:
+    """A model's logits of each task's label over every row: ``[batch]`` for one task,
+    ``[batch, T]`` for a ``MultiTaskModel`` (``serving_logits``)."""
+    if isinstance(model, MultiTaskModel):
+        return model.serving_logits(features)[0]
+    return model(features, training=False)
+
+
+def task_records(model: tf.keras.Model, conditional: bool = True) -> list[dict[str, Any]]:
+    """The ``tasks`` of ``stitchrec.json`` (``pipelines.evaluation.tasks``): none for a
+    single-task model; per task its name, label, output, parent label and (``conditional``)
+    the output of its probability given the parent."""
+    if not isinstance(model, MultiTaskModel):
+        return []
+    names, tasks = model.task_names, model.tasks
+    records = []
+    for t, task in enumerate(tasks):
+        parent = model.parents[t]
+        record: dict[str, Any] = {
+            "name": task.name,
+            "label": task.label,
+            "output": f"score_{task.name}",
+        }
+        if parent is not None:
+            record["parent"] = tasks[parent].label
+            if conditional:
+                record["conditional_output"] = f"score_{task.name}_given_{names[parent]}"
+        records.append(record)
+    return records
 
 
 def serving_outputs(logits: tf.Tensor, scores: tf.Tensor, tasks: list[str]) -> dict[str, tf.Tensor]:
@@ -132,6 +168,8 @@ def export_saved_model(
                 )
             emb_assets.write_saved_model_assets(tmp, kernels_of(fused_collections(model)))
         meta = {"model": model.name, "inputs": [f.name for f in fields], **(extra or {})}
+        if task_records(model):
+            meta["tasks"] = task_records(model)
         write_assets_extra(tmp, schema, fields, meta)
     return out
 
@@ -252,8 +290,8 @@ class EnsembleServingModule(tf.Module):
 
     def _serve(self, features: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
         # [members, batch] (or [members, batch, T] for multi-task members)
-        x = tf.stack([m(features, training=False) for m in self.members])
-        tasks = task_names(self.members[0])
+        x = tf.stack([joint_logits(m, features) for m in self.members])
+        tasks = self.members[0].task_names
         if self.combine == "logits":
             logits = tf.reduce_mean(x, axis=0)
             return serving_outputs(logits, tf.sigmoid(logits), tasks)
@@ -400,6 +438,8 @@ def _save_ensemble(
         with keras_option_scope(save_traces=False, in_tf_saved_model_scope=True):
             tf.saved_model.save(module, str(tmp), signatures={"serving_default": module.serve})
         meta = {"model": models[0].name, "inputs": [f.name for f in fields], **meta}
+        if task_records(models[0]):  # the members' mean per task, no conditional outputs
+            meta["tasks"] = task_records(models[0], conditional=False)
         write_assets_extra(tmp, schema, fields, meta)
         shutil.copy(paths.stats / "stats.json", tmp / ASSETS_EXTRA / "stats.json")
     return out

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 from typing import Any
 
 MODEL_TYPES = ("lr", "fm", "dnn", "dcn_v2")
+#: ``ModelConfig.sequence_pooling``: how a model reads its behaviour sequences (``none``: it
+#: ignores them)
+SEQUENCE_POOLINGS = ("din", "mean", "bst", "none")
 EMBEDDING_METHOD_NAMES = ("full", "hashing", "qr", "bh", "amtl")
 MULTITASK_KINDS = ("shared_bottom", "mmoe", "ple", "esmm")
 EXPERT_LAYER_KINDS = ("mlp", "moe")
@@ -49,6 +53,11 @@ class TaskConfig:
             )
         if self.defined_on == self.name:
             raise ValueError(f"task {self.name!r}: defined_on names the task itself")
+        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", self.name):
+            raise ValueError(
+                f"task name {self.name!r}: expected a letter then letters, digits or '_' (it "
+                f"names the exported outputs score_<task> and logit_<task>)"
+            )
 
 
 def tasks_of(values: Any) -> tuple[TaskConfig, ...]:
@@ -141,8 +150,19 @@ class ModelConfig:
       shared_experts: shared experts of each ``ple`` extraction layer.
       ple_levels: extraction layers of ``ple`` (1: Customized Gate Control alone).
       expert_layer: what an expert is: ``mlp`` (an MLP of ``expert_mlp``) or ``moe`` (a sparse
-        mixture-of-experts layer of ``ranking.moe``, ``moe_top_k`` / ``moe_prototypes`` /
-        ``moe_capacity_factor``).
+        mixture-of-experts layer of ``ranking.moe``: ``moe_experts`` experts of
+        ``expert_mlp`` each, routed by ``moe_top_k`` / ``moe_prototypes`` /
+        ``moe_capacity_factor``). A single-task ``dnn`` / ``dcn_v2`` model with ``moe`` has a
+        mixture-of-experts layer of ``mlp`` units per expert as its tower.
+      sequence_pooling: how the schema's ``sequence`` fields enter the model
+        (``ranking.sequence_features``): ``din`` (DIN target attention over the history, the
+        candidate's own value of the shared field as the query), ``mean`` (masked mean),
+        ``bst`` (one self-attention layer over the candidate and the history) or ``none`` (the
+        history is not read). The pooled history joins the interaction as one field vector per
+        sequence. ``lr`` models do not read sequences.
+      sequence_options: the pooling block's own arguments (``ranking.sequence``), e.g.
+        ``{hidden = [80, 40], activation = "dice", softmax = false}`` for ``din`` or
+        ``{num_heads = 2}`` for ``bst``.
     """
 
     type: str = "dcn_v2"
@@ -170,14 +190,22 @@ class ModelConfig:
     shared_experts: int = 1
     ple_levels: int = 1
     expert_layer: str = "mlp"
+    moe_experts: int = 8
     moe_top_k: int = 1
     moe_prototypes: int = 1
     moe_capacity_factor: float = 1.25
+    sequence_pooling: str = "din"
+    sequence_options: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.type not in MODEL_TYPES:
             raise ValueError(f"model type {self.type!r} is not one of {list(MODEL_TYPES)}")
         self._check_multitask()
+        if self.sequence_pooling not in SEQUENCE_POOLINGS:
+            raise ValueError(
+                f"sequence_pooling {self.sequence_pooling!r} is not one of "
+                f"{list(SEQUENCE_POOLINGS)}"
+            )
         if self.embedding_dim < 1:
             raise ValueError(f"embedding_dim must be >= 1, got {self.embedding_dim}")
         if isinstance(self.mlp, str):
@@ -240,6 +268,7 @@ class ModelConfig:
             ("num_experts", 1),
             ("shared_experts", 0),
             ("ple_levels", 1),
+            ("moe_experts", 1),
             ("moe_top_k", 1),
             ("moe_prototypes", 1),
         ):

@@ -32,6 +32,8 @@ from embeddings.protocols import RatioSized
 from embeddings.table_config import TableConfig
 from ranking.blocks import MLP, ConcatInteraction, CrossInteraction, FMInteraction, LinearTerm
 from ranking.config import MODEL_TYPES, ModelConfig
+from ranking.moe import MoELayer
+from ranking.sequence_features import embed_with_history, sequence_blocks
 
 __all__ = ["MODEL_TYPES", "ModelConfig", "RankingModel", "build_model"]
 
@@ -127,7 +129,15 @@ class RankingModel(ClickModel):
     """
 
     #: the blocks ``with_blocks`` replaces
-    BLOCKS = ("preprocessor", "embedding", "interaction", "tower", "wide")
+    BLOCKS = (
+        "preprocessor",
+        "embedding",
+        "interaction",
+        "tower",
+        "wide",
+        "sequences",
+        "sequence_tables",
+    )
 
     def __init__(
         self,
@@ -140,6 +150,8 @@ class RankingModel(ClickModel):
         initial_bias: float = 0.0,
         dense_blocks: list[tf.keras.layers.Layer] | None = None,
         residual: tf.keras.Model | None = None,
+        sequences: tf.keras.layers.Layer | None = None,
+        sequence_tables: tf.keras.layers.Layer | None = None,
         *,
         head: tf.keras.layers.Layer | None = None,
         bias: tf.Variable | None = None,
@@ -151,6 +163,10 @@ class RankingModel(ClickModel):
         self.residual = residual
         if interaction is not None and embedding is None:
             raise ValueError("an interaction needs an embedding block")
+        if sequences is not None and interaction is None:
+            raise ValueError("sequences need an interaction to read the pooled histories")
+        self.sequences = sequences
+        self.sequence_tables = sequence_tables
         if interaction is None and wide is None:
             raise ValueError("a model needs an interaction or a wide term (or both)")
         self.preprocessor = preprocessor
@@ -217,7 +233,10 @@ class RankingModel(ClickModel):
         appended) -> logits ``[batch]``: bias + head(tower(interaction(embeddings))) + wide."""
         logit = self.bias
         if self.interaction is not None:
-            z = self.interaction(self.embedding(ids), dense)
+            embedded = embed_with_history(
+                self.embedding, ids, self.sequences, self.sequence_tables, training
+            )
+            z = self.interaction(embedded, dense)
             if self.tower is not None:
                 z = self.tower(z, training=training)
             logit = logit + self.head(z)[:, 0]
@@ -238,18 +257,38 @@ class RankingModel(ClickModel):
             "wide": ser(self.wide) if self.wide is not None else None,
             "dense_blocks": [ser(b) for b in self.dense_blocks],
             "residual": ser(self.residual) if self.residual is not None else None,
+            "sequences": ser(self.sequences) if self.sequences is not None else None,
+            "sequence_tables": (
+                ser(self.sequence_tables) if self.sequence_tables is not None else None
+            ),
         }
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> RankingModel:
         config = dict(config)
-        for key in ("preprocessor", "embedding", "interaction", "tower", "wide", "residual"):
+        keys = ("preprocessor", "embedding", "interaction", "tower", "wide", "residual")
+        for key in (*keys, "sequences", "sequence_tables"):
             if config.get(key) is not None:
                 config[key] = tf.keras.layers.deserialize(config[key])
         config["dense_blocks"] = [
             tf.keras.layers.deserialize(b) for b in config.get("dense_blocks") or []
         ]
         return cls(**config)
+
+
+def _tower(config: ModelConfig) -> tf.keras.layers.Layer:
+    """The MLP tower of ``mlp``, or with ``expert_layer = "moe"`` a mixture-of-experts layer
+    of ``moe_experts`` experts of ``mlp`` units (``ranking.moe``)."""
+    if config.expert_layer != "moe":
+        return MLP(list(config.mlp), dropout=config.dropout, name="tower")
+    return MoELayer(
+        num_experts=config.moe_experts,
+        units=tuple(config.mlp),
+        top_k=config.moe_top_k,
+        prototypes=config.moe_prototypes,
+        capacity_factor=config.moe_capacity_factor,
+        name="tower",
+    )
 
 
 def _sized_options(
@@ -388,17 +427,31 @@ def build_model(
         raise ValueError(f"model type {config.type!r} needs at least one embedded field")
     if config.type == "fm":
         tables = embedding_tables(config, preprocessor, lambda _: config.embedding_dim, combiners)
+        sequences, sequence_tables = sequence_blocks(
+            preprocessor,
+            config.sequence_pooling,
+            config.sequence_options,
+            lambda _: config.embedding_dim,
+            config.l2,
+        )
         return RankingModel(
             **common,
             embedding=EmbeddingCollection(tables, counts=counts, name="embedding"),
             interaction=FMInteraction(num_dense, config.embedding_dim, name="fm"),
             wide=wide,
+            sequences=sequences,
+            sequence_tables=sequence_tables,
             name="fm",
         )
-    tables = embedding_tables(
-        config, preprocessor, lambda n: field_dims.get(n, config.embedding_dim), combiners
+
+    def dim_of(name: str) -> int:
+        return field_dims.get(name, config.embedding_dim)
+
+    tables = embedding_tables(config, preprocessor, dim_of, combiners)
+    sequences, sequence_tables = sequence_blocks(
+        preprocessor, config.sequence_pooling, config.sequence_options, dim_of, config.l2
     )
-    tower = MLP(list(config.mlp), dropout=config.dropout, name="tower")
+    tower = _tower(config)
     if config.type == "dnn":
         interaction: tf.keras.layers.Layer = ConcatInteraction(name="concat")
     else:
@@ -410,5 +463,7 @@ def build_model(
         embedding=EmbeddingCollection(tables, counts=counts, name="embedding"),
         interaction=interaction,
         tower=tower,
+        sequences=sequences,
+        sequence_tables=sequence_tables,
         name=config.type,
     )

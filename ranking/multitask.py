@@ -33,6 +33,7 @@ from ranking.blocks import ConcatInteraction, CrossInteraction, FMInteraction
 from ranking.config import MULTITASK_KINDS, ModelConfig, TaskConfig, check_tasks, tasks_of
 from ranking.models import ClickModel, embedding_tables, ranking_task
 from ranking.multitask_heads import PLE, MMoE, SharedBottom, TaskTowers
+from ranking.sequence_features import embed_with_history, sequence_blocks
 
 
 def _log_add_exp(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
@@ -84,6 +85,8 @@ class MultiTaskModel(ClickModel):
         towers: tf.keras.layers.Layer,
         kind: str = "shared_bottom",
         dense_blocks: list[tf.keras.layers.Layer] | None = None,
+        sequences: tf.keras.layers.Layer | None = None,
+        sequence_tables: tf.keras.layers.Layer | None = None,
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
@@ -113,6 +116,8 @@ class MultiTaskModel(ClickModel):
         self.head = head
         self.towers = towers
         self.dense_blocks = list(dense_blocks or [])
+        self.sequences = sequences
+        self.sequence_tables = sequence_tables
         self.task = ranking_task()  # metrics of the primary task
 
     @property
@@ -136,7 +141,10 @@ class MultiTaskModel(ClickModel):
         if self.dense_blocks:
             extra = [block(features) for block in self.dense_blocks]
             dense = tf.concat(([dense] if dense is not None else []) + extra, axis=1)
-        z = self.interaction(self.embedding(ids), dense)
+        embedded = embed_with_history(
+            self.embedding, ids, self.sequences, self.sequence_tables, training
+        )
+        z = self.interaction(embedded, dense)
         return self.towers(self.head(z, training=training), training=training)
 
     def call(self, features: dict[str, tf.Tensor], training: bool | None = None) -> tf.Tensor:
@@ -146,6 +154,59 @@ class MultiTaskModel(ClickModel):
             return logits
         ctr, cvr = logits[:, 0], logits[:, 1]
         return tf.stack([ctr, ctcvr_logit(ctr, cvr)], axis=1)
+
+    #: the blocks ``with_blocks`` replaces
+    BLOCKS = (
+        "preprocessor",
+        "embedding",
+        "interaction",
+        "head",
+        "towers",
+        "sequences",
+        "sequence_tables",
+    )
+
+    def with_blocks(self, **blocks: tf.keras.layers.Layer | None) -> MultiTaskModel:
+        """A new ``MultiTaskModel`` with the blocks named in ``blocks`` (of ``BLOCKS``)
+        replaced, every other block this model's own object (shared variables)."""
+        unknown = sorted(set(blocks) - set(self.BLOCKS))
+        if unknown:
+            raise ValueError(f"blocks must be some of {list(self.BLOCKS)}, got {unknown}")
+        parts = {name: getattr(self, name) for name in self.BLOCKS} | blocks
+        model = MultiTaskModel(
+            tasks=self.tasks,
+            kind=self.kind,
+            dense_blocks=self.dense_blocks,
+            name=self.name,
+            **parts,
+        )
+        model.built = self.built
+        return model
+
+    def serving_logits(
+        self, features: Mapping[str, tf.Tensor]
+    ) -> tuple[tf.Tensor, dict[int, tf.Tensor]]:
+        """(``[batch, T]`` logits of each task's label over every row, ``{t: [batch]}``
+        logits of each ``defined_on`` task given its parent's label is 1), in inference mode.
+
+        A task with a parent has P(label) = P(parent) * P(label | parent): its first logit is
+        ``ctcvr_logit`` of the parent's and its tower's (ESMM's pCTCVR), its second the tower's
+        (pCVR; under the other heads the tower trained on the parent-positive rows)."""
+        towers = self.tower_logits(features, training=False)
+        joint: list[tf.Tensor] = []
+        conditional = {}
+        for t, parent in enumerate(self._parents):
+            if parent is None:
+                joint.append(towers[:, t])
+            else:
+                joint.append(ctcvr_logit(joint[parent], towers[:, t]))
+                conditional[t] = towers[:, t]
+        return tf.stack(joint, axis=1), conditional
+
+    @property
+    def parents(self) -> list[int | None]:
+        """The index of each task's parent task (None: a task of every row)."""
+        return list(self._parents)
 
     def conditional_logits(self, features: Mapping[str, tf.Tensor]) -> tf.Tensor:
         """ESMM's pCVR logits ``[batch]`` (conversion given click), in inference mode."""
@@ -185,6 +246,10 @@ class MultiTaskModel(ClickModel):
             "head": ser(self.head),
             "towers": ser(self.towers),
             "dense_blocks": [ser(b) for b in self.dense_blocks],
+            "sequences": ser(self.sequences) if self.sequences is not None else None,
+            "sequence_tables": (
+                ser(self.sequence_tables) if self.sequence_tables is not None else None
+            ),
         }
 
     @classmethod
@@ -192,6 +257,9 @@ class MultiTaskModel(ClickModel):
         config = dict(config)
         for key in ("preprocessor", "embedding", "interaction", "head", "towers"):
             config[key] = tf.keras.layers.deserialize(config[key])
+        for key in ("sequences", "sequence_tables"):
+            if config.get(key) is not None:
+                config[key] = tf.keras.layers.deserialize(config[key])
         config["dense_blocks"] = [
             tf.keras.layers.deserialize(b) for b in config.get("dense_blocks") or []
         ]
@@ -247,7 +315,7 @@ def _expert_options(config: ModelConfig) -> dict[str, Any]:
     if config.expert_layer != "moe":
         return {}
     return {
-        "num_experts": config.num_experts,
+        "num_experts": config.moe_experts,
         "top_k": config.moe_top_k,
         "prototypes": config.moe_prototypes,
         "capacity_factor": config.moe_capacity_factor,
@@ -295,6 +363,9 @@ def build_multitask_model(
         return field_dims.get(name, config.embedding_dim)
 
     tables = embedding_tables(config, preprocessor, dim_of, field_combiners or {})
+    sequences, sequence_tables = sequence_blocks(
+        preprocessor, config.sequence_pooling, config.sequence_options, dim_of, config.l2
+    )
     tasks = config.tasks
     return MultiTaskModel(
         preprocessor=preprocessor,
@@ -311,5 +382,7 @@ def build_multitask_model(
         ),
         kind=config.multitask,
         dense_blocks=dense_blocks,
+        sequences=sequences,
+        sequence_tables=sequence_tables,
         name=f"{config.type}_{config.multitask}",
     )

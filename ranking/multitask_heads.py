@@ -27,6 +27,7 @@ from typing import Any
 import tensorflow as tf
 
 from ranking.blocks import MLP
+from ranking.moe import MoELayer
 
 #: ``factory(units, dropout=..., name=..., **options) -> layer [batch, k] -> [batch, units[-1]]``
 ExpertFactory = Callable[..., tf.keras.layers.Layer]
@@ -40,8 +41,17 @@ def _mlp_expert(
     return MLP(list(units), dropout=dropout, name=name)
 
 
+def _moe_expert(
+    units: Sequence[int], dropout: float = 0.0, name: str | None = None, **options: Any
+) -> tf.keras.layers.Layer:
+    """A sparse mixture-of-experts layer (``ranking.moe``) of ``units`` per expert; its routing
+    options (``num_experts``, ``top_k``, ``prototypes``, ``capacity_factor``) come from the
+    config. Its experts apply no dropout."""
+    return MoELayer(units=tuple(units), name=name, **options)
+
+
 #: expert layers by ``expert_layer`` name
-EXPERT_FACTORIES: dict[str, ExpertFactory] = {"mlp": _mlp_expert}
+EXPERT_FACTORIES: dict[str, ExpertFactory] = {"mlp": _mlp_expert, "moe": _moe_expert}
 
 
 def register_expert_layer(kind: str, factory: ExpertFactory) -> None:

@@ -1,0 +1,231 @@
+"""Behaviour sequences inside a ranking model: history lookups, pooling, and the extra field
+vectors they give the interaction.
+
+A schema's ``sequence`` fields arrive from the preprocessor as ragged ids ``[batch, None]``
+(newest first, at most ``max_len`` per row; ``FeaturePreprocessor.sequence_fields``). A
+*group* is one sequence and the side sequences ``aligned_with`` it (e.g. the items of the
+history and their categories); each member is looked up in its table (the table of the field it
+``shares_embedding_with``, or its own), so per group::
+
+    H_m    = table_m(pad(ids_m))            # [batch, L, d_m], one per member m
+    H      = concat_m H_m                   # [batch, L, D],   D = sum_m d_m
+    t      = concat_m table_m(ids[target_m])  # [batch, D], the candidate's own fields
+    p      = block(H, mask, t)              # [batch, D]: DIN attention, masked mean or BST
+    extra  = split(p, d_m)                  # one [batch, d_m] vector per member
+
+The member vectors join the embedded fields as fields named by the sequence fields, so every
+interaction (concat, FM, DCN-v2 cross) reads the pooled history as it reads any field. The
+target ``t`` is looked up again from the raw ids (one row per example next to ``L`` rows of
+history), so the pooling does not depend on the form the embedding block returns (per-field,
+concatenated or stacked, as a fused block gives).
+
+``SequencePooling`` is the Keras layer of the blocks (``ranking.sequence``); ``history_inputs``
+and ``extend`` are the plain functions the models call around it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from embeddings.collection import EmbeddingCollection
+from embeddings.forms import Embedded
+from embeddings.table_config import TableConfig
+from ranking.sequence import ragged_to_padded, sequence_block
+
+POOLINGS = ("mean", "din", "bst")
+TARGETED = ("din", "bst")  # blocks that read the target
+
+
+def sequence_groups(
+    sequence_fields: Mapping[str, Mapping[str, Any]],
+    dims: Mapping[str, int],
+    targets: Sequence[str],
+) -> list[dict[str, Any]]:
+    """The groups of ``sequence_fields`` (``FeaturePreprocessor.sequence_fields``), JSON-able.
+
+    Each group: ``name`` (the main sequence), ``members`` (the main sequence, then the
+    sequences aligned with it, in field order), ``tables`` (the table field of each member),
+    ``dims`` (each member's embedding dimension, from ``dims`` by table field), ``max_len``,
+    and ``targets``: for each member, the table field when it is one of the model's embedded
+    inputs ``targets`` (the candidate's own value of the shared field), else None.
+    """
+    groups = []
+    for name, info in sequence_fields.items():
+        if info.get("aligned_with"):
+            continue
+        members = [name] + [n for n, i in sequence_fields.items() if i.get("aligned_with") == name]
+        tables = [sequence_fields[m]["table"] for m in members]
+        groups.append(
+            {
+                "name": name,
+                "members": members,
+                "tables": tables,
+                "dims": [int(dims[t]) for t in tables],
+                "max_len": int(info["max_len"]),
+                "targets": [t if t in targets else None for t in tables],
+            }
+        )
+    return groups
+
+
+@tf.keras.utils.register_keras_serializable(package="stitchrec")
+class SequencePooling(tf.keras.layers.Layer):
+    """One pooling block per sequence group: histories ``[batch, L, D]`` -> ``[batch, D]``,
+    split back into one vector per member (see the module docstring).
+
+    Args:
+      groups: ``sequence_groups(...)``.
+      pooling: ``din`` (DIN target attention), ``mean`` (masked mean) or ``bst`` (one
+        self-attention layer over the target and the history).
+      options: the block's own arguments (``ranking.sequence``), e.g. ``{"hidden": [80, 40]}``.
+    """
+
+    def __init__(
+        self,
+        groups: Sequence[Mapping[str, Any]],
+        pooling: str = "din",
+        options: Mapping[str, Any] | None = None,
+        **kwargs: Any,
+    ):
+        super().__init__(**kwargs)
+        if pooling not in POOLINGS:
+            raise ValueError(f"pooling must be one of {list(POOLINGS)}, got {pooling!r}")
+        if not groups:
+            raise ValueError("groups must hold at least one sequence group")
+        self.groups = [dict(g) for g in groups]
+        self.pooling = pooling
+        self.options = dict(options or {})
+        for g in self.groups:
+            alone = [m for m, t in zip(g["members"], g["targets"], strict=True) if t is None]
+            if pooling in TARGETED and alone:
+                raise ValueError(
+                    f"sequence {g['name']!r}: pooling {pooling!r} compares the history with the "
+                    f"candidate, but {alone} share no table with a model input; use pooling "
+                    f"'mean' or set shares_embedding_with to a categorical input"
+                )
+        self.blocks = []
+        for i, g in enumerate(self.groups):
+            extra = {"max_len": g["max_len"]} if pooling == "bst" else {}
+            self.blocks.append(
+                sequence_block(pooling, **extra, **self.options, name=f"{pooling}_{i:02d}")
+            )
+
+    @property
+    def output_fields(self) -> list[str]:
+        """The names of the vectors the call returns: every member of every group."""
+        return [m for g in self.groups for m in g["members"]]
+
+    def call(
+        self,
+        histories: Mapping[str, tf.Tensor],
+        masks: Mapping[str, tf.Tensor],
+        targets: Mapping[str, tf.Tensor],
+        training: bool | None = None,
+    ) -> dict[str, tf.Tensor]:
+        """``histories``: ``{member: [batch, L, d_m]}``; ``masks``: ``{group name: bool
+        [batch, L]}``; ``targets``: ``{member: [batch, d_m]}`` (the members with a target) ->
+        ``{member: [batch, d_m]}``."""
+        out = {}
+        for g, block in zip(self.groups, self.blocks, strict=True):
+            h = tf.concat([histories[m] for m in g["members"]], axis=-1)
+            if all(m in targets for m in g["members"]):
+                t = tf.concat([targets[m] for m in g["members"]], axis=-1)
+            else:
+                t = tf.zeros_like(h[:, 0, :])  # the masked mean does not read it
+            pooled = block(h, masks[g["name"]], t, training=training)
+            for m, v in zip(g["members"], tf.split(pooled, g["dims"], axis=-1), strict=True):
+                out[m] = v
+        return out
+
+    def get_config(self) -> dict[str, Any]:
+        return {
+            **super().get_config(),
+            "groups": self.groups,
+            "pooling": self.pooling,
+            "options": self.options,
+        }
+
+
+def history_inputs(
+    ids: Mapping[str, tf.Tensor],
+    groups: Sequence[Mapping[str, Any]],
+    lookup: Mapping[str, tf.keras.layers.Layer],
+) -> tuple[dict[str, tf.Tensor], dict[str, tf.Tensor], dict[str, tf.Tensor]]:
+    """(histories, masks, targets) for ``SequencePooling`` from the preprocessor's ``ids``.
+
+    ``lookup``: the embedding layer of each table field (``{field: layer}``, e.g. an
+    ``EmbeddingCollection``'s ``layers_by_field`` plus the sequences' own tables).
+    """
+    histories, masks, targets = {}, {}, {}
+    for g in groups:
+        for k, (member, table) in enumerate(zip(g["members"], g["tables"], strict=True)):
+            padded, mask = ragged_to_padded(ids[member], g["max_len"])
+            histories[member] = lookup[table](padded)
+            if k == 0:
+                masks[g["name"]] = mask
+            target = g["targets"][k]
+            if target is not None:
+                targets[member] = lookup[table](ids[target])
+    return histories, masks, targets
+
+
+def extend(embedded: Embedded, extra: Mapping[str, tf.Tensor]) -> Embedded:
+    """``embedded`` with the vectors ``extra`` (``{name: [batch, d]}``) after its fields: added
+    to the per-field form, concatenated to a concat block, stacked onto a stacked block."""
+    if not extra:
+        return embedded
+    if embedded.vectors is not None:
+        return Embedded(vectors={**embedded.vectors, **extra})
+    parts = list(extra.values())
+    if embedded.block.shape.rank == 3:
+        return Embedded(block=embedded.stacked(tf.stack(parts, axis=1)))
+    return Embedded(block=tf.concat([embedded.block, *parts], axis=1))
+
+
+def embed_with_history(
+    embedding: tf.keras.layers.Layer,
+    ids: Mapping[str, tf.Tensor],
+    sequences: SequencePooling | None,
+    sequence_tables: tf.keras.layers.Layer | None,
+    training: bool | None = None,
+) -> Embedded:
+    """``embedding(ids)`` extended with the pooled histories of ``sequences`` (if any); the
+    history and target lookups use ``embedding``'s per-field layers and the sequences' own
+    tables ``sequence_tables`` (an ``EmbeddingCollection``)."""
+    embedded = embedding(ids)
+    if sequences is None:
+        return embedded
+    lookup = dict(embedding.layers_by_field)
+    if sequence_tables is not None:
+        lookup.update(sequence_tables.layers_by_field)
+    histories, masks, targets = history_inputs(ids, sequences.groups, lookup)
+    return extend(embedded, sequences(histories, masks, targets, training=training))
+
+
+def sequence_blocks(
+    preprocessor: tf.keras.layers.Layer,
+    pooling: str,
+    options: Mapping[str, Any],
+    dim_of: Callable[[str], int],
+    l2: float = 0.0,
+) -> tuple[SequencePooling | None, EmbeddingCollection | None]:
+    """The pooling block over ``preprocessor.sequence_fields`` and the collection of the
+    sequences' own tables (None when every sequence shares a model input's table); (None,
+    None) without sequences or with ``pooling = "none"``. ``dim_of(field)``: the embedding
+    dimension of a table field."""
+    specs = getattr(preprocessor, "sequence_fields", None) or {}
+    if not specs or pooling == "none":
+        return None, None
+    own = [
+        TableConfig(name=n, num_rows=int(i["num_rows"]), dim=dim_of(n), combiner="mean", l2=l2)
+        for n, i in specs.items()
+        if i["table"] == n
+    ]
+    dims = {i["table"]: dim_of(i["table"]) for i in specs.values()}
+    groups = sequence_groups(specs, dims, list(preprocessor.embedded_fields))
+    pool = SequencePooling(groups, pooling, options, name="sequences")
+    tables = EmbeddingCollection(own, name="sequence_embedding") if own else None
+    return pool, tables
