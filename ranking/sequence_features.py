@@ -9,7 +9,8 @@ history and their categories); each member is looked up in its table (the table 
 
     H_m    = table_m(pad(ids_m))            # [batch, L, d_m], one per member m
     H      = concat_m H_m                   # [batch, L, D],   D = sum_m d_m
-    t      = concat_m table_m(ids[target_m])  # [batch, D], the candidate's own fields
+    t      = concat_m table_m(ids[target_m])  # [batch, D], the candidate's own fields (zeros
+                                            # for a member without a target field)
     p      = block(H, mask, t)              # [batch, D]: DIN attention, masked mean or BST
     extra  = split(p, d_m)                  # one [batch, d_m] vector per member
 
@@ -36,7 +37,6 @@ from embeddings.table_config import TableConfig
 from ranking.sequence import ragged_to_padded, sequence_block
 
 POOLINGS = ("mean", "din", "bst")
-TARGETED = ("din", "bst")  # blocks that read the target
 
 
 def sequence_groups(
@@ -98,14 +98,6 @@ class SequencePooling(tf.keras.layers.Layer):
         self.groups = [dict(g) for g in groups]
         self.pooling = pooling
         self.options = dict(options or {})
-        for g in self.groups:
-            alone = [m for m, t in zip(g["members"], g["targets"], strict=True) if t is None]
-            if pooling in TARGETED and alone:
-                raise ValueError(
-                    f"sequence {g['name']!r}: pooling {pooling!r} compares the history with the "
-                    f"candidate, but {alone} share no table with a model input; use pooling "
-                    f"'mean' or set shares_embedding_with to a categorical input"
-                )
         self.blocks = []
         for i, g in enumerate(self.groups):
             extra = {"max_len": g["max_len"]} if pooling == "bst" else {}
@@ -131,10 +123,13 @@ class SequencePooling(tf.keras.layers.Layer):
         out = {}
         for g, block in zip(self.groups, self.blocks, strict=True):
             h = tf.concat([histories[m] for m in g["members"]], axis=-1)
-            if all(m in targets for m in g["members"]):
-                t = tf.concat([targets[m] for m in g["members"]], axis=-1)
-            else:
-                t = tf.zeros_like(h[:, 0, :])  # the masked mean does not read it
+            t = tf.concat(
+                [
+                    targets[m] if m in targets else tf.zeros_like(histories[m][:, 0, :])
+                    for m in g["members"]
+                ],
+                axis=-1,
+            )
             pooled = block(h, masks[g["name"]], t, training=training)
             for m, v in zip(g["members"], tf.split(pooled, g["dims"], axis=-1), strict=True):
                 out[m] = v
