@@ -305,6 +305,17 @@ class FeaturePreprocessor(tf.keras.layers.Layer):
                 dense.append((v - p["mean"]) / p["std"])
         return ids, (tf.stack(dense, axis=1) if dense else None)
 
+    def sequence_ids(self, features: dict[str, tf.Tensor]) -> dict[str, tf.RaggedTensor]:
+        """The ids ``call`` gives the sequence fields present in ``features`` (int64 ragged
+        ``[batch, None]``), without reading any other field: a shared sequence's values are
+        looked up in its target's vocabulary or hash, so the target field itself need not be
+        given (a ranking request sends the user's history once, apart from its candidates)."""
+        return {
+            p["name"]: self._sequence_ids(p, features[p["name"]])
+            for p in self.plans
+            if p["op"] == "sequence" and p["name"] in features
+        }
+
     def _ids(self, plan: dict[str, Any], x: tf.Tensor) -> tf.Tensor:
         if x.dtype != tf.string:
             x = tf.strings.as_string(x)

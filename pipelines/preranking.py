@@ -128,6 +128,14 @@ def check_costs(schema: str) -> None:
         )
 
 
+def without_sequences(schema: Schema) -> Schema:
+    """``schema`` without its ``sequence`` fields: what the pre-ranking models (two-tower,
+    FSCD) read. A pre-ranker scores every candidate cheaply on per-field vectors; the history
+    is left to the ranking model, which a cascade gives it once per request."""
+    keep = [f.name for f in schema.model_inputs if f.kind != FeatureKind.SEQUENCE]
+    return schema.select(keep) if len(keep) < len(schema.model_inputs) else schema
+
+
 def field_groups(schema: Schema) -> dict[str, str | None]:
     """``{model input: group}`` in schema order (what the two-tower model and the cascade
     split request-side from candidate fields by)."""
@@ -135,7 +143,9 @@ def field_groups(schema: Schema) -> dict[str, str | None]:
 
 
 def build_run_two_tower(cfg: PipelineConfig, schema: Schema, stats: DatasetStats) -> tf.keras.Model:
-    """The two-tower anchor over ``schema``'s groups (``ranking.two_tower``)."""
+    """The two-tower anchor over ``schema``'s groups (``ranking.two_tower``); sequence fields
+    are not read (``without_sequences``)."""
+    schema = without_sequences(schema)
     request, items = tower_fields(field_groups(schema))
     multi = FeatureKind.MULTI_CATEGORICAL
     return build_two_tower(
@@ -315,7 +325,9 @@ def penalty_weight(pr: PrerankConfig, stats: DatasetStats) -> float:
 
 
 def build_fscd(cfg: PipelineConfig, schema: Schema, stats: DatasetStats) -> FSCDRankingModel:
-    """The stage-1 model: the pre-ranking architecture over every field, with selection."""
+    """The stage-1 model: the pre-ranking architecture over every field but the sequences
+    (``without_sequences``), with selection."""
+    schema = without_sequences(schema)
     pcfg = prerank_model_config(cfg)
     pr = pcfg.preranking or PrerankConfig()
     base = build_run_model(pcfg, schema, stats)
@@ -448,7 +460,7 @@ def finetune_stage(
     model = build_run_model(pcfg, sub, stats)
     if pr.tower_residual:
         model.residual = build_run_two_tower(cfg, schema, stats)
-        sub = schema  # the towers read every field
+        sub = without_sequences(schema)  # the towers read every field but the sequences
     build_on_sample(model, sub, files)
     if init_from_stage1:
         counts = transfer_weights(stage1, model)
@@ -485,6 +497,7 @@ def run_preranking(cfg: PipelineConfig, log: Log = print) -> dict[str, Any]:
     tf.keras.utils.set_random_seed(cfg.train.seed)
     schema, train_files, _, test_files = prepare_data(cfg, paths, log)
     stats = prepare_stats(schema, train_files, paths, log, cfg.data.cap_hash_buckets)
+    schema = without_sequences(schema)  # pre-rankers leave the history to the ranking model
     report: dict[str, Any] = {"method": pr.method, "seed": cfg.train.seed}
     t0 = time.time()
     if pr.method == "two_tower":

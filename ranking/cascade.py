@@ -42,6 +42,7 @@ from tf_keras.src.saving.legacy.saved_model.utils import keras_option_scope
 
 from embeddings.forms import Embedded
 from ranking.blocks import MLP, ConcatInteraction, CrossInteraction
+from ranking.cascade_history import pooled_widths, request_history, sequence_names
 from ranking.fscd import FSCDRankingModel
 from ranking.models import RankingModel
 from ranking.two_tower import REQUEST_GROUPS, TwoTowerModel
@@ -162,6 +163,13 @@ class RequestScorer(tf.Module):
             own = {p["name"] for p in plans}  # without the residual's fields
             self.own_request = [n for n in self.request_names if n in own]
             self.own_items = [n for n in self.item_names if n in own]
+            # sequences: ids from the model's own preprocessor (their shared tables' lookups),
+            # pooled by cascade_history.request_history; the others by the side preprocessors
+            sequences = sequence_names(model)
+            self.request_sequences = [n for n in self.own_request if n in sequences]
+            self.item_sequences = [n for n in self.own_items if n in sequences]
+            self.own_request = [n for n in self.own_request if n not in sequences]
+            self.own_items = [n for n in self.own_items if n not in sequences]
             if not self.own_items:
                 raise ValueError(
                     f"model {model.name!r} reads no item field itself; it cannot rank candidates"
@@ -214,12 +222,15 @@ class RequestScorer(tf.Module):
 
     def _column_rows(self) -> tuple[np.ndarray, np.ndarray]:
         """Positions of the request-side and candidate columns in ``x0`` (embedded fields in
-        table order, then dense columns in the preprocessor's order)."""
+        table order, the pooled histories (per candidate), then dense columns in the
+        preprocessor's order)."""
         m = self.model
         request = set(self.own_request)
         is_request: list[bool] = []
         for name, dim in zip(m.embedding.field_names, m.embedding.dims, strict=True):
             is_request += [name in request] * int(dim)
+        for _, dim in pooled_widths(m):
+            is_request += [False] * dim
         is_request += [name in request for name in m.preprocessor.dense_fields]
         flags = np.array(is_request, dtype=bool)
         return np.flatnonzero(flags).astype(np.int32), np.flatnonzero(~flags).astype(np.int32)
@@ -243,6 +254,7 @@ class RequestScorer(tf.Module):
         if self.request_pre is not None:
             ids_r, dense_r = self.request_pre({k: request[k] for k in self.own_request})
         ids_c, dense_c = self.item_pre({k: items[k] for k in self.own_items})
+        pooled = self._history(request, items, ids_r, ids_c, repeat)
         dense_cols: dict[str, tf.Tensor] = {}
         for pre, dense, tile in (
             (self.request_pre, dense_r, True),
@@ -258,7 +270,7 @@ class RequestScorer(tf.Module):
         logit = m.bias
         first = self._first_layer()
         if m.interaction is not None and first is not None:
-            z = self._split_interaction(first, ids_r, ids_c, dense_r, dense_c, repeat)
+            z = self._split_interaction(first, ids_r, ids_c, dense_r, dense_c, repeat, pooled)
             logit = logit + m.head(z)[:, 0]
         elif m.interaction is not None:
             vectors = {}
@@ -269,6 +281,7 @@ class RequestScorer(tf.Module):
                     vectors[name] = tf.gather(layer(ids_r[name]), repeat)
                 else:
                     vectors[name] = items[name]
+            vectors.update(pooled)  # after the embedded fields, as the model places them
             z = m.interaction(Embedded(vectors=vectors), dense_all)
             if m.tower is not None:
                 z = m.tower(z, training=False)
@@ -277,6 +290,25 @@ class RequestScorer(tf.Module):
             ids = {**{k: tf.gather(v, repeat) for k, v in ids_r.items()}, **ids_c}
             logit = logit + m.wide(ids, dense_all)
         return logit + tf.zeros([n])
+
+    def _history(
+        self,
+        request: dict[str, tf.Tensor],
+        items: dict[str, tf.Tensor],
+        ids_r: dict[str, tf.Tensor],
+        ids_c: dict[str, tf.Tensor],
+        repeat: tf.Tensor,
+    ) -> dict[str, tf.Tensor]:
+        """``{sequence: [N, d]}``: the pooled histories (``ranking.cascade_history``); empty
+        for a model without a pooling block."""
+        if getattr(self.model, "sequences", None) is None:
+            return {}
+        pre = self.model.preprocessor
+        seq_ids = pre.sequence_ids({k: request[k] for k in self.request_sequences})
+        seq_ids.update(pre.sequence_ids({k: items[k] for k in self.item_sequences}))
+        return request_history(
+            self.model, seq_ids, set(self.request_sequences), ids_r, ids_c, repeat
+        )
 
     def _item_vectors(self, ids_c: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
         """``{field: [N, d]}`` of the candidates' embedded fields (``item_embedding``)."""
@@ -293,6 +325,7 @@ class RequestScorer(tf.Module):
         dense_r: tf.Tensor | None,
         dense_c: tf.Tensor | None,
         repeat: tf.Tensor,
+        pooled: dict[str, tf.Tensor],
     ) -> tf.Tensor:
         """The interaction and tower output ``[N, h]`` with the first layer split (class
         docstring): ``x_r`` ``[1, D_r]`` and ``x_i`` ``[N, D_i]`` in ``x0``'s column order."""
@@ -311,6 +344,9 @@ class RequestScorer(tf.Module):
                 v = items[name]
                 parts_c.append(v)
             full.append((v, name in ids_r))
+        for name, _ in pooled_widths(m):  # per candidate (DIN reads the candidate's target)
+            parts_c.append(pooled[name])
+            full.append((pooled[name], False))
         dense_index = {k: ("c", i) for i, k in enumerate(self.item_pre.dense_fields)}
         if self.request_pre is not None:
             dense_index.update({k: ("r", i) for i, k in enumerate(self.request_pre.dense_fields)})
