@@ -30,8 +30,9 @@ maps back (``unfuse_tables``).
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -309,6 +310,23 @@ class HorizontalEmbeddingCollection(tf.keras.layers.Layer):
         for f, v in zip(rest, parts, strict=True):
             out[f.name] = pool_and_regularize(f.rule, ids[f.name], v)
         return out
+
+    def field_lookups(self) -> dict[str, Callable[[Any], tf.Tensor]]:
+        """``{field: ids -> vectors}`` for every field, as its plain layer computes them: a
+        covered field reads its row block of the group table (ids of any shape: ``[batch]``,
+        padded ``[batch, L]`` -> ``[batch, L, dim]``, or ragged, pooled), an uncovered field
+        is its own layer. A behaviour sequence reads its shared table through these
+        (``ranking.sequence_features.field_lookups``)."""
+        out: dict[str, Callable[[Any], tf.Tensor]] = dict(self.layers_by_field)
+        for g in self._table_plan.groups:
+            for f in g.fields:
+                out[f.name] = functools.partial(self._field_call, g, f)
+        return out
+
+    def _field_call(self, g: _Group, f: _Field, ids: Any) -> tf.Tensor:
+        """One covered field's vectors of ``ids`` from its group table."""
+        vectors = tf.gather(self.group_tables[g.weight_name], f.row_ids(ids))
+        return pool_and_regularize(f.rule, ids, vectors)
 
     # --------------------------------------------------------------------------- conversions
 

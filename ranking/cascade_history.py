@@ -19,11 +19,13 @@ the candidate itself) comes with the candidates, ``[N]``, and is not tiled.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import tensorflow as tf
 
 from ranking.sequence import ragged_to_padded
+from ranking.sequence_features import field_lookups
 
 
 def sequence_names(model: tf.keras.Model) -> set[str]:
@@ -42,10 +44,10 @@ def pooled_widths(model: tf.keras.Model) -> list[tuple[str, int]]:
     ]
 
 
-def history_lookup(model: tf.keras.Model) -> dict[str, tf.keras.layers.Layer]:
-    """``{table field: embedding layer}``: the model's per-field layers and the sequences' own
+def history_lookup(model: tf.keras.Model) -> dict[str, Callable[[Any], tf.Tensor]]:
+    """``{table field: ids -> vectors}``: the model's per-field lookups and the sequences' own
     tables (what ``ranking.sequence_features.embed_with_history`` reads)."""
-    lookup = dict(model.embedding.layers_by_field)
+    lookup = field_lookups(model.embedding)
     if model.sequence_tables is not None:
         lookup.update(model.sequence_tables.layers_by_field)
     return lookup

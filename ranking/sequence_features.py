@@ -147,12 +147,13 @@ class SequencePooling(tf.keras.layers.Layer):
 def history_inputs(
     ids: Mapping[str, tf.Tensor],
     groups: Sequence[Mapping[str, Any]],
-    lookup: Mapping[str, tf.keras.layers.Layer],
+    lookup: Mapping[str, Callable[[Any], tf.Tensor]],
 ) -> tuple[dict[str, tf.Tensor], dict[str, tf.Tensor], dict[str, tf.Tensor]]:
     """(histories, masks, targets) for ``SequencePooling`` from the preprocessor's ``ids``.
 
-    ``lookup``: the embedding layer of each table field (``{field: layer}``, e.g. an
-    ``EmbeddingCollection``'s ``layers_by_field`` plus the sequences' own tables).
+    ``lookup``: the lookup of each table field (``{field: ids -> vectors}``, e.g. an
+    ``EmbeddingCollection``'s ``layers_by_field`` plus the sequences' own tables;
+    ``field_lookups``).
     """
     histories, masks, targets = {}, {}, {}
     for g in groups:
@@ -180,6 +181,15 @@ def extend(embedded: Embedded, extra: Mapping[str, tf.Tensor]) -> Embedded:
     return Embedded(block=tf.concat([embedded.block, *parts], axis=1))
 
 
+def field_lookups(embedding: tf.keras.layers.Layer) -> dict[str, Callable[[Any], tf.Tensor]]:
+    """``{field: ids -> vectors}`` of an embedding block's fields: its own ``field_lookups()``
+    when it has them (a block holding several tables in one variable,
+    ``compiler_opt.table_fusion.HorizontalEmbeddingCollection``), else its
+    ``layers_by_field`` (an ``EmbeddingCollection``, its fused-kernel and quantized forms)."""
+    own = getattr(embedding, "field_lookups", None)
+    return dict(own()) if callable(own) else dict(embedding.layers_by_field)
+
+
 def embed_with_history(
     embedding: tf.keras.layers.Layer,
     ids: Mapping[str, tf.Tensor],
@@ -193,7 +203,7 @@ def embed_with_history(
     embedded = embedding(ids)
     if sequences is None:
         return embedded
-    lookup = dict(embedding.layers_by_field)
+    lookup = field_lookups(embedding)
     if sequence_tables is not None:
         lookup.update(sequence_tables.layers_by_field)
     histories, masks, targets = history_inputs(ids, sequences.groups, lookup)
