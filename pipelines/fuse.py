@@ -114,6 +114,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if args.max_args < 2:
         raise UsageError(f"--max-args must be >= 2, got {args.max_args}")
     _check_signature(args.saved_model, args.signature)
+    emb_assets.load_for_saved_model(args.saved_model)  # an --fuse-kernels export's ops first
     graph = ir.from_saved_model(args.saved_model, args.signature)
     coefficients = cost.load_or_calibrate(recalibrate=args.recalibrate)
     plan = planner.plan(

@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 import pipelines  # noqa: F401
+from compiler_opt.embedding_op import assets as emb_assets
 from compiler_opt.table_fusion import HorizontalEmbeddingCollection
 from compiler_opt.transform import FuseSpec, fuse
 from embeddings.quantize import QuantizedEmbedding, quantized_model
@@ -15,10 +16,12 @@ from features.dataset import iter_batches, iter_record_batches, list_parquet
 from features.preprocessing import build_preprocessor
 from features.schema import load_schema
 from features.stats import compute_stats
+from pipelines import cli
 from pipelines.export import export_saved_model
 from ranking.config import ModelConfig, TaskConfig
 from ranking.models import build_model
 from ranking.multitask import build_multitask_model
+from tests.compiler_opt.test_fuse_cli import _seed_cache
 from tests.ranking.sequence_prerank_data import write_sequence_data
 
 
@@ -104,3 +107,19 @@ def test_int8_history_reads_the_quantized_tables(data, kind):
         inputs = {k: v for k, v in feats.items()}
         out = loaded.signatures["serving_default"](**inputs)["logit"].numpy()
         np.testing.assert_allclose(out, got, rtol=0, atol=1e-5)
+
+
+def test_fuse_kernels_export_of_a_sequence_model_scores_and_explains(
+    data, tmp_path, monkeypatch, capsys, hand
+):
+    root, schema, stats, feats = data
+    model = _model(schema, stats, "ranking")
+    want = model(feats).numpy()
+    path = export_saved_model(model, schema, root / "kernels", kernels=True)
+    emb_assets.load_for_saved_model(str(path))
+    loaded = tf.saved_model.load(str(path))
+    got = loaded.signatures["serving_default"](**feats)["logit"].numpy()
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+    _seed_cache(tmp_path, monkeypatch, hand)
+    assert cli.main(["fuse", "explain", str(path), "--batch", "8"]) == 0  # its op loaded first
+    assert "[serving_default]" in capsys.readouterr().out
