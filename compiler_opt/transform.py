@@ -45,7 +45,9 @@ def fuse(model: Any, spec: FuseSpec) -> Any:
     """A new model with ``model``'s embedding blocks fused as ``spec`` says (module docstring).
 
     Args:
-      model: a ``RankingModel`` whose ``embedding`` is an ``EmbeddingCollection``.
+      model: a ``RankingModel`` or ``MultiTaskModel`` whose ``embedding`` is an
+        ``EmbeddingCollection``; behaviour sequences keep their pooling block and read the
+        fused block's per-field lookups (``ranking.sequence_features.field_lookups``).
       spec: the fusions to apply.
 
     Raises:

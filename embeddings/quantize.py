@@ -451,8 +451,10 @@ def quantized_form(
 
 
 def quantized_model(model: Any, mode: str, min_rows: int = DEFAULT_MIN_ROWS) -> tuple[Any, dict]:
-    """``model`` (a ``RankingModel``) with its ``embedding`` block in ``quantized_form`` (a new
-    model sharing every other block), and the record of ``quantized_form``. A model without an
+    """``model`` (a ``RankingModel`` or ``MultiTaskModel``) with its ``embedding`` block and the
+    tables of its behaviour sequences (``sequence_tables``, when a sequence has its own) in
+    ``quantized_form`` (a new model sharing every other block), and the record of
+    ``quantized_form`` over both. A model without an
     embedding block (a linear model: its per-id weights are one float a row) is returned as it
     is, with a record of no tables."""
     check_choice("mode", mode, MODES)
@@ -460,5 +462,16 @@ def quantized_model(model: Any, mode: str, min_rows: int = DEFAULT_MIN_ROWS) -> 
     if getattr(model, "embedding", None) is None:
         empty = {"mode": mode, "min_rows": min_rows, "tables": [], "bytes_fp32": 0, "bytes": 0}
         return model, empty
-    block, record = quantized_form(model.embedding, mode, min_rows)
-    return model.with_blocks(embedding=block), record
+    blocks, record = {}, None
+    for name in ("embedding", "sequence_tables"):  # a history's own tables too
+        collection = getattr(model, name, None)
+        if collection is None:
+            continue
+        blocks[name], part = quantized_form(collection, mode, min_rows)
+        if record is None:
+            record = part
+        else:
+            record["tables"] += part["tables"]
+            record["bytes_fp32"] += part["bytes_fp32"]
+            record["bytes"] += part["bytes"]
+    return model.with_blocks(**blocks), record

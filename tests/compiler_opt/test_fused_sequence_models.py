@@ -80,26 +80,42 @@ def test_table_fusion_trains_the_history_through_the_group_table(data):
     assert all(g is not None for g in grads)
 
 
-@pytest.mark.parametrize("kind", ["ranking", "multitask"])
+def _own_history(data):
+    """``data`` with ``hist_items`` reading a table of its own (not ``item``'s)."""
+    root, schema, _, feats = data
+    schema = schema.replace_field("hist_items", shares_embedding_with=None, min_count=1)
+    files = list_parquet(root / "data" / "train")
+    return root, schema, compute_stats(schema, iter_record_batches(schema, files)), feats
+
+
+@pytest.mark.parametrize("kind", ["ranking", "multitask", "own_table"])
 def test_int8_history_reads_the_quantized_tables(data, kind):
+    if kind == "own_table":
+        data, kind = _own_history(data), "ranking"
     root, schema, stats, feats = data
     model = _model(schema, stats, kind)
     model(feats)
     quantized, record = quantized_model(model, "int8", min_rows=0)
-    assert {t["field"] for t in record["tables"]} >= {"item", "item_cat"}
+    own = model.sequence_tables is not None
+    assert {t["field"] for t in record["tables"]} >= {"item", "item_cat"} | (
+        {"hist_items"} if own else set()
+    )
     # the float model with every table set to its dequantized rows scores as the int8 model:
     # the history (padded [B, L] ids into the item / item_cat tables) reads the int8 rows
     reference = _model(schema, stats, kind)
     reference(feats)
     reference.set_weights(model.get_weights())
-    for name, layer in quantized.embedding.layers_by_field.items():
-        assert isinstance(layer, QuantizedEmbedding)
-        rows = reference.embedding.layers_by_field[name].table.shape[0]
-        reference.embedding.layers_by_field[name].table.assign(layer(tf.range(rows)))
+    for block in ("embedding", "sequence_tables"):
+        if getattr(model, block) is None:
+            continue
+        for name, layer in getattr(quantized, block).layers_by_field.items():
+            assert isinstance(layer, QuantizedEmbedding), name
+            plain = getattr(reference, block).layers_by_field[name]
+            plain.table.assign(layer(tf.range(plain.table.shape[0])))
     got = quantized(feats).numpy()
     np.testing.assert_allclose(got, reference(feats).numpy(), rtol=0, atol=1e-5)
     assert np.abs(got - model(feats).numpy()).max() > 0
-    if kind == "ranking":  # the export of `stitchrec export --quantize int8`
+    if kind == "ranking" and not own:  # the export of `stitchrec export --quantize int8`
         path = export_saved_model(
             model, schema, root / "int8", quantize="int8", quantize_min_rows=0
         )
