@@ -17,9 +17,10 @@ from pipelines.config import load_config
 from pipelines.export import export_cascade_saved_model
 from pipelines.preranking import build_fscd, build_run_two_tower, field_groups
 from ranking.cascade import CascadeModule, RequestScorer
-from ranking.config import ModelConfig
+from ranking.config import ModelConfig, TaskConfig
 from ranking.fscd import selection_fields
 from ranking.models import build_model
+from ranking.multitask import build_multitask_model
 from tests.ranking.sequence_prerank_data import ITEMS, REQUEST, write_sequence_data
 from tests.testdata import write_run_config
 
@@ -107,3 +108,12 @@ def test_pre_rankers_read_no_sequence_and_the_cascade_ranks_with_the_history(dat
     assert set(meta["request_inputs"]) == set(REQUEST)
     loaded = tf.saved_model.load(str(saved)).signatures["rank_request"](**request, **cands)
     np.testing.assert_allclose(loaded["score"].numpy(), out["score"].numpy(), atol=1e-6)
+
+
+def test_a_multi_task_ranking_model_is_refused_by_name(data):
+    _, schema, stats, *_ = data
+    tasks = (TaskConfig("click", "label"), TaskConfig("again", "label"))
+    config = ModelConfig(type="dnn", embedding_dim=4, mlp=(8,), tasks=tasks, tower_mlp=(4,))
+    model = build_multitask_model(config, build_preprocessor(schema, stats))
+    with pytest.raises(ValueError, match="cannot score requests with a MultiTaskModel"):
+        RequestScorer(model, field_groups(schema))
