@@ -105,10 +105,12 @@ def run(tmp_path_factory):
     shutil.copytree(export, root / "repo" / "esmm" / "1")
     # the two commands run in their own processes while the module's other tests run
     test_data = str(root / "data" / "test")
+    evaluate = ["evaluate", "--model", str(export), "--data", test_data]
     ab = ["ab", "--control", "uniform", "--treatment", str(export), "--data", test_data]
     ab += ["--task", "buy", "--task", "click", "--bootstrap", "20", "--output", str(root / "ab")]
     procs = {
-        "evaluate": _cli("evaluate", "--model", str(export), "--data", test_data),
+        "evaluate": _cli(*evaluate, "--task", "buy", "--task", "click"),
+        "unknown": _cli(*evaluate, "--task", "buy", "--task", "nope"),
         "ab": _cli(*ab),
     }
     schema = load_schema(root / "data" / "schema.toml")
@@ -258,10 +260,19 @@ def test_evaluate_command_prints_every_task(run):
     rc, out, err = _finish(run["procs"]["evaluate"])
     assert rc == 0, err[-3000:]
     result = json.loads(out)
-    assert set(result["tasks"]) == set(TASKS)
+    assert list(result["tasks"]) == ["buy", "click"]  # the tasks asked for, in that order
     for t in TASKS:
         assert result["tasks"][t]["auc"] == pytest.approx(run["report"]["test_tasks"][t]["auc"])
     assert result["tasks"]["buy"]["given_label"]["rows"] == result["tasks"]["click"]["positives"]
+
+
+def test_an_unknown_task_is_one_error_line_and_status_2(run):
+    rc, out, err = _finish(run["procs"]["unknown"])
+    assert rc == 2 and out == ""
+    lines = [line for line in err.splitlines() if line.startswith("error")]
+    assert lines == [
+        "error: --task nope: the model has no such task; its tasks: ['buy', 'click']"
+    ], err[-2000:]
 
 
 def test_ab_command_compares_every_task_given(run):
@@ -276,38 +287,45 @@ def test_ab_command_compares_every_task_given(run):
         )
 
 
-@pytest.mark.parametrize("command", ["evaluate", "ab"])
-def test_an_unknown_task_is_one_error_line(run, capsys, command):
-    data = str(run["root"] / "data" / "test")
-    model = str(run["export"])
-    if command == "evaluate":
-        argv = ["evaluate", "--model", model, "--data", data, "--task", "nope"]
-    else:
-        argv = ["ab", "--control", "uniform", "--treatment", model, "--data", data]
-        argv += ["--task", "nope", "--bootstrap", "0"]
-    assert main(argv) == 2
+def test_ab_with_an_unknown_task_is_one_error_line(run, capsys):
+    data, model = str(run["root"] / "data" / "test"), str(run["export"])
+    argv = ["ab", "--control", "uniform", "--treatment", model, "--data", data]
+    assert main([*argv, "--task", "nope", "--bootstrap", "0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ")
     assert "nope" in err[0] and "click" in err[0] and "buy" in err[0]
 
 
 @pytest.mark.parametrize(
-    ("label", "buy", "field"),
-    [(1.0, 2.0, "buy"), (None, 0.0, "label"), (1.0, None, "buy")],
-    ids=["label of 2", "missing primary label", "missing label under a positive parent"],
+    ("label", "buy", "message"),
+    [
+        (1.0, 2.0, "row 8, column 'buy': value 2.0, expected 0 or 1"),
+        (None, 0.0, "row 8, column 'label': value None, expected 0 or 1"),
+        (1.0, None, "row 8, column 'buy': value None, expected 0 or 1, missing only where 'label'"),
+        (1.0, "drop", "lacks columns ['buy'] that schema 'synthetic' needs"),
+    ],
+    ids=["label of 2", "missing primary label", "missing label of a positive parent", "no column"],
 )
-def test_bad_task_labels_stop_training_with_one_error_line(run, capsys, label, buy, field):
+def test_bad_task_labels_stop_training_with_one_error_line(run, capsys, label, buy, message):
     root = run["root"]
     table = pq.read_table(sorted((root / "data" / "train").glob("*.parquet"))[0]).slice(0, 50)
     cols = table.to_pydict()
-    cols["label"][7], cols["buy"][7] = label, buy
-    schema = table.schema
-    for name in ("label", "buy"):
-        schema = schema.set(schema.get_field_index(name), pa.field(name, pa.float32()))
-    bad = root / f"bad_{field}_{buy}" / "part-00000.parquet"
+    cols["label"][7] = label
+    if buy == "drop":
+        del cols["buy"]
+    else:
+        cols["buy"][7] = buy
+    schema = pa.schema(
+        [
+            pa.field(n, pa.float32()) if n in ("label", "buy") else f
+            for n, f in zip(table.schema.names, table.schema, strict=True)
+            if n in cols
+        ]
+    )
+    bad = root / f"bad_{label}_{buy}" / "part-00000.parquet"
     bad.parent.mkdir()
     pq.write_table(pa.table(cols, schema=schema), bad)
     assert main(["train", "--config", str(_config(root, bad.parent.name, bad.parent))]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: "), err
-    assert repr(field) in err[0] or f"column {field}" in err[0], err[0]
+    assert str(bad) in err[0] and message in err[0]  # the file, row and field
