@@ -11,7 +11,7 @@ import tensorflow as tf
 from features.dataset import input_signature, iter_batches
 from features.schema import Schema
 from ranking import metrics
-from ranking.models import ClickModel
+from ranking.click_model import ClickModel
 
 
 def make_scorer(model: ClickModel, schema: Schema) -> Callable[[dict], tf.Tensor]:
