@@ -39,6 +39,10 @@ from ranking.sequence import ragged_to_padded, sequence_block
 POOLINGS = ("mean", "din", "bst")
 
 
+class SequenceOptionsError(ValueError):
+    """``sequence_options`` the pooling block does not take (a config error)."""
+
+
 def sequence_groups(
     sequence_fields: Mapping[str, Mapping[str, Any]],
     dims: Mapping[str, int],
@@ -101,9 +105,15 @@ class SequencePooling(tf.keras.layers.Layer):
         self.blocks = []
         for i, g in enumerate(self.groups):
             extra = {"max_len": g["max_len"]} if pooling == "bst" else {}
-            self.blocks.append(
-                sequence_block(pooling, **extra, **self.options, name=f"{pooling}_{i:02d}")
-            )
+            try:
+                block = sequence_block(pooling, **extra, **self.options, name=f"{pooling}_{i:02d}")
+            except (TypeError, ValueError) as e:
+                detail = e.args[0] if isinstance(e, TypeError) and e.args else e
+                raise SequenceOptionsError(
+                    f"sequence_options {self.options} for pooling {pooling!r}: {detail}"
+                    + (f" {e.args[1]!r}" if isinstance(e, TypeError) and len(e.args) > 1 else "")
+                ) from None
+            self.blocks.append(block)
 
     @property
     def output_fields(self) -> list[str]:

@@ -14,7 +14,7 @@ from features.dataset import input_signature, iter_batches
 from features.schema import Schema
 from pipelines.evaluation.tasks import ModelTask, needed_labels, needed_outputs, task_metrics
 from ranking import metrics
-from ranking.models import ClickModel
+from ranking.click_model import ClickModel
 from ranking.multitask import MultiTaskModel
 
 
