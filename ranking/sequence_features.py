@@ -159,7 +159,8 @@ def history_inputs(
     groups: Sequence[Mapping[str, Any]],
     lookup: Mapping[str, tf.keras.layers.Layer],
 ) -> tuple[dict[str, tf.Tensor], dict[str, tf.Tensor], dict[str, tf.Tensor]]:
-    """(histories, masks, targets) for ``SequencePooling`` from the preprocessor's ``ids``.
+    """(histories, masks, targets) for ``SequencePooling`` from the preprocessor's ``ids``;
+    a group's mask marks the positions where every member has a value.
 
     ``lookup``: the embedding layer of each table field (``{field: layer}``, e.g. an
     ``EmbeddingCollection``'s ``layers_by_field`` plus the sequences' own tables).
@@ -169,8 +170,9 @@ def history_inputs(
         for k, (member, table) in enumerate(zip(g["members"], g["tables"], strict=True)):
             padded, mask = ragged_to_padded(ids[member], g["max_len"])
             histories[member] = lookup[table](padded)
-            if k == 0:
-                masks[g["name"]] = mask
+            # a position is real where every member has a value (the reader refuses aligned
+            # sequences of different lengths; a served request is pooled over the shorter)
+            masks[g["name"]] = mask if k == 0 else masks[g["name"]] & mask
             target = g["targets"][k]
             if target is not None:
                 targets[member] = lookup[table](ids[target])

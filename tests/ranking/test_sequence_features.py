@@ -18,7 +18,7 @@ from features.schema import load_schema
 from features.stats import compute_stats
 from ranking.config import ModelConfig
 from ranking.models import RankingModel, build_model
-from ranking.sequence_features import SequencePooling, extend, sequence_groups
+from ranking.sequence_features import SequencePooling, extend, history_inputs, sequence_groups
 from tests.features.test_sequences import SCHEMA
 
 # the shared sequence `hist` (item's table), `hist_cat` aligned with it (its own table) and
@@ -261,3 +261,29 @@ def test_only_a_pooling_model_reads_the_history(setup, pooling, reads) -> None:
     # the candidate's own fields still count either way
     c = model(_constants({**FEATURES, "item": ["i3", "i1", "i2", "i2", "i1", "i3"]})).numpy()
     assert not np.allclose(a, c, atol=1e-6)
+
+
+def test_history_inputs_mask_positions_every_member_has() -> None:
+    """A served request whose side sequence is shorter than its main sequence is pooled over
+    the positions both have (the reader refuses such rows in training data)."""
+    table = tf.keras.layers.Embedding(5, 2, embeddings_initializer="ones")
+    side = tf.keras.layers.Embedding(4, 2, embeddings_initializer="zeros")
+    groups = [
+        {
+            "name": "hist",
+            "members": ["hist", "hist_cat"],
+            "tables": ["item", "hist_cat"],
+            "dims": [2, 2],
+            "max_len": 3,
+            "targets": ["item", None],
+        }
+    ]
+    ids = {
+        "item": tf.constant([1, 2], tf.int64),
+        "hist": tf.ragged.constant([[1, 2, 3], [4]], tf.int64),
+        "hist_cat": tf.ragged.constant([[1], [2, 3]], tf.int64),
+    }
+    histories, masks, targets = history_inputs(ids, groups, {"item": table, "hist_cat": side})
+    assert masks["hist"].numpy().tolist() == [[True, False, False], [True, False, False]]
+    assert histories["hist"].shape == (2, 3, 2) and histories["hist_cat"].shape == (2, 3, 2)
+    assert sorted(targets) == ["hist"] and targets["hist"].shape == (2, 2)
