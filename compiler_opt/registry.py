@@ -70,6 +70,8 @@ def compile_op(
     return compile_kernel(source, directory, cuda_source=cu), cuda
 
 
+# run while a graph traces: AutoGraph would convert the source writers and the compiler calls
+@tf.autograph.experimental.do_not_convert
 def load(spec: OpSpec, kind: OpKind, directory: str | Path | None = None) -> LoadedOp:
     """Compiles (or finds in the cache) and loads the op of ``spec``, once per process and
     name; the library holds the op's GPU kernel too where it has one."""

@@ -165,10 +165,14 @@ def _check_batch(
         if f.kind == FeatureKind.LABEL:
             values = pc.cast(col, pa.float64())
             ok = pc.fill_null(pc.or_(pc.equal(values, 0.0), pc.equal(values, 1.0)), False)
+            expected = "0 or 1"
             if f.defined_on is not None and f.defined_on in rb.schema.names:
                 parent_zero = pc.equal(pc.cast(rb.column(f.defined_on), pa.float64()), 0.0)
                 ok = pc.or_(ok, pc.fill_null(pc.and_(pc.is_null(values), parent_zero), False))
-            expected = "0 or 1"
+                expected = (
+                    f"0 or 1, missing only where {f.defined_on!r} is 0 (label {f.name!r} is "
+                    f"defined_on {f.defined_on!r})"
+                )
         elif f.kind == FeatureKind.SEQUENCE and is_list_type(col.type):
             ok = pa.array(~join_sequence(col, f.separator)[1])
             expected = f"a list of non-empty texts without {f.separator!r}"

@@ -173,6 +173,7 @@ def _report(
         "eval_seconds": round(loop.eval_seconds, 2),
         "parameters": int(model.count_params()),
         "test": loop.test,
+        "test_tasks": loop.test_tasks,  # a multi-task model's test metrics per task
         "selected": None,  # filled in by the caller: the checkpoint the test scored
         "selection": state.selection.describe() if state.selection else None,
         "epochs": state.history.entries(),

@@ -27,84 +27,25 @@ from typing import Any
 import tensorflow as tf
 import tensorflow_recommenders as tfrs
 
-from embeddings.collection import EMBEDDING_METHODS, EmbeddingCollection
-from embeddings.protocols import RatioSized
-from embeddings.table_config import TableConfig
+from embeddings.collection import EmbeddingCollection
 from ranking.blocks import MLP, ConcatInteraction, CrossInteraction, FMInteraction, LinearTerm
+from ranking.click_model import ClickModel, ranking_task
 from ranking.config import MODEL_TYPES, ModelConfig
 from ranking.moe import MoELayer
+from ranking.multitask import build_multitask_model
 from ranking.sequence_features import embed_with_history, sequence_blocks
+from ranking.tables import embedding_tables, planned_method
 
-__all__ = ["MODEL_TYPES", "ModelConfig", "RankingModel", "build_model"]
-
-
-def ranking_task() -> tfrs.tasks.Ranking:
-    """Binary cross-entropy on logits, with AUC and log loss metrics.
-
-    For labels and logits of shape ``[batch]`` the loss is their mean binary cross-entropy (the
-    loss function averages over the last axis), so it needs no reduction of its own:
-    ``Reduction.NONE`` gives the same value as a batch mean and keeps the task usable inside a
-    ``tf.distribute`` strategy, where the training step scales each replica's mean to the
-    global batch (``pipelines.run.step``).
-    """
-    return tfrs.tasks.Ranking(
-        loss=tf.keras.losses.BinaryCrossentropy(
-            from_logits=True, reduction=tf.keras.losses.Reduction.NONE
-        ),
-        metrics=[
-            tf.keras.metrics.AUC(from_logits=True, name="auc", num_thresholds=1000),
-            tf.keras.metrics.BinaryCrossentropy(from_logits=True, name="logloss"),
-        ],
-    )
-
-
-class ClickModel(tfrs.models.Model):
-    """Base of the click models: ``call`` gives logits, ``[batch]`` for one task or
-    ``[batch, T]`` for ``T`` tasks (``ranking.multitask``); the loss is ``task_loss`` on
-    ``labels_of(features)``, and the tfrs task in ``self.task`` keeps the metrics of the primary
-    task (``primary``).
-
-    A single-task model has one task, named after its label ``self.label``.
-    """
-
-    label: str
-    task: tfrs.tasks.Ranking
-
-    @property
-    def task_names(self) -> list[str]:
-        """The tasks' names, in the order of the logits' columns (one task: its label)."""
-        return [self.label]
-
-    def labels_of(self, features: dict[str, tf.Tensor]) -> tf.Tensor:
-        """The labels of a batch, in the shape of the logits: ``features[self.label]``."""
-        return features[self.label]
-
-    @staticmethod
-    def primary(x: tf.Tensor) -> tf.Tensor:
-        """The primary task's column: ``x[:, 0]`` of ``[batch, T]`` values, ``x`` of ``[batch]``."""
-        return x[:, 0] if x.shape.rank == 2 else x
-
-    def task_loss(self, labels: tf.Tensor, logits: tf.Tensor) -> tf.Tensor:
-        """The task's loss of ``logits`` ``[batch]`` against ``labels`` ``[batch]``: the mean
-        binary cross-entropy, a scalar (metrics not updated). The training step and
-        ``compute_loss`` both take the loss from here."""
-        return self.task(labels=labels, predictions=logits, compute_metrics=False)
-
-    def compute_loss(self, features: dict[str, tf.Tensor], training: bool = False) -> tf.Tensor:
-        """The tfrs ``Model`` contract (Keras ``fit``/``evaluate``): the task loss of the batch;
-        outside training the task's metrics are updated too, on the primary task."""
-        logits = self(features, training=training)
-        labels = self.labels_of(features)
-        if training:
-            return self.task_loss(labels, logits)
-        primary = self.task(
-            labels=self.primary(labels), predictions=self.primary(logits), compute_metrics=True
-        )
-        return primary if logits.shape.rank == 1 else self.task_loss(labels, logits)
-
-    def score(self, features: dict[str, tf.Tensor]) -> tf.Tensor:
-        """Click probabilities, in the shape of the logits."""
-        return tf.sigmoid(self(features, training=False))
+__all__ = [
+    "MODEL_TYPES",
+    "ClickModel",
+    "ModelConfig",
+    "RankingModel",
+    "build_model",
+    "embedding_tables",
+    "planned_method",
+    "ranking_task",
+]
 
 
 @tf.keras.utils.register_keras_serializable(package="stitchrec")
@@ -291,71 +232,6 @@ def _tower(config: ModelConfig) -> tf.keras.layers.Layer:
     )
 
 
-def _sized_options(
-    config: ModelConfig, method: str, num_rows: int, dim: int
-) -> dict[str, Any] | None:
-    """The layer options of ``method`` for one field, or None to keep the field full."""
-    if method == "full":
-        return {}
-    if num_rows < config.compress_min_rows:
-        return None  # a small field: a full table costs little and loses nothing
-    explicit = {k: v for k, v in config.embedding_options.get(method, {}).items() if k != "codes"}
-    cls = EMBEDDING_METHODS[method]
-    if not isinstance(cls, RatioSized):
-        return explicit
-    if config.embedding_compression > 1:
-        # explicit options that change the size (split, fusion, operation, ...) size it too
-        given = {k: v for k, v in explicit.items() if k in cls.ratio_options}
-        sized = cls.options_for_ratio(num_rows, dim, config.embedding_compression, **given)
-        return {**sized, **explicit}
-    if any(name not in explicit for name in cls.size_options):
-        return None  # nothing to size it by (no compression, no explicit size): full table
-    return explicit
-
-
-def planned_method(
-    config: ModelConfig, name: str, num_rows: int, dim: int, categorical: bool
-) -> str:
-    """The method a field's table ends up with: numeric buckets and fields a sized method
-    cannot size (too small, no compression, no explicit size) use ``full``."""
-    method = config.method_of(name) if categorical else "full"
-    return method if _sized_options(config, method, num_rows, dim) is not None else "full"
-
-
-def embedding_tables(
-    config: ModelConfig,
-    preprocessor: tf.keras.layers.Layer,
-    dim_of: Any,
-    combiners: dict[str, str],
-    wide: bool = False,
-) -> list[TableConfig]:
-    """One table config per embedded field: method, options and size (see ``ModelConfig``).
-
-    ``wide``: the dimension-1 weights of the linear term, where a learned length is moot, so
-    ``amtl`` fields get full weight tables there.
-    """
-    categorical = set(preprocessor.categorical_fields)
-    tables = []
-    for name, rows in preprocessor.embedded_fields.items():
-        dim = dim_of(name)
-        method = planned_method(config, name, rows, dim, name in categorical)
-        if wide and method == "amtl":
-            method = "full"
-        options = _sized_options(config, method, rows, dim)
-        tables.append(
-            TableConfig(
-                name=name,
-                num_rows=rows,
-                dim=dim,
-                combiner=combiners.get(name, "mean"),
-                method=method,
-                l2=config.l2,
-                options=options,
-            )
-        )
-    return tables
-
-
 def build_model(
     config: ModelConfig,
     preprocessor: tf.keras.layers.Layer,
@@ -382,9 +258,7 @@ def build_model(
       label_means: ``{label: training mean}`` of every task's label, the multi-task towers'
         starting biases (``initial_bias`` is the single-task model's).
     """
-    rows = preprocessor.embedded_fields
     dense_blocks = list(dense_blocks or [])
-    num_dense = len(preprocessor.dense_fields) + sum(int(b.output_dim) for b in dense_blocks)
     field_dims = field_dims or {}
     combiners = field_combiners or {}
     unknown = sorted(set(config.embedding_methods) - set(preprocessor.categorical_fields))
@@ -394,9 +268,6 @@ def build_model(
             f"those are: {preprocessor.categorical_fields}"
         )
     if config.tasks:
-        # ranking.multitask builds on this module's ClickModel: imported here, not at the top
-        from ranking.multitask import build_multitask_model
-
         return build_multitask_model(
             config,
             preprocessor,
@@ -406,6 +277,32 @@ def build_model(
             label_means=label_means,
             dense_blocks=dense_blocks,
         )
+    return _single_task_model(
+        config,
+        preprocessor,
+        label,
+        field_dims=field_dims,
+        combiners=combiners,
+        counts=counts,
+        initial_bias=initial_bias,
+        dense_blocks=dense_blocks,
+    )
+
+
+def _single_task_model(
+    config: ModelConfig,
+    preprocessor: tf.keras.layers.Layer,
+    label: str,
+    *,
+    field_dims: dict[str, int],
+    combiners: dict[str, str],
+    counts: dict[str, list[int]] | None,
+    initial_bias: float,
+    dense_blocks: list[tf.keras.layers.Layer],
+) -> RankingModel:
+    """``build_model`` of a config without tasks: ``lr``, ``fm``, ``dnn`` or ``dcn_v2``."""
+    rows = preprocessor.embedded_fields
+    num_dense = len(preprocessor.dense_fields) + sum(int(b.output_dim) for b in dense_blocks)
     sum_all = {name: "sum" for name in rows}
     wide_tables = embedding_tables(config, preprocessor, lambda _: 1, sum_all, wide=True)
     wide = LinearTerm(

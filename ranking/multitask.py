@@ -30,10 +30,11 @@ import tensorflow as tf
 
 from embeddings.collection import EmbeddingCollection
 from ranking.blocks import ConcatInteraction, CrossInteraction, FMInteraction
+from ranking.click_model import ClickModel, ranking_task
 from ranking.config import MULTITASK_KINDS, ModelConfig, TaskConfig, check_tasks, tasks_of
-from ranking.models import ClickModel, embedding_tables, ranking_task
 from ranking.multitask_heads import PLE, MMoE, SharedBottom, TaskTowers
 from ranking.sequence_features import embed_with_history, sequence_blocks
+from ranking.tables import embedding_tables
 
 
 def _log_add_exp(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:

@@ -39,6 +39,10 @@ from ranking.sequence import ragged_to_padded, sequence_block
 POOLINGS = ("mean", "din", "bst")
 
 
+class SequenceOptionsError(ValueError):
+    """``sequence_options`` the pooling block does not take (a config error)."""
+
+
 def sequence_groups(
     sequence_fields: Mapping[str, Mapping[str, Any]],
     dims: Mapping[str, int],
@@ -101,9 +105,15 @@ class SequencePooling(tf.keras.layers.Layer):
         self.blocks = []
         for i, g in enumerate(self.groups):
             extra = {"max_len": g["max_len"]} if pooling == "bst" else {}
-            self.blocks.append(
-                sequence_block(pooling, **extra, **self.options, name=f"{pooling}_{i:02d}")
-            )
+            try:
+                block = sequence_block(pooling, **extra, **self.options, name=f"{pooling}_{i:02d}")
+            except (TypeError, ValueError) as e:
+                detail = e.args[0] if isinstance(e, TypeError) and e.args else e
+                raise SequenceOptionsError(
+                    f"sequence_options {self.options} for pooling {pooling!r}: {detail}"
+                    + (f" {e.args[1]!r}" if isinstance(e, TypeError) and len(e.args) > 1 else "")
+                ) from None
+            self.blocks.append(block)
 
     @property
     def output_fields(self) -> list[str]:
@@ -149,7 +159,8 @@ def history_inputs(
     groups: Sequence[Mapping[str, Any]],
     lookup: Mapping[str, Callable[[Any], tf.Tensor]],
 ) -> tuple[dict[str, tf.Tensor], dict[str, tf.Tensor], dict[str, tf.Tensor]]:
-    """(histories, masks, targets) for ``SequencePooling`` from the preprocessor's ``ids``.
+    """(histories, masks, targets) for ``SequencePooling`` from the preprocessor's ``ids``;
+    a group's mask marks the positions where every member has a value.
 
     ``lookup``: the lookup of each table field (``{field: ids -> vectors}``, e.g. an
     ``EmbeddingCollection``'s ``layers_by_field`` plus the sequences' own tables;
@@ -160,8 +171,9 @@ def history_inputs(
         for k, (member, table) in enumerate(zip(g["members"], g["tables"], strict=True)):
             padded, mask = ragged_to_padded(ids[member], g["max_len"])
             histories[member] = lookup[table](padded)
-            if k == 0:
-                masks[g["name"]] = mask
+            # a position is real where every member has a value (the reader refuses aligned
+            # sequences of different lengths; a served request is pooled over the shorter)
+            masks[g["name"]] = mask if k == 0 else masks[g["name"]] & mask
             target = g["targets"][k]
             if target is not None:
                 targets[member] = lookup[table](ids[target])

@@ -27,8 +27,9 @@ import tensorflow as tf
 from embeddings.collection import EmbeddingCollection
 from embeddings.forms import Embedded
 from ranking.blocks import MLP, ConcatInteraction
+from ranking.click_model import ClickModel, ranking_task
 from ranking.config import ModelConfig, PrerankConfig
-from ranking.models import ClickModel, embedding_tables, ranking_task
+from ranking.tables import embedding_tables
 
 REQUEST_GROUPS = ("user", "context")
 

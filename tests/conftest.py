@@ -1,7 +1,10 @@
-"""Shared fixtures: the real datasets in ../shared/data and a small hand-made Parquet dataset."""
+"""Shared fixtures (the real datasets in ../shared/data, a small hand-made Parquet dataset) and
+the order the suite runs in: the slowest files first, so that ``pytest -n 2`` ends with short
+tests on both workers instead of one worker finishing a long test alone."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -13,6 +16,51 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 ROOT = Path(__file__).resolve().parents[1]
+#: seconds of worker time per test file, measured on a 2-core machine (a fresh checkout's order)
+FILE_SECONDS = Path(__file__).with_name("durations.json")
+#: the pytest cache key of the last runs' seconds per test id (setup + call + teardown)
+CACHE_KEY = "stitchrec/durations"
+
+
+def _file_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Runs the files with the most seconds first, each file's tests in their own order. The
+    seconds of a file: the sum over its collected tests of the last recorded run of each (the
+    pytest cache), else its share of the file's entry in durations.json, else 1 s. Every xdist
+    worker sorts the same collection by the same numbers, so they agree on the order."""
+    cache = getattr(config, "cache", None)  # None under -p no:cacheprovider
+    recorded: dict[str, float] = cache.get(CACHE_KEY, {}) if cache else {}
+    committed = json.loads(FILE_SECONDS.read_text()) if FILE_SECONDS.exists() else {}
+    per_file: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        per_file.setdefault(_file_of(item.nodeid), []).append(item)
+    seconds = {}
+    for name, tests in per_file.items():
+        unknown = committed.get(name, float(len(tests))) / len(tests)  # per test not recorded
+        seconds[name] = sum(recorded.get(t.nodeid, unknown) for t in tests)
+    order = sorted(per_file, key=lambda name: -seconds[name])  # stable: ties keep their order
+    items[:] = [t for name in order for t in per_file[name]]
+
+
+_DURATIONS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _DURATIONS[report.nodeid] = _DURATIONS.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Records each test's seconds for the next run's order (by the controller under xdist,
+    which receives every worker's reports)."""
+    cache = getattr(session.config, "cache", None)
+    if cache is None or hasattr(session.config, "workerinput") or not _DURATIONS:
+        return
+    recorded = cache.get(CACHE_KEY, {})
+    recorded.update({k: round(v, 2) for k, v in _DURATIONS.items()})
+    cache.set(CACHE_KEY, recorded)
 
 
 def shared_data_dir() -> Path:

@@ -80,6 +80,8 @@ _LOCK = threading.Lock()
 _KERNELS: dict[str, Kernel] = {}
 
 
+# run while a model traces: AutoGraph would convert the code generator and the compiler calls
+@tf.autograph.experimental.do_not_convert
 def load(spec: KernelSpec, directory: str | Path | None = None) -> Kernel:
     """The op of ``spec`` in this process: generated, compiled (or found in the cache), loaded
     with ``tf.load_op_library`` and its gradient registered, once per process and spec."""

@@ -197,6 +197,8 @@ def _layer_tables(method: str, layer: Any) -> list[tf.Variable]:
     return [layer.quotient, layer.remainder] if method == "qr" else [layer.table]
 
 
+# plain Python on static shapes, run while a model traces: AutoGraph need not convert it
+@tf.autograph.experimental.do_not_convert
 def build_spec(
     collection: Any,
     ids: dict[str, Any],

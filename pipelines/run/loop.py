@@ -21,10 +21,11 @@ from pipelines.config import PipelineConfig
 from pipelines.run.autolrs import AutoLRS
 from pipelines.run.model import BEST_DIR
 from pipelines.run.paths import Log, RunPaths
-from pipelines.run.scoring import evaluate_model
+from pipelines.run.scoring import evaluate_model, evaluate_tasks
 from pipelines.run.selection import HISTORY_FILE, History, Selection
 from pipelines.run.snapshots import SnapshotTaker
 from ranking.blocks import MLP
+from ranking.multitask import MultiTaskModel
 
 
 @dataclasses.dataclass
@@ -168,6 +169,8 @@ class TrainLoop:
         done = state.history.entries()  # a resumed run does not evaluate a step twice
         self.last_eval = done[-1]["step"] if done else -1  # the last evaluated global step
         self.test: dict[str, Any] | None = None
+        #: a multi-task model's test metrics per task (``scoring.evaluate_tasks``)
+        self.test_tasks: dict[str, dict[str, Any]] | None = None
         self.t_window, self.examples_window = time.time(), 0
 
     @property
@@ -341,7 +344,40 @@ class TrainLoop:
             f"({self.test['rows']:,} rows) on the checkpoint of step {step} (epoch {epoch}): "
             f"{reason}"
         )
+        if isinstance(model, MultiTaskModel):
+            self._test_tasks(model, step)
         return selected
+
+    def _test_tasks(self, model: MultiTaskModel, step: int) -> None:
+        """The test metrics of every task of ``model`` (``self.test_tasks``), logged and
+        written as ``test/<task>/auc`` scalars; the selection stays on the primary task."""
+        r = self.run_
+        t_eval = time.time()
+        self.test_tasks = evaluate_tasks(model, r.schema, r.test_files)
+        self.eval_seconds += time.time() - t_eval
+        with self.writer.as_default(step=step):
+            for name, m in self.test_tasks.items():
+                if m["auc"] is not None:
+                    tf.summary.scalar(f"test/{name}/auc", m["auc"])
+        self.writer.flush()
+        for name, m in self.test_tasks.items():
+            r.log(f"test task {name}: {_task_line(m)}")
+
+
+def _task_line(m: dict[str, Any]) -> str:
+    """``auc A logloss L (R rows, P positives)`` of ``m``, then its ``given_<parent>``
+    metrics (a task's metrics on its parent's positive rows)."""
+
+    def one(x: dict[str, Any]) -> str:
+        auc = "n/a (one class)" if x["auc"] is None else f"{x['auc']:.4f}"
+        loss = "n/a" if x["logloss"] is None else f"{x['logloss']:.4f}"
+        return f"auc {auc} logloss {loss} ({x['rows']:,} rows, {x['positives']:,} positives)"
+
+    parts = [one(m)]
+    for key, sub in m.items():
+        if key.startswith("given_"):
+            parts.append(f"{key.replace('_', ' ', 1)}: {one(sub)}")
+    return "; ".join(parts)
 
 
 def _last_reason(run: Run) -> str:

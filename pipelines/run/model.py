@@ -25,6 +25,7 @@ from ranking.config import ModelConfig
 from ranking.models import ClickModel, RankingModel, build_model, planned_method
 from ranking.multitask import MultiTaskModel
 from ranking.pair_stats import PairStatsGNN, PairStatsTable
+from ranking.sequence_features import SequenceOptionsError
 
 #: ``[train] optimizer`` names and the Keras optimizers they make. ``ftrl`` (FTRL-proximal,
 #: learning-rate power -0.5) and ``adagrad`` keep one accumulator per weight, so a rare id's
@@ -99,6 +100,19 @@ def build_run_model(cfg: PipelineConfig, schema: Schema, stats: DatasetStats) ->
     counts = {
         n: [stats[n].oov_count + stats[n].missing, *stats[n].vocab_counts] for n in categorical
     }
+    try:
+        return _build_model(cfg, schema, stats, codes, counts)
+    except SequenceOptionsError as e:
+        raise ConfigError(f"[model] {e}") from None
+
+
+def _build_model(
+    cfg: PipelineConfig,
+    schema: Schema,
+    stats: DatasetStats,
+    codes: dict[str, str],
+    counts: dict[str, list[int]],
+) -> ClickModel:
     return build_model(
         cfg.model,
         build_preprocessor(schema, stats, codes),

@@ -1,17 +1,21 @@
-"""Scoring a model: its scorer over raw inputs, predictions over files, test metrics."""
+"""Scoring a model: its scorer over raw inputs, predictions over files, test metrics (of the
+primary task, and of every task of a multi-task model)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
 from features.dataset import input_signature, iter_batches
 from features.schema import Schema
+from pipelines.evaluation.tasks import ModelTask, needed_labels, needed_outputs, task_metrics
 from ranking import metrics
-from ranking.models import ClickModel
+from ranking.click_model import ClickModel
+from ranking.multitask import MultiTaskModel
 
 
 def make_scorer(model: ClickModel, schema: Schema) -> Callable[[dict], tf.Tensor]:
@@ -50,3 +54,64 @@ def evaluate_model(
     """Rows, AUC and log loss of ``scorer`` on every row of ``files``."""
     y, p = predict(scorer, schema, files)
     return {"rows": int(y.size), "auc": metrics.auc(y, p), "logloss": metrics.logloss(y, p)}
+
+
+def model_tasks_of(model: MultiTaskModel) -> list[ModelTask]:
+    """The tasks of ``model`` in task order, with the outputs ``make_task_scorer`` gives them
+    (the names of the export's signature outputs, ``pipelines.export.task_records``)."""
+    names, tasks = model.task_names, model.tasks
+    out = []
+    for t, task in enumerate(tasks):
+        parent = model.parents[t]
+        out.append(
+            ModelTask(
+                name=task.name,
+                label=task.label,
+                output=f"score_{task.name}",
+                parent=None if parent is None else tasks[parent].label,
+                conditional_output=(
+                    None if parent is None else f"score_{task.name}_given_{names[parent]}"
+                ),
+            )
+        )
+    return out
+
+
+def make_task_scorer(model: MultiTaskModel, schema: Schema) -> Callable[[dict], dict]:
+    """``model.serving_logits`` as probabilities ``{output: [batch]}``, one tf.function over
+    the schema's raw inputs: ``score_<task>`` = P(label) over every row (for a ``defined_on``
+    task P(parent) * P(label | parent)) and ``score_<task>_given_<parent task>`` =
+    P(label | parent)."""
+    names, parents = model.task_names, model.parents
+
+    def score(features: dict) -> dict[str, tf.Tensor]:
+        joint, conditional = model.serving_logits(features)
+        out = {f"score_{n}": tf.sigmoid(joint[:, t]) for t, n in enumerate(names)}
+        for t, logit in conditional.items():
+            out[f"score_{names[t]}_given_{names[parents[t]]}"] = tf.sigmoid(logit)
+        return out
+
+    return tf.function(score, input_signature=[input_signature(schema.model_inputs)])
+
+
+def evaluate_tasks(
+    model: MultiTaskModel, schema: Schema, files: list[Path], batch_size: int = 8192
+) -> dict[str, dict[str, Any]]:
+    """``{task: metrics}`` of every task of ``model`` on every row of ``files``
+    (``pipelines.evaluation.tasks.task_metrics``: rows, positives, AUC, log loss, mean score;
+    a ``defined_on`` task also ``given_<parent label>``, on the parent-positive rows, scored
+    by P(label | parent))."""
+    tasks = model_tasks_of(model)
+    scorer = make_task_scorer(model, schema)
+    inputs = [f.name for f in schema.model_inputs]
+    labels: dict[str, list[np.ndarray]] = {k: [] for k in needed_labels(tasks)}
+    scores: dict[str, list[np.ndarray]] = {k: [] for k in needed_outputs(tasks)}
+    for batch in iter_batches(schema, files, batch_size=batch_size, shuffle=False):
+        out = scorer({k: tf.constant(batch[k]) for k in inputs})
+        for k, parts in labels.items():
+            parts.append(np.asarray(batch[k]))
+        for k, parts in scores.items():
+            parts.append(out[k].numpy())
+    y = {k: np.concatenate(v) for k, v in labels.items()}
+    p = {k: np.concatenate(v) for k, v in scores.items()}
+    return {t.name: task_metrics(t, y, p) for t in tasks}

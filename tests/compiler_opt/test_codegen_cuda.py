@@ -370,11 +370,13 @@ def test_a_version_whose_op_has_no_gpu_kernel_is_served_on_the_cpu(cuda):
 
 def test_the_cuda_form_has_its_own_cache_entry_and_nvcc_errors_are_reported(cuda, tmp_path):
     spec = LOOP_SPECS[0]
-    plain = toolchain.compile_kernel(loop_cpu.generate(spec), tmp_path)
+    # in the module's cache: the CUDA form is the library the row_scalar loop test loaded
+    plain = toolchain.compile_kernel(loop_cpu.generate(spec))
     with_cuda = toolchain.compile_kernel(
-        loop_cpu.generate(spec, cuda=True), tmp_path, cuda_source=loop_cuda.loop_source(spec)
+        loop_cpu.generate(spec, cuda=True), cuda_source=loop_cuda.loop_source(spec)
     )
     assert plain.key != with_cuda.key and plain.path.exists() and with_cuda.path.exists()
+    assert str(with_cuda.path) == loop_groups.library_path(spec)
     with pytest.raises(toolchain.CudaUnavailable, match=r"nvcc failed .*\.cu"):
         toolchain.compile_kernel(
             loop_cpu.generate(spec, cuda=True), tmp_path, cuda_source="this is not CUDA"

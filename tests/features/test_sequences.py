@@ -267,6 +267,15 @@ def test_tf_data_checks_the_rules_across_fields(schema, tmp_path: Path) -> None:
     pq.write_table(stray, tmp_path / "stray.parquet")
     with pytest.raises(DataError, match="row 3, field 'buy': 1 where 'click' is 0"):
         list(iter_batches(pschema, [tmp_path / "stray.parquet"], batch_size=4, shuffle=False))
+    # a missing conversion label is fine on a non-click row (row 3), an error on a click row
+    missing = good.set_column(1, "buy", pa.array([None, 0.0, None, 0.0], pa.float32()))
+    pq.write_table(missing, tmp_path / "missing.parquet")
+    match = (
+        r"row 1, column 'buy': value None, expected 0 or 1, missing only where 'click' is 0 "
+        r"\(label 'buy' is defined_on 'click'\)"
+    )
+    with pytest.raises(DataError, match=match):
+        list(iter_batches(pschema, [tmp_path / "missing.parquet"], batch_size=4, shuffle=False))
 
 
 def test_convert_then_tf_data(schema, tmp_path: Path) -> None:

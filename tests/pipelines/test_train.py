@@ -59,6 +59,7 @@ def test_train_writes_run_and_learns(tiny_data):
     assert report["selection"] is None and report["validation_rows"] == 0
     assert report["selected"]["step"] == 32 and "no validation" in report["selected"]["reason"]
     assert sum(line.startswith("test auc") for line in lines) == 1
+    assert report["test_tasks"] is None  # one task: its metrics are `test`
     assert tf.train.latest_checkpoint(str(paths.checkpoints)).endswith("ckpt-32")
     # a second call resumes at the end: nothing more to train
     again = train(cfg, log=lines.append)
