@@ -82,8 +82,8 @@ def request_history(
             if member in request_members:  # looked up once, tiled as vectors
                 h, mask = tf.gather(h, repeat), tf.gather(mask, repeat)
             histories[member] = h
-            if k == 0:
-                masks[g["name"]] = mask
+            # real where every member has a value, as the model pools
+            masks[g["name"]] = mask if k == 0 else masks[g["name"]] & mask
             target = g["targets"][k]
             if target is not None:
                 ids = ids_c[target] if target in ids_c else tf.gather(ids_r[target], repeat)

@@ -72,6 +72,15 @@ def test_request_scorer_tiles_the_history_once_and_equals_the_model(data, kind, 
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
 
 
+def test_a_shorter_side_sequence_is_pooled_as_the_model_pools_it(data):
+    _, schema, stats, request, cands, _ = data
+    rank = _rank(schema, stats)
+    short = {**request, "hist_items": tf.constant(["i1|i2|i3"]), "hist_cats": tf.constant(["k1"])}
+    want = rank(_tiled(short, cands)).numpy()
+    got = RequestScorer(rank, field_groups(schema))(short, cands).numpy()
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+
+
 def test_the_history_of_another_user_changes_the_scores(data):
     _, schema, stats, request, cands, _ = data
     rank = _rank(schema, stats)
