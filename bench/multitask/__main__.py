@@ -29,7 +29,7 @@ first run converts the data and every other run reads its shards.
 Every model: embedding_dim ``--embedding-dim``, ``--epochs`` epochs, batch ``--batch-size``;
 a run folder of ``--work`` holding a finished run is read back, not trained again.
 
-    python -m bench.multitask --seeds 3 --rows 60000 --data-root ../shared/data
+    python -m bench.multitask --seeds 3 --rows 30000 --data-root ../shared/data
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ SECTIONS = ("sequences", "multitask", "moe", "export")
 
 
 def parse(argv: list[str] | None) -> Any:
-    p = bench_parser(__doc__, "synthetic,movielens", 60_000)
+    p = bench_parser(__doc__, "synthetic,movielens", 30_000)
     p.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated sections")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=512)
