@@ -77,7 +77,8 @@ def parse(argv: list[str] | None) -> Any:
 
 def run_sections(args: Any, work: Path) -> dict[str, Any]:
     results: dict[str, Any] = {}
-    syn = synthetic(work, args.rows)
+    needs_syn = set(args.sections) != {"sequences"} or "synthetic" in args.datasets
+    syn = synthetic(work, args.rows) if needs_syn else {}
     if "sequences" in args.sections:
         results["sequences"] = {}
         for name in args.datasets:
