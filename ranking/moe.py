@@ -236,13 +236,17 @@ class MoELayer(tf.keras.layers.Layer):
             y = self._activation(tf.einsum("ebu,euv->ebv", y, kernel) + bias[:, None])
         return y
 
-    def routing(self, x: tf.Tensor) -> dict[str, tf.Tensor]:
-        """``route`` on this layer's router logits ``x W_g``."""
+    def routing(self, x: tf.Tensor, training: bool = True) -> dict[str, tf.Tensor]:
+        """``route`` on this layer's router logits ``x W_g``: capacity-limited in training;
+        outside training every assignment is kept (capacity ``batch * A``), so an example's
+        output does not depend on the other examples of its batch (a served row scores the
+        same in any batch the server forms)."""
         logits = tf.matmul(x, tf.cast(self.gate, x.dtype))
-        return route(logits, self.top_k, self.prototypes, self.capacity_factor)
+        factor = self.capacity_factor if training else float(self.num_experts)
+        return route(logits, self.top_k, self.prototypes, factor)
 
     def call(self, x: tf.Tensor, training: bool | None = None) -> tf.Tensor:
-        routed = self.routing(x)
+        routed = self.routing(x, training=bool(training))
         if training:
             made = tf.cast(tf.reduce_sum(routed["assigned"]), tf.int64)
             self.routed_total.assign_add(made)

@@ -245,3 +245,16 @@ def test_config_and_saved_model_round_trip(options, tmp_path: Path):
     loaded = tf.saved_model.load(str(tmp_path / "sm"))
     np.testing.assert_allclose(loaded.f(x).numpy(), before, rtol=1e-6)
     np.testing.assert_allclose(loaded.f(x[:3]).numpy(), layer(x[:3]).numpy(), rtol=1e-6)
+
+
+def test_inference_keeps_every_assignment_so_a_row_scores_alike_in_any_batch():
+    x = np.ones((4, 2), np.float32)
+    x[0] = [2.0, -1.0]
+    gate = np.array([[LN3, 0.0], [0.0, 0.0]], np.float32)  # every example prefers expert 0
+    layer = _layer(x, gate, num_experts=2, capacity_factor=1.0)  # C = 2 in training
+    batch = layer(tf.constant(x)).numpy()
+    alone = np.concatenate([layer(tf.constant(x[i : i + 1])).numpy() for i in range(4)])
+    np.testing.assert_allclose(batch, alone, rtol=1e-6)
+    assert np.abs(batch[2:]).sum() > 0  # rows past the training capacity are not dropped
+    trained = layer(tf.constant(x), training=True).numpy()
+    assert np.abs(trained[2:]).sum() == 0  # the same rows in a training call: dropped
