@@ -268,16 +268,7 @@ def test_history_inputs_mask_positions_every_member_has() -> None:
     the positions both have (the reader refuses such rows in training data)."""
     table = tf.keras.layers.Embedding(5, 2, embeddings_initializer="ones")
     side = tf.keras.layers.Embedding(4, 2, embeddings_initializer="zeros")
-    groups = [
-        {
-            "name": "hist",
-            "members": ["hist", "hist_cat"],
-            "tables": ["item", "hist_cat"],
-            "dims": [2, 2],
-            "max_len": 3,
-            "targets": ["item", None],
-        }
-    ]
+    groups = [dict(GROUPS[0], dims=[2, 2])]  # hist (item's table) and hist_cat, max_len 3
     ids = {
         "item": tf.constant([1, 2], tf.int64),
         "hist": tf.ragged.constant([[1, 2, 3], [4]], tf.int64),
