@@ -21,13 +21,12 @@ from features.dataset import iter_batches, list_parquet, table_to_numpy
 from features.schema import Schema, SchemaError, load_schema
 from pipelines.evaluation.tasks import (
     ModelTask,
-    model_tasks,
     needed_labels,
     needed_outputs,
+    saved_model_tasks,
     select_tasks,
     task_metrics,
 )
-from pipelines.run.paths import ASSETS_EXTRA
 
 
 def _batches(
@@ -54,18 +53,6 @@ def _batches(
         yield table_to_numpy(batch, [schema.field(f.name) for f in fields])
 
 
-def saved_model_tasks(model_dir: str | Path) -> tuple[Schema, list[ModelTask]]:
-    """The schema a StitchRec SavedModel takes (labels included) and its tasks."""
-    extra = Path(model_dir) / ASSETS_EXTRA
-    schema_file = extra / "schema.toml"
-    if not schema_file.exists():
-        raise FileNotFoundError(f"{model_dir} is not a StitchRec SavedModel: no {schema_file}")
-    meta_file = extra / "stitchrec.json"
-    meta = json.loads(meta_file.read_text()) if meta_file.exists() else {}
-    model_schema = load_schema(schema_file)
-    return model_schema, model_tasks(meta, model_schema)
-
-
 def score_tasks(
     model_dir: str | Path,
     data: Sequence[str | Path],
@@ -78,7 +65,20 @@ def score_tasks(
     """({label: [n]}, {output: [n]}, read report): the labels and signature outputs that
     ``tasks`` (default: every task of the model) read, over ``data``."""
     model_schema, all_tasks = saved_model_tasks(model_dir)
-    tasks = list(tasks or all_tasks)
+    return _score(
+        model_dir, model_schema, list(tasks or all_tasks), data, schema, batch_size, max_bad_rows
+    )
+
+
+def _score(
+    model_dir: str | Path,
+    model_schema: Schema,
+    tasks: list[ModelTask],
+    data: Sequence[str | Path],
+    schema: Schema | None,
+    batch_size: int,
+    max_bad_rows: int,
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], read_report.ReadReport]:
     fn = tf.saved_model.load(str(model_dir)).signatures["serving_default"]
     inputs = [f.name for f in model_schema.model_inputs]
     label_names, outputs = needed_labels(tasks), needed_outputs(tasks)
@@ -111,14 +111,9 @@ def score_saved_model(
     max_bad_rows: int = 0,
 ) -> tuple[np.ndarray, np.ndarray, read_report.ReadReport]:
     """(labels, scores, read report) of the primary task over ``data``."""
-    _, tasks = saved_model_tasks(model_dir)
-    labels, scores, report = score_tasks(
-        model_dir,
-        data,
-        tasks[:1],
-        schema=schema,
-        batch_size=batch_size,
-        max_bad_rows=max_bad_rows,
+    model_schema, tasks = saved_model_tasks(model_dir)
+    labels, scores, report = _score(
+        model_dir, model_schema, tasks[:1], data, schema, batch_size, max_bad_rows
     )
     return labels[tasks[0].label], scores[tasks[0].output], report
 
@@ -139,15 +134,11 @@ def evaluate(
     evaluated, with ``given_<parent>`` metrics on the parent-positive rows of a task whose
     label is defined only there (``pipelines.evaluation.tasks``).
     """
-    _, all_tasks = saved_model_tasks(model_dir)
+    model_schema, all_tasks = saved_model_tasks(model_dir)
     chosen = select_tasks(all_tasks, tasks)
-    labels, scores, report = score_tasks(
-        model_dir,
-        data,
-        chosen,
-        schema=load_schema(schema) if schema else None,
-        batch_size=batch_size,
-        max_bad_rows=max_bad_rows,
+    data_schema = load_schema(schema) if schema else None
+    labels, scores, report = _score(
+        model_dir, model_schema, chosen, data, data_schema, batch_size, max_bad_rows
     )
     per_task = {t.name: task_metrics(t, labels, scores) for t in chosen}
     first = per_task[chosen[0].name]

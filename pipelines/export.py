@@ -35,6 +35,7 @@ from embeddings.protocols import HasServingForm
 from embeddings.quantize import DEFAULT_MIN_ROWS, quantized_model
 from features.dataset import input_signature
 from features.schema import FeatureSpec, Schema, load_schema
+from pipelines.evaluation.tasks import task_logits, tasks_of_model
 from pipelines.run.ensemble import COMBINES
 from pipelines.run.model import load_trained_model, restore_run_model
 from pipelines.run.paths import ASSETS_EXTRA, RunPaths
@@ -56,11 +57,10 @@ class ServingModule(tf.Module):
         if not isinstance(self.model, MultiTaskModel):
             logits = self.model(features, training=False)
             return serving_outputs(logits, tf.sigmoid(logits), [])
-        joint, conditional = self.model.serving_logits(features)
-        out = serving_outputs(joint, tf.sigmoid(joint), self.model.task_names)
-        names = self.model.task_names
-        for t, logit in conditional.items():
-            key = f"{names[t]}_given_{names[self.model.parents[t]]}"
+        logits = task_logits(self.model, features)
+        primary = logits[self.model.task_names[0]]
+        out = {"score": tf.sigmoid(primary), "logit": primary}
+        for key, logit in logits.items():
             out[f"score_{key}"] = tf.sigmoid(logit)
             out[f"logit_{key}"] = logit
         return out
@@ -76,25 +76,10 @@ def joint_logits(model: tf.keras.Model, features: dict[str, tf.Tensor]) -> tf.Te
 
 def task_records(model: tf.keras.Model, conditional: bool = True) -> list[dict[str, Any]]:
     """The ``tasks`` of ``stitchrec.json`` (``pipelines.evaluation.tasks``): none for a
-    single-task model; per task its name, label, output, parent label and (``conditional``)
-    the output of its probability given the parent."""
+    single-task model (``conditional``: see ``tasks_of_model``)."""
     if not isinstance(model, MultiTaskModel):
         return []
-    names, tasks = model.task_names, model.tasks
-    records = []
-    for t, task in enumerate(tasks):
-        parent = model.parents[t]
-        record: dict[str, Any] = {
-            "name": task.name,
-            "label": task.label,
-            "output": f"score_{task.name}",
-        }
-        if parent is not None:
-            record["parent"] = tasks[parent].label
-            if conditional:
-                record["conditional_output"] = f"score_{task.name}_given_{names[parent]}"
-        records.append(record)
-    return records
+    return [t.to_dict() for t in tasks_of_model(model, conditional)]
 
 
 def serving_outputs(logits: tf.Tensor, scores: tf.Tensor, tasks: list[str]) -> dict[str, tf.Tensor]:
@@ -168,8 +153,9 @@ def export_saved_model(
                 )
             emb_assets.write_saved_model_assets(tmp, kernels_of(fused_collections(model)))
         meta = {"model": model.name, "inputs": [f.name for f in fields], **(extra or {})}
-        if task_records(model):
-            meta["tasks"] = task_records(model)
+        records = task_records(model)
+        if records:
+            meta["tasks"] = records
         write_assets_extra(tmp, schema, fields, meta)
     return out
 
@@ -438,8 +424,9 @@ def _save_ensemble(
         with keras_option_scope(save_traces=False, in_tf_saved_model_scope=True):
             tf.saved_model.save(module, str(tmp), signatures={"serving_default": module.serve})
         meta = {"model": models[0].name, "inputs": [f.name for f in fields], **meta}
-        if task_records(models[0]):  # the members' mean per task, no conditional outputs
-            meta["tasks"] = task_records(models[0], conditional=False)
+        records = task_records(models[0], conditional=False)  # the members' mean per task
+        if records:
+            meta["tasks"] = records
         write_assets_extra(tmp, schema, fields, meta)
         shutil.copy(paths.stats / "stats.json", tmp / ASSETS_EXTRA / "stats.json")
     return out

@@ -21,7 +21,6 @@ A source is named by one string (``--control`` / ``--treatment``):
 from __future__ import annotations
 
 import copy
-import json
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,10 +35,9 @@ from tensorflow_serving.apis import get_model_metadata_pb2, predict_pb2, predict
 from features import read_report, readers
 from features.dataset import column_to_numpy, list_parquet
 from features.schema import FeatureKind, Schema, load_schema
-from pipelines.evaluation.tasks import ModelTask, model_tasks
+from pipelines.evaluation.tasks import ModelTask, saved_model_tasks
 
 SCHEMA_ASSET = Path("assets.extra") / "schema.toml"
-META_ASSET = Path("assets.extra") / "stitchrec.json"
 
 
 def _show(x: object) -> str:
@@ -196,10 +194,7 @@ class SavedModelSource(ScoreSource):
         asset = self.path / SCHEMA_ASSET
         if not asset.is_file():
             raise SourceError(f"{path} is not a StitchRec SavedModel: it has no {SCHEMA_ASSET}")
-        self.model_schema = load_schema(asset)
-        meta_file = self.path / META_ASSET
-        meta = json.loads(meta_file.read_text()) if meta_file.is_file() else {}
-        self.tasks = model_tasks(meta, self.model_schema)
+        self.model_schema, self.tasks = saved_model_tasks(self.path)
         self.output = "score"
         self.fn = tf.saved_model.load(str(self.path)).signatures["serving_default"]
         self.input_names = [f.name for f in self.model_schema.model_inputs]

@@ -16,12 +16,14 @@ probability given the parent (P(buy | click)), scored on the parent-positive row
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from features.schema import Schema
+from features.schema import Schema, load_schema
 from ranking import metrics
 
 
@@ -116,3 +118,54 @@ def task_metrics(
         p = np.asarray(scores[task.conditional_output or task.output], np.float64)
         result[f"given_{task.parent}"] = point_metrics(y[on], p[on])
     return result
+
+
+def tasks_of_model(model: Any, conditional: bool = True) -> list[ModelTask]:
+    """The tasks of a ``ranking.multitask.MultiTaskModel`` in task order, named by the outputs
+    ``task_logits`` gives them (an export's signature outputs, with a ``score_`` prefix);
+    ``conditional``: name the conditional output of a task with a parent (an ensemble of
+    members has none)."""
+    names, tasks = model.task_names, model.tasks
+    out = []
+    for t, task in enumerate(tasks):
+        parent = model.parents[t]
+        out.append(
+            ModelTask(
+                name=task.name,
+                label=task.label,
+                output=f"score_{task.name}",
+                parent=None if parent is None else tasks[parent].label,
+                conditional_output=(
+                    f"score_{task.name}_given_{names[parent]}"
+                    if parent is not None and conditional
+                    else None
+                ),
+            )
+        )
+    return out
+
+
+def task_logits(model: Any, features: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``MultiTaskModel``'s logits ``[batch]`` by output name without its ``score_`` /
+    ``logit_`` prefix: ``<task>`` = the logit of P(label) over every row (for a task with a
+    parent, of P(parent) * P(label | parent)), and ``<task>_given_<parent task>`` = the logit
+    of P(label | parent) (``MultiTaskModel.serving_logits``)."""
+    names, parents = model.task_names, model.parents
+    joint, conditional = model.serving_logits(features)
+    out = {n: joint[:, t] for t, n in enumerate(names)}
+    for t, logit in conditional.items():
+        out[f"{names[t]}_given_{names[parents[t]]}"] = logit
+    return out
+
+
+def saved_model_tasks(model_dir: str | Path) -> tuple[Schema, list[ModelTask]]:
+    """The schema a StitchRec SavedModel takes (labels included) and its tasks, from its
+    ``assets.extra/schema.toml`` and ``stitchrec.json``."""
+    extra = Path(model_dir) / "assets.extra"
+    schema_file = extra / "schema.toml"
+    if not schema_file.exists():
+        raise FileNotFoundError(f"{model_dir} is not a StitchRec SavedModel: no {schema_file}")
+    meta_file = extra / "stitchrec.json"
+    meta = json.loads(meta_file.read_text()) if meta_file.exists() else {}
+    schema = load_schema(schema_file)
+    return schema, model_tasks(meta, schema)

@@ -12,7 +12,13 @@ import tensorflow as tf
 
 from features.dataset import input_signature, iter_batches
 from features.schema import Schema
-from pipelines.evaluation.tasks import ModelTask, needed_labels, needed_outputs, task_metrics
+from pipelines.evaluation.tasks import (
+    needed_labels,
+    needed_outputs,
+    task_logits,
+    task_metrics,
+    tasks_of_model,
+)
 from ranking import metrics
 from ranking.click_model import ClickModel
 from ranking.multitask import MultiTaskModel
@@ -56,40 +62,13 @@ def evaluate_model(
     return {"rows": int(y.size), "auc": metrics.auc(y, p), "logloss": metrics.logloss(y, p)}
 
 
-def model_tasks_of(model: MultiTaskModel) -> list[ModelTask]:
-    """The tasks of ``model`` in task order, with the outputs ``make_task_scorer`` gives them
-    (the names of the export's signature outputs, ``pipelines.export.task_records``)."""
-    names, tasks = model.task_names, model.tasks
-    out = []
-    for t, task in enumerate(tasks):
-        parent = model.parents[t]
-        out.append(
-            ModelTask(
-                name=task.name,
-                label=task.label,
-                output=f"score_{task.name}",
-                parent=None if parent is None else tasks[parent].label,
-                conditional_output=(
-                    None if parent is None else f"score_{task.name}_given_{names[parent]}"
-                ),
-            )
-        )
-    return out
-
-
 def make_task_scorer(model: MultiTaskModel, schema: Schema) -> Callable[[dict], dict]:
-    """``model.serving_logits`` as probabilities ``{output: [batch]}``, one tf.function over
-    the schema's raw inputs: ``score_<task>`` = P(label) over every row (for a ``defined_on``
-    task P(parent) * P(label | parent)) and ``score_<task>_given_<parent task>`` =
-    P(label | parent)."""
-    names, parents = model.task_names, model.parents
+    """The probabilities ``{output: [batch]}`` of the outputs an export of ``model`` gives
+    (``pipelines.evaluation.tasks.task_logits``, ``score_`` prefixed), one tf.function over the
+    schema's raw inputs."""
 
     def score(features: dict) -> dict[str, tf.Tensor]:
-        joint, conditional = model.serving_logits(features)
-        out = {f"score_{n}": tf.sigmoid(joint[:, t]) for t, n in enumerate(names)}
-        for t, logit in conditional.items():
-            out[f"score_{names[t]}_given_{names[parents[t]]}"] = tf.sigmoid(logit)
-        return out
+        return {f"score_{k}": tf.sigmoid(v) for k, v in task_logits(model, features).items()}
 
     return tf.function(score, input_signature=[input_signature(schema.model_inputs)])
 
@@ -101,7 +80,7 @@ def evaluate_tasks(
     (``pipelines.evaluation.tasks.task_metrics``: rows, positives, AUC, log loss, mean score;
     a ``defined_on`` task also ``given_<parent label>``, on the parent-positive rows, scored
     by P(label | parent))."""
-    tasks = model_tasks_of(model)
+    tasks = tasks_of_model(model)
     scorer = make_task_scorer(model, schema)
     inputs = [f.name for f in schema.model_inputs]
     labels: dict[str, list[np.ndarray]] = {k: [] for k in needed_labels(tasks)}
