@@ -59,6 +59,13 @@ def parse(argv: list[str] | None) -> Any:
     p.add_argument("--batch-size", type=int, default=512)
     p.add_argument("--embedding-dim", type=int, default=8)
     p.add_argument("--poolings", default=",".join(POOLINGS), help="sequences: with mean")
+    p.add_argument(
+        "--din-hidden",
+        type=int,
+        nargs="*",
+        default=[],
+        help="din: the activation unit's hidden sizes (default: the model's)",
+    )
     p.add_argument("--latency-calls", type=int, default=50, help="timed calls per model")
     p.add_argument("--json", default="", help="write the results here")
     args = p.parse_args(argv)

@@ -33,7 +33,10 @@ def base_model(args: Any) -> dict[str, Any]:
 
 
 def seq_model(pooling: str, args: Any) -> dict[str, Any]:
-    return {**base_model(args), "sequence_pooling": pooling}
+    model = {**base_model(args), "sequence_pooling": pooling}
+    if pooling == "din" and args.din_hidden:
+        model["sequence_options"] = {"hidden": list(args.din_hidden)}
+    return model
 
 
 def train_poolings(dataset: str, data: dict, work: Path, args: Any) -> dict[str, list[dict]]:

@@ -15,6 +15,8 @@ from ranking.sequence import (
     DINAttention,
     MaskedMeanPooling,
     SelfAttentionEncoder,
+    din_features,
+    din_first_layer,
     masked_softmax,
     ragged_to_padded,
     sequence_block,
@@ -225,3 +227,14 @@ def test_config_and_saved_model_round_trip(block, tmp_path: Path):
 def test_dice_config_round_trip():
     dice = Dice(momentum=0.9, epsilon=1e-6)
     assert Dice.from_config(dice.get_config()).get_config() == dice.get_config()
+
+
+def test_din_first_layer_equals_the_concatenated_form():
+    rng = np.random.default_rng(3)
+    history = rng.normal(size=(4, 5, 6)).astype(np.float32)
+    target = rng.normal(size=(4, 6)).astype(np.float32)
+    kernel = rng.normal(size=(24, 7)).astype(np.float32)
+    bias = rng.normal(size=(7,)).astype(np.float32)
+    want = din_features(tf.constant(history), tf.constant(target)).numpy() @ kernel + bias
+    got = din_first_layer(*(tf.constant(v) for v in (history, target, kernel, bias)))
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-5)
