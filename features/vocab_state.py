@@ -34,7 +34,7 @@ import dataclasses
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -42,7 +42,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from features.schema import VALUE_KINDS, FeatureSpec, Schema, SchemaError
-from features.stats import DatasetStats
+
+if TYPE_CHECKING:  # annotations only: features.stats pulls in pandas, which config users skip
+    from features.stats import DatasetStats
 
 STATE_DIR = "vocab_state"
 STATE_FILE = "state.json"
@@ -124,8 +126,7 @@ class VocabState:
 
     def __init__(self, tables: dict[str, pa.Table], window: int, options: VocabOptions):
         for name, t in tables.items():
-            if not t.schema.equals(_COLUMNS):
-                raise ValueError(f"vocabulary state of {name!r}: columns {t.schema} != {_COLUMNS}")
+            _check_table(t, f"vocabulary state of {name!r}")
         self.tables = dict(tables)
         self.window = int(window)
         self.options = options
@@ -211,15 +212,19 @@ class VocabState:
         return (Path(stats_dir) / STATE_DIR / STATE_FILE).is_file()
 
     def save(self, stats_dir: str | Path) -> Path:
-        """Writes ``stats_dir/vocab_state/``: one Parquet file per field, then ``state.json``."""
+        """Writes ``stats_dir/vocab_state/``: one Parquet file per field, then ``state.json``
+        (an earlier ``state.json`` is removed first, so a cut-short write reads as absent)."""
         d = Path(stats_dir) / STATE_DIR
         d.mkdir(parents=True, exist_ok=True)
+        (d / STATE_FILE).unlink(missing_ok=True)
         files = {}
         for i, (name, t) in enumerate(self.tables.items()):
             files[name] = f"{name}.parquet" if _SAFE_NAME.fullmatch(name) else f"{i:03d}.parquet"
             pq.write_table(t, d / files[name])
         raw = {"window": self.window, "options": self.options.to_dict(), "fields": files}
-        (d / STATE_FILE).write_text(json.dumps(raw, indent=1))
+        tmp = d / f".{STATE_FILE}.tmp"
+        tmp.write_text(json.dumps(raw, indent=1))
+        tmp.replace(d / STATE_FILE)
         return d
 
     @classmethod
@@ -230,13 +235,21 @@ class VocabState:
         raw = json.loads((d / STATE_FILE).read_text())
         tables = {}
         for name, file in raw["fields"].items():
-            t = pq.read_table(d / file)
-            if not t.schema.equals(_COLUMNS):
-                raise ValueError(
-                    f"{str(d / file)!r}: columns {t.schema.names}, expected {_COLUMNS}"
-                )
-            tables[name] = t
+            tables[name] = pq.read_table(d / file)
+            _check_table(tables[name], repr(str(d / file)))
         return cls(tables, raw["window"], VocabOptions(**raw["options"]))
+
+
+def _check_table(t: pa.Table, where: str) -> None:
+    """Raises ValueError unless ``t`` has the state's columns and its first rows hold ids 1..V."""
+    if not t.schema.equals(_COLUMNS):
+        got = ", ".join(f"{f.name} {f.type}" for f in t.schema)
+        want = ", ".join(f"{f.name} {f.type}" for f in _COLUMNS)
+        raise ValueError(f"{where}: columns {got}; expected {want}")
+    ids = t.column("id").to_numpy()
+    size = int((ids > 0).sum())
+    if not np.array_equal(ids[:size], np.arange(1, size + 1)):
+        raise ValueError(f"{where}: the first {size} rows must hold ids 1..{size} in order")
 
 
 def _table(values: pa.Array, count: np.ndarray, last: np.ndarray, ids: np.ndarray) -> pa.Table:

@@ -42,7 +42,8 @@ def _window(schema, items, all_counts=True):
 def _rows(state, name="item"):
     """{value: (count, last_seen, id)} of the state's table."""
     t = state.tables[name].to_pydict()
-    return {v: (c, s, i) for v, c, s, i in zip(t["value"], t["count"], t["last_seen"], t["id"])}
+    columns = zip(t["value"], t["count"], t["last_seen"], t["id"], strict=True)
+    return {v: (c, s, i) for v, c, s, i in columns}
 
 
 def _run(schema, options, windows):
@@ -194,8 +195,30 @@ def test_save_load_round_trip(tmp_path):
     assert back.window == 1 and back.options == options and back.fields == state.fields
     for name in state.fields:
         assert back.tables[name].equals(state.tables[name])
-    with pytest.raises(FileNotFoundError, match="state.json"):
+    state.save(tmp_path)  # over the earlier state
+    assert sorted(p.name for p in (tmp_path / "vocab_state").iterdir()) == [
+        "item.parquet",
+        "state.json",
+        "tags.parquet",
+    ]
+    assert VocabState.load(tmp_path).tables["item"].equals(state.tables["item"])
+    with pytest.raises(FileNotFoundError, match=r"state\.json"):
         VocabState.load(tmp_path / "nowhere")
+
+
+def test_tables_must_hold_dense_ids_first():
+    t = pa.table(
+        {
+            "value": pa.array(["a", "b"]),
+            "count": pa.array([2.0, 1.0]),
+            "last_seen": pa.array([0, 0]),
+            "id": pa.array([2, 0]),
+        }
+    )
+    with pytest.raises(ValueError, match=r"'item'.*first 1 rows must hold ids 1..1"):
+        VocabState({"item": t}, 0, VocabOptions())
+    with pytest.raises(ValueError, match=r"columns value string, count double.*expected"):
+        VocabState({"item": t.drop_columns(["id"])}, 0, VocabOptions())
 
 
 @pytest.mark.parametrize(
