@@ -10,6 +10,8 @@ The data layer:
   (``DataError``, ``ReadReport``); ``shards`` writes Parquet shards (``convert``).
 * ``stats`` (dataset statistics), ``dataset`` (the tf.data input) and ``preprocessing`` (Keras
   preprocessing of the schema's fields, crosses computed from raw features).
+* ``vocab_state``: vocabularies carried across data windows, with decayed counts, admission,
+  eviction and ids that stay stable.
 * ``synthetic``: the synthetic click log with planted effects (``synthetic_config``: settings
   and schema; ``synthetic_model``: the click model and its ground truth).
 

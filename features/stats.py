@@ -25,10 +25,16 @@ training value and never fewer than ``HASH_MIN_ROWS`` (nor more than the schema'
 Vocabularies go to one Parquet file per field, everything else to ``stats.json``; ``save`` and
 ``load`` round-trip. Value counts are merged with Arrow ``group_by`` so a field with millions of
 distinct values costs vectorized work, not a Python loop per value.
+
+``compute_stats(..., all_counts=True)`` also keeps, for every field with its own vocabulary, the
+count of EVERY value seen (``FieldStats.all_counts``: an Arrow table ``value, count``, most
+frequent first, ties by value), not only of the vocabulary; ``features.vocab_state`` ages and
+admits values across windows from them. They stay in memory: ``save`` does not write them.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
@@ -84,15 +90,22 @@ class FieldStats:
     max_length: int = 0
     frac_truncated: float = 0.0  # rows longer than max_len
     frac_empty: float = 0.0
+    # vocabulary fields of compute_stats(..., all_counts=True): every value's count (not saved)
+    all_counts: pa.Table | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def vocab_size(self) -> int:
         return len(self.vocab)
 
     def summary(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
-        out.pop("vocab")
-        out.pop("vocab_counts")
+        """The JSON-able statistics of ``stats.json``: every attribute but the value lists, plus
+        ``vocab_size``."""
+        skip = ("vocab", "vocab_counts", "all_counts")
+        out = {
+            f.name: copy.deepcopy(getattr(self, f.name))
+            for f in dataclasses.fields(self)
+            if f.name not in skip
+        }
         out["vocab_size"] = self.vocab_size
         return out
 
@@ -233,8 +246,9 @@ def transform_numeric(values: np.ndarray, spec: FeatureSpec) -> np.ndarray:
 class _CategoricalCounter:
     """Accumulates value counts of one field; compacts with Arrow group_by when large."""
 
-    def __init__(self, spec: FeatureSpec, compact_every: int = 2_000_000):
+    def __init__(self, spec: FeatureSpec, compact_every: int = 2_000_000, all_counts: bool = False):
         self.spec = spec
+        self.all_counts = all_counts
         self.parts: list[pa.Table] = []
         self.pending = 0
         self.compact_every = compact_every
@@ -287,17 +301,24 @@ class _CategoricalCounter:
             fs.mean_values_per_row = self.count / self.rows_with_values
         if self.lengths is not None:
             self.lengths.finish(fs)
+        own_vocab = self.spec.vocab == "vocabulary" and self.spec.shares_embedding_with is None
         if not self.parts:
+            if own_vocab and self.all_counts:
+                fs.all_counts = pa.table(
+                    {"value": pa.array([], pa.string()), "count": pa.array([], pa.int64())}
+                )
             return fs
         t = self.parts[0]
         fs.num_distinct = t.num_rows
         order = pc.sort_indices(t, sort_keys=[("count", "descending"), ("value", "ascending")])
         t = t.take(order)
+        if own_vocab and self.all_counts:
+            fs.all_counts = t
         keep = pc.greater_equal(t.column("count"), self.spec.min_count)
         t = t.filter(keep)
         if self.spec.max_vocab is not None:
             t = t.slice(0, self.spec.max_vocab)
-        if self.spec.vocab == "vocabulary" and self.spec.shares_embedding_with is None:
+        if own_vocab:
             fs.vocab = t.column("value").to_pylist()
             fs.vocab_counts = t.column("count").to_pylist()
             fs.oov_count = self.count - int(sum(fs.vocab_counts))
@@ -383,6 +404,7 @@ def compute_stats(
     *,
     sample_size: int = 200_000,
     seed: int = 0,
+    all_counts: bool = False,
 ) -> DatasetStats:
     """One pass over ``batches`` (columns named by field, as ``features.readers`` yields them).
 
@@ -391,6 +413,8 @@ def compute_stats(
       batches: Arrow record batches.
       sample_size: values per numeric field kept for quantiles.
       seed: seeds the quantile sample.
+      all_counts: also keep every value's count of each field with its own vocabulary
+        (``FieldStats.all_counts``); the rest of the statistics are the same either way.
     """
     if sample_size < 1:
         raise ValueError(f"sample_size must be >= 1, got {sample_size}")
@@ -399,7 +423,7 @@ def compute_stats(
         if spec.kind == FeatureKind.NUMERIC:
             counters[spec.name] = _NumericCounter(spec, sample_size, seed + i)
         else:
-            counters[spec.name] = _CategoricalCounter(spec)
+            counters[spec.name] = _CategoricalCounter(spec, all_counts=all_counts)
     labels = [f.name for f in schema.labels]
     positives = dict.fromkeys(labels, 0.0)
     parents = {f.name: f.defined_on for f in schema.labels if f.defined_on is not None}

@@ -29,6 +29,10 @@
     learning_rate = 0.001
     seed = 0
 
+    [vocab]                             # vocabularies of a run continued over a newer window
+    decay = 1.0                         # earlier windows' counts times decay, once per window
+    evict_after = 0                     # windows a value may go unseen (0: never evicted)
+
 Flags are read only by the command line, which turns ``--set train.epochs=3`` into overrides
 applied by ``load_config``.
 """
@@ -42,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from features.crosses.pcf_config import PCFGNNConfig
+from features.vocab_state import VocabOptions
 from pipelines.config_types import type_error
 from ranking.config import ModelConfig, PrerankConfig
 
@@ -274,6 +279,35 @@ class FusionConfig:
             )
 
 
+@dataclasses.dataclass(frozen=True)
+class VocabConfig:
+    """``[vocab]``: how the vocabularies age when a run continues over a newer window
+    (``features.vocab_state``; docs/continuous.md). Per field, the schema's ``min_count`` is
+    compared with the decayed count and ``max_vocab`` caps the vocabulary.
+
+    Attributes:
+      decay: the counts of earlier windows are multiplied by ``decay`` once per window
+        (``0 < decay <= 1``; 1: counts add up over all windows).
+      evict_after: a value unseen for more than this many windows leaves the vocabulary and
+        the counts (an integer >= 0; 0: never).
+    """
+
+    decay: float = 1.0
+    evict_after: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.decay <= 1:
+            raise ConfigError(f"[vocab] decay must be in (0, 1], got {self.decay!r}")
+        if self.evict_after < 0:
+            raise ConfigError(
+                f"[vocab] evict_after must be >= 0 (windows; 0: never), got {self.evict_after!r}"
+            )
+
+    def to_options(self) -> VocabOptions:
+        """The ``features.vocab_state.VocabOptions`` of this section."""
+        return VocabOptions(decay=float(self.decay), evict_after=self.evict_after)
+
+
 _STRATEGIES = ("auto", "none", "multi_worker_mirrored", "parameter_server")
 _INPUTS = ("shard", "split")
 
@@ -426,6 +460,7 @@ class PipelineConfig:
     pair_stats: PairStatsConfig | None = None  # [pair_stats]: PCF-GNN / table pair statistics
     distribute: DistributeConfig | None = None  # [distribute]: multi-worker training
     fusion: FusionConfig | None = None  # [fusion]: generated kernels (compiler_opt)
+    vocab: VocabConfig | None = None  # [vocab]: vocabularies across windows
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
@@ -494,6 +529,7 @@ def _sections() -> dict[str, type]:
         "pair_stats": PairStatsConfig,
         "distribute": DistributeConfig,
         "fusion": FusionConfig,
+        "vocab": VocabConfig,
     }
 
 
@@ -584,6 +620,7 @@ def config_from_dict(
         pair_stats=_pair_stats(_table(data, "pair_stats", where), where, resolve),
         distribute=_optional(DistributeConfig, "distribute", data, where),
         fusion=_optional(FusionConfig, "fusion", data, where),
+        vocab=_optional(VocabConfig, "vocab", data, where),
     )
 
 
@@ -623,7 +660,8 @@ def _validation_ends_run(
 
 
 def _optional(cls: type, section: str, data: Mapping[str, Any], where: str) -> Any:
-    """An optional section without paths (``[fusion]``, ``[distribute]``), or None."""
+    """An optional section without paths (``[fusion]``, ``[distribute]``, ``[vocab]``), or
+    None."""
     values = _table(data, section, where)
     return None if values is None else _build(cls, section, values, where)
 
