@@ -121,6 +121,19 @@ def _chunk_batch(config: SyntheticConfig, model: ClickModel, index: int) -> pa.R
     d = draw_chunk(config, model, seeded_rng(config.seed, 1, index), CHUNK_ROWS)
     if n < CHUNK_ROWS:
         d = Draw(*(_head(getattr(d, f.name), n) for f in dataclasses.fields(d)))
+    return draw_batch(config, model, d)
+
+
+def draw_batch(
+    config: SyntheticConfig,
+    model: ClickModel,
+    d: Draw,
+    extra: dict[str, pa.Array] | None = None,
+) -> pa.RecordBatch:
+    """The rows of a draw: the columns of ``arrow_schema(config)``, then the ``extra`` columns
+    (not null), then the private ``PROB_COLUMN`` (``sigmoid(intercept + d.offset)``) and
+    ``SPLIT_COLUMN`` (and, with ``conversion``, the true pCVR); ``label`` is drawn from
+    ``PROB_COLUMN``."""
     prob = sigmoid(model.intercept + d.offset)
     click = (d.label_u < prob).astype(np.float32)
     cols: dict[str, pa.Array] = {LABEL: pa.array(click)}
@@ -139,6 +152,9 @@ def _chunk_batch(config: SyntheticConfig, model: ClickModel, index: int) -> pa.R
         cols[_PRIVATE_CVR] = pa.array(cvr)
         private.append(pa.field(_PRIVATE_CVR, pa.float64()))
     schema = arrow_schema(config)
+    for name, column in (extra or {}).items():
+        schema = schema.append(pa.field(name, column.type, nullable=False))
+        cols[name] = column
     for field in private:
         schema = schema.append(field)
     return pa.RecordBatch.from_arrays([cols[name] for name in schema.names], schema=schema)
@@ -262,9 +278,7 @@ def write_dataset(
     test_fraction, rows_per_shard = _check_write_args(test_fraction, rows_per_shard)
     out = Path(out_dir)
     feature_schema = synthetic_schema(config)
-    private = [PROB_COLUMN, LABEL] + (
-        [_PRIVATE_CVR, CONVERSION_LABEL] if config.conversion else []
-    )
+    private = [PROB_COLUMN, LABEL] + ([_PRIVATE_CVR, CONVERSION_LABEL] if config.conversion else [])
     summary, test = write_splits(
         out,
         arrow_schema(config),
