@@ -83,7 +83,7 @@ from features.synthetic_model import (
 FROZEN_COLUMN = "__frozen"  # private: a row's click probability under the previous day's model
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class Population:
     """The active values of a churning field (items or users) on one day.
 
@@ -129,7 +129,7 @@ def next_population(
     return Population(pop.prefix, active, effects, born, np.sort(retired))
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class DayModel:
     """The true click model of day ``day``: the drifted planted terms (and the day's
     intercept) in ``click``, and the day's items and users."""
@@ -273,7 +273,11 @@ def _population_truth(pop: Population, churn: float, scale: float) -> dict[str, 
 def write_days(
     config: DaysConfig, out_dir: str | Path, *, rows_per_shard: int = 1_000_000
 ) -> dict[str, Any]:
-    """Writes the daily windows under ``out_dir`` (module docstring) and returns ``days.json``."""
+    """Writes the daily windows under ``out_dir`` (module docstring) and returns ``days.json``.
+
+    A day folder written again has its stale ``part-*.parquet`` shards removed first (as
+    ``write_dataset``); ``days.json`` lists the days of this call.
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     schema, arrow = days_schema(config), days_arrow_schema(config)
