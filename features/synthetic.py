@@ -65,7 +65,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -98,8 +98,10 @@ from features.synthetic_model import (
 )
 from features.synthetic_sequences import HistoryDraw, history_columns
 
-_PRIVATE_PROB = "__prob"
-_PRIVATE_SPLIT = "__split"
+# Private columns of the drawn batches (not written): the true click probability and the split
+# draw of each row (and, with ``conversion``, the true pCVR).
+PROB_COLUMN = "__prob"
+SPLIT_COLUMN = "__split"
 _PRIVATE_CVR = "__cvr"
 
 
@@ -119,6 +121,19 @@ def _chunk_batch(config: SyntheticConfig, model: ClickModel, index: int) -> pa.R
     d = draw_chunk(config, model, seeded_rng(config.seed, 1, index), CHUNK_ROWS)
     if n < CHUNK_ROWS:
         d = Draw(*(_head(getattr(d, f.name), n) for f in dataclasses.fields(d)))
+    return draw_batch(config, model, d)
+
+
+def draw_batch(
+    config: SyntheticConfig,
+    model: ClickModel,
+    d: Draw,
+    extra: dict[str, pa.Array] | None = None,
+) -> pa.RecordBatch:
+    """The rows of a draw: the columns of ``arrow_schema(config)``, then the ``extra`` columns
+    (not null), then the private ``PROB_COLUMN`` (``sigmoid(intercept + d.offset)``) and
+    ``SPLIT_COLUMN`` (and, with ``conversion``, the true pCVR); ``label`` is drawn from
+    ``PROB_COLUMN``."""
     prob = sigmoid(model.intercept + d.offset)
     click = (d.label_u < prob).astype(np.float32)
     cols: dict[str, pa.Array] = {LABEL: pa.array(click)}
@@ -129,14 +144,17 @@ def _chunk_batch(config: SyntheticConfig, model: ClickModel, index: int) -> pa.R
         cols[name] = pc.take(tokens, pa.array(r, mask=r < 0, type=pa.int32()))
     if model.history is not None:
         cols.update(history_columns(model.history, d.history))
-    private = [pa.field(_PRIVATE_PROB, pa.float64()), pa.field(_PRIVATE_SPLIT, pa.float64())]
-    cols[_PRIVATE_PROB], cols[_PRIVATE_SPLIT] = pa.array(prob), pa.array(d.split_u)
+    private = [pa.field(PROB_COLUMN, pa.float64()), pa.field(SPLIT_COLUMN, pa.float64())]
+    cols[PROB_COLUMN], cols[SPLIT_COLUMN] = pa.array(prob), pa.array(d.split_u)
     if model.conversion is not None:
         cvr = sigmoid(model.conversion.intercept + d.buy_offset)
         cols[CONVERSION_LABEL] = pa.array(click * (d.buy_u < cvr).astype(np.float32))
         cols[_PRIVATE_CVR] = pa.array(cvr)
         private.append(pa.field(_PRIVATE_CVR, pa.float64()))
     schema = arrow_schema(config)
+    for name, column in (extra or {}).items():
+        schema = schema.append(pa.field(name, column.type, nullable=False))
+        cols[name] = column
     for field in private:
         schema = schema.append(field)
     return pa.RecordBatch.from_arrays([cols[name] for name in schema.names], schema=schema)
@@ -172,7 +190,7 @@ def generate_batches(
 def click_probabilities(config: SyntheticConfig, batch_rows: int = 262_144) -> Iterator[np.ndarray]:
     """The true ``sigmoid(logit)`` of each row (float64), batched like ``generate_batches``."""
     batch_rows = _check_positive("batch_rows", batch_rows)
-    return (b.column(_PRIVATE_PROB).to_numpy() for b in _private_batches(config, batch_rows))
+    return (b.column(PROB_COLUMN).to_numpy() for b in _private_batches(config, batch_rows))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -260,30 +278,18 @@ def write_dataset(
     test_fraction, rows_per_shard = _check_write_args(test_fraction, rows_per_shard)
     out = Path(out_dir)
     feature_schema = synthetic_schema(config)
-    out.mkdir(parents=True, exist_ok=True)
-    schema = arrow_schema(config)
-    shards = {s: _SplitWriter(out / s, schema, rows_per_shard) for s in ("train", "test")}
-    tsv = {s: _TsvWriter(out / f"{s}.tsv", config) for s in shards} if criteo_tsv else {}
-    test_parts: list[pa.RecordBatch] = []
-    private = [_PRIVATE_PROB, LABEL] + (
-        [_PRIVATE_CVR, CONVERSION_LABEL] if config.conversion else []
+    private = [PROB_COLUMN, LABEL] + ([_PRIVATE_CVR, CONVERSION_LABEL] if config.conversion else [])
+    summary, test = write_splits(
+        out,
+        arrow_schema(config),
+        _private_batches(config, 262_144),
+        test_fraction=test_fraction,
+        rows_per_shard=rows_per_shard,
+        keep=private,
+        tsv_config=config if criteo_tsv else None,
     )
-    for batch in _private_batches(config, 262_144):
-        is_test = pc.less(batch.column(_PRIVATE_SPLIT), test_fraction)
-        for split, mask in (("test", is_test), ("train", pc.invert(is_test))):
-            part = batch.filter(mask)
-            if split == "test":
-                test_parts.append(part.select(private))
-            part = part.select(schema.names)
-            shards[split].write(part)
-            if split in tsv:
-                tsv[split].write(part)
-    for shard in shards.values():
-        shard.finish()
-    for writer in tsv.values():
-        writer.close()
-    oracle = _oracle_aucs(pa.Table.from_batches(test_parts))
-    summary = _summary(out, shards, tsv, oracle.pop("click"))
+    oracle = _oracle_aucs(test)
+    summary["oracle_auc"] = oracle.pop("click")
     if config.conversion:
         summary["oracle_auc_tasks"] = {"click": summary["oracle_auc"], **oracle}
     feature_schema.save(out / "schema.toml")
@@ -294,7 +300,45 @@ def write_dataset(
     return summary
 
 
-def _auc(labels: np.ndarray, scores: np.ndarray) -> float | None:
+def write_splits(
+    out: Path,
+    schema: pa.Schema,
+    batches: Iterable[pa.RecordBatch],
+    *,
+    test_fraction: float,
+    rows_per_shard: int,
+    keep: list[str],
+    tsv_config: SyntheticConfig | None = None,
+) -> tuple[dict[str, Any], pa.Table]:
+    """Writes drawn ``batches`` as the ``train/`` and ``test/`` Parquet shards of ``out``.
+
+    A row is a test row when its ``SPLIT_COLUMN`` draw is below ``test_fraction``; the shards
+    hold the columns of ``schema``; with ``tsv_config`` the same rows also go to ``train.tsv`` /
+    ``test.tsv`` in Criteo's layout. Returns the summary of ``write_dataset`` with
+    ``oracle_auc`` None, and the ``keep`` columns of the test rows (for the oracle AUCs).
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    shards = {s: _SplitWriter(out / s, schema, rows_per_shard) for s in ("train", "test")}
+    tsv = {s: _TsvWriter(out / f"{s}.tsv", tsv_config) for s in shards} if tsv_config else {}
+    test_parts: list[pa.RecordBatch] = []
+    for batch in batches:
+        is_test = pc.less(batch.column(SPLIT_COLUMN), test_fraction)
+        for split, mask in (("test", is_test), ("train", pc.invert(is_test))):
+            part = batch.filter(mask)
+            if split == "test":
+                test_parts.append(part.select(keep))
+            part = part.select(schema.names)
+            shards[split].write(part)
+            if split in tsv:
+                tsv[split].write(part)
+    for shard in shards.values():
+        shard.finish()
+    for writer in tsv.values():
+        writer.close()
+    return _summary(out, shards, tsv, None), pa.Table.from_batches(test_parts)
+
+
+def oracle_auc(labels: np.ndarray, scores: np.ndarray) -> float | None:
     """ROC AUC, None for an empty or one-class set."""
     positives = labels.sum()
     return float(roc_auc_score(labels, scores)) if 0 < positives < labels.size else None
@@ -304,13 +348,13 @@ def _oracle_aucs(test: pa.Table) -> dict[str, float | None]:
     """AUC of the true probability against the drawn labels of the test rows: ``click``, and
     with a conversion label ``ctcvr`` (buy against pCTR * pCVR on all rows) and ``cvr`` (buy
     against pCVR on the clicked rows)."""
-    click, p_click = test.column(LABEL).to_numpy(), test.column(_PRIVATE_PROB).to_numpy()
-    out = {"click": _auc(click, p_click)}
+    click, p_click = test.column(LABEL).to_numpy(), test.column(PROB_COLUMN).to_numpy()
+    out = {"click": oracle_auc(click, p_click)}
     if CONVERSION_LABEL in test.column_names:
         buy, p_cvr = test.column(CONVERSION_LABEL).to_numpy(), test.column(_PRIVATE_CVR).to_numpy()
         clicked = click == 1
-        out["ctcvr"] = _auc(buy, p_click * p_cvr)
-        out["cvr"] = _auc(buy[clicked], p_cvr[clicked])
+        out["ctcvr"] = oracle_auc(buy, p_click * p_cvr)
+        out["cvr"] = oracle_auc(buy[clicked], p_cvr[clicked])
     return out
 
 

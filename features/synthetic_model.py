@@ -95,7 +95,7 @@ def _make_tokens(config: SyntheticConfig) -> tuple[pa.StringArray, ...]:
     )
 
 
-def _pure_interaction(signs: np.ndarray, probs: list[np.ndarray]) -> np.ndarray:
+def pure_interaction(signs: np.ndarray, probs: list[np.ndarray]) -> np.ndarray:
     """Projects a table onto its top-order interaction under the product of ``probs``.
 
     Subtracts the ``p``-weighted mean along each axis in turn (the projectors commute), then
@@ -160,7 +160,7 @@ def _build_crosses(
             raw = rng.standard_normal(shape)
         else:
             raw = rng.integers(0, 2, size=shape, dtype=np.int8) * 2 - 1
-        table = _pure_interaction(raw, [probs[f] for f in fields])
+        table = pure_interaction(raw, [probs[f] for f in fields])
         out.append(_Cross(fields=fields, scale=float(scale), table=table))
     return tuple(out)
 
@@ -180,7 +180,7 @@ def _conversion_model(
     noise = [i for i, v in enumerate(config.vocab_sizes) if v >= 2 and i not in used]
     small = [i for i in noise if config.vocab_sizes[i] <= PAIR_MAX_VOCAB] or noise
     field = int(small[rng.integers(len(small))])
-    table = _pure_interaction(rng.standard_normal(config.vocab_sizes[field]), [probs[field]])
+    table = pure_interaction(rng.standard_normal(config.vocab_sizes[field]), [probs[field]])
     return ConversionModel(
         numeric=tuple((int(k), float(w)) for k, w in zip(numeric, weights, strict=True)),
         field=field,
@@ -232,7 +232,7 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
     return 0.5 * (1.0 + np.tanh(0.5 * x))
 
 
-def _calibrate_intercept(offsets: np.ndarray, target: float) -> float:
+def calibrate_intercept(offsets: np.ndarray, target: float) -> float:
     """Bisection for ``b`` with ``mean(sigmoid(b + offsets)) = target``."""
     lo, hi = -40.0, 40.0
     for _ in range(80):
@@ -248,9 +248,9 @@ def _calibrate_intercept(offsets: np.ndarray, target: float) -> float:
 def _cached_model(config: SyntheticConfig) -> ClickModel:
     model = _model_without_intercept(config)
     draw = draw_chunk(config, model, seeded_rng(config.seed, 2), CALIBRATION_ROWS)
-    b = _calibrate_intercept(draw.offset, config.target_ctr)
+    b = calibrate_intercept(draw.offset, config.target_ctr)
     if model.conversion is not None:
-        b_buy = _calibrate_intercept(draw.buy_offset, config.target_cvr)
+        b_buy = calibrate_intercept(draw.buy_offset, config.target_cvr)
         conversion = dataclasses.replace(model.conversion, intercept=b_buy)
         model = dataclasses.replace(model, conversion=conversion)
     return dataclasses.replace(model, intercept=b)
@@ -296,7 +296,7 @@ def _draw_count(rng: np.random.Generator, mu: float, sigma: float, m: float, n: 
     return counts
 
 
-def _logit_offset(
+def logit_offset(
     model: ClickModel, ranks: list[np.ndarray], counts: list[np.ndarray]
 ) -> np.ndarray:
     """Sum of the planted terms (module docstring); missing values contribute 0."""
@@ -320,7 +320,7 @@ def draw_chunk(
     counts = [
         _draw_count(rng, mu, s, m, n) for mu, s in zip(model.num_mu, model.num_sigma, strict=True)
     ]
-    offset = _logit_offset(model, ranks, counts)
+    offset = logit_offset(model, ranks, counts)
     draw = Draw(ranks, counts, offset, rng.random(n), rng.random(n))
     if model.history is not None:
         draw.history = draw_history(config, model.history, rng, n)

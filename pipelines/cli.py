@@ -3,6 +3,7 @@
     stitchrec demo      [--rows N] [--output DIR] [--model TYPE] [--epochs N]
     stitchrec generate  --output DIR [--rows N] [--seed S] [--test-fraction X] [--criteo-tsv]
                         [--sequences] [--conversion]
+    stitchrec generate  --output DIR --days N [--rows N] [--item-churn F] [--user-churn F] ...
     stitchrec convert   --schema S --input F... --output DIR [--test-fraction X] [--max-bad-rows N]
     stitchrec stats     --schema S --input F... --output DIR [--max-bad-rows N]
     stitchrec add-history --input F --output F [--user C] [--item C] [--time C] [--length N] ...

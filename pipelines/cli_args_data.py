@@ -3,7 +3,32 @@
 
 from __future__ import annotations
 
+import argparse
+import math
+
 from pipelines.cli_args import Subparsers, _bad_rows, _raw_input, positive
+
+
+def share(text: str) -> float:
+    """A number in [0, 1] (an argparse type)."""
+    try:
+        v = float(text)
+    except ValueError:
+        v = math.nan
+    if not 0.0 <= v <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}")
+    return v
+
+
+def non_negative(text: str) -> float:
+    """A finite number >= 0 (an argparse type)."""
+    try:
+        v = float(text)
+    except ValueError:
+        v = math.nan
+    if not 0.0 <= v < math.inf:
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+    return v
 
 
 def generate(sub: Subparsers) -> None:
@@ -30,7 +55,43 @@ def generate(sub: Subparsers) -> None:
         action="store_true",
         help="add the label buy, defined on the clicked rows (0 where label is 0)",
     )
+    _generate_days(g)
     g.set_defaults(handler="pipelines.data_commands:cmd_generate")
+
+
+def _generate_days(g: argparse.ArgumentParser) -> None:
+    d = g.add_argument_group(
+        "daily windows",
+        "with --days N: OUTPUT/day-000 .. day-{N-1}, each laid out like one generate output "
+        "(--rows rows a day), with churning item and user fields and drifting weights, and "
+        "OUTPUT/days.json",
+    )
+    d.add_argument("--days", type=positive, default=None, help="number of daily windows")
+    d.add_argument(
+        "--item-churn",
+        type=share,
+        default=None,
+        help="share of the active items retired (and as many born) each day (default 0.05)",
+    )
+    d.add_argument(
+        "--user-churn",
+        type=share,
+        default=None,
+        help="share of the active users retired (and as many born) each day (default 0.02)",
+    )
+    d.add_argument(
+        "--drift",
+        type=non_negative,
+        default=None,
+        help="daily random-walk step of the other fields' weights, relative to their scale "
+        "(default 0.05; 0: no drift)",
+    )
+    d.add_argument(
+        "--items", type=positive, default=None, help="active items per day (default 10,000)"
+    )
+    d.add_argument(
+        "--users", type=positive, default=None, help="active users per day (default 100,000)"
+    )
 
 
 def convert(sub: Subparsers) -> None:

@@ -3,6 +3,8 @@
 
     stitchrec generate  --output DIR [--rows N] [--seed S] [--test-fraction X] [--criteo-tsv]
                         [--sequences] [--conversion]
+    stitchrec generate  --output DIR --days N [--rows N] [--seed S] [--test-fraction X]
+                        [--item-churn F] [--user-churn F] [--drift F] [--items N] [--users N]
     stitchrec convert   --schema S --input F... --output DIR [--test-fraction X] [--max-bad-rows N]
     stitchrec stats     --schema S --input F... --output DIR [--max-bad-rows N]
     stitchrec add-history --input F --output F [--user C] [--item C] [--time C] [--length N]
@@ -22,7 +24,17 @@ import shutil
 import time
 from pathlib import Path
 
-from features import completion, history, read_report, readers, shards, synthetic, synthetic_config
+from features import (
+    completion,
+    history,
+    read_report,
+    readers,
+    shards,
+    synthetic,
+    synthetic_config,
+    synthetic_days,
+    synthetic_days_config,
+)
 from features.schema import load_schema
 from features.stats import compute_stats
 from pipelines.errors import UsageError
@@ -30,7 +42,22 @@ from pipelines.errors import UsageError
 _print = functools.partial(print, flush=True)
 
 
+# The flags of daily windows (``generate --days``), their DaysConfig fields.
+_DAYS_FLAGS = {
+    "item_churn": "--item-churn",
+    "user_churn": "--user-churn",
+    "drift": "--drift",
+    "items": "--items",
+    "users": "--users",
+}
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
+    if args.days is not None:
+        return _generate_days(args)
+    given = [flag for name, flag in _DAYS_FLAGS.items() if getattr(args, name) is not None]
+    if given:
+        raise UsageError(f"generate {given[0]} sets up daily windows: give --days N with it")
     cfg = synthetic_config.SyntheticConfig(
         rows=args.rows, seed=args.seed, sequences=args.sequences, conversion=args.conversion
     )
@@ -41,6 +68,46 @@ def cmd_generate(args: argparse.Namespace) -> int:
     _print(json.dumps(summary, indent=1, default=str))
     _print(f"generated {args.rows:,} rows in {time.time() - t0:.1f}s into {args.output}")
     return 0
+
+
+def _generate_days(args: argparse.Namespace) -> int:
+    """``generate --days N``: the daily windows of ``features.synthetic_days``."""
+    for flag in ("sequences", "conversion", "criteo_tsv"):
+        if getattr(args, flag):
+            raise UsageError(
+                f"generate --days with --{flag.replace('_', '-')}: daily windows are Parquet "
+                f"shards with one label and their own item and user fields; drop one of the two"
+            )
+    options = {n: getattr(args, n) for n in _DAYS_FLAGS if getattr(args, n) is not None}
+    try:
+        cfg = synthetic_days_config.DaysConfig(
+            base=synthetic_config.SyntheticConfig(rows=args.rows, seed=args.seed),
+            days=args.days,
+            test_fraction=args.test_fraction,
+            **options,
+        )
+    except ValueError as e:  # --rows, --seed or --test-fraction out of range
+        raise UsageError(f"generate --days: {e}") from None
+    t0 = time.time()
+    report = synthetic_days.write_days(cfg, args.output)
+    for w in report["windows"]:
+        frozen = w["next_day_frozen_auc"]
+        _print(
+            f"{w['name']}: {w['rows']:,} rows, items +{w['items']['born']} "
+            f"-{w['items']['retired']} ({w['items']['active']:,} active), users "
+            f"+{w['users']['born']} -{w['users']['retired']} ({w['users']['active']:,} active), "
+            f"oracle AUC {_auc_text(w['oracle_auc'])}, next day under this day's model "
+            f"{_auc_text(frozen)}"
+        )
+    _print(
+        f"generated {args.days} days of {args.rows:,} rows in {time.time() - t0:.1f}s into "
+        f"{args.output} (days.json)"
+    )
+    return 0
+
+
+def _auc_text(auc: float | None) -> str:
+    return "-" if auc is None else f"{auc:.4f}"
 
 
 # What `stitchrec convert` writes in its output folder; an existing one holding anything else
