@@ -212,12 +212,19 @@ class DINAttention(_SequenceBlock):
     intensity of the user's interest); ``softmax=True`` uses ``softmax_j`` over the real
     positions instead. An empty history gives zeros.
 
+    With ``positions`` the first hidden layer also adds a learned vector ``p_j`` per history
+    position (``j = 0`` the newest; ``[max_len, hidden[0]]``, starting at 0):
+    ``a(W_1 [h_j, t, h_j - t, h_j * t] + b_1 + p_j)``, the same as giving the unit a one-hot
+    position, so an item's weight can depend on how recent it is as well as on the target.
+
     Args:
       hidden: the activation unit's hidden layer sizes (the paper's 80, 40).
       activation: ``"sigmoid"``; ``"prelu"`` (a learned slope per unit for negative inputs,
         starting at 0.25); or ``"dice"`` (``Dice``: the paper's data-adaptive activation, with
         statistics over the batch's real positions).
       softmax: normalize the scores with a softmax over the real positions.
+      positions: add the learned position vectors ``p_j`` (needs ``max_len``).
+      max_len: the longest history (the schema's ``max_len``); histories are at most this long.
     """
 
     def __init__(
@@ -225,6 +232,8 @@ class DINAttention(_SequenceBlock):
         hidden: tuple[int, ...] | list[int] = (80, 40),
         activation: str = "sigmoid",
         softmax: bool = False,
+        positions: bool = False,
+        max_len: int | None = None,
         **kwargs: Any,
     ):
         super().__init__(**kwargs)
@@ -237,9 +246,17 @@ class DINAttention(_SequenceBlock):
             raise ValueError(f"activation must be one of {DIN_ACTIVATIONS}, got {activation!r}")
         if not isinstance(softmax, bool):
             raise ValueError(f"softmax must be True or False, got {softmax!r}")
+        if not isinstance(positions, bool):
+            raise ValueError(f"positions must be True or False, got {positions!r}")
+        if max_len is not None and (isinstance(max_len, bool) or not isinstance(max_len, int)):
+            raise ValueError(f"max_len must be an int >= 1 or None, got {max_len!r}")
+        if (max_len is not None and max_len < 1) or (positions and max_len is None):
+            raise ValueError(f"positions needs max_len >= 1, got max_len={max_len!r}")
         self.hidden = hidden
         self.activation = activation
         self.softmax = softmax
+        self.positions = positions
+        self.max_len = max_len
         self._dense = [
             tf.keras.layers.Dense(
                 u, activation="sigmoid" if activation == "sigmoid" else None, name=f"dense_{i}"
@@ -269,6 +286,15 @@ class DINAttention(_SequenceBlock):
                 self._act[i].build((None, None, dense.units))
             width = dense.units
         self._score.build((None, None, width))
+        self.position_bias = None
+        if self.positions:
+            if input_shape[1] is not None and int(input_shape[1]) > self.max_len:
+                raise ValueError(
+                    f"the history's length {int(input_shape[1])} exceeds max_len={self.max_len}"
+                )
+            self.position_bias = self.add_weight(
+                name="position_bias", shape=(self.max_len, self.hidden[0]), initializer="zeros"
+            )
         super().build(input_shape)
 
     @property
@@ -287,6 +313,8 @@ class DINAttention(_SequenceBlock):
         ``[batch, L]``."""
         first = self._dense[0]
         x = din_first_layer(history, target, first.kernel, first.bias)
+        if self.position_bias is not None:
+            x = x + self.position_bias[None, : tf.shape(history)[1], :]
         for i, dense in enumerate(self._dense):
             x = first.activation(x) if i == 0 else dense(x)
             if self.activation == "prelu":
@@ -314,6 +342,8 @@ class DINAttention(_SequenceBlock):
             "hidden": list(self.hidden),
             "activation": self.activation,
             "softmax": self.softmax,
+            "positions": self.positions,
+            "max_len": self.max_len,
         }
 
 

@@ -104,7 +104,7 @@ class SequencePooling(tf.keras.layers.Layer):
         self.options = dict(options or {})
         self.blocks = []
         for i, g in enumerate(self.groups):
-            extra = {"max_len": g["max_len"]} if pooling == "bst" else {}
+            extra = {"max_len": g["max_len"]} if pooling in ("bst", "din") else {}
             try:
                 block = sequence_block(pooling, **extra, **self.options, name=f"{pooling}_{i:02d}")
             except (TypeError, ValueError) as e:

@@ -238,3 +238,24 @@ def test_din_first_layer_equals_the_concatenated_form():
     want = din_features(tf.constant(history), tf.constant(target)).numpy() @ kernel + bias
     got = din_first_layer(*(tf.constant(v) for v in (history, target, kernel, bias)))
     np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_din_position_bias_adds_a_vector_per_position():
+    din = DINAttention(hidden=(3,), positions=True, max_len=4)
+    _call(din)
+    bias = np.arange(12, dtype=np.float32).reshape(4, 3) / 10.0
+    din.position_bias.assign(bias)
+    dense, score = din.dense_layers
+    x = din_features(tf.constant(HISTORY), tf.constant(TARGET)).numpy() @ dense.kernel.numpy()
+    x = 1.0 / (1.0 + np.exp(-(x + dense.bias.numpy() + bias[None])))
+    w = (x @ score.kernel.numpy())[..., 0] + score.bias.numpy()[0]
+    got = din.scores(tf.constant(HISTORY), tf.constant(MASK), tf.constant(TARGET)).numpy()
+    np.testing.assert_allclose(got, w * MASK, rtol=1e-5, atol=1e-6)
+    again = DINAttention.from_config(din.get_config())
+    assert again.positions and again.max_len == 4
+    with pytest.raises(ValueError, match="positions needs max_len >= 1"):
+        DINAttention(positions=True)
+    with pytest.raises(ValueError, match="exceeds max_len=2"):
+        DINAttention(positions=True, max_len=2)(
+            tf.constant(HISTORY), tf.constant(MASK), tf.constant(TARGET)
+        )
