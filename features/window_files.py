@@ -103,12 +103,15 @@ class PartWriters:
             raise ValueError(f"output_format must be one of {FORMATS}, got {output_format!r}")
         if max_open < 1:
             raise ValueError(f"max_open must be >= 1, got {max_open}")
-        self.folders, self.names, self.format, self.max_open = folders, names, output_format, max_open
+        self.folders, self.names, self.format, self.max_open = (
+            folders,
+            names,
+            output_format,
+            max_open,
+        )
         self.schema = pa.schema([(n, pa.string()) for n in names])
         self.parts = [0] * len(folders)  # part files created per window
-        self.open: collections.OrderedDict[int, _CsvPart | _ParquetPart] = (
-            collections.OrderedDict()
-        )
+        self.open: collections.OrderedDict[int, _CsvPart | _ParquetPart] = collections.OrderedDict()
 
     def write(self, window: int, batch: pa.RecordBatch) -> None:
         """Appends ``batch`` (string columns ``names``) to window ``window``."""

@@ -49,7 +49,7 @@ import numpy as np
 import pyarrow as pa
 
 from features.cells import timestamp_seconds
-from features.read_report import DataError
+from features.read_report import DataError, short_list
 from features.schema_fields import TIME_FORMATS
 from features.window_files import FORMATS, PartWriters, csv_header, read_blocks
 from serving.version_files import MARKER, atomic_dir
@@ -244,7 +244,10 @@ def plan_windows(
     churn = {c: _churn(window, v, count) for c, v in codes.items()}
     entries = []
     for g, members in enumerate(groups):
-        names = [period_name(int(keys[members[0]]), spec), period_name(int(keys[members[-1]]), spec)]
+        names = [
+            period_name(int(keys[members[0]]), spec),
+            period_name(int(keys[members[-1]]), spec),
+        ]
         entries.append(
             {
                 "name": names[0] if len(members) == 1 else f"{names[0]}..{names[1]}",
@@ -274,15 +277,20 @@ def _check_output(out: Path) -> None:
         raise DataError(f"output {str(out)!r} is a file: expected a folder for the windows")
     marker = MARKER.parts[0]
     other = sorted(
-        p.name for p in out.iterdir() if p.name not in (REPORT, marker) and not _FOLDER.match(p.name)
+        p.name
+        for p in out.iterdir()
+        if p.name not in (REPORT, marker) and not _FOLDER.match(p.name)
     )
-    if not other and any(out.iterdir()) and not (out / REPORT).is_file():
-        other = [f"no {REPORT}"]
     if other:
-        raise DataError(
-            f"output {str(out)!r} is not an earlier windows output ({other}): expected a new "
-            f"folder or one written by the windows command (which is replaced)"
-        )
+        what = f"it holds {short_list(other, 5)}"
+    elif any(out.iterdir()) and not (out / REPORT).is_file():
+        what = f"it has no {REPORT}"
+    else:
+        return
+    raise DataError(
+        f"output {str(out)!r} is not an earlier windows output ({what}): expected a new folder "
+        f"or one written by the windows command (which is replaced)"
+    )
 
 
 def _require(path: Path, names: list[str], spec: WindowSpec) -> None:
@@ -315,7 +323,7 @@ def cut_windows(input_path: str | Path, output: str | Path, spec: WindowSpec) ->
         "by": spec.by,
         "min_rows": spec.min_rows,
         "format": spec.output_format,
-        "rows": int(len(window)),
+        "rows": len(window),
         "count": list(spec.count),
         "windows": [{"folder": e.pop("folder"), **e} for e in entries],
     }

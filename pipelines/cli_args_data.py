@@ -166,17 +166,14 @@ def windows(sub: Subparsers) -> None:
     w.add_argument(
         "--by",
         required=True,
-        help="day, week (from Monday, UTC), month, year, or rows:N (N rows a window in time "
-        "order)",
+        help="day, week (from Monday, UTC), month, year, or rows:N (N rows a window in time order)",
     )
     w.add_argument(
         "--time-format",
         default="unix",
         help="unix (integer seconds, the default) or iso (ISO-8601 text; no offset: UTC)",
     )
-    w.add_argument(
-        "--format", default="csv", help="part file format: csv (the default) or parquet"
-    )
+    w.add_argument("--format", default="csv", help="part file format: csv (the default) or parquet")
     w.add_argument(
         "--count",
         action="append",
