@@ -172,11 +172,11 @@ def period_keys(times: np.ndarray, spec: WindowSpec) -> np.ndarray:
     return times.astype("datetime64[s]").astype(unit).astype(np.int64)
 
 
-def period_name(key: int, spec: WindowSpec) -> str:
-    """The name of period ``key`` of ``period_keys``."""
+def period_name(key: int, spec: WindowSpec, rows: int) -> str:
+    """The name of period ``key`` of ``period_keys`` in a log of ``rows`` rows."""
     n = spec.rows_per_window
     if n is not None:
-        return f"rows-{key * n}-{(key + 1) * n - 1}"
+        return f"rows-{key * n}-{min((key + 1) * n, rows) - 1}"
     if spec.by == "week":
         monday = datetime.date(1970, 1, 5) + datetime.timedelta(weeks=int(key) - 1)
         year, week, _ = monday.isocalendar()
@@ -204,6 +204,17 @@ def merge_small(rows: np.ndarray, min_rows: int) -> list[list[int]]:
         else:
             groups.append(current)
     return groups
+
+
+def _group_name(keys: list[int], spec: WindowSpec, rows: int) -> str:
+    """A window's name: its period's, or ``<first>..<last>`` for merged calendar periods and
+    ``rows-<first>-<last>`` for merged row windows."""
+    first, last = period_name(keys[0], spec, rows), period_name(keys[-1], spec, rows)
+    if len(keys) == 1:
+        return first
+    if spec.rows_per_window is not None:
+        return f"{first.rsplit('-', 1)[0]}-{last.rsplit('-', 1)[1]}"
+    return f"{first}..{last}"
 
 
 def _utc(seconds: int) -> str:
@@ -244,13 +255,9 @@ def plan_windows(
     churn = {c: _churn(window, v, count) for c, v in codes.items()}
     entries = []
     for g, members in enumerate(groups):
-        names = [
-            period_name(int(keys[members[0]]), spec),
-            period_name(int(keys[members[-1]]), spec),
-        ]
         entries.append(
             {
-                "name": names[0] if len(members) == 1 else f"{names[0]}..{names[1]}",
+                "name": _group_name([int(keys[m]) for m in members], spec, len(times)),
                 "periods": len(members),
                 "rows": int(rows[g]),
                 "first": int(first[g]),
