@@ -28,8 +28,9 @@ number of distinct values in the window and of those in no earlier window (empty
 values): the churn a model trained window after window meets.
 
 The log is read twice in blocks (``pyarrow.csv``), so it need not fit in memory: the first pass
-keeps 12 bytes a row (the timestamp and the window) plus 8 bytes a row and the distinct values
-of each ``count`` column; the second appends each block's rows to their windows' part files.
+keeps the timestamp of every row (8 bytes; about 40 bytes a row at the peak, while the rows are
+assigned to windows) plus 8 bytes a row and the distinct values of each ``count`` column; the
+second appends each block's rows to their windows' part files.
 The output is written into a hidden folder beside ``DIR`` (``serving.version_files.atomic_dir``,
 which also writes ``DIR/assets.extra/stitchrec.done`` listing the files) and renamed into place
 once complete, so a failing run leaves no ``DIR``; an existing ``DIR`` is replaced only when it
