@@ -245,6 +245,9 @@ def test_missing_columns_and_bad_timestamps(tmp_path: Path) -> None:
     iso = _write(tmp_path / "iso.csv", "user,t", ["u1,2024-01-01", "u2,yesterday"])
     with pytest.raises(DataError, match=r"data row 2 .*'yesterday': expected an ISO-8601"):
         cut_windows(iso, tmp_path / "out", WindowSpec(time="t", by="day", time_format="iso"))
+    millis = _write(tmp_path / "ms.csv", "user,t", ["u1,1704067200", "u2,1704067200000"])
+    with pytest.raises(DataError, match=r"data row 2 .*'1704067200000'.*milliseconds"):
+        cut_windows(millis, tmp_path / "out", WindowSpec(time="t", by="day"))
     header_only = _write(tmp_path / "h.csv", "user,t", [])
     with pytest.raises(DataError, match="no data rows"):
         cut_windows(header_only, tmp_path / "out", WindowSpec(time="t", by="day"))
