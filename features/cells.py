@@ -163,6 +163,27 @@ def _timestamps_to_seconds(arr: pa.Array) -> tuple[pa.Array, np.ndarray]:
     return pa.array(secs, pa.int64(), mask=missing), np.zeros(len(arr), dtype=bool)
 
 
+def timestamp_seconds(arr: pa.Array, time_format: str) -> tuple[pa.Array, np.ndarray, str]:
+    """A timestamp column as int64 seconds since the epoch (UTC, floored), the mask of its bad
+    cells (missing or unparsable) and what a good cell is, for messages.
+
+    An Arrow timestamp or date column is converted as it is; text is read by ``time_format``
+    (the schema's): ``"unix"`` integer seconds, ``"iso"`` ISO-8601 date-times (any UTC offset;
+    none = UTC).
+    """
+    arr = as_plain(arr)
+    if pa.types.is_timestamp(arr.type) or pa.types.is_date(arr.type):
+        out, bad = _timestamps_to_seconds(arr)
+        expected = "a timestamp"
+    elif time_format == "iso":
+        out, bad = _parse_iso(arr)
+        expected = "an ISO-8601 date-time such as '2019-11-24 00:00:34+00:00'"
+    else:
+        out, bad = _parse_int64(arr)
+        expected = "integer seconds since the epoch (unix time)"
+    return out, bad | is_null(arr), expected
+
+
 def is_list_type(t: pa.DataType) -> bool:
     """A list, large list or fixed-size list type."""
     return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
@@ -215,17 +236,8 @@ def _convert(field: FeatureSpec, arr: pa.Array) -> _Converted:
     if kind == FeatureKind.SEQUENCE:
         return _convert_sequence(field, arr)
     if kind == FeatureKind.TIMESTAMP:
-        arr = as_plain(arr)
-        if pa.types.is_timestamp(arr.type) or pa.types.is_date(arr.type):
-            out, bad = _timestamps_to_seconds(arr)
-            expected = "a timestamp"
-        elif field.time_format == "iso":
-            out, bad = _parse_iso(arr)
-            expected = "an ISO-8601 date-time such as '2019-11-24 00:00:34+00:00'"
-        else:
-            out, bad = _parse_int64(arr)
-            expected = "integer seconds since the epoch (unix time)"
-        return _Converted(out, bad | is_null(arr), expected)
+        out, bad, expected = timestamp_seconds(arr, field.time_format)
+        return _Converted(out, bad, expected)
     if field.dtype == "int64":
         out, bad = _parse_int64(arr)
         return _Converted(out, bad, "an integer (int64)")

@@ -2,12 +2,13 @@
 
 Commands: ``demo`` (the whole pipeline on synthetic data), ``generate`` (the synthetic
 Criteo-layout dataset), ``convert`` (raw files to Parquet shards), ``stats`` (vocabularies and
-numeric statistics), ``train`` (a model from a TOML config), ``tune`` (a hyper-parameter search
-whose trials are training runs), ``export`` (a run's SavedModel, or a pre-ranking + ranking
-cascade), ``evaluate`` (AUC and log loss of a SavedModel), ``crosses fives`` (FIVES search for
-feature crosses), ``crosses pcf-gnn`` (pair graph and PCF-GNN pre-training), ``serve`` (the gRPC
-model server), ``ab`` (offline A/B comparison of two models on logged data) and ``fuse explain``
-(the fusion plan of a SavedModel signature).
+numeric statistics), ``windows`` (a timestamped CSV log cut into time windows), ``train`` (a
+model from a TOML config), ``tune`` (a hyper-parameter search whose trials are training runs),
+``export`` (a run's SavedModel, or a pre-ranking + ranking cascade), ``evaluate`` (AUC and log
+loss of a SavedModel), ``crosses fives`` (FIVES search for feature crosses), ``crosses
+pcf-gnn`` (pair graph and PCF-GNN pre-training), ``serve`` (the gRPC model server), ``ab``
+(offline A/B comparison of two models on logged data) and ``fuse explain`` (the fusion plan of
+a SavedModel signature).
 """
 
 import os

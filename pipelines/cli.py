@@ -7,6 +7,7 @@
     stitchrec convert   --schema S --input F... --output DIR [--test-fraction X] [--max-bad-rows N]
     stitchrec stats     --schema S --input F... --output DIR [--max-bad-rows N]
     stitchrec add-history --input F --output F [--user C] [--item C] [--time C] [--length N] ...
+    stitchrec windows   --input F --output DIR --by day|week|month|year|rows:N [--count C]... ...
     stitchrec train     --config FILE [--set KEY=VALUE]... [--output DIR] [--max-bad-rows N]
     stitchrec tune      --config FILE --trials N [--timeout S] [--output DIR] [--space FILE] ...
     stitchrec export    --run DIR [--output DIR] [--cascade-rank RUN --keep M] [--fuse ...]
@@ -60,6 +61,7 @@ COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     cli_args_data.convert,
     cli_args_data.stats,
     cli_args_data.add_history,
+    cli_args_data.windows,
     cli_args.train,
     cli_args.tune,
     cli_args.export,

@@ -1,4 +1,5 @@
-"""The flags of the data commands ``generate``, ``convert``, ``stats`` and ``add-history``
+"""The flags of the data commands ``generate``, ``convert``, ``stats``, ``add-history`` and
+``windows``
 (``pipelines.cli_args`` describes how a command's flags and handler are declared)."""
 
 from __future__ import annotations
@@ -145,3 +146,47 @@ def add_history(sub: Subparsers) -> None:
         "value) and hist_<attribute>_first (aligned with the history)",
     )
     h.set_defaults(handler="pipelines.data_commands:cmd_add_history")
+
+
+def windows(sub: Subparsers) -> None:
+    w = sub.add_parser(
+        "windows",
+        help="cut a timestamped CSV log into time windows, one folder a window",
+        description="Writes OUTPUT/window-000/part-00000.csv, ... in time order (the input's "
+        "header and columns, a window's rows in input order) and OUTPUT/windows.json (each "
+        "window's period name, first and last timestamp, rows and --count churn), atomically.",
+    )
+    w.add_argument("--input", required=True, help="CSV log with a header row")
+    w.add_argument(
+        "--output",
+        required=True,
+        help="folder to write (an earlier windows output there is replaced)",
+    )
+    w.add_argument("--time", default="timestamp", help="timestamp column (default timestamp)")
+    w.add_argument(
+        "--by",
+        required=True,
+        help="day, week (from Monday, UTC), month, year, or rows:N (N rows a window in time order)",
+    )
+    w.add_argument(
+        "--time-format",
+        default="unix",
+        help="unix (integer seconds, the default) or iso (ISO-8601 text; no offset: UTC)",
+    )
+    w.add_argument("--format", default="csv", help="part file format: csv (the default) or parquet")
+    w.add_argument(
+        "--count",
+        action="append",
+        default=[],
+        metavar="COLUMN",
+        help="a categorical column whose distinct values and values new to each window are "
+        "counted in windows.json (repeatable)",
+    )
+    w.add_argument(
+        "--min-rows",
+        type=int,
+        default=0,
+        help="merge a window of fewer rows into the next one (the last into the one before; "
+        "default 0: none)",
+    )
+    w.set_defaults(handler="pipelines.data_commands:cmd_windows")

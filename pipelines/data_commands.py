@@ -9,6 +9,9 @@
     stitchrec stats     --schema S --input F... --output DIR [--max-bad-rows N]
     stitchrec add-history --input F --output F [--user C] [--item C] [--time C] [--length N]
                           [--column NAME] [--attributes F --attribute C]
+    stitchrec windows   --input F --output DIR --by day|week|month|year|rows:N [--time C]
+                        [--time-format unix|iso] [--format csv|parquet] [--count C]...
+                        [--min-rows N]
 
 ``convert`` writes ``DIR`` complete or not at all: into a hidden ``.DIR.converting`` folder
 (``convert.json`` first, ``_SUCCESS`` last; ``features.completion``) renamed into place; an
@@ -34,6 +37,7 @@ from features import (
     synthetic_config,
     synthetic_days,
     synthetic_days_config,
+    windows,
 )
 from features.schema import load_schema
 from features.stats import compute_stats
@@ -237,4 +241,41 @@ def cmd_add_history(args: argparse.Namespace) -> int:
     rows = history.add_history(args.input, args.output, spec)
     added = [spec.history_column, *(spec.attribute_columns or ())]
     _print(f"wrote {rows:,} rows with {added} in {time.time() - t0:.1f}s to {args.output}")
+    return 0
+
+
+# The WindowSpec fields a message names, as their `stitchrec windows` flags.
+_WINDOW_FLAGS = {
+    "by": "--by",
+    "time_format": "--time-format",
+    "format": "--format",
+    "min_rows": "--min-rows",
+}
+
+
+def cmd_windows(args: argparse.Namespace) -> int:
+    """``features.windows.cut_windows`` with the command's flags."""
+    try:
+        spec = windows.WindowSpec(
+            time=args.time,
+            by=args.by,
+            time_format=args.time_format,
+            count=tuple(dict.fromkeys(args.count)),
+            min_rows=args.min_rows,
+            output_format=args.format,
+        )
+    except ValueError as e:  # "<field> must be ...": named by its flag
+        field, rest = str(e).split(" ", 1)
+        raise UsageError(f"windows {_WINDOW_FLAGS.get(field, field)} {rest}") from None
+    t0 = time.time()
+    report = windows.cut_windows(args.input, args.output, spec)
+    for w in report["windows"]:
+        churn = "".join(
+            f", {c} {n['distinct']:,} distinct ({n['new']:,} new)" for c, n in w["count"].items()
+        )
+        _print(f"{w['folder']} {w['name']}: {w['rows']:,} rows{churn}")
+    _print(
+        f"cut {report['rows']:,} rows into {len(report['windows'])} window(s) in "
+        f"{time.time() - t0:.1f}s: {args.output} ({windows.REPORT})"
+    )
     return 0

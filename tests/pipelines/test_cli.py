@@ -103,6 +103,7 @@ COMMANDS = [
     ("generate",),
     ("convert",),
     ("stats",),
+    ("windows",),
     ("train",),
     ("export",),
     ("evaluate",),
