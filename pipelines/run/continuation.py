@@ -260,10 +260,13 @@ def _value(parts: list[tf.Variable]) -> np.ndarray:
 
 def _assign(parts: list[tf.Variable], value: np.ndarray) -> None:
     """Assigns ``value`` to a variable given as its parts (consecutive rows of each shard)."""
+    if len(parts) == 1:
+        parts[0].assign(value)
+        return
     start = 0
     for p in parts:
-        rows = int(p.shape[0]) if len(parts) > 1 else len(value)
-        p.assign(value[start : start + rows] if len(parts) > 1 else value)
+        rows = int(p.shape[0])
+        p.assign(value[start : start + rows])
         start += rows
 
 
