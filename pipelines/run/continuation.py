@@ -196,10 +196,16 @@ def continue_model(
     log(
         f"continue from {prev.checkpoint} (optimizer {prev.optimizer_checkpoint}, "
         f"{int(prev.optimizer.iterations)} iterations): "
-        + ", ".join(f"{k} {v['kept']} kept / {v['new']} new" for k, v in summary.items())
+        + ", ".join(_describe(k, v) for k, v in summary.items())
         + (f"; kept values whose id changed (BH / QR rows follow ids): {moved}" if moved else "")
     )
     return summary
+
+
+def _describe(field: str, done: dict[str, Any]) -> str:
+    if done["kept"] or done["new"]:
+        return f"{field} {done['kept']} kept / {done['new']} new"
+    return f"{field} {done['how']}"
 
 
 def _collections(model: tf.keras.Model) -> dict[str, Any]:
