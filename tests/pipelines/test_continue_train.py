@@ -5,6 +5,7 @@ continuing under MultiWorkerMirroredStrategy and ParameterServerStrategy (real l
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import pytest
 import tensorflow as tf
 
 from features.stats import DatasetStats
+from pipelines.cli import main
 from pipelines.config import load_config
 from pipelines.distribute import free_ports, worker_tf_config
 from pipelines.run.model import load_trained_model
@@ -110,18 +112,23 @@ def _check_continued(first: Path, second: Path) -> None:
     assert tf.train.load_variable(ckpt, ITERATIONS) == 8 + 2
 
 
-def test_a_bigger_vocabulary_continues_by_value_where_warm_start_fails(days, tmp_path):
+def test_a_bigger_vocabulary_continues_by_value_where_warm_start_fails(
+    days, tmp_path, monkeypatch, capsys
+):
     warm = load_config(_on_day2(days, tmp_path / "warm"))
     warm = dataclasses.replace(
         warm, train=dataclasses.replace(warm.train, continue_from="", warm_start=str(days["first"]))
     )
     with pytest.raises(ValueError, match="shape"):  # by position: 41 rows there, 51 here
         train(warm, lambda _: None)
-    lines: list[str] = []
-    cfg = load_config(_on_day2(days, tmp_path / "second"))
-    assert train(cfg, lines.append)["steps"] == 2
-    assert any("user 30 kept / 20 new" in line for line in lines), lines
+    # `stitchrec train --continue RUN`, RUN relative to the working directory
+    config = _on_day2(days, tmp_path / "second", continue_from="")
+    monkeypatch.chdir(days["first"].parent)
+    assert main(["train", "--config", str(config), "--continue", days["first"].name]) == 0
+    assert "user 30 kept / 20 new" in capsys.readouterr().out
     _check_continued(days["first"], tmp_path / "second")
+    cfg = load_config(config, [f"train.continue_from={json.dumps(str(days['first']))}"])
+    lines: list[str] = []
     # resuming the continued run restores its own checkpoint, not the previous run again
     lines.clear()
     assert train(cfg, lines.append)["steps_this_run"] == 0
