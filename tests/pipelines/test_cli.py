@@ -112,6 +112,7 @@ COMMANDS = [
     ("ab",),
     ("fuse", "explain"),
     ("tune",),
+    ("daily",),
 ]
 
 
