@@ -49,6 +49,7 @@ from pipelines.config import PipelineConfig, load_config
 from pipelines.daily_state import (
     REPORT_FILE,
     Journal,
+    clean_temporaries,
     finished_day,
     previous_day,
     served_version,
@@ -172,6 +173,7 @@ def run_daily(opts: DailyOptions, log: Log = print) -> dict[str, Any]:
         report = json.loads((run_dir / REPORT_FILE).read_text())
         log(f"{run_dir.name} is finished: {_summary(report)}")
         return report
+    clean_temporaries(run_dir)
     if journal is None:
         previous = previous_day(runs, run_dir)
         journal = Journal.start(run_dir, {**call, "continue_from": str(previous or "") or None})

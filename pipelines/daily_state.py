@@ -50,6 +50,14 @@ def write_json_atomic(path: Path, value: Any) -> None:
             os.close(fd)
 
 
+def clean_temporaries(run_dir: Path) -> None:
+    """Deletes the temporary files ``write_json_atomic`` left in ``run_dir`` when killed."""
+    for name in (JOURNAL_FILE, REPORT_FILE):
+        for tmp in Path(run_dir).glob(f".{name}.tmp-*"):
+            if tmp.name != f".{name}.tmp-{os.getpid()}":
+                tmp.unlink(missing_ok=True)
+
+
 class Journal:
     """The journal of one day (``<run>/daily_journal.json``): ``call`` (the flags and the run
     it continues) and ``steps`` (step name -> what it recorded), saved after every step."""

@@ -266,23 +266,30 @@ def _versions(repo: Path) -> list[str]:
 def test_sigkill_at_random_points_then_rerun_exports_one_version_equal_to_uninterrupted(
     days, tmp_path
 ):
-    """Day d1 again, into a repository serving the module's day d1 (version 1), killed at two
-    random times and rerun: it ends with one new version, scoring as the uninterrupted day."""
+    """Day d1 again, into a repository serving the module's day d1 (version 1), killed twice at
+    random and rerun: it ends with one new version, scoring as the uninterrupted day."""
     (tmp_path / "daily.toml").write_text(CONFIG)
     repo = tmp_path / "repo"
     shutil.copytree(days["repo"] / "1", repo / "1")
     window, rng = days["windows"][0], random.Random(7)
+    journal = tmp_path / "runs" / "day-d1" / JOURNAL_FILE
     killed_at = []
-    for bound in (6.0, 12.0):  # seconds after the day's first line (TensorFlow loaded)
+    # seconds after the day's first line (TensorFlow loaded): in training, then once the
+    # journal records `trained` (the exports and the scoring)
+    for bound, after_training in ((8.0, False), (3.0, True)):
         lines: list[str] = []
         proc = _daily_process(tmp_path, window, lines)
-        deadline = time.time() + 120
-        while not any(line.startswith("day-d1") for line in lines):
-            assert proc.poll() is None, "".join(lines)
+        deadline = time.time() + 180
+        while not any(line.startswith("day-d1") for line in lines) or (
+            after_training and "trained" not in json.loads(journal.read_text())["steps"]
+        ):
+            if proc.poll() is not None:
+                break
             assert time.time() < deadline, "".join(lines)
             time.sleep(0.05)
         time.sleep(rng.uniform(0.0, bound))
-        proc.send_signal(signal.SIGKILL)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
         proc.wait()
         killed_at.append(lines[-1].strip() if lines else "")
         # never a second new version; a killed copy is a hidden folder, not a version
