@@ -6,10 +6,10 @@ from __future__ import annotations
 from pipelines.cli_args import Subparsers
 
 DAILY_DESCRIPTION = (
-    "One day of continuous training (docs/continuous.md): trains a run on the window "
-    "<runs>/day-<window name>, continuing the latest finished day run before it; scores it "
-    "against the repository's served version on the window's test rows (paired bootstrap); "
-    "exports it as the repository's next version when the rule accepts; writes "
+    "One day of continuous training (docs/continuous.md): trains the run "
+    "<runs>/day-<window name> on the window, continuing the latest finished day run before it; "
+    "scores it against the repository's served version on the window's test rows (paired "
+    "bootstrap); exports it as the repository's next version when the rule accepts; writes "
     "<run>/daily_report.json. A rerun of the same call finishes a killed day and adds at most "
     "one version."
 )

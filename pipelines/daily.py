@@ -176,7 +176,7 @@ def run_daily(opts: DailyOptions, log: Log = print) -> dict[str, Any]:
     clean_temporaries(run_dir)
     if journal is None:
         previous = previous_day(runs, run_dir)
-        journal = Journal.start(run_dir, {**call, "continue_from": str(previous or "") or None})
+        journal = Journal.start(run_dir, {**call, "continue_from": previous and str(previous)})
     previous = Path(journal.call["continue_from"]) if journal.call["continue_from"] else None
     log(f"{run_dir.name}: " + (f"continues {previous}" if previous else "trains from scratch"))
     cfg = day_config(opts, run_dir, previous)
