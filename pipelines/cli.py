@@ -16,12 +16,13 @@
     stitchrec crosses pcf-gnn  --config FILE [--set KEY=VALUE]...
     stitchrec serve     --repo DIR [--host H] [--port P] [--workers N] ...
     stitchrec ab        --control A --treatment B --data LOGS... [--output DIR] ...
+    stitchrec daily     --config FILE --window DATA --repo MODELS/NAME [--runs DIR] [--rule R]
     stitchrec fuse explain SAVED_MODEL [--batch N] [--signature NAME] [--json FILE] ...
 
 Each command's flags come from its function in ``pipelines.cli_args`` or, for the data
-commands, ``pipelines.cli_args_data`` (argparse only); the module that runs it (TensorFlow and
-all) is imported only when the command runs, so ``stitchrec --help`` starts in a fraction of a
-second.
+commands, ``pipelines.cli_args_data``, for ``daily``, ``pipelines.cli_args_daily`` (argparse
+only); the module that runs it (TensorFlow and all) is imported only when the command runs, so
+``stitchrec --help`` starts in a fraction of a second.
 
 User errors (a bad flag, schema, config, data file or score source) print one ``error:`` line
 naming what, where and what was expected, and exit with status 2; a lost peer of a distributed
@@ -43,7 +44,7 @@ from features.crosses.artifact import CrossArtifactError
 from features.crosses.fives_config import FivesDataError
 from features.read_report import DataError
 from features.schema import SchemaError
-from pipelines import cli_args, cli_args_data
+from pipelines import cli_args, cli_args_daily, cli_args_data
 from pipelines.config import ConfigError
 from pipelines.errors import UsageError
 from pipelines.stderr_filter import filtered_stderr
@@ -69,6 +70,7 @@ COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     cli_args.crosses,
     cli_args.serve,
     cli_args.ab,
+    cli_args_daily.daily,
     cli_args.fuse,
 )
 

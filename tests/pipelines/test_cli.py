@@ -113,6 +113,7 @@ COMMANDS = [
     ("ab",),
     ("fuse", "explain"),
     ("tune",),
+    ("daily",),
 ]
 
 
