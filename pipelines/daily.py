@@ -17,7 +17,7 @@ Steps, each recorded in ``<run>/daily_journal.json`` once done (``pipelines.dail
 
 1. ``trained``: ``pipelines.train.train`` on the window's training rows (validation split and
    early stopping as the config says), starting from the latest finished day run under
-   ``--runs`` before this one (``[train] warm_start``); the first day trains from scratch.
+   ``--runs`` before this one (``[train] continue_from``); the first day trains from scratch.
 2. ``scored``: the candidate is exported into ``<run>/export/1`` (``export_run``) and compared
    with the repository's served version (its highest complete version) on the window's
    ``test/`` rows by ``run_ab``: both metrics, the paired difference candidate - served and
@@ -142,8 +142,8 @@ def _window_overrides(window: Path) -> list[str]:
 
 def day_config(opts: DailyOptions, run_dir: Path | None, previous: Path | None) -> PipelineConfig:
     """The config of the day: ``opts.config`` and its overrides reading the window's files,
-    trained into ``run_dir`` (None: the config's ``output_dir``) from ``previous`` (a warm
-    start; None: from scratch)."""
+    trained into ``run_dir`` (None: the config's ``output_dir``) continuing ``previous`` (None:
+    from scratch)."""
     window = Path(opts.window).resolve()
     lines = [*opts.overrides, *_window_overrides(window)]
     if run_dir is not None:
@@ -151,9 +151,9 @@ def day_config(opts: DailyOptions, run_dir: Path | None, previous: Path | None) 
     elif opts.runs is not None:  # the config may leave output_dir out
         lines.append(f"output_dir={json.dumps(str(Path(opts.runs).resolve()))}")
     cfg = load_config(opts.config, lines)
-    # The continued run starts from the previous day's weights (same vocabularies and shapes).
+    # The day continues the previous day's run by value (pipelines.run.continuation).
     return dataclasses.replace(
-        cfg, train=dataclasses.replace(cfg.train, warm_start=str(previous) if previous else "")
+        cfg, train=dataclasses.replace(cfg.train, continue_from=str(previous) if previous else "")
     )
 
 
