@@ -112,24 +112,40 @@ def run_name(window: Path) -> str:
     return name if name.startswith("day-") else f"day-{name}"
 
 
+def is_shard_window(window: Path) -> bool:
+    """True for a window of shards (``schema.toml`` and a ``train/`` folder of Parquet
+    shards, as `stitchrec generate` writes); False for a folder of raw files that the config's
+    schema reads (as `stitchrec windows` writes)."""
+    return (window / "schema.toml").is_file() and any((window / "train").glob("*.parquet"))
+
+
 def check_window(window: Path) -> None:
-    """Raises UsageError unless ``window`` holds ``schema.toml`` and ``train/`` and ``test/``
-    folders of Parquet shards."""
+    """Raises UsageError unless ``window`` is a folder of shards with a ``test/`` folder of
+    Parquet shards too, or a folder holding at least one raw file."""
     if not window.is_dir():
         raise UsageError(f"daily --window {str(window)!r}: expected a folder of one window")
-    if not (window / "schema.toml").is_file():
-        raise UsageError(f"daily --window {str(window)!r}: it has no schema.toml")
-    for split in ("train", "test"):
-        if not any((window / split).glob("*.parquet")):
+    if not is_shard_window(window):
+        if not any(p.is_file() and not p.name.startswith(".") for p in window.rglob("*")):
             raise UsageError(
-                f"daily --window {str(window)!r}: no Parquet shards in {split}/ (a window holds "
-                "schema.toml, train/ and test/, as `stitchrec generate` writes)"
+                f"daily --window {str(window)!r}: no files (a window holds schema.toml, train/ "
+                "and test/ shards as `stitchrec generate` writes, or raw files of the config's "
+                "schema as `stitchrec windows` writes)"
             )
+        return
+    if not any((window / "test").glob("*.parquet")):
+        raise UsageError(
+            f"daily --window {str(window)!r}: no Parquet shards in test/ (a window of shards "
+            "holds schema.toml, train/ and test/, as `stitchrec generate` writes)"
+        )
 
 
 def _window_overrides(window: Path) -> list[str]:
-    """``--set`` lines that make a config read ``window``'s files."""
+    """``--set`` lines that make a config read ``window``'s files: its shards and schema, or its
+    raw files with the config's schema (test and validation rows split off by the config's
+    ``test_fraction`` and ``validation_fraction``)."""
     q = json.dumps
+    if not is_shard_window(window):
+        return [f"data.raw={q([str(window)])}", "data.train=[]", "data.test=[]"]
     validation = [str(window / "validation")] if (window / "validation").is_dir() else []
     return [
         f"data.schema={q(str(window / 'schema.toml'))}",
@@ -185,7 +201,7 @@ def run_daily(opts: DailyOptions, log: Log = print) -> dict[str, Any]:
         journal.record("trained", {"steps": report["steps"], "test": report["test"]})
     candidate = _export_candidate(run_dir, log)
     if not journal.done("scored"):
-        journal.record("scored", score_day(opts, window, repo, candidate, log))
+        journal.record("scored", score_day(opts, test_files(run_dir), repo, candidate, log))
     scored = journal.steps["scored"]
     if not journal.done("decided"):
         journal.record("decided", decide(opts.rule, opts.metric, scored["difference"]))
@@ -209,19 +225,25 @@ def _export_candidate(run_dir: Path, log: Log) -> Path:
     return out
 
 
+def test_files(run_dir: Path) -> list[str]:
+    """The day's test shards: those the run's training scored (``train_report.json``)."""
+    report = json.loads(RunPaths(run_dir).report.read_text())
+    return list(report["test_files"])
+
+
 def score_day(
-    opts: DailyOptions, window: Path, repo: Path, candidate: Path, log: Log
+    opts: DailyOptions, test: list[str], repo: Path, candidate: Path, log: Log
 ) -> dict[str, Any]:
     """The ``scored`` step: ``run_ab`` of the served version (control) and the candidate
-    (treatment) on the window's test rows; with an empty repository, the candidate against
-    uniform scores (its metric only, no difference)."""
+    (treatment) on the day's ``test`` shards (their schema is the candidate's); with an empty
+    repository, the candidate against uniform scores (its metric only, no difference)."""
     served = served_version(repo)
     result = run_ab(
         ABOptions(
             control=str(served[1]) if served else "uniform",
             treatment=str(candidate),
-            data=[str(window / "test")],
-            schema=str(window / "schema.toml"),
+            data=test,
+            schema=None,
             resamples=opts.resamples,
             seed=opts.seed,
             primary=opts.metric,

@@ -192,6 +192,7 @@ def _report(
         "train_rows": rows,
         "validation_rows": count_rows(run.validation_files) if run.validation_files else 0,
         "test_rows": count_rows(run.test_files) if run.test_files else 0,
+        "test_files": [str(f) for f in run.test_files],
         "steps": int(state.step),
         "steps_this_run": loop.trained_steps,
         "train_seconds": round(loop.train_seconds, 2),
