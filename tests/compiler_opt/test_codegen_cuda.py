@@ -378,6 +378,15 @@ def test_the_cuda_form_has_its_own_cache_entry_and_nvcc_errors_are_reported(cuda
     )
     assert plain.key != with_cuda.key and plain.path.exists() and with_cuda.path.exists()
     assert str(with_cuda.path) == loop_groups.library_path(spec)
+    # built in a folder of its own whatever the suite's folder holds: nvcc, then the link with
+    # CUDA's static runtime (not loaded: its op is registered already, by the library above)
+    fresh = toolchain.compile_kernel(
+        loop_cpu.generate(spec, cuda=True),
+        tmp_path / "fresh",
+        cuda_source=loop_cuda.loop_source(spec),
+    )
+    assert fresh.compiled and fresh.key == with_cuda.key
+    assert fresh.path.parent == tmp_path / "fresh" and fresh.path.stat().st_size > 0
     with pytest.raises(toolchain.CudaUnavailable, match=r"nvcc failed .*\.cu"):
         toolchain.compile_kernel(
             loop_cpu.generate(spec, cuda=True), tmp_path, cuda_source="this is not CUDA"
