@@ -1,4 +1,5 @@
-"""Fixtures of the compiler_opt tests: fixed cost coefficients and a small exported DCN-v2."""
+"""Fixtures of the compiler_opt tests: fixed cost coefficients, a small exported DCN-v2 and the
+folder of generated-op libraries the tests share."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from compiler_opt import toolchain
 from compiler_opt.cost import Coefficients
 from tests.testdata import write_tiny_dataset
 
@@ -22,9 +24,27 @@ HAND = Coefficients(
 )
 
 
+#: the libraries of the generated ops: the kernels folder of the cache the tests started with
+#: (``$STITCHREC_CACHE`` or ``~/.cache/stitchrec``), read before any test sets its own
+SHARED_KERNELS = toolchain.kernels_dir()
+
+
 @pytest.fixture()
 def hand() -> Coefficients:
     return HAND
+
+
+def share_kernels(cache: Path) -> Path:
+    """Makes ``<cache>/compiler_opt/kernels`` a link to :data:`SHARED_KERNELS` and returns
+    ``cache``: a test with its own ``$STITCHREC_CACHE`` (its own calibration) loads the
+    libraries other tests compiled from the same source and toolchain (the cache key) instead
+    of compiling them again, and leaves its own there for the others."""
+    kernels = cache / "compiler_opt" / "kernels"
+    kernels.parent.mkdir(parents=True, exist_ok=True)
+    SHARED_KERNELS.mkdir(parents=True, exist_ok=True)
+    if not kernels.is_symlink():
+        kernels.symlink_to(SHARED_KERNELS, target_is_directory=True)
+    return cache
 
 
 def tiny_dcn_v2(

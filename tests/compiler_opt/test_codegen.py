@@ -3,8 +3,8 @@
 Every covered method (full, hashing, QR mult/add/concat, BH sum/concat with both splits,
 AMTL's mask), single-valued and ragged ids (mean and sum pooling), out-of-range ids, and the
 dense columns: outputs and gradients (tables as IndexedSlices, AMTL's MLPs through the mask,
-the dense input) within 1e-5 of the plain Keras layers. One spec is compiled once per session
-into a temporary ``STITCHREC_CACHE``.
+the dense input) within 1e-5 of the plain Keras layers. One spec is compiled once, into a
+temporary ``STITCHREC_CACHE`` whose kernels folder is the suite's (``share_kernels``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from compiler_opt.embedding_op import ops as emb_ops
 from compiler_opt.embedding_op import spec as emb_spec
 from embeddings.collection import EmbeddingCollection
 from embeddings.forms import Form
-from tests.compiler_opt.conftest import need_compiler
+from tests.compiler_opt.conftest import need_compiler, share_kernels
 
 ROOT = Path(__file__).resolve().parents[2]
 B = 7
@@ -98,8 +98,9 @@ def make_ids(seed: int, batch: int = B) -> dict[str, tf.Tensor]:
 
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
-    """A fresh STITCHREC_CACHE for this module (restored afterwards)."""
-    d = tmp_path_factory.mktemp("stitchrec-cache")
+    """A fresh STITCHREC_CACHE for this module (restored afterwards), its kernels folder the
+    suite's: a library of the same source and toolchain is compiled once."""
+    d = share_kernels(tmp_path_factory.mktemp("stitchrec-cache"))
     old = os.environ.get("STITCHREC_CACHE")
     os.environ["STITCHREC_CACHE"] = str(d)
     yield d

@@ -35,7 +35,7 @@ from compiler_opt.loop_op import groups as loop_groups
 from compiler_opt.loop_op import spec as loop_def
 from embeddings.collection import EmbeddingCollection
 from serving.model_version import kernel_devices
-from tests.compiler_opt.conftest import need_compiler
+from tests.compiler_opt.conftest import need_compiler, share_kernels
 from tests.compiler_opt.test_codegen import DENSE, TABLES, make_ids
 
 GPU = "/job:localhost/replica:0/task:0/device:GPU:0"
@@ -54,11 +54,12 @@ def need_nvcc() -> None:
 
 @pytest.fixture(scope="module")
 def cuda(tmp_path_factory):
-    """``$STITCHREC_CUDA=1`` and a fresh ``$STITCHREC_CACHE`` for this module."""
+    """``$STITCHREC_CUDA=1`` and a fresh ``$STITCHREC_CACHE`` for this module, its kernels
+    folder the suite's (``share_kernels``: a CUDA form has a cache key of its own)."""
     need_nvcc()
     old = {k: os.environ.get(k) for k in ("STITCHREC_CUDA", "STITCHREC_CACHE")}
     os.environ["STITCHREC_CUDA"] = "1"
-    os.environ["STITCHREC_CACHE"] = str(tmp_path_factory.mktemp("cuda-cache"))
+    os.environ["STITCHREC_CACHE"] = str(share_kernels(tmp_path_factory.mktemp("cuda-cache")))
     yield
     for k, v in old.items():
         if v is None:
@@ -275,9 +276,10 @@ def test_embedding_spec_with_hand_checked_values(cuda):
     np.testing.assert_array_equal(got, np.array(want, np.float32))
 
 
-def test_tabulated_masks_and_int64_compact_tables_have_a_cuda_form(cuda):
-    """AMTL's serving forms: the op reading tabulated masks (``mask_rows``), and the compact
-    form (values + row offsets) when its offsets are int64."""
+@pytest.fixture(scope="module")
+def amtl(cuda):
+    """Two AMTL fields (one ragged) over 40 rows with ids in and out of range, and the op of
+    their training form (its masks computed in the op: no CUDA form), compiled once."""
     n = 40
     tf.keras.utils.set_random_seed(2)
     coll = EmbeddingCollection(
@@ -299,7 +301,13 @@ def test_tabulated_masks_and_int64_compact_tables_have_a_cuda_form(cuda):
     }
     coll(ids)
     block = emb_spec.build_spec(coll, ids)
-    training = emb_ops.load(block.spec)
+    return n, coll, ids, block, emb_ops.load(block.spec), rng
+
+
+def test_tabulated_masks_and_int64_compact_tables_have_a_cuda_form(amtl):
+    """AMTL's serving forms: the op reading tabulated masks (``mask_rows``), and the compact
+    form (values + row offsets) when its offsets are int64."""
+    n, coll, ids, block, training, rng = amtl
     assert not training.gpu and "wheres" in emb_cuda.embedding_unsupported(block.spec)
     assert devices_of(training.forward_name) == {"CPU"}
 
@@ -353,15 +361,8 @@ def _compact_variables(fused: emb_layer.FusedEmbeddingCollection) -> list[tf.Var
     return emb_spec.build_spec(fused, ids).variables
 
 
-def test_a_version_whose_op_has_no_gpu_kernel_is_served_on_the_cpu(cuda):
-    coll = EmbeddingCollection(
-        [{"name": "cu_srv", "num_rows": 8, "dim": 2, "method": "amtl"}],
-        counts={"cu_srv": list(range(8, 0, -1))},
-        name="cuda_srv",
-    )
-    ids = {"cu_srv": tf.constant([1, 2], tf.int64)}
-    coll(ids)
-    kernel = emb_ops.load(emb_spec.build_spec(coll, ids).spec)  # training form: CPU only
+def test_a_version_whose_op_has_no_gpu_kernel_is_served_on_the_cpu(amtl):
+    kernel = amtl[4]  # AMTL's training form: CPU only
     devices, note = kernel_devices([kernel.forward_name], [GPU, GPU.replace("GPU:0", "GPU:1")])
     assert devices == ["/device:CPU:0"]
     assert "served on the CPU" in note and kernel.forward_name in note and "wheres" in note
@@ -377,6 +378,15 @@ def test_the_cuda_form_has_its_own_cache_entry_and_nvcc_errors_are_reported(cuda
     )
     assert plain.key != with_cuda.key and plain.path.exists() and with_cuda.path.exists()
     assert str(with_cuda.path) == loop_groups.library_path(spec)
+    # built in a folder of its own whatever the suite's folder holds: nvcc, then the link with
+    # CUDA's static runtime (not loaded: its op is registered already, by the library above)
+    fresh = toolchain.compile_kernel(
+        loop_cpu.generate(spec, cuda=True),
+        tmp_path / "fresh",
+        cuda_source=loop_cuda.loop_source(spec),
+    )
+    assert fresh.compiled and fresh.key == with_cuda.key
+    assert fresh.path.parent == tmp_path / "fresh" and fresh.path.stat().st_size > 0
     with pytest.raises(toolchain.CudaUnavailable, match=r"nvcc failed .*\.cu"):
         toolchain.compile_kernel(
             loop_cpu.generate(spec, cuda=True), tmp_path, cuda_source="this is not CUDA"

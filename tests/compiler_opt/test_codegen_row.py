@@ -25,7 +25,7 @@ from compiler_opt.row_op import cuda as row_cuda
 from compiler_opt.row_op import groups as row_groups
 from compiler_opt.row_op import spec as row_def
 from compiler_opt.row_op.spec import RowSpec, RowValue
-from tests.compiler_opt.conftest import HAND, need_compiler, tiny_dcn_v2
+from tests.compiler_opt.conftest import HAND, need_compiler, share_kernels, tiny_dcn_v2
 
 GAMMA = np.linspace(0.5, 1.5, 8).astype(np.float32)
 
@@ -212,7 +212,7 @@ def test_the_cuda_form_runs_the_same_program(tmp_path):
     _, (group, _) = _whole_program(frozen)
     spec = group.spec
     old = {k: os.environ.get(k) for k in ("STITCHREC_CUDA", "STITCHREC_CACHE")}
-    os.environ.update({"STITCHREC_CUDA": "1", "STITCHREC_CACHE": str(tmp_path)})
+    os.environ.update({"STITCHREC_CUDA": "1", "STITCHREC_CACHE": str(share_kernels(tmp_path))})
     try:
         name = row_groups.load(spec)
         assert registry.has_gpu_kernel(name)

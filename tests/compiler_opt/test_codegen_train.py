@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from compiler_opt.embedding_op import assets as emb_assets
-from tests.compiler_opt.conftest import need_compiler
+from tests.compiler_opt.conftest import need_compiler, share_kernels
 from tests.testdata import write_run_config, write_tiny_dataset
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture()
 def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("STITCHREC_CACHE", str(tmp_path / "cache"))
+    """A fresh ``$STITCHREC_CACHE`` (no calibration) whose kernels folder is the suite's."""
+    monkeypatch.setenv("STITCHREC_CACHE", str(share_kernels(tmp_path / "cache")))
     return tmp_path / "cache"
 
 

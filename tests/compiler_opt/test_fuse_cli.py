@@ -10,13 +10,15 @@ from pathlib import Path
 from compiler_opt import cost
 from compiler_opt.embedding_op import layer as emb_layer
 from pipelines import cli
+from tests.compiler_opt.conftest import share_kernels
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _seed_cache(tmp_path, monkeypatch, hand) -> None:
-    """A calibration file for this device with the hand coefficients (no measuring)."""
-    monkeypatch.setenv("STITCHREC_CACHE", str(tmp_path / "cache"))
+    """A calibration file for this device with the hand coefficients (no measuring), in a
+    fresh ``$STITCHREC_CACHE`` whose kernels folder is the suite's (``share_kernels``)."""
+    monkeypatch.setenv("STITCHREC_CACHE", str(share_kernels(tmp_path / "cache")))
     key = cost.device_key()
     cost.save(
         cost.Coefficients(key, hand.launch_s, hand.bandwidth, hand.gather_row_s, 1e9),

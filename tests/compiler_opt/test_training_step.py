@@ -14,6 +14,8 @@ from tests.testdata import write_run_config, write_tiny_dataset
 
 
 def _model_and_step(tmp_path, optimizer: str):
+    """A tiny DCN-v2, its traced training step with ``optimizer``, the step's variables and
+    three batches of 64."""
     from features.dataset import make_dataset
     from pipelines.run.model import make_optimizer
     from pipelines.run.step import make_train_step
@@ -32,9 +34,23 @@ def _model_and_step(tmp_path, optimizer: str):
     return step, variables, batches
 
 
+@pytest.fixture(scope="module")
+def steps(tmp_path_factory):
+    """``_model_and_step`` once per optimizer for the module: the tests that realize the same
+    traced step share it (each test sets the variables it compares from itself)."""
+    made: dict[str, tuple] = {}
+
+    def get(optimizer: str):
+        if optimizer not in made:
+            made[optimizer] = _model_and_step(tmp_path_factory.mktemp(optimizer), optimizer)
+        return made[optimizer]
+
+    return get
+
+
 @pytest.mark.parametrize("optimizer", ["adam", "adagrad"])
-def test_the_realized_step_updates_the_variables_as_the_traced_one(tmp_path, hand, optimizer):
-    step, variables, batches = _model_and_step(tmp_path, optimizer)
+def test_the_realized_step_updates_the_variables_as_the_traced_one(steps, hand, optimizer):
+    step, variables, batches = steps(optimizer)
     start = [v.numpy().copy() for v in variables]
     fused = realize.TrainingStep(step, hand, 64, trial_steps=0)  # the clusters, always
     assert fused.clusters > 0 and fused.choice == "clusters"
@@ -56,8 +72,8 @@ def test_the_realized_step_updates_the_variables_as_the_traced_one(tmp_path, han
     assert moved > 10  # tables, dense weights, slots, metrics: all updated
 
 
-def test_the_first_steps_choose_between_clusters_and_the_inlined_step(tmp_path, hand):
-    step, _, batches = _model_and_step(tmp_path, "adam")
+def test_the_first_steps_choose_between_clusters_and_the_inlined_step(steps, hand):
+    step, _, batches = steps("adam")
     fused = realize.TrainingStep(step, hand, 64, trial_steps=1, warmup_steps=2)
     assert fused.choice == "" and fused.timings_ms == {}
     losses = [float(fused(batches[i % 3])) for i in range(5)]  # 2 untimed + 1 timed each
