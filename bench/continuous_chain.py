@@ -12,12 +12,13 @@ rows a day) trained by a tiny DNN with ``[train] deterministic = true`` and ``--
    the window is converted, the run trains), ``export`` (the journal records ``trained``;
    the candidate ``<run>/export/1`` is written), ``scoring`` (the candidate is complete;
    ``run_ab`` against the served version), ``publishing`` (the journal records ``scored``:
-   the decision, the copy into the repository, the report). Chain B runs the same days into
+   the decision and the copy into the repository, until ``daily_report.json`` is written). Chain B runs the same days into
    repository B and kills the daily process with SIGKILL ``--kills`` times in all, at least
    once a day when there are as many kills as days, its phases cycling over the four (a
    seeded shuffle). A kill's time ``t`` is drawn uniformly in its phase's span of chain A's
    day (so ``t`` lies in [0, the uninterrupted day's duration]); in chain B the process is
-   killed ``t - start of that phase in chain A`` seconds after it is seen entering the phase.
+   killed ``t - start of that phase in chain A`` seconds after it is seen entering the phase,
+   or as soon as it leaves the phase if that comes first (a faster phase than chain A's).
    After each kill the same call runs again; the last run finishes the day. Each day of chain
    B must then have added exactly one complete version, leave no hidden (temporary) or
    incomplete folder in the repository, and score the day's test rows as chain A's version of
@@ -52,13 +53,17 @@ from typing import Any
 import numpy as np
 
 from bench.continuous_chain_models import fresh_scores, served_scores, unknown_ops
-from pipelines.daily_state import JOURNAL_FILE, complete_versions
+from pipelines.daily_state import JOURNAL_FILE, complete_versions, finished_day
 from serving.version_files import COMPLETE, version_state
 
 ROOT = Path(__file__).resolve().parents[1]
 PHASES = ("training", "export", "scoring", "publishing")
+#: The phases, then the state of a day whose daily_report.json is written (the process exits).
+STATES = (*PHASES, "finished")
 TOLERANCE = 1e-6
 MODEL = "ctr"
+#: Paired bootstrap resamples of each day's comparison (``stitchrec daily --bootstrap``).
+BOOTSTRAP = 200
 
 CONFIG = """\
 [data]
@@ -92,7 +97,10 @@ def _candidate_complete(run_dir: Path) -> bool:
 
 
 def phase(run_dir: Path) -> str:
-    """The phase a day's run is in, read from its journal and candidate export."""
+    """The state a day's run is in (``STATES``), read from its journal, its candidate export
+    and its report."""
+    if finished_day(run_dir):
+        return "finished"
     steps = _journal_steps(run_dir)
     if "trained" not in steps:
         return "training"
@@ -109,6 +117,7 @@ class Day:
         cmd = [sys.executable, "-m", "pipelines.cli", "daily", "--config", str(work / "daily.toml")]
         cmd += ["--window", str(window), "--runs", str(work / f"runs-{chain}")]
         cmd += ["--repo", str(work / f"models-{chain}" / MODEL), "--rule", "always"]
+        cmd += ["--bootstrap", str(BOOTSTRAP)]
         env = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "2"}
         self.log = open(work / f"{chain}-{window.name}.log", "a")  # noqa: SIM115 (closed in wait)
         self.t0 = time.monotonic()
@@ -121,7 +130,7 @@ class Day:
         """Records the phase the run is in now; True while the process runs."""
         running = self.proc.poll() is None
         now = phase(self.run_dir)
-        for p in PHASES[: PHASES.index(now) + 1]:
+        for p in STATES[: STATES.index(now) + 1]:
             self.entered.setdefault(p, time.monotonic() - self.t0)
         return running
 
@@ -157,7 +166,7 @@ def plan_kills(timing: list[dict[str, Any]], kills: int, seed: int) -> list[dict
     for d, p in zip(days, phases, strict=True):
         entered, end = timing[d]["entered"], timing[d]["seconds"]
         start = entered.get(p, end)
-        later = [entered[q] for q in PHASES[PHASES.index(p) + 1 :] if q in entered]
+        later = [entered[q] for q in STATES[STATES.index(p) + 1 :] if q in entered]
         stop = min(later, default=end)
         plan.append({"day": d, "phase": p, "t": round(rng.uniform(start, stop), 3),
                      "phase_start": start})  # fmt: skip
@@ -173,22 +182,31 @@ def _hidden(repo: Path) -> list[str]:
 
 
 def _kill_in(day: Day, kill: dict[str, Any]) -> dict[str, Any]:
-    """Waits for ``day`` to enter the kill's phase, then SIGKILLs it after the kill's delay."""
-    want = PHASES.index(kill["phase"])
-    while day.poll() and PHASES.index(phase(day.run_dir)) < want:
+    """Waits for ``day`` to enter the kill's phase, then SIGKILLs it after the kill's delay, or
+    as soon as it leaves the phase when that comes first (``early``); then reads where the kill
+    landed (the journal's steps, the candidate export, the report, the repository)."""
+    want = STATES.index(kill["phase"])
+    while day.poll() and STATES.index(phase(day.run_dir)) < want:
         time.sleep(0.02)
     seen = time.monotonic()
     delay = kill["t"] - kill["phase_start"]
+    early = False
     while day.poll() and time.monotonic() - seen < delay:
+        if STATES.index(phase(day.run_dir)) > want:
+            early = True
+            break
         time.sleep(0.01)
-    landed = {"steps": _journal_steps(day.run_dir), "candidate": _candidate_complete(day.run_dir)}
+    landed: dict[str, Any] = {"early": early, "killed_at_s": None}  # None: it had finished
     if day.proc.poll() is None:
         day.proc.send_signal(signal.SIGKILL)
         landed["killed_at_s"] = round(time.monotonic() - day.t0, 2)
-    else:
-        landed["killed_at_s"] = None  # the process had finished: the kill missed
     day.wait()
-    landed["hidden_after_kill"] = _hidden(day.run_dir.parents[1] / "models-B" / MODEL)
+    landed |= {
+        "steps": _journal_steps(day.run_dir),
+        "candidate": _candidate_complete(day.run_dir),
+        "report": finished_day(day.run_dir),
+        "hidden_after_kill": _hidden(day.run_dir.parents[1] / "models-B" / MODEL),
+    }
     return {**kill, **landed}
 
 
@@ -212,7 +230,7 @@ def run_chain_b(work: Path, windows: list[Path], plan: list[dict[str, Any]]) -> 
 
 def compare_chains(work: Path, windows: list[Path], fresh_a: list[np.ndarray]) -> list[float]:
     """Max abs difference of chain B's version of each day from chain A's, on the day's test
-    rows (chain B's versions scored in one fresh process)."""
+    rows (chain B's versions scored in another fresh process)."""
     jobs = [(work / "models-B" / MODEL / str(i + 1), w / "test") for i, w in enumerate(windows)]
     fresh_b = fresh_scores(jobs)
     return [float(np.max(np.abs(a - b))) for a, b in zip(fresh_a, fresh_b, strict=True)]
@@ -224,7 +242,7 @@ def serving_checks(work: Path, windows: list[Path]) -> dict[str, Any]:
     versions = sorted(complete_versions(repo))
     jobs = [(repo / str(v), windows[v - 1] / "test") for v in versions]
     t0 = time.monotonic()
-    fresh = [fresh_scores([job])[0] for job in jobs]  # one new process per version
+    fresh = fresh_scores(jobs)
     fresh_s = time.monotonic() - t0
     t0 = time.monotonic()
     served = served_scores(
@@ -252,7 +270,9 @@ def generate(work: Path, days: int, rows: int, seed: int) -> list[Path]:
 
 def _fmt_steps(k: dict[str, Any]) -> str:
     steps = ", ".join(k["steps"]) or "none"
-    return f"{steps}; candidate {'complete' if k['candidate'] else 'not complete'}"
+    report = "; report written" if k["report"] else ""
+    hidden = f"; repo holds {', '.join(k['hidden_after_kill'])}" if k["hidden_after_kill"] else ""
+    return f"{steps}; candidate {'complete' if k['candidate'] else 'not complete'}{report}{hidden}"
 
 
 def report(res: dict[str, Any]) -> str:
@@ -267,12 +287,12 @@ def report(res: dict[str, Any]) -> str:
         "",
         "## 1. SIGKILL",
         "",
-        "| day | uninterrupted s | export at | scoring at | publishing at |",
-        "|---|---|---|---|---|",
+        "| day | uninterrupted s | export at | scoring at | publishing at | report at |",
+        "|---|---|---|---|---|---|",
     ]
     for d in a:
         e = d["entered"]
-        at = [f"{e[p]:.1f}" if p in e else "-" for p in PHASES[1:]]
+        at = [f"{e[p]:.1f}" if p in e else "-" for p in STATES[1:]]
         lines.append(f"| {d['day']} | {d['seconds']:.1f} | " + " | ".join(at) + " |")
     lines += [
         "",
@@ -281,6 +301,7 @@ def report(res: dict[str, Any]) -> str:
     ]
     for i, k in enumerate(b["kills"]):
         at = "missed (finished)" if k["killed_at_s"] is None else f"{k['killed_at_s']:.1f}"
+        at += " (on leaving the phase)" if k["early"] and k["killed_at_s"] is not None else ""
         lines.append(
             f"| {i + 1} | {k['day_name']} | {k['phase']} | {k['t']:.1f} | {at} | {_fmt_steps(k)} |"
         )
@@ -300,7 +321,8 @@ def report(res: dict[str, Any]) -> str:
         "",
         "## 2. Versions of chain A: fresh process, `stitchrec serve`, ops",
         "",
-        f"fresh processes {s['fresh_s']:.0f} s (one per version), served {s['served_s']:.0f} s "
+        f"fresh process {s['fresh_s']:.0f} s (one, loading every version), "
+        f"served {s['served_s']:.0f} s "
         "(one server, `--version-policy all`)",
         "",
         "| version | test rows | mean score | max abs served - fresh | ops not in tf.raw_ops | "
