@@ -23,7 +23,8 @@ rows a day) trained by a tiny DNN with ``[train] deterministic = true`` and ``--
    B must then have added exactly one complete version, leave no hidden (temporary) or
    incomplete folder in the repository, and score the day's test rows as chain A's version of
    the day does (max abs difference <= 1e-6). Where each kill landed is the journal's steps
-   at the moment of the kill (plus whether the candidate export was complete).
+   at the moment of the kill, plus the latest training checkpoint, whether the candidate
+   export was complete, and any hidden folder the kill left in the repository.
 2. **Serving.** Every version of chain A loads and scores the day's test rows in a fresh
    process (``tf.saved_model.load`` + ``serving_default`` on the raw column values), and in
    ``stitchrec serve`` (a subprocess on 127.0.0.1 port 0, a plain export: no generated ops),
@@ -94,6 +95,12 @@ def _journal_steps(run_dir: Path) -> list[str]:
 def _candidate_complete(run_dir: Path) -> bool:
     out = run_dir / "export" / "1"
     return out.is_dir() and version_state(out)[0] == COMPLETE
+
+
+def _checkpoint_step(run_dir: Path) -> int | None:
+    """The step of the run's latest regular checkpoint (``checkpoints/ckpt-<step>.index``)."""
+    steps = [int(p.name[5:-6]) for p in (run_dir / "checkpoints").glob("ckpt-*.index")]
+    return max(steps, default=None)
 
 
 def phase(run_dir: Path) -> str:
@@ -205,6 +212,7 @@ def _kill_in(day: Day, kill: dict[str, Any]) -> dict[str, Any]:
         "steps": _journal_steps(day.run_dir),
         "candidate": _candidate_complete(day.run_dir),
         "report": finished_day(day.run_dir),
+        "checkpoint_step": _checkpoint_step(day.run_dir),
         "hidden_after_kill": _hidden(day.run_dir.parents[1] / "models-B" / MODEL),
     }
     return {**kill, **landed}
@@ -228,12 +236,18 @@ def run_chain_b(work: Path, windows: list[Path], plan: list[dict[str, Any]]) -> 
     return {"kills": kills, "days": days}
 
 
-def compare_chains(work: Path, windows: list[Path], fresh_a: list[np.ndarray]) -> list[float]:
-    """Max abs difference of chain B's version of each day from chain A's, on the day's test
-    rows (chain B's versions scored in another fresh process)."""
-    jobs = [(work / "models-B" / MODEL / str(i + 1), w / "test") for i, w in enumerate(windows)]
-    fresh_b = fresh_scores(jobs)
-    return [float(np.max(np.abs(a - b))) for a, b in zip(fresh_a, fresh_b, strict=True)]
+def compare_chains(
+    work: Path, windows: list[Path], days_b: list[dict[str, Any]], fresh_a: list[np.ndarray]
+) -> list[float]:
+    """Max abs difference of chain B's new version of each day from chain A's version of the
+    day (``fresh_a``), on the day's test rows (chain B's versions scored in another fresh
+    process); NaN for a day that did not add exactly one version."""
+    pairs = [(i, d["new"][0]) for i, d in enumerate(days_b) if len(d["new"]) == 1]
+    jobs = [(work / "models-B" / MODEL / str(v), windows[i] / "test") for i, v in pairs]
+    diffs = [float("nan")] * len(days_b)
+    for (i, _), b in zip(pairs, fresh_scores(jobs) if jobs else [], strict=True):
+        diffs[i] = float(np.max(np.abs(fresh_a[i] - b)))
+    return diffs
 
 
 def serving_checks(work: Path, windows: list[Path]) -> dict[str, Any]:
@@ -270,6 +284,9 @@ def generate(work: Path, days: int, rows: int, seed: int) -> list[Path]:
 
 def _fmt_steps(k: dict[str, Any]) -> str:
     steps = ", ".join(k["steps"]) or "none"
+    if "trained" not in k["steps"]:
+        ckpt = k["checkpoint_step"]
+        steps += "; no checkpoint" if ckpt is None else f"; checkpoint of step {ckpt}"
     report = "; report written" if k["report"] else ""
     hidden = f"; repo holds {', '.join(k['hidden_after_kill'])}" if k["hidden_after_kill"] else ""
     return f"{steps}; candidate {'complete' if k['candidate'] else 'not complete'}{report}{hidden}"
@@ -347,7 +364,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     plan = plan_kills(chain_a, args.kills, args.seed)
     chain_b = run_chain_b(work, windows, plan)
     serving = serving_checks(work, windows)
-    diffs = compare_chains(work, windows, serving.pop("fresh"))
+    diffs = compare_chains(work, windows, chain_b["days"], serving.pop("fresh"))
     day_ok = [
         d["rc"] == 0 and len(d["new"]) == 1 and not d["hidden"] and diff <= TOLERANCE
         for d, diff in zip(chain_b["days"], diffs, strict=True)
