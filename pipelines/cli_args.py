@@ -35,6 +35,11 @@ search, every triple (``screen_orders``) is also tested by the exhaustive intera
 """
 
 
+def add_set_option(p: argparse.ArgumentParser, help_text: str) -> None:
+    """The repeatable ``--set KEY=VALUE`` option of ``p`` (``args.set``: a list of strings)."""
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=help_text)
+
+
 def int_list(text: str) -> tuple[int, ...]:
     """``"8,16,32"`` -> ``(8, 16, 32)`` (an argparse type)."""
     try:
@@ -87,13 +92,7 @@ def demo(sub: Subparsers) -> None:
 def train(sub: Subparsers) -> None:
     t = sub.add_parser("train", help="train (or resume) from a TOML config")
     t.add_argument("--config", required=True, help="pipeline config TOML (see configs/)")
-    t.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config value, e.g. --set train.epochs=3",
-    )
+    add_set_option(t, "override a config value, e.g. --set train.epochs=3")
     t.add_argument("--output", help="run folder (overrides output_dir)")
     t.add_argument(
         "--continue",
@@ -132,13 +131,7 @@ def tune(sub: Subparsers) -> None:
     t.add_argument(
         "--space", help="TOML file of the search space (used instead of the [tune] section)"
     )
-    t.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a value of the base config, e.g. --set train.epochs=3",
-    )
+    add_set_option(t, "override a value of the base config, e.g. --set train.epochs=3")
     t.set_defaults(handler="pipelines.tune:cmd_tune")
 
 
@@ -273,13 +266,7 @@ def _crosses_fives(csub: Subparsers) -> None:
     p.add_argument(
         "--out", default=None, help=f"artifact path (default <output_dir>/{FIVES_ARTIFACT})"
     )
-    p.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a FivesConfig setting, e.g. sparsity=0.02 (repeatable)",
-    )
+    add_set_option(p, "a FivesConfig setting, e.g. sparsity=0.02 (repeatable)")
     p.add_argument("--max-rows", type=int, default=0, help="search on the first N rows (0: all)")
     p.add_argument("--epochs", type=int, default=None, help="search epochs (FivesConfig.epochs)")
     p.add_argument("--max-order", type=int, default=None, help="K: highest cross order")
@@ -306,13 +293,7 @@ def _crosses_pcf_gnn(csub: Subparsers) -> None:
         help="build the pair graph and pre-train PCF-GNN (config section [pair_stats])",
     )
     p.add_argument("--config", required=True, help="training config with a [pair_stats] section")
-    p.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config value, e.g. --set pair_stats.steps=100",
-    )
+    add_set_option(p, "override a config value, e.g. --set pair_stats.steps=100")
     p.set_defaults(handler="pipelines.crosses_pcf:cmd_pcf_gnn")
 
 
