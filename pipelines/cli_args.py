@@ -96,6 +96,12 @@ def train(sub: Subparsers) -> None:
     )
     t.add_argument("--output", help="run folder (overrides output_dir)")
     t.add_argument(
+        "--continue",
+        dest="continue_from",
+        metavar="RUN",
+        help="continue the finished run RUN by value (train.continue_from; docs/continuous.md)",
+    )
+    t.add_argument(
         "--max-bad-rows", type=int, help="bad raw rows to skip and count (data.max_bad_rows)"
     )
     t.set_defaults(handler="pipelines.run_commands:cmd_train")

@@ -63,6 +63,8 @@ LINEAR_EPOCHS_BOUND = 60
 #: ``TrainConfig``; measured in docs/training.md#defaults.
 EPOCHS_BOUND = 20
 _SELECT_METRICS = ("auc", "logloss")
+#: ``[train] new_rows``: how a ``continue_from`` run starts the rows of new vocabulary values.
+NEW_ROWS = ("oov", "mean", "zeros", "init")
 
 
 class ConfigError(ValueError):
@@ -166,6 +168,14 @@ class TrainConfig:
       deterministic: ``tf.config.experimental.enable_op_determinism`` (bitwise-repeatable runs).
       warm_start: a finished training run whose weights start this one (same fields and
         architecture; an embedding method may change, e.g. AMTL behind the trained full tables).
+      continue_from: a finished training run this one continues by value
+        (``pipelines.run.continuation``): its selected checkpoint and optimizer state are
+        restored, dense weights copied, embedding rows and their optimizer slots gathered by
+        vocabulary value (the vocabularies may differ), the optimizer's step count carried
+        over. Not together with ``warm_start``.
+      new_rows: how a ``continue_from`` run initialises the rows of values the previous run's
+        vocabulary lacks: ``oov`` (the previous OOV row), ``mean`` (the mean of the previous
+        vocabulary rows), ``zeros``, or ``init`` (the new model's own initial rows).
       eval_every: steps between validation evaluations, besides the one at every epoch end
         (0: at epoch ends only).
       early_stopping: stop once ``patience`` validation evaluations in a row did not improve
@@ -196,6 +206,8 @@ class TrainConfig:
     shuffle_buffer: int = 262_144
     deterministic: bool = False
     warm_start: str = ""
+    continue_from: str = ""
+    new_rows: str = "oov"
     eval_every: int = 0
     early_stopping: bool | None = None
     select_metric: str = "auc"
@@ -217,6 +229,14 @@ class TrainConfig:
         if self.optimizer not in _OPTIMIZERS:
             raise ConfigError(
                 f"[train] optimizer {self.optimizer!r} is not one of {list(_OPTIMIZERS)}"
+            )
+        if self.new_rows not in NEW_ROWS:
+            raise ConfigError(f"[train] new_rows {self.new_rows!r} is not one of {list(NEW_ROWS)}")
+        if self.continue_from and self.warm_start:
+            raise ConfigError(
+                f"[train] continue_from = {self.continue_from!r} and warm_start = "
+                f"{self.warm_start!r}: set one of them (continue_from copies by value, "
+                "warm_start by position)"
             )
         self._check_selection()
 
@@ -609,8 +629,9 @@ def config_from_dict(
     bounded = "epochs" not in train and "preranking" not in data  # preranking: its own stages
     if bounded and _validation_ends_run(train, d, "distribute" in data):
         train["epochs"] = EPOCHS_BOUND
-    if train.get("warm_start"):
-        train["warm_start"] = resolve(train["warm_start"])
+    for key in ("warm_start", "continue_from"):
+        if train.get(key) and isinstance(train[key], str):
+            train[key] = resolve(train[key])
     return PipelineConfig(
         output_dir=resolve(data["output_dir"]),
         data=_build(DataConfig, "data", d, where),

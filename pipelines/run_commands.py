@@ -43,6 +43,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, overrides)
     if args.output:
         cfg = dataclasses.replace(cfg, output_dir=str(Path(args.output).resolve()))
+    if args.continue_from:  # relative to the working directory, as --output
+        cont = str(Path(args.continue_from).resolve())
+        cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, continue_from=cont))
     report = train(cfg, log=_print)
     test = report.get("test")
     if test:

@@ -32,6 +32,7 @@ one stops. The loop itself is ``pipelines.run.loop``.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import tensorflow as tf
@@ -41,6 +42,7 @@ from pipelines import distribute
 from pipelines.config import ConfigError, PipelineConfig, load_config
 from pipelines.preranking import run_preranking
 from pipelines.run.autolrs import AutoLRS, make_autolrs, validation_loss_fn
+from pipelines.run.continuation import ContinueOptions, Previous, continue_model, load_previous
 from pipelines.run.data import (
     add_configured_crosses,
     check_same_run,
@@ -82,7 +84,7 @@ def _train(cfg: PipelineConfig, log: Log) -> dict[str, Any]:
     dist = distribute.setup(cfg.distribute, log)  # first: it starts the cluster's servers
     if dist.serves_only:  # a parameter_server worker or ps task: serve until the chief is done
         return dist.serve(cfg.output_dir)
-    dist.check_supported(cfg.train.warm_start)
+    dist.check_supported(cfg.train.warm_start)  # continue_from: any strategy
     check_ensemble(cfg.train)
     if cfg.train.ensemble == "none":
         check_lr_schedule(cfg.train.lr_schedule, cfg.train.lr_schedule_options)
@@ -93,6 +95,7 @@ def _train(cfg: PipelineConfig, log: Log) -> dict[str, Any]:
     steps_per_epoch, total_steps = _steps(dist, tc, rows)
     run.schedule = run_schedule(tc, steps_per_epoch, total_steps)
     lr = run_learning_rate(run.schedule[0], tc.learning_rate, total_steps, run.schedule[1])
+    previous = _previous_run(cfg, log)  # outside the strategy's scope: plain variables
     with dist.scope():
         model = build_run_model(cfg, schema, stats)
         optimizer = make_optimizer(tc.optimizer, lr)
@@ -100,6 +103,8 @@ def _train(cfg: PipelineConfig, log: Log) -> dict[str, Any]:
         if tc.warm_start:
             warm_start(model, tc.warm_start, log)
         optimizer.build(model.trainable_variables)
+        if previous is not None:  # slots need the built optimizer
+            continue_model(model, optimizer, previous, stats, ContinueOptions(tc.new_rows), log)
         train_loss = tf.keras.metrics.Mean()
         train_auc = tf.keras.metrics.AUC(num_thresholds=1000)
     paths.model_json.write_text(json.dumps(tf.keras.layers.serialize(model)))
@@ -145,6 +150,22 @@ def _train(cfg: PipelineConfig, log: Log) -> dict[str, Any]:
     paths.report.write_text(json.dumps(report, indent=1))
     dist.finish()
     return report
+
+
+def _previous_run(cfg: PipelineConfig, log: Log) -> Previous | None:
+    """The ``[train] continue_from`` run restored (``load_previous``), or None: without it, or
+    when this run resumes its own checkpoint (the continuation is in that checkpoint).
+
+    The random seed is set again afterwards, so the new model starts as it would without it."""
+    tc = cfg.train
+    if not tc.continue_from:
+        return None
+    if tf.train.latest_checkpoint(str(RunPaths(Path(cfg.output_dir)).checkpoints)) is not None:
+        log(f"continue_from {tc.continue_from}: resuming this run's own checkpoint instead")
+        return None
+    previous = load_previous(tc.continue_from, log)
+    tf.keras.utils.set_random_seed(tc.seed)
+    return previous
 
 
 def _report(

@@ -45,6 +45,7 @@ _SECTIONS: dict[str, set[str]] = {
 _FIXED = {  # keys a trial may not change: the comparison of the trials depends on them
     "train.select_metric": "it is the metric the trials are compared on",
     "train.warm_start": "it is a path, not a hyper-parameter",
+    "train.continue_from": "it is a path, not a hyper-parameter",
 }
 _SPEC_KEYS = {"low", "high", "log", "step", "choices"}
 

@@ -1,0 +1,210 @@
+"""``[train] continue_from`` end to end through ``pipelines.train.train``: a second window with a
+bigger vocabulary (where ``warm_start`` fails), exactness against one uninterrupted run, and
+continuing under MultiWorkerMirroredStrategy and ParameterServerStrategy (real local clusters)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import tensorflow as tf
+
+from features.stats import DatasetStats
+from pipelines.config import load_config
+from pipelines.run.model import load_trained_model
+from pipelines.run.paths import RunPaths
+from pipelines.train import train
+from tests.testdata import NO_VALIDATION, TINY_SCHEMA, make_tiny_table, write_run_config
+
+ROOT = Path(__file__).resolve().parents[2]
+ITERATIONS = "optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"
+MODEL = {"type": "dcn_v2", "embedding_dim": 4, "mlp": [16], "cross_layers": 1}
+
+
+def _window(root: Path, table: pa.Table, test: pa.Table) -> dict[str, Path]:
+    (root / "train").mkdir(parents=True)
+    (root / "test").mkdir()
+    (root / "schema.toml").write_text(TINY_SCHEMA)
+    pq.write_table(table, root / "train" / "part-00000.parquet")
+    pq.write_table(test, root / "test" / "part-00000.parquet")
+    return {
+        "schema": root / "schema.toml",
+        "train": root / "train",
+        "test": root / "test",
+        "root": root,
+    }
+
+
+def _grown_window(root: Path) -> dict[str, Path]:
+    """The tiny click log of another day: users u30..u39 are gone and 20 new users n0..n19 take
+    their rows (a 50-value vocabulary instead of 40)."""
+    t = make_tiny_table(1200, seed=1)
+    users = [u if int(u[1:]) < 30 else f"n{i % 20}" for i, u in enumerate(t["user"].to_pylist())]
+    t = t.set_column(0, "user", pa.array(users))
+    return _window(root, t.slice(0, 1000), t.slice(1000))
+
+
+def _run(data: dict, out: Path, **train_keys) -> Path:
+    keys = {"batch_size": 128, "epochs": 1, "learning_rate": 0.01, "deterministic": True}
+    keys |= {"checkpoint_every": 100, "log_every": 100, **train_keys}
+    return write_run_config(
+        out.with_suffix(".toml"), data, out, MODEL, keys, data_extra=NO_VALIDATION
+    )
+
+
+def _rows(run: Path, field: str) -> dict[str, np.ndarray]:
+    """``{value: embedding row}`` of a run's selected checkpoint (``""``: the OOV row)."""
+    model, _, _ = load_trained_model(run)
+    table = model.embedding.layers_by_field[field].table.numpy()
+    vocab = DatasetStats.load(RunPaths(run).stats)[field].vocab
+    return {"": table[0], **{v: table[i + 1] for i, v in enumerate(vocab)}}
+
+
+def test_a_bigger_vocabulary_continues_by_value_where_warm_start_fails(tmp_path):
+    day1 = _window(
+        tmp_path / "day1", make_tiny_table(1200).slice(0, 1000), make_tiny_table(1200).slice(1000)
+    )
+    day2 = _grown_window(tmp_path / "day2")
+    first = tmp_path / "first"
+    train(load_config(_run(day1, first)), lambda _: None)  # 8 steps
+    with pytest.raises(ValueError, match="shape"):  # by position: 41 rows there, 51 here
+        train(load_config(_run(day2, tmp_path / "warm", warm_start=str(first))), lambda _: None)
+    # continued with a learning rate too small to move anything: the rows it starts from
+    second = tmp_path / "second"
+    lines: list[str] = []
+    cfg = load_config(
+        _run(day2, second, continue_from=str(first), learning_rate=1e-12, max_steps=1)
+    )
+    report = train(cfg, lines.append)
+    assert report["steps"] == 1
+    assert any("user 30 kept / 20 new" in line for line in lines), lines
+    before, after = _rows(first, "user"), _rows(second, "user")
+    assert len(after) == 51 and len(before) == 41
+    for value, row in after.items():
+        want = before.get(value, before[""])  # a new user starts at the previous OOV row
+        np.testing.assert_allclose(row, want, atol=1e-6, err_msg=value)
+    ckpt = tf.train.latest_checkpoint(str(second / "checkpoints"))
+    assert tf.train.load_variable(ckpt, ITERATIONS) == 8 + 1  # the optimizer's steps go on
+    # resuming the continued run restores its own checkpoint, not the previous run again
+    lines.clear()
+    assert train(cfg, lines.append)["steps_this_run"] == 0
+    assert any("resuming this run's own checkpoint instead" in line for line in lines)
+
+
+# ---------------------------------------------------------------- exactness
+
+_CATEGORICAL_SCHEMA = """
+name = "days"
+
+[source]
+format = "parquet"
+
+[[fields]]
+name = "user"
+kind = "categorical"
+
+[[fields]]
+name = "item"
+kind = "categorical"
+
+[[fields]]
+name = "label"
+kind = "label"
+"""
+
+
+def _same_vocabulary_windows(root: Path) -> list[Path]:
+    """Two windows of 32 rows whose columns hold the same values the same number of times (user
+    u0..u3: 12, 9, 7, 4 rows; item i0..i2: 16, 10, 6; 12 clicks), paired into rows differently:
+    each window's vocabularies, counts and label mean are the two windows' together, so one run
+    over both has the same vocabularies (same order) and initial bias as a run over either.
+    Row groups of one row."""
+    users = np.repeat(["u0", "u1", "u2", "u3"], [12, 9, 7, 4])
+    items = np.repeat(["i0", "i1", "i2"], [16, 10, 6])
+    labels = np.repeat([1.0, 0.0], [12, 20]).astype(np.float32)
+    rng = np.random.default_rng(5)
+    paths = []
+    for day in range(2):
+        t = pa.table(
+            {
+                "user": pa.array(rng.permutation(users).tolist()),
+                "item": pa.array(rng.permutation(items).tolist()),
+                "label": pa.array(rng.permutation(labels)),
+            }
+        )
+        path = root / f"{day}-day.parquet"
+        pq.write_table(t, path, row_group_size=1)
+        paths.append(path)
+    return paths
+
+
+def _variables(prefix: str) -> dict[str, np.ndarray]:
+    """The model and optimizer values of a checkpoint (the run's counters left out)."""
+    names = [n for n, _ in tf.train.list_variables(prefix)]
+    keep = [n for n in names if n.startswith(("model/", "optimizer/"))]
+    return {n: tf.train.load_variable(prefix, n) for n in keep}
+
+
+def test_continuing_reproduces_one_uninterrupted_run_exactly(tmp_path):
+    """Day 1 then a run continued on day 2 ends bitwise where one run over day 1 then day 2 ends.
+
+    The uninterrupted reference is the real training loop over both days' files (in this order),
+    one epoch: its steps 1..32 are day 1's rows and 33..64 day 2's. For its batches to be the
+    split runs' batches, the data order must not depend on what else the epoch holds: with
+    batches of one row, a shuffle buffer of one row and row groups of one row every shuffle
+    permutes one row, so the order is the files' order, which the seed keeps as it is (the one
+    permutation of two files the loop draws is the identity for that seed). Constant learning
+    rate, Adam, ``deterministic = true``, the same vocabularies and initial bias in all runs
+    (``_same_vocabulary_windows``). Its checkpoint at step 32 is the day 1 run's; at step 64 the
+    continued run's, every weight and every Adam slot and iteration count bitwise."""
+    days = _same_vocabulary_windows(tmp_path)
+    seed = next(
+        s for s in range(100) if list(np.random.default_rng([s, 0]).permutation(2)) == [0, 1]
+    )
+    folders = {}
+    for name, files in (("day1", days[:1]), ("day2", days[1:]), ("both", days)):
+        folder = tmp_path / name
+        folder.mkdir()
+        for f in files:
+            (folder / f.name).write_bytes(f.read_bytes())
+        folders[name] = folder
+    (tmp_path / "schema.toml").write_text(_CATEGORICAL_SCHEMA)
+
+    def config(name: str, train_on: str, **keys) -> object:
+        data = {
+            "schema": tmp_path / "schema.toml",
+            "train": folders[train_on],
+            "test": folders["day2"],
+        }
+        train_keys = {"batch_size": 1, "epochs": 1, "learning_rate": 0.01, "deterministic": True}
+        train_keys |= {"shuffle_buffer": 1, "checkpoint_every": 32, "log_every": 1000, "seed": seed}
+        model = {"type": "dcn_v2", "embedding_dim": 3, "mlp": [4], "cross_layers": 1}
+        path = write_run_config(
+            tmp_path / f"{name}.toml",
+            data,
+            tmp_path / name,
+            model,
+            train_keys | keys,
+            data_extra=NO_VALIDATION,
+        )
+        return load_config(path)
+
+    assert train(config("reference", "both"), lambda _: None)["steps"] == 64
+    train(config("first", "day1"), lambda _: None)
+    report = train(
+        config("continued", "day2", continue_from=str(tmp_path / "first")), lambda _: None
+    )
+    assert report["steps"] == 32
+    ref = tmp_path / "reference" / "checkpoints"
+    for run, ref_step in (("first", 32), ("continued", 64)):
+        got = _variables(tf.train.latest_checkpoint(str(tmp_path / run / "checkpoints")))
+        want = _variables(str(ref / f"ckpt-{ref_step}"))
+        assert sorted(got) == sorted(want) and any(
+            n.startswith("optimizer/_variables/") for n in got
+        )
+        for name, value in want.items():
+            np.testing.assert_array_equal(got[name], value, err_msg=f"{run} {name}")
+    assert _variables(str(ref / "ckpt-64"))[ITERATIONS] == 64
