@@ -80,9 +80,10 @@ def test_a_bigger_vocabulary_continues_by_value_where_warm_start_fails(tmp_path)
     )
     report = train(cfg, lines.append)
     assert report["steps"] == 1
-    assert any("user 30 kept / 20 new" in line for line in lines), lines
+    # the vocabulary state keeps u30..u39 (evict_after = 0): 40 kept values + 20 new ones
+    assert any("user 40 kept / 20 new" in line for line in lines), lines
     before, after = _rows(first, "user"), _rows(second, "user")
-    assert len(after) == 51 and len(before) == 41
+    assert len(after) == 61 and len(before) == 41
     for value, row in after.items():
         want = before.get(value, before[""])  # a new user starts at the previous OOV row
         np.testing.assert_allclose(row, want, atol=1e-6, err_msg=value)
