@@ -15,7 +15,7 @@ import json
 import shutil
 import time
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import tensorflow as tf
 
@@ -258,7 +258,7 @@ def track_vocabularies(
     return state.stats(window)
 
 
-def vocabulary_change(paths: RunPaths) -> dict | None:
+def vocabulary_change(paths: RunPaths) -> dict[str, Any] | None:
     """The ``VocabChange.to_dict()`` of a continued run (None for a run from scratch)."""
     path = paths.stats / VOCAB_CHANGE_FILE
     return json.loads(path.read_text()) if path.exists() else None
