@@ -162,6 +162,11 @@ def _previous_run(cfg: PipelineConfig, log: Log) -> Previous | None:
     tc = cfg.train
     if not tc.continue_from:
         return None
+    if cfg.fusion is not None and cfg.fusion.tables:
+        raise ConfigError(
+            f"[train] continue_from = {tc.continue_from!r} is not available with [fusion] tables "
+            "= true (the fused tables' optimizer starts fresh, its slots would be lost)"
+        )
     if tf.train.latest_checkpoint(str(RunPaths(Path(cfg.output_dir)).checkpoints)) is not None:
         log(f"continue_from {tc.continue_from}: resuming this run's own checkpoint instead")
         return None

@@ -179,7 +179,7 @@ def continue_model(
         for name, layer in coll.layers_by_field.items():
             vocabs = (_vocab(prev.stats, prev.schema, name), _vocab(new_stats, prev.schema, name))
             key = name if block == "embedding" else f"{block}:{name}"
-            summary[key] = copier.field(layer, old[name], name, vocabs, new_stats)
+            summary[key] = copier.field(layer, old[name], name, vocabs)
             done_new.update(id(v) for v in layer.variables)
             done_old.update(id(v) for v in old[name].variables)
     rest_new = [g for g in _groups(model.variables) if id(g[1][0]) not in done_new]
@@ -196,10 +196,16 @@ def continue_model(
     log(
         f"continue from {prev.checkpoint} (optimizer {prev.optimizer_checkpoint}, "
         f"{int(prev.optimizer.iterations)} iterations): "
-        + ", ".join(f"{k} {v['kept']} kept / {v['new']} new" for k, v in summary.items())
+        + ", ".join(_describe(k, v) for k, v in summary.items())
         + (f"; kept values whose id changed (BH / QR rows follow ids): {moved}" if moved else "")
     )
     return summary
+
+
+def _describe(field: str, done: dict[str, Any]) -> str:
+    if done["kept"] or done["new"]:
+        return f"{field} {done['kept']} kept / {done['new']} new"
+    return f"{field} {done['how']}"
 
 
 def _collections(model: tf.keras.Model) -> dict[str, Any]:
@@ -297,10 +303,9 @@ class _Copier:
         old: tf.keras.layers.Layer,
         name: str,
         vocabs: tuple[list[str] | None, list[str] | None],
-        new_stats: DatasetStats,
     ) -> dict[str, Any]:
-        """Copies one field's layer (module docstring); returns what was done."""
-        del new_stats  # the new window's counts are already in the new AMTL layer's `counts`
+        """Copies one field's layer (module docstring; the new window's AMTL counts are in the
+        new layer's ``counts`` already); returns what was done."""
         if type(layer) is not type(old):
             raise ValueError(
                 f"{self.where}: field {name!r} is a {type(old).__name__} there, a "

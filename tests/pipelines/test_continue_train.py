@@ -4,6 +4,11 @@ continuing under MultiWorkerMirroredStrategy and ParameterServerStrategy (real l
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,10 +18,13 @@ import pytest
 import tensorflow as tf
 
 from features.stats import DatasetStats
+from pipelines.cli import main
 from pipelines.config import load_config
+from pipelines.distribute import free_ports, worker_tf_config
 from pipelines.run.model import load_trained_model
 from pipelines.run.paths import RunPaths
 from pipelines.train import train
+from tests.pipelines.test_distribute_ps import _Cluster
 from tests.testdata import NO_VALIDATION, TINY_SCHEMA, make_tiny_table, write_run_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,48 +55,81 @@ def _grown_window(root: Path) -> dict[str, Path]:
     return _window(root, t.slice(0, 1000), t.slice(1000))
 
 
-def _run(data: dict, out: Path, **train_keys) -> Path:
-    keys = {"batch_size": 128, "epochs": 1, "learning_rate": 0.01, "deterministic": True}
-    keys |= {"checkpoint_every": 100, "log_every": 100, **train_keys}
-    return write_run_config(
-        out.with_suffix(".toml"), data, out, MODEL, keys, data_extra=NO_VALIDATION
-    )
-
-
-def _rows(run: Path, field: str) -> dict[str, np.ndarray]:
-    """``{value: embedding row}`` of a run's selected checkpoint (``""``: the OOV row)."""
+def _rows(run: Path, field: str, weight: str = "table") -> dict[str, np.ndarray]:
+    """``{value: row}`` of a field's ``weight`` (rows by id) in a run's selected checkpoint
+    (``""``: the OOV row)."""
     model, _, _ = load_trained_model(run)
-    table = model.embedding.layers_by_field[field].table.numpy()
+    table = getattr(model.embedding.layers_by_field[field], weight).numpy()
     vocab = DatasetStats.load(RunPaths(run).stats)[field].vocab
     return {"": table[0], **{v: table[i + 1] for i, v in enumerate(vocab)}}
 
 
-def test_a_bigger_vocabulary_continues_by_value_where_warm_start_fails(tmp_path):
-    day1 = _window(
-        tmp_path / "day1", make_tiny_table(1200).slice(0, 1000), make_tiny_table(1200).slice(1000)
+#: ``[model]`` of the runs on the grown window: user full (its vocabulary grows), item AMTL
+#: (its counts follow the values), tags hashing
+_METHODS = '[model.embedding_methods]\nitem = "amtl"\ntags = "hashing"\n'
+_GROWN_MODEL = MODEL | {"embedding_compression": 2.0, "compress_min_rows": 2}
+_KEYS = {"batch_size": 128, "epochs": 1, "learning_rate": 0.01, "log_every": 1}
+
+
+@pytest.fixture(scope="module")
+def days(tmp_path_factory) -> dict[str, Path]:
+    """Day 1 (the tiny click log), the grown day 2 and a finished run on day 1 (8 steps)."""
+    root = tmp_path_factory.mktemp("days")
+    table = make_tiny_table(1200)
+    day1 = _window(root / "day1", table.slice(0, 1000), table.slice(1000))
+    first = root / "first"
+    config = write_run_config(
+        root / "first.toml", day1, first, _GROWN_MODEL, _KEYS, _METHODS, NO_VALIDATION
     )
-    day2 = _grown_window(tmp_path / "day2")
-    first = tmp_path / "first"
-    train(load_config(_run(day1, first)), lambda _: None)  # 8 steps
-    with pytest.raises(ValueError, match="shape"):  # by position: 41 rows there, 51 here
-        train(load_config(_run(day2, tmp_path / "warm", warm_start=str(first))), lambda _: None)
-    # continued with a learning rate too small to move anything: the rows it starts from
-    second = tmp_path / "second"
-    lines: list[str] = []
-    cfg = load_config(
-        _run(day2, second, continue_from=str(first), learning_rate=1e-12, max_steps=1)
-    )
-    report = train(cfg, lines.append)
-    assert report["steps"] == 1
-    # the vocabulary state keeps u30..u39 (evict_after = 0): 40 kept values + 20 new ones
-    assert any("user 40 kept / 20 new" in line for line in lines), lines
+    train(load_config(config), lambda _: None)
+    return {"day2": _grown_window(root / "day2"), "first": first}
+
+
+def _on_day2(days: dict, out: Path, distribute: str = "", **keys) -> Path:
+    """The config of a run on day 2 into ``out`` continuing the day 1 run: 2 steps at a
+    learning rate too small to move anything (the rows it starts from stay)."""
+    keys = {**_KEYS, "continue_from": str(days["first"]), "learning_rate": 1e-12, **keys}
+    extra = _METHODS + distribute
+    return write_run_config(
+        out.with_suffix(".toml"), days["day2"], out, _GROWN_MODEL, keys | {"max_steps": 2}, extra,
+        NO_VALIDATION,
+    )  # fmt: skip
+
+
+def _check_continued(first: Path, second: Path) -> None:
+    """The continued run's rows by value are the previous run's (a new user: its OOV row), its
+    AMTL item rows and counts too, and its optimizer counted on from 8 steps."""
     before, after = _rows(first, "user"), _rows(second, "user")
+    # the vocabulary state keeps u30..u39 (evict_after = 0): 40 kept values + 20 new ones
     assert len(after) == 61 and len(before) == 41
     for value, row in after.items():
-        want = before.get(value, before[""])  # a new user starts at the previous OOV row
-        np.testing.assert_allclose(row, want, atol=1e-6, err_msg=value)
+        np.testing.assert_allclose(row, before.get(value, before[""]), atol=1e-6, err_msg=value)
+    for weight in ("table", "counts"):  # every item is kept
+        before, after = _rows(first, "item", weight), _rows(second, "item", weight)
+        assert sorted(after) == sorted(before)
+        for value, row in after.items():
+            np.testing.assert_allclose(row, before[value], atol=1e-6, err_msg=f"{weight} {value}")
     ckpt = tf.train.latest_checkpoint(str(second / "checkpoints"))
-    assert tf.train.load_variable(ckpt, ITERATIONS) == 8 + 1  # the optimizer's steps go on
+    assert tf.train.load_variable(ckpt, ITERATIONS) == 8 + 2
+
+
+def test_a_bigger_vocabulary_continues_by_value_where_warm_start_fails(
+    days, tmp_path, monkeypatch, capsys
+):
+    warm = load_config(_on_day2(days, tmp_path / "warm"))
+    warm = dataclasses.replace(
+        warm, train=dataclasses.replace(warm.train, continue_from="", warm_start=str(days["first"]))
+    )
+    with pytest.raises(ValueError, match="shape"):  # by position: 41 rows there, 51 here
+        train(warm, lambda _: None)
+    # `stitchrec train --continue RUN`, RUN relative to the working directory
+    config = _on_day2(days, tmp_path / "second", continue_from="")
+    monkeypatch.chdir(days["first"].parent)
+    assert main(["train", "--config", str(config), "--continue", days["first"].name]) == 0
+    assert "user 40 kept / 20 new" in capsys.readouterr().out
+    _check_continued(days["first"], tmp_path / "second")
+    cfg = load_config(config, [f"train.continue_from={json.dumps(str(days['first']))}"])
+    lines: list[str] = []
     # resuming the continued run restores its own checkpoint, not the previous run again
     lines.clear()
     assert train(cfg, lines.append)["steps_this_run"] == 0
@@ -209,3 +250,65 @@ def test_continuing_reproduces_one_uninterrupted_run_exactly(tmp_path):
         for name, value in want.items():
             np.testing.assert_array_equal(got[name], value, err_msg=f"{run} {name}")
     assert _variables(str(ref / "ckpt-64"))[ITERATIONS] == 64
+
+
+# ---------------------------------------------------------------- distributed
+
+
+def _two_workers(config: Path, root: Path, timeout: float = 300) -> list[str]:
+    """Runs ``stitchrec train --config config`` as 2 MultiWorkerMirroredStrategy workers on
+    127.0.0.1; both must exit 0. Returns their logs."""
+    ports = free_ports(2)
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    env |= {"PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    cmd = [sys.executable, "-m", "pipelines.cli", "train", "--config", str(config)]
+    logs = [root / f"worker-{i}.log" for i in range(2)]
+    procs = [
+        subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            env=dict(env, TF_CONFIG=worker_tf_config(ports, i)),
+            stdout=logs[i].open("w"),
+            stderr=subprocess.STDOUT,
+        )
+        for i in range(2)
+    ]
+    try:
+        codes = [p.wait(timeout=timeout) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    texts = [log.read_text() for log in logs]
+    assert codes == [0, 0], "\n---\n".join(t[-3000:] for t in texts)
+    return texts
+
+
+def test_continue_under_multi_worker_mirrored(days, tmp_path):
+    """Two local workers each restore the previous run and fill their mirrored variables."""
+    second = tmp_path / "second"
+    texts = _two_workers(_on_day2(days, second, '[distribute]\ninput = "split"\n'), tmp_path)
+    for text in texts:
+        assert "user 30 kept / 20 new" in text, text[-3000:]
+    _check_continued(days["first"], second)
+
+
+def test_continue_under_parameter_servers(days, tmp_path):
+    """Chief, 2 workers and 2 ps (so the tables are split in 2 shards, which 1 ps never does):
+    the chief gathers each sharded table whole, remaps it and assigns it back shard by shard."""
+    ps = '[distribute]\nstrategy = "parameter_server"\nps_min_shard_bytes = 16\n'
+    second = tmp_path / "second"
+    config = _on_day2(days, second, ps)
+    cluster = _Cluster(config, workers=2, ps=2)
+    try:
+        for task in cluster.tasks():
+            cluster.start(task)
+        cluster.join(timeout=300)
+    finally:
+        cluster.close()
+    chief = cluster.log("chief-0")
+    assert "user 30 kept / 20 new" in chief, chief[-3000:]
+    sharding = [line for line in chief.splitlines() if line.startswith("parameter_server: ")]
+    assert "emb_000/table in 2 shards" in sharding[-1], sharding
+    _check_continued(days["first"], second)
