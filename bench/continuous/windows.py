@@ -38,7 +38,8 @@ class Windows(NamedTuple):
 
 
 def synthetic_windows(work: Path, seed: int, args: Any) -> Windows:
-    """``--days`` synthetic days of ``--rows`` rows (seed ``seed``), written once under ``work``."""
+    """``--days`` synthetic days of ``--rows`` rows (seed ``seed``), written once under ``work``
+    (a longer run's days there are read back: their first ``--days`` days)."""
     out = work / f"synthetic_days_seed{seed}"
     if not (out / "days.json").exists():
         config = DaysConfig(
@@ -51,7 +52,16 @@ def synthetic_windows(work: Path, seed: int, args: Any) -> Windows:
             drift=args.drift,
         )
         write_days(config, out)
-    days = json.loads((out / "days.json").read_text())["windows"]
+    report = json.loads((out / "days.json").read_text())
+    want = {"rows_per_day": args.rows, "items": args.items, "users": args.users}
+    want |= {"item_churn": args.item_churn, "user_churn": args.user_churn, "drift": args.drift}
+    differ = {k: (report[k], v) for k, v in want.items() if report[k] != v}
+    if differ or report["days"] < args.days:
+        raise ValueError(
+            f"{out} holds {report['days']} days written with other settings {differ} "
+            f"(there, here): expected at least {args.days} days of these; use another --work"
+        )
+    days = report["windows"][: args.days]  # the first days of a longer run are the same days
     folders = [out / day_name(d) for d in range(len(days))]
     return Windows(
         name="synthetic",
