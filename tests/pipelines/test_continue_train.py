@@ -290,7 +290,7 @@ def test_continue_under_multi_worker_mirrored(days, tmp_path):
     second = tmp_path / "second"
     texts = _two_workers(_on_day2(days, second, '[distribute]\ninput = "split"\n'), tmp_path)
     for text in texts:
-        assert "user 30 kept / 20 new" in text, text[-3000:]
+        assert "user 40 kept / 20 new" in text, text[-3000:]
     _check_continued(days["first"], second)
 
 
@@ -308,7 +308,7 @@ def test_continue_under_parameter_servers(days, tmp_path):
     finally:
         cluster.close()
     chief = cluster.log("chief-0")
-    assert "user 30 kept / 20 new" in chief, chief[-3000:]
+    assert "user 40 kept / 20 new" in chief, chief[-3000:]
     sharding = [line for line in chief.splitlines() if line.startswith("parameter_server: ")]
     assert "emb_000/table in 2 shards" in sharding[-1], sharding
     _check_continued(days["first"], second)
