@@ -6,7 +6,8 @@ A run lives in one folder (``RunPaths``)::
       config.toml        the resolved config of the run
       schema.toml        the schema of the Parquet shards the model reads (fields by name)
       data/              train/, validation/ and test/ Parquet shards (when converted)
-      stats/             vocabularies and numeric statistics of the training split
+      stats/             vocabularies and numeric statistics of the training split;
+                         vocab_state/ the vocabularies across windows (docs/continuous.md)
       model.json         the model's Keras config (export rebuilds the model from it)
       checkpoints/       tf.train.CheckpointManager checkpoints; best/ the best validation one
       history.jsonl      every validation evaluation of the run, across resumes
@@ -39,7 +40,7 @@ import tensorflow as tf
 
 from features.dataset import count_rows, make_dataset
 from pipelines import distribute
-from pipelines.config import ConfigError, PipelineConfig, load_config
+from pipelines.config import ConfigError, PipelineConfig, VocabConfig, load_config
 from pipelines.preranking import run_preranking
 from pipelines.run.autolrs import AutoLRS, make_autolrs, validation_loss_fn
 from pipelines.run.continuation import ContinueOptions, Previous, continue_model, load_previous
@@ -49,6 +50,7 @@ from pipelines.run.data import (
     prepare_data,
     prepare_stats,
     use_gpus_if_present,
+    vocabulary_change,
 )
 from pipelines.run.fusion import fuse_for_training
 from pipelines.run.loop import Run, TrainLoop, restore_state
@@ -215,6 +217,7 @@ def _report(
         "ensemble": None,  # filled in by the caller for ensemble = "auto"
         "seed": tc.seed,
         "devices": [g.name for g in gpus] or ["CPU"],
+        "vocabulary": vocabulary_change(run.paths),  # continue_from: the VocabChange
     }
     if fused_step is not None:
         report["fused_training_step"] = {
@@ -248,7 +251,10 @@ def _open_run(cfg: PipelineConfig, dist: Any, log: Log) -> tuple[Run, Any, list]
     schema, train_files, validation_files, test_files = prepare_data(cfg, paths, log)
     schema = add_configured_crosses(cfg, schema, log)
     schema.save(paths.schema)
-    stats = prepare_stats(schema, train_files, paths, log, cfg.data.cap_hash_buckets)
+    vocab = (cfg.vocab or VocabConfig()).to_options()
+    stats = prepare_stats(
+        schema, train_files, paths, log, cfg.data.cap_hash_buckets, vocab, cfg.train.continue_from
+    )
     if not dist.is_chief:
         validation_files, test_files = [], []  # the chief evaluates and reports
     files = (train_files, validation_files, test_files)

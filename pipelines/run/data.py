@@ -1,5 +1,11 @@
 """A run's data: raw files -> Parquet shards (train, validation, test) once, statistics once, crosses the config names;
-the checks and device set-up a training run starts with."""
+the checks and device set-up a training run starts with.
+
+A training run also keeps its vocabularies' state (``features.vocab_state.VocabState``) in
+``stats/vocab_state/``: the first window's for a run from scratch, and for a run with ``[train]
+continue_from = RUN`` the previous run's state advanced by this run's window, whose vocabulary
+(ids stable for the kept values, docs/continuous.md) is the run's. What changed is kept in
+``stats/vocab_change.json`` for the training report."""
 
 from __future__ import annotations
 
@@ -9,7 +15,7 @@ import json
 import shutil
 import time
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import tensorflow as tf
 
@@ -19,7 +25,8 @@ from features.dataset import iter_record_batches, list_parquet
 from features.read_report import DataError
 from features.readers import list_files
 from features.schema import FeatureKind, Schema, load_schema
-from features.stats import DatasetStats, cap_hash_tables, compute_stats
+from features.stats import STATS_FILE, DatasetStats, cap_hash_tables, compute_stats
+from features.vocab_state import VocabChange, VocabOptions, VocabState
 from pipelines.config import ConfigError, DataConfig, PipelineConfig, load_config
 from pipelines.run.paths import Log, RunPaths
 
@@ -167,12 +174,18 @@ def add_configured_crosses(cfg: PipelineConfig, schema: Schema, log: Log) -> Sch
     return schema
 
 
+#: The ``VocabChange`` of a continued run's window (``VocabChange.to_dict()``), in its stats dir.
+VOCAB_CHANGE_FILE = "vocab_change.json"
+
+
 def prepare_stats(
     schema: Schema,
     train: list[Path],
     paths: RunPaths,
     log: Log,
     cap_hash_buckets: bool = True,
+    vocab: VocabOptions | None = None,
+    continue_from: str = "",
 ) -> DatasetStats:
     """The statistics of the training shards ``train``: computed once, then read from
     ``paths.stats``.
@@ -180,19 +193,83 @@ def prepare_stats(
     Hashed fields get the table rows of ``features.stats.cap_hash_tables`` (``[data]
     cap_hash_buckets``), saved in ``stats.json`` with the statistics, so a resumed run builds
     the same tables. One line is logged per capped field.
+
+    With ``vocab`` (the run's ``[vocab]`` options), the vocabularies' state is kept in
+    ``paths.stats`` (``track_vocabularies``): with ``continue_from`` (a finished run) the
+    vocabulary fields of the returned statistics are that run's state advanced by this window.
+    The state and the change are written before ``stats.json``, which marks the statistics
+    done: a rerun of a cut-short run advances the previous run's state again (the same result),
+    and one after ``stats.json`` reads everything back, so a window is never advanced twice.
     """
-    if (paths.stats / "stats.json").exists():
+    if (paths.stats / STATS_FILE).exists():
         stats = DatasetStats.load(paths.stats)
         _log_capped(schema, stats, cap_hash_tables(stats, schema, cap_hash_buckets), log)
         return stats
     t0 = time.time()
-    stats = compute_stats(schema, iter_record_batches(schema, train))
+    stats = compute_stats(schema, iter_record_batches(schema, train), all_counts=vocab is not None)
+    if vocab is not None:
+        stats = track_vocabularies(stats, schema, paths, vocab, continue_from, log)
     capped = cap_hash_tables(stats, schema, cap_hash_buckets)
     stats.save(paths.stats)
     sizes = ", ".join(f"{n}={s.vocab_size}" for n, s in stats.fields.items() if s.vocab_size)
     log(f"statistics of {stats.rows:,} training rows in {time.time() - t0:.1f}s; vocab {sizes}")
     _log_capped(schema, stats, capped, log)
     return stats
+
+
+def track_vocabularies(
+    window: DatasetStats,
+    schema: Schema,
+    paths: RunPaths,
+    options: VocabOptions,
+    continue_from: str,
+    log: Log,
+) -> DatasetStats:
+    """Saves the run's ``VocabState`` into ``paths.stats``; returns the run's statistics.
+
+    Without ``continue_from``: the first window's state of ``window`` (every value's count,
+    ``compute_stats(..., all_counts=True)``), and ``window`` itself. With it: the state of the
+    run ``continue_from`` (saved, else ``VocabState.first`` of its statistics) advanced by
+    ``window`` under ``options``, and ``window`` with that state's vocabularies
+    (``VocabState.stats``); the ``VocabChange`` goes to ``VOCAB_CHANGE_FILE`` and the log.
+
+    Raises:
+      ConfigError: ``continue_from`` holds no run statistics.
+    """
+    if not continue_from:
+        VocabState.first(window, schema, options).save(paths.stats)
+        return window
+    prev = RunPaths(Path(continue_from)).stats
+    if VocabState.exists(prev):
+        state = VocabState.load(prev)
+    elif (prev / STATS_FILE).exists():
+        state = VocabState.first(DatasetStats.load(prev), schema, options)
+    else:
+        raise ConfigError(
+            f"[train] continue_from = {continue_from!r}: no statistics of a training run there "
+            f"({prev / STATS_FILE} missing); expected the folder of a finished run"
+        )
+    state, change = state.advance(window, schema, options)
+    state.save(paths.stats)
+    tmp = paths.stats / f".{VOCAB_CHANGE_FILE}.tmp"
+    tmp.write_text(json.dumps(change.to_dict(), indent=1))
+    tmp.replace(paths.stats / VOCAB_CHANGE_FILE)
+    _log_change(change, continue_from, log)
+    return state.stats(window)
+
+
+def vocabulary_change(paths: RunPaths) -> dict[str, Any] | None:
+    """The ``VocabChange.to_dict()`` of a continued run (None for a run from scratch)."""
+    path = paths.stats / VOCAB_CHANGE_FILE
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _log_change(change: VocabChange, continue_from: str, log: Log) -> None:
+    for name, c in change.fields.items():
+        log(
+            f"vocabulary {name} (window {change.window}, continuing {continue_from}): "
+            f"{c.kept} kept, {c.added} added, {c.evicted} evicted, {c.moved} moved, size {c.size}"
+        )
 
 
 def _log_capped(schema: Schema, stats: DatasetStats, capped: dict[str, int], log: Log) -> None:

@@ -100,7 +100,8 @@ def _check_continued(first: Path, second: Path) -> None:
     """The continued run's rows by value are the previous run's (a new user: its OOV row), its
     AMTL item rows and counts too, and its optimizer counted on from 8 steps."""
     before, after = _rows(first, "user"), _rows(second, "user")
-    assert len(after) == 51 and len(before) == 41
+    # the vocabulary state keeps u30..u39 (evict_after = 0): 40 kept values + 20 new ones
+    assert len(after) == 61 and len(before) == 41
     for value, row in after.items():
         np.testing.assert_allclose(row, before.get(value, before[""]), atol=1e-6, err_msg=value)
     for weight in ("table", "counts"):  # every item is kept
@@ -125,7 +126,7 @@ def test_a_bigger_vocabulary_continues_by_value_where_warm_start_fails(
     config = _on_day2(days, tmp_path / "second", continue_from="")
     monkeypatch.chdir(days["first"].parent)
     assert main(["train", "--config", str(config), "--continue", days["first"].name]) == 0
-    assert "user 30 kept / 20 new" in capsys.readouterr().out
+    assert "user 40 kept / 20 new" in capsys.readouterr().out
     _check_continued(days["first"], tmp_path / "second")
     cfg = load_config(config, [f"train.continue_from={json.dumps(str(days['first']))}"])
     lines: list[str] = []
@@ -289,7 +290,7 @@ def test_continue_under_multi_worker_mirrored(days, tmp_path):
     second = tmp_path / "second"
     texts = _two_workers(_on_day2(days, second, '[distribute]\ninput = "split"\n'), tmp_path)
     for text in texts:
-        assert "user 30 kept / 20 new" in text, text[-3000:]
+        assert "user 40 kept / 20 new" in text, text[-3000:]
     _check_continued(days["first"], second)
 
 
@@ -307,7 +308,7 @@ def test_continue_under_parameter_servers(days, tmp_path):
     finally:
         cluster.close()
     chief = cluster.log("chief-0")
-    assert "user 30 kept / 20 new" in chief, chief[-3000:]
+    assert "user 40 kept / 20 new" in chief, chief[-3000:]
     sharding = [line for line in chief.splitlines() if line.startswith("parameter_server: ")]
     assert "emb_000/table in 2 shards" in sharding[-1], sharding
     _check_continued(days["first"], second)
