@@ -34,19 +34,13 @@ with all the seeds.
 
 from __future__ import annotations
 
-import json
-import platform
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
-
-import tensorflow as tf
 
 from bench.continuous.arms import run_arms
 from bench.continuous.report import print_tables, seed_figures
 from bench.continuous.windows import WINDOW_SOURCES
-from bench.training.lr_baseline import bench_parser
+from bench.training.lr_baseline import bench_parser, run_bench
 
 
 def parse(argv: list[str] | None) -> Any:
@@ -92,25 +86,19 @@ def bench_dataset(name: str, work: Path, args: Any) -> list[dict[str, Any]]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse(argv)
-    print(
-        f"machine: {platform.node()} {platform.processor() or platform.machine()}, "
-        f"tensorflow {tf.__version__}, seeds {args.first_seed}.."
-        f"{args.first_seed + args.seeds - 1}, "
-        f"{args.days} days of "
-        f"{args.rows:,} rows, window {args.window}, evict_after {args.evict_after}"
-    )
-    t0 = time.perf_counter()
-    results: dict[str, Any] = {"settings": {k: v for k, v in vars(args).items()}}
-    with tempfile.TemporaryDirectory() as tmp:
-        work = Path(args.work or tmp)
+
+    def body(work: Path) -> dict[str, Any]:
+        results: dict[str, Any] = {"settings": dict(vars(args))}
         for name in args.datasets:
             results[name] = bench_dataset(name, work, args)
             print_tables(name, results[name])
-    results["seconds"] = time.perf_counter() - t0
-    print(f"\nbench seconds: {results['seconds']:.0f}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1, default=float))
-    return results
+        return results
+
+    settings = (
+        f"seeds {args.first_seed}..{args.first_seed + args.seeds - 1}, {args.days} days of "
+        f"{args.rows:,} rows, window {args.window}, evict_after {args.evict_after}"
+    )
+    return run_bench(args, settings, body)
 
 
 if __name__ == "__main__":

@@ -34,20 +34,14 @@ a run folder of ``--work`` holding a finished run is read back, not trained agai
 
 from __future__ import annotations
 
-import json
-import platform
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
-
-import tensorflow as tf
 
 from bench.multitask.data import movielens, synthetic
 from bench.multitask.moe import bench_moe
 from bench.multitask.multitask import bench_export, bench_multitask
 from bench.multitask.sequences import BASELINE, POOLINGS, bench_sequences
-from bench.training.lr_baseline import bench_parser
+from bench.training.lr_baseline import bench_parser, run_bench
 
 SECTIONS = ("sequences", "multitask", "moe", "export")
 
@@ -103,19 +97,11 @@ def run_sections(args: Any, work: Path) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse(argv)
-    print(
-        f"machine: {platform.node()} {platform.processor() or platform.machine()}, "
-        f"tensorflow {tf.__version__}, seeds 0..{args.seeds - 1}, epochs {args.epochs}, "
-        f"batch {args.batch_size}, synthetic rows {args.rows:,}, sections {args.sections}"
+    settings = (
+        f"seeds 0..{args.seeds - 1}, epochs {args.epochs}, batch {args.batch_size}, "
+        f"synthetic rows {args.rows:,}, sections {args.sections}"
     )
-    t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory() as tmp:
-        results = run_sections(args, Path(args.work or tmp))
-    results["seconds"] = time.perf_counter() - t0
-    print(f"\nbench seconds: {results['seconds']:.0f}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1, default=float))
-    return results
+    return run_bench(args, settings, lambda work: run_sections(args, work))
 
 
 if __name__ == "__main__":

@@ -21,10 +21,12 @@ are mostly noise and it is not run by default).
 from __future__ import annotations
 
 import argparse
+import json
 import platform
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -226,6 +228,24 @@ def bench_parser(doc: str, datasets: str, rows: int) -> argparse.ArgumentParser:
     p.add_argument("--rows", type=int, default=rows, help="synthetic rows")
     p.add_argument("--work", default="", help="run folders (default: a temporary folder)")
     return p
+
+
+def run_bench(args: Any, settings: str, body: Callable[[Path], dict[str, Any]]) -> dict[str, Any]:
+    """Prints the machine, TensorFlow version and ``settings``, runs ``body(work)`` in
+    ``args.work`` (default: a temporary folder), adds its wall ``seconds`` to the results and
+    writes them to ``args.json`` when set."""
+    print(
+        f"machine: {platform.node()} {platform.processor() or platform.machine()}, "
+        f"tensorflow {tf.__version__}, {settings}"
+    )
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        results = body(Path(args.work or tmp))
+    results["seconds"] = time.perf_counter() - t0
+    print(f"\nbench seconds: {results['seconds']:.0f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1, default=float))
+    return results
 
 
 def main(argv: list[str] | None = None) -> None:
