@@ -227,6 +227,10 @@ def test_decision_rules_read_the_interval_on_the_metric_s_better_side():
 def test_bad_arguments_print_one_error_line_and_exit_2(days, tmp_path, capsys):
     root, window = days["root"], str(days["windows"][0])
     (tmp_path / "empty").mkdir()
+    no_test = tmp_path / "no_test"  # a window of shards without test/ shards
+    no_test.mkdir()
+    shutil.copy(Path(window) / "schema.toml", no_test / "schema.toml")
+    shutil.copytree(Path(window) / "train", no_test / "train")
     base = ["daily", "--config", str(root / "daily.toml"), "--repo", str(days["repo"])]
     runs = ["--runs", str(root / "runs")]
     cases = [
@@ -234,7 +238,8 @@ def test_bad_arguments_print_one_error_line_and_exit_2(days, tmp_path, capsys):
         (["--window", window, "--metric", "ndcg", *runs], "--metric 'ndcg': expected one of"),
         (["--window", window, "--bootstrap", "0", *runs], "--bootstrap 0: expected"),
         (["--window", str(tmp_path / "none"), *runs], "expected a folder of one window"),
-        (["--window", str(tmp_path / "empty"), *runs], "it has no schema.toml"),
+        (["--window", str(tmp_path / "empty"), *runs], "': no files (a window holds"),
+        (["--window", str(no_test), *runs], "no Parquet shards in test/"),
         # day d1 of these runs was decided under the rule not_worse
         (["--window", window, "--rule", "always", *runs], "holds the day of --rule not_worse"),
     ]
