@@ -1,7 +1,7 @@
 """What every service shares: feature validation, the batched predict call and ranking.
 
 Requests arrive in three wire formats (RankingService, TF Serving, KServe v2); each servicer turns
-its tensors into ``{name: numpy array}`` and calls ``predict`` or ``rank`` here, so every
+its tensors into ``{name: numpy array}`` and calls ``run`` or ``rank`` here, so every
 protocol gets the same checks and the same errors:
 
 - missing, extra or mistyped features, wrong shapes, NaN/Inf, empty or too-large batches, user
@@ -28,6 +28,7 @@ import grpc
 import numpy as np
 
 from serving.batching import BatcherClosed, DeadlineExceeded, QueueFull
+from serving.calls import CallObservers, ScoredCall, current_call
 from serving.config import Limits
 from serving.model_version import (
     RANK_SIGNATURE,
@@ -254,18 +255,21 @@ async def run(
     prepare: Callable[[], tuple[dict[str, np.ndarray], int]],
     deadline: float | None,
     offload: Offload = inline,
+    observers: CallObservers | None = None,
 ) -> dict[str, np.ndarray]:
     """Scores a request: ``prepare`` (run by ``offload``) decodes and checks its inputs, then
     ``serving_default`` goes through the dynamic batcher and other signatures run alone on a
-    worker thread.
+    worker thread. ``observers`` are then told of the scored call (``serving.calls``).
 
     The version counts the request as in flight from the start, so a hot swap that retires the
     version while the inputs are decoded waits for it instead of closing its batcher.
     """
     mv = target.mv
+    inputs: list[dict[str, np.ndarray]] = []
 
     async def go() -> dict[str, np.ndarray]:
         checked, rows = await offload(prepare)
+        inputs.append(checked)
         _check_deadline(deadline)
         if target.signature != SERVING_SIGNATURE:
             loop = asyncio.get_running_loop()
@@ -276,30 +280,32 @@ async def run(
             raise ServingError(grpc.StatusCode.UNAVAILABLE, f"{target.where} is not started")
         return await batcher.submit(checked, rows, deadline)
 
-    return await mv.call(go)
+    outputs = await mv.call(go)
+    if observers:
+        observers.notify(scored_call(target, inputs[0], outputs))
+    return outputs
 
 
-async def predict(
-    repo: ModelRepository,
-    name: str,
-    version: int | None,
+def scored_call(
+    target: Target,
     features: Mapping[str, np.ndarray],
-    *,
-    signature: str = "",
-    deadline: float | None = None,
-    limits: Limits | None = None,
-    strings_checked: bool = False,
-    offload: Offload = inline,
-) -> tuple[ModelVersion, dict[str, np.ndarray]]:
-    """Scores one request: ``{feature: [rows]}`` -> ``{output: [rows, ...]}``.
-
-    ``serving_default`` requests go through the dynamic batcher; other signatures run alone.
-    ``offload`` runs the checks (e.g. on a worker thread).
-    """
-    limits = limits or Limits()
-    target = resolve(repo, name, version, signature)
-    checked, rows = await offload(lambda: check_inputs(target, features, limits, strings_checked))
-    return target.mv, await run(target, checked, rows, deadline)
+    outputs: Mapping[str, np.ndarray],
+    shadow: bool = False,
+) -> ScoredCall:
+    """The ``ScoredCall`` of the current call (``serving.calls.current_call``) on ``target``."""
+    info = current_call()
+    return ScoredCall(
+        request_id=info.request_id if info else "",
+        timestamp=info.started if info else time.time(),
+        protocol=info.protocol if info else "",
+        model=target.mv.name,
+        version=target.mv.version,
+        signature=target.signature,
+        arm=info.arm if info else "",
+        shadow=shadow,
+        features=features,
+        outputs=outputs,
+    )
 
 
 def _check_shapes_free(
@@ -461,6 +467,7 @@ async def rank(
     limits: Limits | None = None,
     strings_checked: bool = False,
     offload: Offload = inline,
+    observers: CallObservers | None = None,
 ) -> RankResult:
     """Scores N candidates for one user: user features ``[1]`` each, candidate features ``[N]``.
 
@@ -480,7 +487,7 @@ async def rank(
         counts.append(n_cand)
         return checked, rows
 
-    outputs = await run(target, prepare, deadline, offload)
+    outputs = await run(target, prepare, deadline, offload, observers)
     n_cand = counts[0]
     out_name = output or "score"
     if out_name not in outputs:

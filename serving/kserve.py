@@ -89,7 +89,9 @@ class KServeServicer(kserve_grpc.GRPCInferenceServiceServicer):
             return inference.check_inputs(target, features, limits, strings_checked=True)
 
         mv = target.mv
-        outputs = await inference.run(target, decode, deadline(context), self.state.offload)
+        outputs = await inference.run(
+            target, decode, deadline(context), self.state.offload, self.state.observers
+        )
         wanted = [o.name for o in request.outputs] or sorted(outputs)
         check_outputs(wanted, outputs, where, "unknown output(s)")
         resp = kserve_pb2.ModelInferResponse(

@@ -48,6 +48,7 @@ class RankingServicer(rank_grpc.RankingServiceServicer):
             limits=limits,
             strings_checked=True,
             offload=self.state.offload,
+            observers=self.state.observers,
         )
         return rank_pb2.RankResponse(
             model_name=request.model_name,

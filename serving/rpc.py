@@ -28,6 +28,7 @@ from google.protobuf.descriptor import ServiceDescriptor
 
 from serving import inference
 from serving.admission import Admission
+from serving.calls import REQUEST_ID_HEADER, CallObservers, start_call
 from serving.inference import Limits, invalid
 from serving.metrics import Metrics
 from serving.repository import ModelRepository
@@ -67,6 +68,7 @@ class ServerState:
         self.limits = limits
         self.admission = admission or Admission(256, metrics)
         self.shutting_down = False
+        self.observers = CallObservers()
         self.pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=threads or codec_threads(), thread_name_prefix="stitchrec-decode"
         )
@@ -116,6 +118,7 @@ def rpc(method: str, request_type: type[pb_message.Message] | None = None) -> Ca
                 self.state.metrics.record_rpc(method, code, time.perf_counter() - t0)
 
             admission = self.state.admission
+            start_call("grpc", _metadata_value(context, REQUEST_ID_HEADER))
             try:
                 with admission.admit(method):
                     if request_type is not None and isinstance(request, bytes):
@@ -144,6 +147,14 @@ def rpc(method: str, request_type: type[pb_message.Message] | None = None) -> Ca
         return wrapper
 
     return deco
+
+
+def _metadata_value(context: grpc.aio.ServicerContext, key: str) -> str | bytes | None:
+    """The first value of invocation metadata ``key`` (None when the call has none)."""
+    for k, v in context.invocation_metadata() or ():
+        if k == key:
+            return v
+    return None
 
 
 def _serialize(message: pb_message.Message) -> bytes:

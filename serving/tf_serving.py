@@ -57,7 +57,9 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
             return inference.check_inputs(target, features, limits, strings_checked=True)
 
         mv = target.mv
-        outputs = await inference.run(target, decode, deadline(context), self.state.offload)
+        outputs = await inference.run(
+            target, decode, deadline(context), self.state.offload, self.state.observers
+        )
         wanted = list(request.output_filter) or sorted(outputs)
         check_outputs(wanted, outputs, where, "output_filter names unknown output(s)")
         resp = predict_pb2.PredictResponse()
