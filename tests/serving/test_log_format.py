@@ -1,0 +1,82 @@
+"""The prediction log's file layout: a scored call's rows, atomic files, reading a folder."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from serving.calls import ScoredCall
+from serving.log_format import (
+    META_COLUMNS,
+    call_table,
+    features_of,
+    file_name,
+    log_files,
+    outputs_of,
+    read_logs,
+    write_file,
+)
+
+
+def _call(request_id: str = "r1", version: int = 2, rows: int = 3) -> ScoredCall:
+    return ScoredCall(
+        request_id=request_id,
+        timestamp=1700000000.25,
+        protocol="http",
+        model="lin",
+        version=version,
+        signature="serving_default",
+        arm="canary",
+        shadow=False,
+        features={
+            "user": np.array([b"u1"] * rows, dtype=object),
+            "item": np.arange(rows, dtype=np.int64),
+            "price": np.linspace(0, 1, rows, dtype=np.float32),
+        },
+        outputs={
+            "score": np.full((rows, 1), 0.5, np.float32),
+            "emb": np.arange(2 * rows, dtype=np.float32).reshape(rows, 2),
+        },
+    )
+
+
+def test_call_table_has_one_row_per_scored_row():
+    t = call_table(_call())
+    assert t.column_names[: len(META_COLUMNS)] == list(META_COLUMNS)
+    assert t.num_rows == 3
+    assert t.column("row").to_pylist() == [0, 1, 2]
+    assert set(t.column("request_id").to_pylist()) == {"r1"}
+    assert t.column("feature.user").type == pa.binary()
+    assert t.column("feature.item").to_pylist() == [0, 1, 2]
+    assert t.column("output.score").type == pa.float32()
+    assert t.column("output.emb").to_pylist()[2] == [4.0, 5.0]
+    assert sorted(features_of(t)) == ["item", "price", "user"]
+    assert sorted(outputs_of(t)) == ["emb", "score"]
+
+
+def test_call_table_refuses_rows_that_differ():
+    call = _call()
+    bad = ScoredCall(**{**call.__dict__, "outputs": {"score": np.zeros(5, np.float32)}})
+    with pytest.raises(ValueError, match="differ in rows"):
+        call_table(bad)
+
+
+def test_files_are_atomic_and_read_back_in_order(tmp_path):
+    assert file_name(1700000000123, 42, 7) == "part-1700000000123-42-000007.parquet"
+    write_file(tmp_path / "lin" / file_name(2, 1, 0), call_table(_call("b", rows=2)))
+    write_file(tmp_path / "lin" / file_name(1, 1, 0), call_table(_call("a", rows=1)))
+    write_file(tmp_path / "other" / file_name(1, 1, 0), call_table(_call("c", rows=1)))
+    # a file being written is hidden, and never read
+    (tmp_path / "lin" / ".part-3.parquet").write_bytes(b"partial")
+    t = read_logs([tmp_path], model="lin")
+    assert t.column("request_id").to_pylist() == ["a", "b", "b"]
+    assert len(log_files([tmp_path])) == 3
+    with pytest.raises(ValueError, match="no prediction log files"):
+        read_logs([tmp_path], model="missing")
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        read_logs([tmp_path / "nope"])
+    pq.write_table(pa.table({"x": [1]}), tmp_path / "lin" / "part-9.parquet")
+    with pytest.raises(ValueError, match="not a prediction log file"):
+        read_logs([tmp_path / "lin"])
