@@ -365,6 +365,20 @@ def serve(sub: Subparsers) -> None:
     _admission_flags(p)
     p.add_argument("--access-log", action="store_true", help="one JSON log line per call")
     p.add_argument(
+        "--otlp-endpoint",
+        default=None,
+        metavar="HOST:PORT",
+        help="export OpenTelemetry spans of every inference call to this OTLP/gRPC collector "
+        "(default: tracing off)",
+    )
+    p.add_argument(
+        "--trace-sample-rate",
+        type=float,
+        default=1.0,
+        metavar="R",
+        help="share of traces recorded (0 to 1) for calls that do not continue a client's trace",
+    )
+    p.add_argument(
         "--no-fusion",
         action="store_true",
         help="serve exports made with `stitchrec export --fuse` unfused",

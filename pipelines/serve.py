@@ -8,6 +8,7 @@
                     [--max-message-mb M] [--grace-seconds G] [--access-log] [--log-level L]
                     [--no-fusion] [--max-inflight N] [--max-queued-rows R]
                     [--retry-after-ms MS] [--drain-seconds D]
+                    [--otlp-endpoint HOST:PORT [--trace-sample-rate R]]
 
 With ``--workers N > 1`` the command reserves the port, starts N server processes that bind it
 with SO_REUSEPORT (worker i serves metrics on ``--metrics-port + i``), forwards SIGTERM/SIGINT
@@ -82,6 +83,8 @@ def _checked_options(args: argparse.Namespace) -> ServerOptions:
         max_inflight=args.max_inflight,
         retry_after_ms=args.retry_after_ms,
         drain_s=args.drain_seconds,
+        otlp_endpoint=args.otlp_endpoint,
+        trace_sample_rate=args.trace_sample_rate,
         reuse_port=args.workers > 1 or os.environ.get("STITCHREC_WORKER_INDEX") is not None,
     )
 
@@ -152,6 +155,8 @@ def _worker_argv(args: argparse.Namespace, port: int, index: int) -> list[str]:
         "tls_cert",
         "tls_key",
         "tls_client_ca",
+        "otlp_endpoint",
+        "trace_sample_rate",
     ):
         value = getattr(args, flag)
         if value is not None:

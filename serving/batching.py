@@ -22,6 +22,9 @@ the measured throughput) fails at once with ``WouldMissDeadline`` (DEADLINE_EXCE
 waiting for a deadline it cannot meet. A server that cannot keep up answers at once instead of
 letting latency grow without bound. With ``enabled = False`` each
 request runs alone (the "no batching" baseline), ``concurrency`` at a time per instance.
+
+With tracing on (``serving.tracing``) each request carries its caller's trace context, and each
+batch writes ``queue_wait``, ``batch`` and ``inference`` spans under the calls it served.
 """
 
 from __future__ import annotations
@@ -36,7 +39,9 @@ import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
+from opentelemetry import context as otel_context
 
+from serving import tracing
 from serving.config import BatchingConfig
 
 RunFn = Callable[[int, dict[str, np.ndarray]], dict[str, np.ndarray]]
@@ -76,6 +81,7 @@ class _Item:
     deadline: float | None  # time.monotonic() seconds
     future: asyncio.Future
     enqueued: float
+    trace: otel_context.Context | None = None  # the caller's trace context (tracing on)
 
 
 def merge_features(items: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
@@ -223,7 +229,8 @@ class DynamicBatcher:
                     f"({self._queued_rows} examples waiting)"
                 )
         fut = asyncio.get_running_loop().create_future()
-        self._queue.append(_Item(features, rows, deadline, fut, time.monotonic()))
+        item = _Item(features, rows, deadline, fut, time.monotonic(), tracing.capture())
+        self._queue.append(item)
         self._queued_rows += rows
         self._wakeup.set()
         return await fut
@@ -295,15 +302,19 @@ class DynamicBatcher:
             features = merge_features([it.features for it in items])
             instance = next(self._instances)
             loop = asyncio.get_running_loop()
+            model_start = time.monotonic()
             try:
                 outputs = await loop.run_in_executor(self._pool, self._run, instance, features)
+                model_end = time.monotonic()
                 parts = split_outputs(outputs, rows)
             except Exception as e:  # a failed batch fails its requests, never the server
+                self._trace(items, start, model_start, e)
                 for it in items:
                     if not it.future.done():
                         it.future.set_exception(e)
                 return
             self._measure(sum(rows), time.monotonic() - start)
+            self._trace(items, start, model_start, None, model_end)
             for it, part in zip(items, parts, strict=True):
                 if not it.future.done():
                     it.future.set_result(part)
@@ -311,6 +322,26 @@ class DynamicBatcher:
                 self._on_batch(sum(rows), len(items), [start - it.enqueued for it in items])
         finally:
             self._free.release()
+
+    @staticmethod
+    def _trace(
+        items: list[_Item],
+        start: float,
+        model_start: float,
+        error: BaseException | None,
+        model_end: float | None = None,
+    ) -> None:
+        """The batch's spans for each traced request (``serving.tracing.record_batch``)."""
+        if not any(it.trace is not None for it in items):
+            return
+        now = time.monotonic()
+        tracing.record_batch(
+            [it.trace for it in items],
+            [it.enqueued for it in items],
+            [it.rows for it in items],
+            tracing.BatchTimes(start, model_start, model_end or now, now),
+            error,
+        )
 
     def _measure(self, rows: int, seconds: float) -> None:
         """Updates the batch timing averages with one batch of ``rows`` that took ``seconds``."""

@@ -35,12 +35,14 @@ _PRINTABLE = re.compile(r"^[\x21-\x7e]+$")
 @dataclasses.dataclass
 class CallInfo:
     """One inference call: request id, protocol (``grpc`` or ``http``), the traffic arm chosen
-    for it (``""``: none) and its start time (``time.time()``)."""
+    for it (``""``: none), its start time (``time.time()``) and, when tracing is on, its trace id
+    (32 hex digits, set by ``serving.tracing.call_span``; ``""``: none)."""
 
     request_id: str
     protocol: str
     arm: str = ""
     started: float = dataclasses.field(default_factory=time.time)
+    trace_id: str = ""
 
 
 @dataclasses.dataclass(frozen=True)

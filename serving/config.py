@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import re
 from collections.abc import Iterable
 
 
@@ -174,6 +175,10 @@ class ServerOptions:
     ``retry-after-ms`` and ``grpc-retry-pushback-ms``, which gRPC retry policies honour).
     drain_s: on stop, seconds health reports NOT_SERVING while calls are still served, so load
     balancers move traffic away before new calls are refused (``stitchrec serve``: 5).
+    otlp_endpoint: an OpenTelemetry collector's OTLP/gRPC address (``HOST:PORT``, or
+    ``http://`` / ``https://HOST:PORT``): spans of every inference call are exported there
+    (``serving.tracing``; None: tracing off). trace_sample_rate: the share of traces recorded
+    for calls that do not continue a client's trace (0 to 1).
     """
 
     batching: BatchingConfig = BatchingConfig()
@@ -196,8 +201,14 @@ class ServerOptions:
     max_inflight: int = 256
     retry_after_ms: int = 100
     drain_s: float = 0.0
+    otlp_endpoint: str | None = None
+    trace_sample_rate: float = 1.0
 
     def __post_init__(self) -> None:
+        check_otlp_endpoint(self.otlp_endpoint)
+        rate = self.trace_sample_rate
+        if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate <= 1:
+            raise ValueError(f"trace_sample_rate must be a number in [0, 1], got {rate!r}")
         if isinstance(self.max_inflight, bool) or not isinstance(self.max_inflight, int):
             raise ValueError(f"max_inflight must be an integer >= 1, got {self.max_inflight!r}")
         if self.max_inflight < 1:
@@ -212,3 +223,19 @@ class ServerOptions:
             raise ValueError("TLS needs both a certificate and a key (tls_cert and tls_key)")
         if self.tls_client_ca is not None and self.tls_cert is None:
             raise ValueError("tls_client_ca needs tls_cert and tls_key")
+
+
+_ENDPOINT = re.compile(r"^(https?://)?(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})/?$")
+
+
+def check_otlp_endpoint(endpoint: str | None) -> None:
+    """ValueError unless ``endpoint`` is None or ``HOST:PORT`` (``http://`` or ``https://``
+    in front allowed; port 1 to 65535)."""
+    if endpoint is None:
+        return
+    m = _ENDPOINT.match(endpoint) if isinstance(endpoint, str) else None
+    if m is None or not 1 <= int(m.group(3)) <= 65535:
+        raise ValueError(
+            f"otlp endpoint {endpoint!r}: expected HOST:PORT (e.g. 127.0.0.1:4317), optionally "
+            f"with http:// or https:// in front"
+        )

@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 import grpc
 import numpy as np
 
+from serving import tracing
 from serving.batching import BatcherClosed, DeadlineExceeded, QueueFull
 from serving.calls import CallObservers, ScoredCall, current_call
 from serving.config import Limits
@@ -259,7 +260,9 @@ async def run(
 ) -> dict[str, np.ndarray]:
     """Scores a request: ``prepare`` (run by ``offload``) decodes and checks its inputs, then
     ``serving_default`` goes through the dynamic batcher and other signatures run alone on a
-    worker thread. ``observers`` are then told of the scored call (``serving.calls``).
+    worker thread. ``observers`` are then told of the scored call (``serving.calls``). With
+    tracing on, the call span gets the ``decode`` span and the call's model, version and rows
+    (``serving.tracing``).
 
     The version counts the request as in flight from the start, so a hot swap that retires the
     version while the inputs are decoded waits for it instead of closing its batcher.
@@ -270,11 +273,15 @@ async def run(
     async def go() -> dict[str, np.ndarray]:
         checked, rows = await offload(prepare)
         inputs.append(checked)
+        tracing.decoded(mv.name, mv.version, target.signature, rows)
         _check_deadline(deadline)
         if target.signature != SERVING_SIGNATURE:
             loop = asyncio.get_running_loop()
             instance = mv.next_instance()
-            return await loop.run_in_executor(None, mv.run, instance, checked, target.signature)
+            with tracing.span("inference", rows=rows):
+                return await loop.run_in_executor(
+                    None, mv.run, instance, checked, target.signature
+                )
         batcher = mv.batcher
         if batcher is None:
             raise ServingError(grpc.StatusCode.UNAVAILABLE, f"{target.where} is not started")

@@ -11,6 +11,9 @@ from typing import Any
 
 import grpc
 
+from serving import tracing
+from serving.calls import REQUEST_ID_HEADER
+
 access_log = logging.getLogger("stitchrec.serving.access")
 
 # Health checks stay open so load balancers and Kubernetes probes need no token.
@@ -71,8 +74,18 @@ class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
         return _same_kind_handler(handler, deny)
 
 
+def _request_id(details: grpc.HandlerCallDetails) -> str | bytes | None:
+    """The call's ``x-request-id`` metadata (None when it has none)."""
+    for key, value in details.invocation_metadata or ():
+        if key == REQUEST_ID_HEADER:
+            return value
+    return None
+
+
 class AccessLogInterceptor(grpc.aio.ServerInterceptor):
-    """Logs one JSON line per unary call: method, peer, status code and milliseconds."""
+    """Logs one JSON line per unary call: method, peer, status code, milliseconds, the request id
+    (the call's, ``serving.calls.current_call``, else the ``x-request-id`` metadata, else
+    ``""``) and, when tracing is on, the trace id."""
 
     async def intercept_service(
         self,
@@ -95,17 +108,15 @@ class AccessLogInterceptor(grpc.aio.ServerInterceptor):
                 code = c.name if c is not None else "UNKNOWN"
                 raise
             finally:
-                access_log.info(
-                    json.dumps(
-                        {
-                            "event": "rpc",
-                            "method": method,
-                            "peer": context.peer(),
-                            "code": code,
-                            "ms": round(1e3 * (time.perf_counter() - t0), 3),
-                        }
-                    )
-                )
+                line = {
+                    "event": "rpc",
+                    "method": method,
+                    "peer": context.peer(),
+                    "code": code,
+                    "ms": round(1e3 * (time.perf_counter() - t0), 3),
+                    **tracing.log_fields(_request_id(details)),
+                }
+                access_log.info(json.dumps(line))
 
         return grpc.unary_unary_rpc_method_handler(
             logged,

@@ -26,8 +26,8 @@ from google.protobuf import message as pb_message
 from google.protobuf import message_factory
 from google.protobuf.descriptor import ServiceDescriptor
 
-from serving import inference
-from serving.admission import Admission
+from serving import inference, tracing
+from serving.admission import INFERENCE_METHODS, Admission
 from serving.calls import REQUEST_ID_HEADER, CallObservers, start_call
 from serving.inference import Limits, invalid
 from serving.metrics import Metrics
@@ -103,43 +103,54 @@ def clip(message: str, most: int) -> str:
 
 def rpc(method: str, request_type: type[pb_message.Message] | None = None) -> Callable:
     """Wraps a handler: admission control (``serving.admission``), exceptions -> gRPC status
-    with a message (and a retry hint when overloaded), metrics per call.
+    with a message (and a retry hint when overloaded), metrics per call; for an inference method
+    (``INFERENCE_METHODS``) the call span ``stitchrec.call`` (``serving.tracing``), continuing
+    the client's ``traceparent`` and answering its own in the initial (or, for an error, the
+    trailing) metadata when tracing is on.
 
     With ``request_type`` the handler is registered (``add_service``) to receive wire bytes;
     the wrapper parses them into ``request_type`` (after admission) before calling it.
     """
+    traced = method in INFERENCE_METHODS
 
     def deco(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
         @functools.wraps(fn)
         async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
             t0 = time.perf_counter()
+            state: ServerState = self.state
 
             def record(code: str) -> None:
-                self.state.metrics.record_rpc(method, code, time.perf_counter() - t0)
+                state.metrics.record_rpc(method, code, time.perf_counter() - t0)
 
-            admission = self.state.admission
-            start_call("grpc", _metadata_value(context, REQUEST_ID_HEADER))
-            try:
-                with admission.admit(method):
-                    if request_type is not None and isinstance(request, bytes):
-                        _request_bytes.set(len(request))
-                        request = await self.state.parse(request_type, request)
-                    response = await fn(self, request, context)
-            except asyncio.CancelledError:
-                record("CANCELLED")
-                raise
-            except Exception as e:
-                status, message, trailers = admission.answer(method, e)
-                if status == grpc.StatusCode.INTERNAL:
-                    log.exception(json.dumps({"event": "internal_error", "method": method}))
+            metadata = context.invocation_metadata()
+            start_call("grpc", _metadata_value(metadata, REQUEST_ID_HEADER))
+            carrier = tracing.grpc_carrier(metadata) if traced else None
+            failure = None
+            with tracing.call_span(method, carrier) if traced else tracing.OFF:
+                try:
+                    with state.admission.admit(method):
+                        if request_type is not None and isinstance(request, bytes):
+                            _request_bytes.set(len(request))
+                            request = await state.parse(request_type, request)
+                        response = await fn(self, request, context)
+                except asyncio.CancelledError:
+                    tracing.set_status("CANCELLED", error=True)
+                    record("CANCELLED")
+                    raise
+                except Exception as e:
+                    failure = _failure(state, method, e)
+                    tracing.set_status(failure[0].name, error=True)
+                else:
+                    tracing.set_status("OK", error=False)
+                headers = tuple(tracing.response_headers().items())
+            if failure is not None:
+                status, message, trailers = failure
                 # counted before the status goes out: a client that sees the error and then
                 # scrapes /metrics finds it counted
                 record(status.name)
-                await context.abort(
-                    status,
-                    clip(message, self.state.limits.max_message_chars),
-                    trailing_metadata=trailers,
-                )
+                await context.abort(status, message, trailing_metadata=(*trailers, *headers))
+            if headers:
+                await context.send_initial_metadata(headers)
             record("OK")
             return response
 
@@ -149,9 +160,20 @@ def rpc(method: str, request_type: type[pb_message.Message] | None = None) -> Ca
     return deco
 
 
-def _metadata_value(context: grpc.aio.ServicerContext, key: str) -> str | bytes | None:
+def _failure(
+    state: ServerState, method: str, exc: Exception
+) -> tuple[grpc.StatusCode, str, tuple[tuple[str, str], ...]]:
+    """The status, message (cut to ``Limits.max_message_chars``) and trailing metadata that
+    answer ``exc``; an INTERNAL error is logged with its traceback."""
+    status, message, trailers = state.admission.answer(method, exc)
+    if status == grpc.StatusCode.INTERNAL:
+        log.exception(json.dumps({"event": "internal_error", "method": method}))
+    return status, clip(message, state.limits.max_message_chars), tuple(trailers or ())
+
+
+def _metadata_value(metadata: Any, key: str) -> str | bytes | None:
     """The first value of invocation metadata ``key`` (None when the call has none)."""
-    for k, v in context.invocation_metadata() or ():
+    for k, v in metadata or ():
         if k == key:
             return v
     return None

@@ -12,6 +12,9 @@ still served, so load balancers move traffic away; then new calls are answered U
 batchers dispatch their queues at once and the calls in flight are answered (up to ``grace``
 seconds); then the gRPC server stops and the models are unloaded.
 
+With ``ServerOptions.otlp_endpoint`` the server installs tracing (``serving.tracing``: spans of
+every inference call exported over OTLP/gRPC) at the start and flushes it at the end of a stop.
+
 Several processes can serve one port (``SO_REUSEPORT``; the kernel spreads connections over
 them): ``stitchrec serve --workers N`` starts N such processes (see ``pipelines/serve.py``).
 """
@@ -34,7 +37,7 @@ from tensorflow_serving.apis import (
 
 from protos import grpc_service_pb2 as kserve_pb2
 from protos import ranking_service_pb2 as rank_pb2
-from serving import admission
+from serving import admission, tracing
 from serving.config import ServerOptions
 from serving.health import NOT_SERVING, SERVING, HealthServicer
 from serving.interceptors import AccessLogInterceptor, TokenAuthInterceptor
@@ -70,6 +73,7 @@ class ServingServer:
         port: int,
         metrics_port: int | None,
         drain_s: float = 0.0,
+        traced: bool = False,
     ):
         self.grpc_server = grpc_server
         self.state = state
@@ -79,6 +83,7 @@ class ServingServer:
         self.port = port
         self.metrics_port = metrics_port
         self.drain_s = drain_s
+        self.traced = traced  # this server installed tracing: stop() flushes and removes it
         self._stopped = False
 
     async def stop(self, grace: float | None = 10.0, drain: float | None = None) -> None:
@@ -111,6 +116,9 @@ class ServingServer:
         await self.repository.close()
         self.state.close()
         self.metrics.stop_http()
+        if self.traced:
+            # the last spans go out to the collector (blocking up to its export timeout)
+            await asyncio.get_running_loop().run_in_executor(None, tracing.shutdown)
         log.info(
             json.dumps(
                 {
@@ -239,6 +247,21 @@ async def create_server(
     Returns the running server and the bound port.
     """
     options = options or ServerOptions()
+    traced = options.otlp_endpoint is not None
+    if traced:
+        tracing.install(tracing.otlp_exporter(options.otlp_endpoint), options.trace_sample_rate)
+    try:
+        return await _start(address, repo, options, traced)
+    except BaseException:
+        if traced:
+            tracing.shutdown()
+        raise
+
+
+async def _start(
+    address: str, repo: str | Path | ModelRepository, options: ServerOptions, traced: bool
+) -> tuple[ServingServer, int]:
+    """``create_server`` once tracing is set up (``traced``: installed by this server)."""
     metrics = Metrics()
     repository = _repository(repo, options, metrics)
     server = _grpc_server(options)
@@ -270,10 +293,13 @@ async def create_server(
                 "devices": repository.devices,
                 "tls": options.tls_cert is not None,
                 "auth": bool(options.tokens),
+                "otlp_endpoint": options.otlp_endpoint,
             }
         )
     )
-    serving = ServingServer(server, state, health_servicer, port, metrics_port, options.drain_s)
+    serving = ServingServer(
+        server, state, health_servicer, port, metrics_port, options.drain_s, traced
+    )
     return serving, port
 
 

@@ -1,0 +1,309 @@
+"""OpenTelemetry tracing of inference calls (gRPC and HTTP), off unless a server installs it.
+
+Spans of one call::
+
+    stitchrec.call          root (SERVER kind): the whole call, one per gRPC or HTTP call
+    ├── decode              from the call's start until its inputs are parsed, decoded, checked
+    ├── queue_wait          time in the dynamic batcher's queue before its batch starts
+    └── batch               the batch the call joined (``stitchrec.batch.rows``, ``.requests``)
+        └── inference       the model call of that batch
+
+A call whose signature runs outside the batcher has ``decode`` and ``inference`` only. Batches
+run on the batcher's own task: each queued request carries its trace context (``capture``), and
+``record_batch`` writes one ``queue_wait`` / ``batch`` / ``inference`` trio per request of the
+batch, parented to that request's ``stitchrec.call``.
+
+Propagation is W3C trace context: ``traceparent`` / ``tracestate`` read from gRPC invocation
+metadata or HTTP headers (``call_span``'s ``carrier``), so a client's trace continues on the
+server; ``response_headers`` gives the ``traceparent`` of the server's call span for the answer.
+
+Off by default: no SDK tracer provider is installed and every function here returns at once
+(``call_span`` and ``span`` hand out the API's no-op span, ``INVALID_SPAN``). ``install`` (called
+by ``create_server`` for ``ServerOptions.otlp_endpoint``) turns tracing on for the process with an
+SDK ``TracerProvider`` (resource ``service.name=stitchrec``), a ``BatchSpanProcessor`` and the
+given exporter, sampled ``ParentBased(TraceIdRatioBased(rate))``; ``shutdown`` flushes and turns it
+off. The provider is the module's own (not OpenTelemetry's global one), so a process can install
+and shut down tracing more than once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from serving.calls import current_call
+
+SERVICE_NAME = "stitchrec"
+CALL_SPAN = "stitchrec.call"
+TRACE_HEADERS = ("traceparent", "tracestate")
+EXPORT_TIMEOUT_S = 5.0  # the OTLP exporter's limit on one export (and on the flush at shutdown)
+
+_propagator = TraceContextTextMapPropagator()
+
+
+@dataclasses.dataclass
+class _State:
+    provider: TracerProvider | None = None
+    tracer: trace.Tracer | None = None
+
+
+_state = _State()
+
+
+class _Off:
+    """The context manager handed out while tracing is off: yields the no-op span."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> Span:
+        return INVALID_SPAN
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+OFF = _Off()  # the no-op context manager (``with OFF as span``: span is INVALID_SPAN)
+
+
+# --------------------------------------------------------------------------------------------
+# setup
+
+
+def install(exporter: SpanExporter, sample_rate: float = 1.0) -> TracerProvider:
+    """Turns tracing on: an SDK ``TracerProvider`` exporting through ``exporter`` in batches.
+
+    ``sample_rate``: the share of root traces recorded (a call that continues a client's trace
+    follows the client's sampled flag). Replaces (and shuts down) a provider installed before.
+    """
+    if not 0.0 <= sample_rate <= 1.0:
+        raise ValueError(f"trace sample rate must be in [0, 1], got {sample_rate}")
+    shutdown()
+    provider = TracerProvider(
+        resource=Resource.create({"service.name": SERVICE_NAME}),
+        sampler=ParentBased(TraceIdRatioBased(sample_rate)),
+    )
+    provider.add_span_processor(
+        BatchSpanProcessor(exporter, export_timeout_millis=int(EXPORT_TIMEOUT_S * 1e3))
+    )
+    _state.provider = provider
+    _state.tracer = provider.get_tracer("stitchrec.serving")
+    return provider
+
+
+def otlp_exporter(endpoint: str) -> SpanExporter:
+    """The OTLP/gRPC span exporter to a collector at ``endpoint``: ``HOST:PORT`` or
+    ``http://HOST:PORT`` (plaintext), ``https://HOST:PORT`` (TLS)."""
+    # imported here: the exporter pulls in the OTLP protobuf modules, needed only when a server
+    # exports spans
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+    secure = endpoint.startswith("https://")
+    return OTLPSpanExporter(endpoint=endpoint, insecure=not secure, timeout=EXPORT_TIMEOUT_S)
+
+
+def enabled() -> bool:
+    """Whether tracing is installed."""
+    return _state.tracer is not None
+
+
+def flush(timeout_s: float = EXPORT_TIMEOUT_S) -> bool:
+    """Exports the finished spans now; False when they did not all go out in time."""
+    if _state.provider is None:
+        return True
+    return _state.provider.force_flush(int(timeout_s * 1e3))
+
+
+def shutdown() -> None:
+    """Flushes the spans and turns tracing off (blocks up to the export timeout)."""
+    provider = _state.provider
+    _state.provider = _state.tracer = None
+    if provider is not None:
+        provider.shutdown()
+
+
+# --------------------------------------------------------------------------------------------
+# the call span
+
+
+def call_span(
+    method: str, carrier: Mapping[str, Any] | None = None, protocol: str = "grpc"
+) -> contextlib.AbstractContextManager[Span]:
+    """The root span ``stitchrec.call`` of one call, current while the ``with`` block runs.
+
+    ``method``: what was called (gRPC: ``Rank``, ``Predict``, ``ModelInfer``; HTTP: e.g.
+    ``POST /v1/models/{m}:predict``). ``carrier``: the request's headers or invocation metadata,
+    read for ``traceparent`` / ``tracestate`` (a ``get(key)`` mapping; lower-case keys unless it
+    is case-insensitive like aiohttp's headers). Call ``serving.calls.start_call`` first: the
+    span takes its request id and sets ``CallInfo.trace_id``. An exception leaving the block
+    marks the span ERROR; ``set_status`` records the answered code.
+    """
+    if _state.tracer is None:
+        return OFF
+    return _call(_state.tracer, method, carrier, protocol)
+
+
+@contextlib.contextmanager
+def _call(
+    tracer: trace.Tracer, method: str, carrier: Mapping[str, Any] | None, protocol: str
+) -> Iterator[Span]:
+    parent = _propagator.extract(carrier) if carrier else None
+    info = current_call()
+    attributes: dict[str, Any] = {"rpc.system": protocol, "rpc.method": method}
+    if info is not None:
+        attributes["stitchrec.request_id"] = info.request_id
+    with tracer.start_as_current_span(
+        CALL_SPAN, context=parent, kind=SpanKind.SERVER, attributes=attributes
+    ) as span:
+        ctx = span.get_span_context()
+        if info is not None and ctx.is_valid:
+            info.trace_id = trace.format_trace_id(ctx.trace_id)
+        yield span
+
+
+def grpc_carrier(metadata: Any) -> dict[str, str]:
+    """The trace headers of gRPC invocation metadata (``(key, value)`` pairs) as a carrier."""
+    if _state.tracer is None or not metadata:
+        return {}
+    return {k: v for k, v in metadata if k in TRACE_HEADERS and isinstance(v, str)}
+
+
+def set_status(code: str, error: bool) -> None:
+    """Records the answered status on the current call span: ``stitchrec.status_code`` (a gRPC
+    code name like ``OK``, or an HTTP status like ``200``); ``error`` marks the span ERROR."""
+    if _state.tracer is None:
+        return
+    span = trace.get_current_span()
+    span.set_attribute("stitchrec.status_code", code)
+    if error:
+        span.set_status(Status(StatusCode.ERROR, code))
+
+
+def response_headers() -> dict[str, str]:
+    """``{"traceparent": ...}`` of the current call span for the response ({} when off or not
+    sampled)."""
+    if _state.tracer is None:
+        return {}
+    out: dict[str, str] = {}
+    if trace.get_current_span().get_span_context().trace_flags.sampled:
+        _propagator.inject(out)
+        out.pop("tracestate", None)
+    return out
+
+
+def log_fields(request_id_fallback: str | bytes | None = None) -> dict[str, str]:
+    """The access log's ids of the current call: ``request_id`` (``current_call()``'s, else
+    ``request_id_fallback``, else ``""``) and ``trace_id`` when tracing is on."""
+    info = current_call()
+    if info is not None:
+        rid = info.request_id
+    elif isinstance(request_id_fallback, bytes):
+        rid = request_id_fallback.decode("ascii", errors="replace")
+    else:
+        rid = request_id_fallback or ""
+    out = {"request_id": rid}
+    if _state.tracer is not None and info is not None and info.trace_id:
+        out["trace_id"] = info.trace_id
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# child spans
+
+
+def span(name: str, **attributes: Any) -> contextlib.AbstractContextManager[Span]:
+    """A child span of the current span (e.g. ``inference``), current while the block runs."""
+    if _state.tracer is None:
+        return OFF
+    return _state.tracer.start_as_current_span(name, attributes=attributes or None)
+
+
+def decoded(model: str, version: int, signature: str, rows: int) -> None:
+    """Records the ``decode`` span (from the call span's start until now: parsing, decoding and
+    checks) and the call's model, version, signature and rows on the call span (the current
+    span)."""
+    if _state.tracer is None:
+        return
+    current = trace.get_current_span()
+    if not current.is_recording():
+        return
+    current.set_attributes(
+        {
+            "stitchrec.model": model,
+            "stitchrec.version": version,
+            "stitchrec.signature": signature,
+            "stitchrec.rows": rows,
+        }
+    )
+    started_ns = getattr(current, "start_time", None) or time.time_ns()
+    _state.tracer.start_span("decode", start_time=started_ns, attributes={"rows": rows}).end()
+
+
+def capture() -> otel_context.Context | None:
+    """The current trace context when its span is recorded (for a queued request), else None."""
+    if _state.tracer is None or not trace.get_current_span().is_recording():
+        return None
+    return otel_context.get_current()
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchTimes:
+    """One batch's times in ``time.monotonic()`` seconds: formed (``start``), the model call's
+    start and end (``model_start``, ``model_end``), and done (``end``)."""
+
+    start: float
+    model_start: float
+    model_end: float
+    end: float
+
+
+def record_batch(
+    contexts: Sequence[otel_context.Context | None],
+    enqueued: Sequence[float],
+    rows: Sequence[int],
+    times: BatchTimes,
+    error: BaseException | None = None,
+) -> None:
+    """Writes ``queue_wait``, ``batch`` and ``inference`` spans for each request of a batch that
+    has a trace context (``contexts[i]``, from ``capture``; ``enqueued[i]``: its monotonic
+    enqueue time). ``error``: the batch failed (its spans are marked ERROR)."""
+    tracer = _state.tracer
+    if tracer is None or not any(c is not None for c in contexts):
+        return
+    # monotonic seconds -> epoch nanoseconds, the clock spans are stamped with
+    offset = time.time_ns() - int(time.monotonic() * 1e9)
+
+    def ns(t: float) -> int:
+        return offset + int(t * 1e9)
+
+    batch_attrs = {"stitchrec.batch.rows": sum(rows), "stitchrec.batch.requests": len(rows)}
+    for ctx, t_in, r in zip(contexts, enqueued, rows, strict=True):
+        if ctx is None:
+            continue
+        tracer.start_span("queue_wait", context=ctx, start_time=ns(t_in)).end(ns(times.start))
+        batch = tracer.start_span(
+            "batch", context=ctx, start_time=ns(times.start), attributes={**batch_attrs, "rows": r}
+        )
+        model = tracer.start_span(
+            "inference",
+            context=trace.set_span_in_context(batch, ctx),
+            start_time=ns(times.model_start),
+            attributes={"stitchrec.batch.rows": sum(rows)},
+        )
+        if error is not None:
+            for s in (model, batch):
+                s.record_exception(error)
+                s.set_status(Status(StatusCode.ERROR, type(error).__name__))
+        model.end(ns(times.model_end))
+        batch.end(ns(times.end))

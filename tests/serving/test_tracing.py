@@ -1,0 +1,218 @@
+"""Tracing (serving.tracing) on a real server: a client's traceparent continues into the server's
+spans (stitchrec.call with decode, queue_wait, batch, inference), two calls sharing one batch
+each get their own batch spans, spans reach a real OTLP/gRPC receiver, tracing off costs little
+and the access log carries the request and trace ids."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import logging
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from protos import ranking_service_pb2_grpc as rank_grpc
+from serving import tracing
+from serving.calls import start_call
+from serving.client import make_request
+from serving.config import BatchingConfig, ServerOptions, check_otlp_endpoint
+from serving.testing import ServerThread, write_linear_model
+
+CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+CLIENT_SPAN = "00f067aa0ba902b7"
+REQUEST = make_request("lin", {"user": "u1"}, {"item": [3, 4, 5], "price": [1.0, 2.0, 0.5]})
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("repo")
+    write_linear_model(root / "lin" / "1", bias=0.0)
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(repo):
+    # a 50 ms batching window: two calls sent together share one batch
+    opts = ServerOptions(access_log=True, batching=BatchingConfig(max_queue_delay_us=50_000))
+    with ServerThread(repo, opts) as s:
+        yield s
+
+
+@pytest.fixture
+def exporter():
+    spans = InMemorySpanExporter()
+    tracing.install(spans)
+    yield spans
+    tracing.shutdown()
+
+
+def _rank(server, metadata=()):
+    stub = rank_grpc.RankingServiceStub(grpc.insecure_channel(server.target))
+    return stub.Rank.with_call(REQUEST, timeout=10, metadata=metadata)
+
+
+def _by_name(spans, trace_id: int) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for s in spans:
+        if s.context.trace_id == trace_id:
+            out.setdefault(s.name, []).append(s)
+    return out
+
+
+def test_client_trace_continues_into_call_span_and_children(server, exporter, caplog):
+    caplog.set_level(logging.INFO, logger="stitchrec.serving.access")
+    traceparent = f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"
+    resp, call = _rank(server, [("traceparent", traceparent), ("x-request-id", "req-7")])
+    assert len(resp.scores) == 3
+    sent = dict(call.initial_metadata())["traceparent"]
+    assert sent.startswith(f"00-{CLIENT_TRACE}-") and sent.endswith("-01")
+    assert tracing.flush()
+    spans = _by_name(exporter.get_finished_spans(), int(CLIENT_TRACE, 16))
+    assert sorted(spans) == ["batch", "decode", "inference", "queue_wait", "stitchrec.call"]
+    root = spans["stitchrec.call"][0]
+    assert root.parent.span_id == int(CLIENT_SPAN, 16) and root.parent.is_remote
+    assert sent.split("-")[2] == f"{root.context.span_id:016x}"  # the answer names this span
+    assert dict(root.attributes) == {
+        "rpc.system": "grpc",
+        "rpc.method": "Rank",
+        "stitchrec.request_id": "req-7",
+        "stitchrec.model": "lin",
+        "stitchrec.version": 1,
+        "stitchrec.signature": "serving_default",
+        "stitchrec.rows": 3,
+        "stitchrec.status_code": "OK",
+    }
+    assert root.resource.attributes["service.name"] == "stitchrec"
+    decode, wait, batch, model = (spans[n][0] for n in ("decode", "queue_wait", "batch", "inference"))
+    for child in (decode, wait, batch):
+        assert child.parent.span_id == root.context.span_id
+    assert model.parent.span_id == batch.context.span_id
+    # in order inside the call: decoded, queued (the batching window), batched, answered
+    assert root.start_time <= decode.start_time <= decode.end_time <= wait.start_time + 1000
+    assert wait.end_time <= batch.start_time + 1000 and batch.end_time <= root.end_time
+    assert batch.start_time <= model.start_time <= model.end_time <= batch.end_time
+    assert 40e6 <= wait.end_time - wait.start_time < 5e9  # waited out the 50 ms window
+    assert dict(batch.attributes) == {
+        "stitchrec.batch.rows": 3,
+        "stitchrec.batch.requests": 1,
+        "rows": 3,
+    }
+    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name.endswith(".access")]
+    assert [(x["request_id"], x["trace_id"], x["code"]) for x in lines] == [
+        ("req-7", CLIENT_TRACE, "OK")
+    ]
+
+
+def test_two_calls_in_one_batch_get_batch_spans_under_their_own_call(server, exporter):
+    traces = ["1" * 32, "2" * 32]
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        calls = [
+            pool.submit(_rank, server, [("traceparent", f"00-{t}-{CLIENT_SPAN}-01")])
+            for t in traces
+        ]
+        for c in calls:
+            c.result()
+    assert tracing.flush()
+    finished = exporter.get_finished_spans()
+    for t in traces:
+        spans = _by_name(finished, int(t, 16))
+        root, batch = spans["stitchrec.call"][0], spans["batch"][0]
+        assert batch.parent.span_id == root.context.span_id
+        assert spans["queue_wait"][0].parent.span_id == root.context.span_id
+        assert batch.attributes["stitchrec.batch.requests"] == 2
+        assert batch.attributes["stitchrec.batch.rows"] == 6
+        assert batch.attributes["rows"] == 3
+
+
+def test_an_error_call_span_is_marked_error(server, exporter):
+    stub = rank_grpc.RankingServiceStub(grpc.insecure_channel(server.target))
+    with pytest.raises(grpc.RpcError) as e:
+        stub.Rank(make_request("nope", {"user": "u1"}, {"item": [1], "price": [0.0]}), timeout=10)
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND
+    trailers = dict(e.value.trailing_metadata())
+    assert trailers["traceparent"].startswith("00-")
+    assert tracing.flush()
+    (root,) = [s for s in exporter.get_finished_spans() if s.name == "stitchrec.call"]
+    assert root.attributes["stitchrec.status_code"] == "NOT_FOUND"
+    assert root.status.status_code.name == "ERROR"
+    assert f"{root.context.trace_id:032x}" == trailers["traceparent"].split("-")[1]
+
+
+def test_tracing_off_no_spans_no_header_and_access_log_has_request_id(server, caplog):
+    spans = InMemorySpanExporter()
+    tracing.install(spans)
+    tracing.shutdown()  # installed, then off: nothing may reach the exporter
+    assert not tracing.enabled()
+    caplog.set_level(logging.INFO, logger="stitchrec.serving.access")
+    resp, call = _rank(server, [("x-request-id", "off-1")])
+    assert len(resp.scores) == 3
+    assert "traceparent" not in dict(call.initial_metadata())
+    assert spans.get_finished_spans() == ()
+    lines = [json.loads(r.getMessage()) for r in caplog.records if r.name.endswith(".access")]
+    assert len(lines) == 1 and lines[0]["request_id"] == "off-1" and "trace_id" not in lines[0]
+
+
+def test_disabled_path_costs_a_few_microseconds():
+    """The tracing calls one inference call makes, with tracing off."""
+    assert not tracing.enabled()
+    metadata = (("traceparent", f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"), ("x-request-id", "r"))
+    start_call("grpc", "r")
+    n = 20_000
+    t0 = time.perf_counter()
+    for _ in range(n):
+        with tracing.call_span("Rank", tracing.grpc_carrier(metadata)):
+            tracing.decoded("lin", 1, "serving_default", 3)
+            tracing.capture()
+            tracing.set_status("OK", error=False)
+            tracing.response_headers()
+        tracing.log_fields()
+    per_call_us = 1e6 * (time.perf_counter() - t0) / n
+    assert per_call_us < 20, per_call_us  # about 1 us on a laptop core; loose for shared CI
+
+
+class _Receiver(trace_service_pb2_grpc.TraceServiceServicer):
+    def __init__(self):
+        self.requests: list[trace_service_pb2.ExportTraceServiceRequest] = []
+
+    def Export(self, request, context):
+        self.requests.append(request)
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+
+def test_spans_reach_an_otlp_grpc_receiver_by_the_server_stop(repo):
+    receiver = _Receiver()
+    collector = grpc.server(concurrent.futures.ThreadPoolExecutor(2))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(receiver, collector)
+    port = collector.add_insecure_port("127.0.0.1:0")
+    collector.start()
+    try:
+        opts = ServerOptions(otlp_endpoint=f"127.0.0.1:{port}")
+        with ServerThread(repo, opts) as s:
+            assert tracing.enabled()
+            _rank(s, [("x-request-id", "otlp-1")])
+        assert not tracing.enabled()  # the stop flushed and removed it
+    finally:
+        collector.stop(None)
+    names, services = set(), set()
+    for req in receiver.requests:
+        for rs in req.resource_spans:
+            services |= {a.value.string_value for a in rs.resource.attributes if a.key == "service.name"}
+            for ss in rs.scope_spans:
+                names |= {sp.name for sp in ss.spans}
+    assert names == {"stitchrec.call", "decode", "queue_wait", "batch", "inference"}
+    assert services == {"stitchrec"}
+
+
+@pytest.mark.parametrize("endpoint", ["localhost", "127.0.0.1:0", "host:99999", "ftp://h:1", ""])
+def test_bad_otlp_endpoint_is_refused_naming_it(endpoint):
+    with pytest.raises(ValueError, match="otlp endpoint .*expected HOST:PORT"):
+        check_otlp_endpoint(endpoint)
+    check_otlp_endpoint("collector.local:4317")
+    check_otlp_endpoint("https://[::1]:4317")
+    with pytest.raises(ValueError, match=r"trace_sample_rate must be a number in \[0, 1\]"):
+        ServerOptions(trace_sample_rate=1.5)
