@@ -279,9 +279,7 @@ async def run(
             loop = asyncio.get_running_loop()
             instance = mv.next_instance()
             with tracing.span("inference", rows=rows):
-                return await loop.run_in_executor(
-                    None, mv.run, instance, checked, target.signature
-                )
+                return await loop.run_in_executor(None, mv.run, instance, checked, target.signature)
         batcher = mv.batcher
         if batcher is None:
             raise ServingError(grpc.StatusCode.UNAVAILABLE, f"{target.where} is not started")

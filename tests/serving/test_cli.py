@@ -110,6 +110,10 @@ def test_serve_two_workers_exported_model(exported_repo):
             ["--max-string-kb", "0"],
             "error: limits: max_string_bytes must be an integer >= 1, got 0",
         ),
+        (
+            ["--otlp-endpoint", "collector"],
+            "error: otlp endpoint 'collector': expected HOST:PORT",
+        ),
     ],
 )
 def test_serve_rejects_bad_flags_with_one_error_line(tmp_path, flags, message):

@@ -32,6 +32,7 @@ REQUEST = make_request("lin", {"user": "u1"}, {"item": [3, 4, 5], "price": [1.0,
 def repo(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("repo")
     write_linear_model(root / "lin" / "1", bias=0.0)
+    write_linear_model(root / "cascade" / "1", bias=0.0, rank_signature=True)
     return root
 
 
@@ -88,7 +89,9 @@ def test_client_trace_continues_into_call_span_and_children(server, exporter, ca
         "stitchrec.status_code": "OK",
     }
     assert root.resource.attributes["service.name"] == "stitchrec"
-    decode, wait, batch, model = (spans[n][0] for n in ("decode", "queue_wait", "batch", "inference"))
+    decode, wait, batch, model = (
+        spans[n][0] for n in ("decode", "queue_wait", "batch", "inference")
+    )
     for child in (decode, wait, batch):
         assert child.parent.span_id == root.context.span_id
     assert model.parent.span_id == batch.context.span_id
@@ -127,6 +130,18 @@ def test_two_calls_in_one_batch_get_batch_spans_under_their_own_call(server, exp
         assert batch.attributes["stitchrec.batch.requests"] == 2
         assert batch.attributes["stitchrec.batch.rows"] == 6
         assert batch.attributes["rows"] == 3
+
+
+def test_a_signature_outside_the_batcher_has_decode_and_inference(server, exporter):
+    stub = rank_grpc.RankingServiceStub(grpc.insecure_channel(server.target))
+    req = make_request("cascade", {"user": "u1"}, {"item": [1, 3], "price": [0.0, 1.0]})
+    stub.Rank(req, timeout=10, metadata=[("traceparent", f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01")])
+    assert tracing.flush()
+    spans = _by_name(exporter.get_finished_spans(), int(CLIENT_TRACE, 16))
+    assert sorted(spans) == ["decode", "inference", "stitchrec.call"]
+    root = spans["stitchrec.call"][0]
+    assert root.attributes["stitchrec.signature"] == "rank_request"
+    assert spans["inference"][0].parent.span_id == root.context.span_id
 
 
 def test_an_error_call_span_is_marked_error(server, exporter):
@@ -201,7 +216,9 @@ def test_spans_reach_an_otlp_grpc_receiver_by_the_server_stop(repo):
     names, services = set(), set()
     for req in receiver.requests:
         for rs in req.resource_spans:
-            services |= {a.value.string_value for a in rs.resource.attributes if a.key == "service.name"}
+            services |= {
+                a.value.string_value for a in rs.resource.attributes if a.key == "service.name"
+            }
             for ss in rs.scope_spans:
                 names |= {sp.name for sp in ss.spans}
     assert names == {"stitchrec.call", "decode", "queue_wait", "batch", "inference"}
@@ -210,7 +227,7 @@ def test_spans_reach_an_otlp_grpc_receiver_by_the_server_stop(repo):
 
 @pytest.mark.parametrize("endpoint", ["localhost", "127.0.0.1:0", "host:99999", "ftp://h:1", ""])
 def test_bad_otlp_endpoint_is_refused_naming_it(endpoint):
-    with pytest.raises(ValueError, match="otlp endpoint .*expected HOST:PORT"):
+    with pytest.raises(ValueError, match=r"otlp endpoint .*expected HOST:PORT"):
         check_otlp_endpoint(endpoint)
     check_otlp_endpoint("collector.local:4317")
     check_otlp_endpoint("https://[::1]:4317")
