@@ -23,7 +23,8 @@ by ``create_server`` for ``ServerOptions.otlp_endpoint``) turns tracing on for t
 SDK ``TracerProvider`` (resource ``service.name=stitchrec``), a ``BatchSpanProcessor`` and the
 given exporter, sampled ``ParentBased(TraceIdRatioBased(rate))``; ``shutdown`` flushes and turns it
 off. The provider is the module's own (not OpenTelemetry's global one), so a process can install
-and shut down tracing more than once.
+and shut down tracing more than once; it is one per process (a second ``install`` replaces the
+first).
 """
 
 from __future__ import annotations
@@ -146,7 +147,7 @@ def call_span(
     ``POST /v1/models/{m}:predict``). ``carrier``: the request's headers or invocation metadata,
     read for ``traceparent`` / ``tracestate`` (a ``get(key)`` mapping; lower-case keys unless it
     is case-insensitive like aiohttp's headers). Call ``serving.calls.start_call`` first: the
-    span takes its request id and sets ``CallInfo.trace_id``. An exception leaving the block
+    span takes its request id and, when the call is sampled, sets ``CallInfo.trace_id``. An exception leaving the block
     marks the span ERROR; ``set_status`` records the answered code.
     """
     if _state.tracer is None:
@@ -166,9 +167,8 @@ def _call(
     with tracer.start_as_current_span(
         CALL_SPAN, context=parent, kind=SpanKind.SERVER, attributes=attributes
     ) as span:
-        ctx = span.get_span_context()
-        if info is not None and ctx.is_valid:
-            info.trace_id = trace.format_trace_id(ctx.trace_id)
+        if info is not None and span.is_recording():
+            info.trace_id = trace.format_trace_id(span.get_span_context().trace_id)
         yield span
 
 
@@ -204,7 +204,8 @@ def response_headers() -> dict[str, str]:
 
 def log_fields(request_id_fallback: str | bytes | None = None) -> dict[str, str]:
     """The access log's ids of the current call: ``request_id`` (``current_call()``'s, else
-    ``request_id_fallback``, else ``""``) and ``trace_id`` when tracing is on."""
+    ``request_id_fallback``, else ``""``) and ``trace_id`` when tracing is on and the call was
+    sampled."""
     info = current_call()
     if info is not None:
         rid = info.request_id
