@@ -131,12 +131,16 @@ def served_rows(paths: list[str], model: str | None, shadow: bool, flag: str) ->
         raise UsageError(f"{flag}: {e}") from None
     models = sorted({f.parent.name for f in files})
     if not files:
-        raise UsageError(f"{flag} {paths}: no prediction log files (*{log_format.SUFFIX})")
+        raise UsageError(
+            f"{flag} {', '.join(paths)}: no prediction log files (*{log_format.SUFFIX})"
+        )
     if model is None and len(models) > 1:
-        raise UsageError(f"{flag} {paths}: the logs hold models {models}; choose one with --model")
+        raise UsageError(
+            f"{flag} {', '.join(paths)}: the logs hold models {models}; choose one with --model"
+        )
     if model is not None and model not in models:
         raise UsageError(
-            f"{flag} {paths}: no prediction logs of model {model!r}; the logs hold {models}"
+            f"{flag} {', '.join(paths)}: no prediction logs of model {model!r}; the logs hold {models}"
         )
     try:
         table = log_format.read_logs(paths, model or models[0])
@@ -146,7 +150,7 @@ def served_rows(paths: list[str], model: str | None, shadow: bool, flag: str) ->
         table = table.filter(pc.invert(table.column("shadow")))
     if table.num_rows == 0:
         raise UsageError(
-            f"{flag} {paths}: the logs of model {model or models[0]!r} hold no "
+            f"{flag} {', '.join(paths)}: the logs of model {model or models[0]!r} hold no "
             "rows" + ("" if shadow else " but shadow rows (see --include-shadow)")
         )
     return table
@@ -195,7 +199,7 @@ def _score(table: pa.Table, opts: SkewOptions, model: str) -> dict[str, Any] | N
         ref_outputs = log_format.outputs_of(ref)
         if opts.score_output not in ref_outputs:
             raise UsageError(
-                f"--reference {opts.reference}: the logs have no output "
+                f"--reference {', '.join(opts.reference)}: the logs have no output "
                 f"{opts.score_output!r}; they have {sorted(ref_outputs)}"
             )
         reference = score_values(ref_outputs[opts.score_output])
@@ -214,7 +218,7 @@ def run_skew(opts: SkewOptions) -> dict[str, Any]:
     part = field_skews(schema, stats, table, opts)
     if not part["fields"] and not part["skipped"]:
         raise UsageError(
-            f"--data {opts.data}: the logs of model {model!r} have none of the run's model "
+            f"--data {', '.join(opts.data)}: the logs of model {model!r} have none of the run's model "
             f"inputs {[f.name for f in schema.model_inputs]} (they log "
             f"{sorted(log_format.features_of(table))}); are they the logs of another model?"
         )

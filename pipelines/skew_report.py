@@ -42,10 +42,11 @@ def console(result: Mapping[str, Any]) -> str:
         f"{'OOV train -> served':>20s} {'mean shift (std)':>17s}",
     ]
     for name, d in result["fields"].items():
-        lines.append(
+        line = (
             f"{name[:20]:20s} {d['kind']:17s} {d['status']:8s} {d['psi']:8.4f} {d['js']:7.4f} "
             f"{_oov(d):>20s} {_shift(d):>17s}"
         )
+        lines.append(line.rstrip())
     for name, why in result["skipped"].items():
         lines.append(f"{name[:20]:20s} skipped: {why}")
     if result["missing_fields"]:
@@ -81,7 +82,7 @@ def bars(
     n = max(len(labels), 1)
     hi = max((v for vs in series.values() for v in vs), default=1.0) or 1.0
     f = svg.Frame(width, 170, 44, (-0.5, n - 0.5), (0.0, hi * 1.1))
-    f.axes(title, "bin", "share", xticks=False)
+    f.axes(title, "bins (hover a bar: its bin and share)", "share", xticks=False)
     w = (f.px(1) - f.px(0)) * 0.8 / max(len(series), 1)
     for j, (name, vs) in enumerate(series.items()):
         color = COLORS.get(name, svg.PALETTE[j % len(svg.PALETTE)])
@@ -92,7 +93,10 @@ def bars(
                 f"<rect x='{x:.1f}' y='{y:.1f}' width='{w:.1f}' height='{f.py(0) - y:.1f}' "
                 f"fill='{color}'><title>{_e(labels[i])}: {name} {v:.4f}</title></rect>"
             )
-    f.legend([(name, COLORS.get(name, svg.PALETTE[j])) for j, name in enumerate(series)])
+    for j, name in enumerate(series):  # the legend in the top margin, right of the title
+        x, color = width - 16 - 70 * (len(series) - j), COLORS.get(name, svg.PALETTE[j])
+        f.add(f"<rect x='{x}' y='8' width='9' height='9' fill='{color}'/>")
+        f.add(f"<text x='{x + 12}' y='16' {svg.FONT}>{_e(name)}</text>")
     return f.text()
 
 
