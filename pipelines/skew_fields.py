@@ -29,6 +29,7 @@ import pyarrow.compute as pc
 from features import drift
 from features.schema import FeatureKind, FeatureSpec
 from features.stats import FieldStats, transform_numeric
+from pipelines.errors import UsageError
 
 #: Equal-mass bins of a numeric field whose statistics have no quantile boundaries.
 NUMERIC_BINS = 10
@@ -154,20 +155,16 @@ def categorical_skew(
 def served_numbers(column: pa.ChunkedArray, spec: FeatureSpec) -> np.ndarray:
     """The served values of a numeric field after its ``transform``, nulls as NaN.
 
-    Raises ValueError when the column does not hold numbers."""
+    Raises UsageError when the column does not hold numbers."""
     try:
         col = pc.cast(column, pa.float64())
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        raise ValueError(
-            f"logged feature {spec.name!r} holds {column.type}, expected numbers for the "
-            f"numeric field of the run's schema"
+        raise UsageError(
+            f"--data: logged feature {spec.name!r} holds {column.type}; expected numbers for "
+            f"the numeric field {spec.name!r} of the run's schema"
         ) from None
-    x = (
-        col.to_numpy().astype(np.float64)
-        if col.null_count == 0
-        else np.asarray(col.to_pylist(), dtype=np.float64)
-    )
-    return transform_numeric(x, spec)
+    x = pc.fill_null(col, np.nan).to_numpy()
+    return transform_numeric(np.asarray(x, dtype=np.float64), spec)
 
 
 def numeric_skew(
