@@ -107,6 +107,8 @@ def served_strings(column: pa.ChunkedArray, spec: FeatureSpec) -> tuple[pa.Array
     """The served values of a vocabulary field as strings (multi-valued cells split) and the
     number of missing cells (null, or empty for a multi-valued field)."""
     col = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if pa.types.is_list(col.type) or pa.types.is_large_list(col.type):  # values of a row
+        col = pc.binary_join(pc.cast(col, pa.list_(pa.string())), spec.separator)
     if col.type != pa.string():
         try:
             col = pc.cast(col, pa.string())
@@ -211,7 +213,7 @@ def score_values(column: pa.ChunkedArray) -> np.ndarray:
     col = column.combine_chunks()
     if pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
         col = pc.list_element(col, 0)
-    return np.asarray(pc.cast(col, pa.float64()).to_pylist(), dtype=np.float64)
+    return np.asarray(pc.fill_null(pc.cast(col, pa.float64()), np.nan), dtype=np.float64)
 
 
 def score_skew(served: np.ndarray, reference: np.ndarray | None, th: Thresholds) -> dict[str, Any]:
