@@ -7,7 +7,8 @@ model from a TOML config), ``tune`` (a hyper-parameter search whose trials are t
 ``export`` (a run's SavedModel, or a pre-ranking + ranking cascade), ``evaluate`` (AUC and log
 loss of a SavedModel), ``crosses fives`` (FIVES search for feature crosses), ``crosses
 pcf-gnn`` (pair graph and PCF-GNN pre-training), ``serve`` (the gRPC model server), ``ab``
-(offline A/B comparison of two models on logged data), ``daily`` (one day of continuous
+(offline A/B comparison of two models on logged data), ``skew`` (training/serving skew of a
+run against prediction logs), ``daily`` (one day of continuous
 training: train on a window, compare with the served version, export the next version) and
 ``fuse explain`` (the fusion plan of a SavedModel signature).
 """

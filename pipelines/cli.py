@@ -16,11 +16,13 @@
     stitchrec crosses pcf-gnn  --config FILE [--set KEY=VALUE]...
     stitchrec serve     --repo DIR [--host H] [--port P] [--workers N] ...
     stitchrec ab        --control A --treatment B --data LOGS... [--output DIR] ...
+    stitchrec skew      --run RUN --data LOGS... [--model M] [--reference LOGS...] [--output DIR]
     stitchrec daily     --config FILE --window DATA --repo MODELS/NAME [--runs DIR] [--rule R]
     stitchrec fuse explain SAVED_MODEL [--batch N] [--signature NAME] [--json FILE] ...
 
 Each command's flags come from its function in ``pipelines.cli_args`` or, for the data
-commands, ``pipelines.cli_args_data``, for ``daily``, ``pipelines.cli_args_daily`` (argparse
+commands, ``pipelines.cli_args_data``, for ``daily``, ``pipelines.cli_args_daily``, for ``skew``,
+``pipelines.cli_args_skew`` (argparse
 only); the module that runs it (TensorFlow and all) is imported only when the command runs, so
 ``stitchrec --help`` starts in a fraction of a second.
 
@@ -44,7 +46,7 @@ from features.crosses.artifact import CrossArtifactError
 from features.crosses.fives_config import FivesDataError
 from features.read_report import DataError
 from features.schema import SchemaError
-from pipelines import cli_args, cli_args_daily, cli_args_data
+from pipelines import cli_args, cli_args_daily, cli_args_data, cli_args_skew
 from pipelines.config import ConfigError
 from pipelines.errors import UsageError
 from pipelines.stderr_filter import filtered_stderr
@@ -70,6 +72,7 @@ COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     cli_args.crosses,
     cli_args.serve,
     cli_args.ab,
+    cli_args_skew.skew,
     cli_args_daily.daily,
     cli_args.fuse,
 )

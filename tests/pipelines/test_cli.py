@@ -111,6 +111,7 @@ COMMANDS = [
     ("crosses", "pcf-gnn"),
     ("serve",),
     ("ab",),
+    ("skew",),
     ("fuse", "explain"),
     ("tune",),
     ("daily",),
