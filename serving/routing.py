@@ -31,7 +31,7 @@ import grpc
 import numpy as np
 
 from serving.calls import current_call
-from serving.inference import ServingError, name_list
+from serving.inference import ServingError
 from serving.model_version import ModelNotFound
 from serving.repository import ModelRepository
 from serving.traffic import Split, TrafficConfig, TrafficTable
@@ -114,8 +114,9 @@ def labelled(state: RoutingState, model: str, label: str) -> int:
     config = _config(state, model)
     labels = config.labels if config is not None else {}
     if label not in labels:
+        shown = label if len(label) <= 64 else label[:64] + "..."
         raise ModelNotFound(
-            f"model {model!r} has no version label {name_list([label])}; labels: "
+            f"model {model!r} has no version label {shown!r}; labels: "
             f"{sorted(labels) or 'none (no traffic.toml labels)'}"
         )
     return labels[label]
