@@ -18,7 +18,13 @@ import grpc
 import numpy as np
 import pytest
 import tensorflow as tf
-from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+from tensorflow_serving.apis import (
+    get_model_metadata_pb2,
+    get_model_status_pb2,
+    model_service_pb2_grpc,
+    predict_pb2,
+    prediction_service_pb2_grpc,
+)
 
 from protos import grpc_service_pb2 as kserve_pb2
 from protos import grpc_service_pb2_grpc as kserve_grpc
@@ -107,6 +113,19 @@ def test_tf_serving_version_label(server):
     # no label, no split: the highest live version, no arm
     resp, call = stub.Predict.with_call(_predict_request(), timeout=10)
     assert resp.model_spec.version.value == 2 and _route_metadata(call) == ("", "2")
+
+
+def test_tf_serving_metadata_and_status_by_label(server):
+    set_traffic(server, LABELS)
+    channel = grpc.insecure_channel(server.target)
+    req = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])
+    req.model_spec.name, req.model_spec.version_label = "lin", "stable"
+    meta = prediction_service_pb2_grpc.PredictionServiceStub(channel).GetModelMetadata(req)
+    assert meta.model_spec.version.value == 1
+    status = get_model_status_pb2.GetModelStatusRequest()
+    status.model_spec.name, status.model_spec.version_label = "lin", "canary"
+    resp = model_service_pb2_grpc.ModelServiceStub(channel).GetModelStatus(status)
+    assert [s.version for s in resp.model_version_status] == [2]
 
 
 def test_kserve_version_string_is_a_label(server):
