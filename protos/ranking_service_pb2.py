@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cprotos/ranking_service.proto\x12\x11stitchrec.serving\"\xad\x01\n\x07\x46\x65\x61ture\x12\x32\n\nbytes_list\x18\x01 \x01(\x0b\x32\x1c.stitchrec.serving.BytesListH\x00\x12\x32\n\nint64_list\x18\x02 \x01(\x0b\x32\x1c.stitchrec.serving.Int64ListH\x00\x12\x32\n\nfloat_list\x18\x03 \x01(\x0b\x32\x1c.stitchrec.serving.FloatListH\x00\x42\x06\n\x04kind\"\x1a\n\tBytesList\x12\r\n\x05value\x18\x01 \x03(\x0c\"\x1a\n\tInt64List\x12\r\n\x05value\x18\x01 \x03(\x03\"\x1a\n\tFloatList\x12\r\n\x05value\x18\x01 \x03(\x02\"\x9a\x03\n\x0bRankRequest\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x15\n\rmodel_version\x18\x02 \x01(\x03\x12G\n\ruser_features\x18\x03 \x03(\x0b\x32\x30.stitchrec.serving.RankRequest.UserFeaturesEntry\x12Q\n\x12\x63\x61ndidate_features\x18\x04 \x03(\x0b\x32\x35.stitchrec.serving.RankRequest.CandidateFeaturesEntry\x12\r\n\x05top_k\x18\x05 \x01(\x05\x12\x0e\n\x06output\x18\x06 \x01(\t\x1aO\n\x11UserFeaturesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12)\n\x05value\x18\x02 \x01(\x0b\x32\x1a.stitchrec.serving.Feature:\x02\x38\x01\x1aT\n\x16\x43\x61ndidateFeaturesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12)\n\x05value\x18\x02 \x01(\x0b\x32\x1a.stitchrec.serving.Feature:\x02\x38\x01\"\xf1\x01\n\x0cRankResponse\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x15\n\rmodel_version\x18\x02 \x01(\x03\x12\x0e\n\x06scores\x18\x03 \x03(\x02\x12\x0f\n\x07indices\x18\x04 \x03(\x05\x12\x44\n\x0btask_scores\x18\x05 \x03(\x0b\x32/.stitchrec.serving.RankResponse.TaskScoresEntry\x1aO\n\x0fTaskScoresEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12+\n\x05value\x18\x02 \x01(\x0b\x32\x1c.stitchrec.serving.FloatList:\x02\x38\x01\x32[\n\x0eRankingService\x12I\n\x04Rank\x12\x1e.stitchrec.serving.RankRequest\x1a\x1f.stitchrec.serving.RankResponse\"\x00\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cprotos/ranking_service.proto\x12\x11stitchrec.serving\"\xad\x01\n\x07\x46\x65\x61ture\x12\x32\n\nbytes_list\x18\x01 \x01(\x0b\x32\x1c.stitchrec.serving.BytesListH\x00\x12\x32\n\nint64_list\x18\x02 \x01(\x0b\x32\x1c.stitchrec.serving.Int64ListH\x00\x12\x32\n\nfloat_list\x18\x03 \x01(\x0b\x32\x1c.stitchrec.serving.FloatListH\x00\x42\x06\n\x04kind\"\x1a\n\tBytesList\x12\r\n\x05value\x18\x01 \x03(\x0c\"\x1a\n\tInt64List\x12\r\n\x05value\x18\x01 \x03(\x03\"\x1a\n\tFloatList\x12\r\n\x05value\x18\x01 \x03(\x02\"\xb1\x03\n\x0bRankRequest\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x15\n\rmodel_version\x18\x02 \x01(\x03\x12G\n\ruser_features\x18\x03 \x03(\x0b\x32\x30.stitchrec.serving.RankRequest.UserFeaturesEntry\x12Q\n\x12\x63\x61ndidate_features\x18\x04 \x03(\x0b\x32\x35.stitchrec.serving.RankRequest.CandidateFeaturesEntry\x12\r\n\x05top_k\x18\x05 \x01(\x05\x12\x0e\n\x06output\x18\x06 \x01(\t\x12\x15\n\rversion_label\x18\x07 \x01(\t\x1aO\n\x11UserFeaturesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12)\n\x05value\x18\x02 \x01(\x0b\x32\x1a.stitchrec.serving.Feature:\x02\x38\x01\x1aT\n\x16\x43\x61ndidateFeaturesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12)\n\x05value\x18\x02 \x01(\x0b\x32\x1a.stitchrec.serving.Feature:\x02\x38\x01\"\xf1\x01\n\x0cRankResponse\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x15\n\rmodel_version\x18\x02 \x01(\x03\x12\x0e\n\x06scores\x18\x03 \x03(\x02\x12\x0f\n\x07indices\x18\x04 \x03(\x05\x12\x44\n\x0btask_scores\x18\x05 \x03(\x0b\x32/.stitchrec.serving.RankResponse.TaskScoresEntry\x1aO\n\x0fTaskScoresEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12+\n\x05value\x18\x02 \x01(\x0b\x32\x1c.stitchrec.serving.FloatList:\x02\x38\x01\x32[\n\x0eRankingService\x12I\n\x04Rank\x12\x1e.stitchrec.serving.RankRequest\x1a\x1f.stitchrec.serving.RankResponse\"\x00\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -46,15 +46,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_FLOATLIST']._serialized_start=283
   _globals['_FLOATLIST']._serialized_end=309
   _globals['_RANKREQUEST']._serialized_start=312
-  _globals['_RANKREQUEST']._serialized_end=722
-  _globals['_RANKREQUEST_USERFEATURESENTRY']._serialized_start=557
-  _globals['_RANKREQUEST_USERFEATURESENTRY']._serialized_end=636
-  _globals['_RANKREQUEST_CANDIDATEFEATURESENTRY']._serialized_start=638
-  _globals['_RANKREQUEST_CANDIDATEFEATURESENTRY']._serialized_end=722
-  _globals['_RANKRESPONSE']._serialized_start=725
-  _globals['_RANKRESPONSE']._serialized_end=966
-  _globals['_RANKRESPONSE_TASKSCORESENTRY']._serialized_start=887
-  _globals['_RANKRESPONSE_TASKSCORESENTRY']._serialized_end=966
-  _globals['_RANKINGSERVICE']._serialized_start=968
-  _globals['_RANKINGSERVICE']._serialized_end=1059
+  _globals['_RANKREQUEST']._serialized_end=745
+  _globals['_RANKREQUEST_USERFEATURESENTRY']._serialized_start=580
+  _globals['_RANKREQUEST_USERFEATURESENTRY']._serialized_end=659
+  _globals['_RANKREQUEST_CANDIDATEFEATURESENTRY']._serialized_start=661
+  _globals['_RANKREQUEST_CANDIDATEFEATURESENTRY']._serialized_end=745
+  _globals['_RANKRESPONSE']._serialized_start=748
+  _globals['_RANKRESPONSE']._serialized_end=989
+  _globals['_RANKRESPONSE_TASKSCORESENTRY']._serialized_start=910
+  _globals['_RANKRESPONSE_TASKSCORESENTRY']._serialized_end=989
+  _globals['_RANKINGSERVICE']._serialized_start=991
+  _globals['_RANKINGSERVICE']._serialized_end=1082
 # @@protoc_insertion_point(module_scope)

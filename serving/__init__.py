@@ -9,6 +9,9 @@
 - ``admission``: in-flight bounds and retry hints; ``health``: grpc.health.v1 per service and per
   model; ``reflection``: server reflection v1 and v1alpha;
 - ``inference``: feature checks and the predict / rank calls every protocol shares;
+- ``traffic``: ``<model>/traffic.toml`` (version labels, traffic split, shadow), re-read when
+  it changes; ``routing``: which version and arm answer a request (``choose``);
+  ``shadow``: the observer mirroring calls to the shadow version off the hot path;
 - ``ranking_service``: StitchRec's RankingService; ``tf_serving``: TF Serving's
   PredictionService and ModelService; ``kserve``: KServe v2's GRPCInferenceService;
 - ``codec``: wire tensors of the three protocols <-> numpy; ``rpc``: the state the services

@@ -35,14 +35,16 @@ _PRINTABLE = re.compile(r"^[\x21-\x7e]+$")
 @dataclasses.dataclass
 class CallInfo:
     """One inference call: request id, protocol (``grpc`` or ``http``), the traffic arm chosen
-    for it (``""``: none), its start time (``time.time()``) and, when tracing is on, its trace id
-    (32 hex digits, set by ``serving.tracing.call_span``; ``""``: none)."""
+    for it (``""``: none), its start time (``time.time()``), when tracing is on its trace id
+    (32 hex digits, set by ``serving.tracing.call_span``; ``""``: none) and the version that
+    answered it (set by the service once it has an answer; None before)."""
 
     request_id: str
     protocol: str
     arm: str = ""
     started: float = dataclasses.field(default_factory=time.time)
     trace_id: str = ""
+    version: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)

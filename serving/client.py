@@ -9,6 +9,8 @@
     )
     result.scores, result.indices, result.version
 
+``version_label="canary"`` asks for the version a label of the model's ``traffic.toml`` names.
+
 Values: ``str``/``bytes`` -> strings, ``int`` -> int64, ``float`` -> float32 (numpy arrays of
 those dtypes too). TF Serving and Triton clients work unchanged against the same server.
 """
@@ -36,6 +38,8 @@ class RankResult:
     indices: np.ndarray  # [k] int32
     #: a multi-task model's score of each task at ``indices`` (empty for one task)
     tasks: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    #: the traffic arm that answered (response metadata ``x-stitchrec-arm``; "": none)
+    arm: str = ""
 
 
 def to_feature(name: str, values: Any) -> rank_pb2.Feature:
@@ -67,8 +71,17 @@ def make_request(
     version: int = 0,
     top_k: int = 0,
     output: str = "",
+    version_label: str = "",
 ) -> rank_pb2.RankRequest:
-    req = rank_pb2.RankRequest(model_name=model, model_version=version, top_k=top_k, output=output)
+    """The ``RankRequest`` for ``model`` (``version`` 0 and ``version_label`` empty: the
+    server's traffic split, else its newest ready version)."""
+    req = rank_pb2.RankRequest(
+        model_name=model,
+        model_version=version,
+        top_k=top_k,
+        output=output,
+        version_label=version_label,
+    )
     for k, v in user.items():
         req.user_features[k].CopyFrom(to_feature(k, v))
     for k, v in candidates.items():
@@ -76,7 +89,17 @@ def make_request(
     return req
 
 
-def _result(resp: rank_pb2.RankResponse) -> RankResult:
+ARM_HEADER = "x-stitchrec-arm"
+
+
+def _arm(metadata: Any) -> str:
+    for key, value in metadata or ():
+        if key == ARM_HEADER:
+            return value if isinstance(value, str) else value.decode()
+    return ""
+
+
+def _result(resp: rank_pb2.RankResponse, metadata: Any = ()) -> RankResult:
     return RankResult(
         resp.model_name,
         resp.model_version,
@@ -86,6 +109,7 @@ def _result(resp: rank_pb2.RankResponse) -> RankResult:
             task: np.array(values.value, dtype=np.float32)
             for task, values in resp.task_scores.items()
         },
+        _arm(metadata),
     )
 
 
@@ -129,9 +153,19 @@ class RankingClient:
         top_k: int = 0,
         output: str = "",
         timeout: float | None = 10.0,
+        version_label: str = "",
     ) -> RankResult:
-        req = make_request(model, user, candidates, version=version, top_k=top_k, output=output)
-        return _result(self.stub.Rank(req, timeout=timeout, metadata=self._metadata))
+        req = make_request(
+            model,
+            user,
+            candidates,
+            version=version,
+            top_k=top_k,
+            output=output,
+            version_label=version_label,
+        )
+        resp, call = self.stub.Rank.with_call(req, timeout=timeout, metadata=self._metadata)
+        return _result(resp, call.initial_metadata())
 
     def close(self) -> None:
         self.channel.close()
@@ -174,9 +208,20 @@ class AsyncRankingClient:
         top_k: int = 0,
         output: str = "",
         timeout: float | None = 10.0,
+        version_label: str = "",
     ) -> RankResult:
-        req = make_request(model, user, candidates, version=version, top_k=top_k, output=output)
-        return _result(await self.stub.Rank(req, timeout=timeout, metadata=self._metadata))
+        req = make_request(
+            model,
+            user,
+            candidates,
+            version=version,
+            top_k=top_k,
+            output=output,
+            version_label=version_label,
+        )
+        call = self.stub.Rank(req, timeout=timeout, metadata=self._metadata)
+        resp = await call
+        return _result(resp, await call.initial_metadata())
 
     async def close(self) -> None:
         await self.channel.close()

@@ -7,30 +7,60 @@ from typing import Any
 
 from protos import grpc_service_pb2 as kserve_pb2
 from protos import grpc_service_pb2_grpc as kserve_grpc
-from serving import inference
-from serving.codec import kserve_datatype, kserve_inputs_to_numpy, numpy_to_kserve_raw
-from serving.inference import check_names, invalid
+from serving import inference, routing
+from serving.codec import (
+    kserve_datatype,
+    kserve_input_to_numpy,
+    kserve_inputs_to_numpy,
+    numpy_to_kserve_raw,
+)
+from serving.inference import ServingError, check_names, invalid
 from serving.model_version import ModelNotFound
-from serving.rpc import ServerState, check_outputs, deadline, rpc
+from serving.rpc import ServerState, check_outputs, deadline, route, rpc, send_route
+from serving.traffic import LABEL_PATTERN
 
 SERVER_NAME = "stitchrec"
 SERVER_VERSION = "0.1.0"
 
 
-def version_arg(text: str, where: str) -> int | None:
-    """A KServe version string -> a version number (``""``: None, the highest live one).
+def version_arg(text: str, where: str) -> tuple[int | None, str | None]:
+    """A KServe version string -> ``(version, label)``: ``""``: ``(None, None)`` (the traffic
+    split, else the highest live version); ASCII digits: a version number; a label name (a
+    letter first, see ``serving.traffic``): a version label of the model's ``traffic.toml``.
 
-    Only ASCII digits are a version: ``"1_0"``, ``" 1 "`` or ``"+1"`` are refused.
+    Anything else (``"1_0"``, ``" 1 "``, ``"+1"``) is refused.
     """
     if not text:
-        return None
+        return None, None
+    if LABEL_PATTERN.match(text):
+        return None, text
     if not (text.isascii() and text.isdigit()):
         shown = text if len(text) <= 32 else text[:32] + "..."
-        raise invalid(f"{where}: model version {shown!r} is not a positive integer")
+        raise invalid(
+            f"{where}: model version {shown!r} is not a positive integer nor a version label "
+            f"(a letter, then letters, digits, '_', '-' or '.')"
+        )
     v = int(text)
     if v < 1:
         raise invalid(f"{where}: model version must be >= 1, got {v}")
-    return v
+    return v, None
+
+
+def _infer_key(request: kserve_pb2.ModelInferRequest, name: str, limits: Any) -> Any:
+    """The split key of a ModelInfer request: the first value of input ``name`` (None if
+    none)."""
+    raws = list(request.raw_input_contents)
+    for i, t in enumerate(request.inputs):
+        if t.name != name:
+            continue
+        if raws and len(raws) != len(request.inputs):
+            return None  # the full decode answers the mismatch
+        try:
+            values = kserve_input_to_numpy(t, raws[i] if raws else None, "split key", limits)
+        except ServingError:
+            return None
+        return routing.first_value(values)
+    return None
 
 
 class KServeServicer(kserve_grpc.GRPCInferenceServiceServicer):
@@ -48,9 +78,11 @@ class KServeServicer(kserve_grpc.GRPCInferenceServiceServicer):
 
     @rpc("ModelReady", kserve_pb2.ModelReadyRequest)
     async def ModelReady(self, request: Any, context: Any) -> Any:
-        version = version_arg(request.version, "ModelReadyRequest")
+        version, label = version_arg(request.version, "ModelReadyRequest")
         if request.name not in self.state.repo.model_names():
             raise ModelNotFound(f"unknown model {request.name!r}")
+        if label:
+            version = routing.labelled(self.state, request.name, label)
         ready = self.state.repo.ready(request.name, version) and not self.state.shutting_down
         return kserve_pb2.ModelReadyResponse(ready=ready)
 
@@ -60,7 +92,9 @@ class KServeServicer(kserve_grpc.GRPCInferenceServiceServicer):
 
     @rpc("ModelMetadata", kserve_pb2.ModelMetadataRequest)
     async def ModelMetadata(self, request: Any, context: Any) -> Any:
-        version = version_arg(request.version, "ModelMetadataRequest")
+        version, label = version_arg(request.version, "ModelMetadataRequest")
+        if label:
+            version = routing.label_version(self.state, request.name, label)
         mv = self.state.repo.get(request.name, version)
         resp = kserve_pb2.ModelMetadataResponse(
             name=request.name,
@@ -79,10 +113,18 @@ class KServeServicer(kserve_grpc.GRPCInferenceServiceServicer):
         where = "ModelInferRequest"
         if not request.model_name:
             raise invalid(f"{where}: model_name is empty")
-        version = version_arg(request.model_version, where)
-        target = inference.resolve(self.state.repo, request.model_name, version)
-        check_names(target.specs, [t.name for t in request.inputs], target.where)
+        version, label = version_arg(request.model_version, where)
         limits = self.state.limits
+        chosen = route(
+            self.state,
+            context,
+            request.model_name,
+            version,
+            label,
+            lambda f: _infer_key(request, f, limits),
+        )
+        target = inference.resolve(self.state.repo, request.model_name, chosen.version)
+        check_names(target.specs, [t.name for t in request.inputs], target.where)
 
         def decode() -> tuple[dict, int]:
             features = kserve_inputs_to_numpy(request, where, limits)
@@ -94,6 +136,7 @@ class KServeServicer(kserve_grpc.GRPCInferenceServiceServicer):
         )
         wanted = [o.name for o in request.outputs] or sorted(outputs)
         check_outputs(wanted, outputs, where, "unknown output(s)")
+        send_route(mv.version)
         resp = kserve_pb2.ModelInferResponse(
             model_name=request.model_name, model_version=str(mv.version), id=request.id
         )

@@ -9,6 +9,12 @@
     stitchrec_batch_rows{model}                        histogram of examples per batch
     stitchrec_batch_requests{model}                    histogram of requests per batch
     stitchrec_model_version_state{model, version, state}  1 for the version's current state
+    stitchrec_arm_requests_total{model, arm}           requests routed to a traffic arm (a
+        label named by the request, or the split's choice; see serving.routing)
+    stitchrec_shadow_total{model, outcome}             mirrored calls: scored, dropped (the
+        shadow queue was full, or the server stopped), failed (see serving.shadow)
+    stitchrec_traffic_config_errors_total{model}       traffic.toml files that failed to parse
+        (the last good config kept serving; see serving.traffic)
 
 Each server owns a registry (several servers can live in one process, as in the tests). With
 ``--workers N`` every worker process serves its own metrics on ``metrics_port + index``.
@@ -90,6 +96,24 @@ class Metrics:
             ["model", "version", "state"],
             registry=r,
         )
+        self.arm_requests = prom.Counter(
+            "stitchrec_arm_requests",
+            "Requests routed to a traffic arm",
+            ["model", "arm"],
+            registry=r,
+        )
+        self.shadow = prom.Counter(
+            "stitchrec_shadow",
+            "Mirrored (shadow) calls by outcome: scored, dropped, failed",
+            ["model", "outcome"],
+            registry=r,
+        )
+        self.traffic_errors = prom.Counter(
+            "stitchrec_traffic_config_errors",
+            "traffic.toml files that failed to parse (the last good config kept)",
+            ["model"],
+            registry=r,
+        )
         self._http = None
 
     def record_rpc(self, method: str, code: str, seconds: float) -> None:
@@ -111,6 +135,15 @@ class Metrics:
     def record_state(self, model: str, version: int, state: str) -> None:
         for s in VersionState:
             self.version_state.labels(model, str(version), s.value).set(1.0 if s == state else 0.0)
+
+    def record_arm(self, model: str, arm: str) -> None:
+        self.arm_requests.labels(model, arm).inc()
+
+    def record_shadow(self, model: str, outcome: str) -> None:
+        self.shadow.labels(model, outcome).inc()
+
+    def record_traffic_error(self, model: str) -> None:
+        self.traffic_errors.labels(model).inc()
 
     def serve_http(self, port: int, host: str = "127.0.0.1") -> int:
         """Starts the ``/metrics`` HTTP endpoint (a daemon thread); returns its port."""

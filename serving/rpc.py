@@ -26,12 +26,15 @@ from google.protobuf import message as pb_message
 from google.protobuf import message_factory
 from google.protobuf.descriptor import ServiceDescriptor
 
-from serving import inference, tracing
+from serving import inference, routing, tracing
 from serving.admission import INFERENCE_METHODS, Admission
-from serving.calls import REQUEST_ID_HEADER, CallObservers, start_call
+from serving.calls import REQUEST_ID_HEADER, CallObservers, current_call, start_call
 from serving.inference import Limits, invalid
 from serving.metrics import Metrics
 from serving.repository import ModelRepository
+from serving.routing import Route
+from serving.shadow import ShadowTraffic
+from serving.traffic import TrafficTable
 
 log = logging.getLogger("stitchrec.serving")
 
@@ -52,8 +55,10 @@ def codec_threads() -> int:
 
 class ServerState:
     """What the services share: the repository, limits, metrics, admission control, the
-    shutdown flag (True from the start of a stop: readiness reports false) and the worker
-    threads that decode requests (``offload``)."""
+    shutdown flag (True from the start of a stop: readiness reports false), the worker
+    threads that decode requests (``offload``), the call observers, the models' traffic
+    configs (``traffic``, ``serving.traffic``) and the shadow traffic (``shadow``, set by
+    ``create_server``)."""
 
     def __init__(
         self,
@@ -69,6 +74,8 @@ class ServerState:
         self.admission = admission or Admission(256, metrics)
         self.shutting_down = False
         self.observers = CallObservers()
+        self.traffic = TrafficTable(repo.root, on_error=metrics.record_traffic_error)
+        self.shadow: ShadowTraffic | None = None
         self.pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=threads or codec_threads(), thread_name_prefix="stitchrec-decode"
         )
@@ -149,6 +156,7 @@ def rpc(method: str, request_type: type[pb_message.Message] | None = None) -> Ca
                 # scrapes /metrics finds it counted
                 record(status.name)
                 await context.abort(status, message, trailing_metadata=(*trailers, *headers))
+            headers = (*route_headers(), *headers)
             if headers:
                 await context.send_initial_metadata(headers)
             record("OK")
@@ -177,6 +185,43 @@ def _metadata_value(metadata: Any, key: str) -> str | bytes | None:
         if k == key:
             return v
     return None
+
+
+def route(
+    state: ServerState,
+    context: grpc.aio.ServicerContext,
+    model: str,
+    version: int | None,
+    label: str | None,
+    feature: Callable[[str], Any],
+) -> Route:
+    """``serving.routing.choose`` for a gRPC call: the split key from the call's metadata
+    (``header:NAME``) or ``feature(name)`` (the request's first value of that feature, None
+    when it has none)."""
+    key = None
+    if not version and not label:
+        split = routing.split_source(state, model)
+        if split is not None:
+            header = split.header
+            metadata = context.invocation_metadata()
+            key = _metadata_value(metadata, header) if header else feature(split.key)
+    return routing.choose(state, model, version, label, key)
+
+
+def send_route(version: int) -> None:
+    """Records the version that answered the current call: the ``rpc`` wrapper then answers
+    with initial metadata naming the call's arm and that version."""
+    info = current_call()
+    if info is not None:
+        info.version = version
+
+
+def route_headers() -> tuple[tuple[str, str], ...]:
+    """The arm and version metadata of the current call (none before ``send_route``)."""
+    info = current_call()
+    if info is None or info.version is None:
+        return ()
+    return ((routing.ARM_HEADER, info.arm), (routing.VERSION_HEADER, str(info.version)))
 
 
 def _serialize(message: pb_message.Message) -> bytes:

@@ -6,6 +6,10 @@ KServe v2 GRPCInferenceService, grpc.health.v1 per service and per model, reflec
 v1alpha) and returns ``(server, port)``. Admission control (``serving.admission``) bounds the
 inference calls in flight and answers overload at once.
 
+Each model's optional ``traffic.toml`` (``serving.traffic``) gives version labels, a sticky
+traffic split (``serving.routing``) and shadow traffic (``serving.shadow``, an observer
+registered here, its background task stopped before the models are unloaded).
+
 ``await server.stop(grace)`` drains: every health status turns NOT_SERVING (KServe ServerReady
 false) and health Watch streams end; for the drain period (``ServerOptions.drain_s``) calls are
 still served, so load balancers move traffic away; then new calls are answered UNAVAILABLE, the
@@ -47,6 +51,7 @@ from serving.ranking_service import RankingServicer
 from serving.reflection import enable_reflection
 from serving.repository import ModelRepository
 from serving.rpc import ServerState, add_service
+from serving.shadow import ShadowTraffic
 from serving.tf_serving import ModelServicer, PredictionServicer
 
 log = logging.getLogger("stitchrec.serving.server")
@@ -105,6 +110,8 @@ class ServingServer:
         self.repository.flush()
         t1 = time.monotonic()
         answered = await self.state.admission.wait_idle(0.0 if grace is None else grace)
+        if self.state.shadow is not None:
+            await self.state.shadow.stop()  # before the versions it scores on are unloaded
         left = None if grace is None else max(0.0, grace - (time.monotonic() - t1))
         if left is not None:
             # new calls keep getting UNAVAILABLE from the handlers a moment: gRPC's own stop
@@ -219,12 +226,14 @@ def _bind(server: grpc.aio.Server, address: str, options: ServerOptions) -> int:
 def _health_sync(
     state: ServerState, health_servicer: HealthServicer
 ) -> Callable[[], Awaitable[None]]:
-    """A coroutine function setting the server and every service SERVING while every model has
-    a ready version, each model SERVING while it has one, each ready ``<model>/<version>``
+    """A coroutine function (run after each repository poll) re-reading the changed
+    ``traffic.toml`` files and setting the server and every service SERVING while every model
+    has a ready version, each model SERVING while it has one, each ready ``<model>/<version>``
     SERVING (NOT_SERVING everywhere once the server stops)."""
 
     async def sync_health() -> None:
         repo = state.repo
+        state.traffic.refresh(repo.model_names())
         up = not state.shutting_down
         overall = SERVING if up and repo.ready() else NOT_SERVING
         statuses = dict.fromkeys(("", *SERVICE_NAMES), overall)
@@ -267,6 +276,8 @@ async def _start(
     server = _grpc_server(options)
     gate = admission.Admission(options.max_inflight, metrics, options.retry_after_ms)
     state = ServerState(repository, metrics, options.limits, gate)
+    state.shadow = ShadowTraffic(state)
+    state.observers.add(state.shadow)
     health_servicer = _add_services(server, state)
     port = _bind(server, address, options)
     sync_health = _health_sync(state, health_servicer)
@@ -278,6 +289,7 @@ async def _start(
     except BaseException:
         await server.stop(None)
         raise
+    state.shadow.start()
     metrics_port = None
     if options.metrics_port is not None:
         metrics_port = metrics.serve_http(options.metrics_port, options.metrics_host)

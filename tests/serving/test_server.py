@@ -605,8 +605,12 @@ def test_bad_kserve_datatype_shape_and_tf_serving_shape(server):
     with pytest.raises(grpc.RpcError, match="2 raw_input_contents for 3 inputs"):
         stub.ModelInfer(req)
     req = _kserve_request()
+    req.model_version = "-1"
+    with pytest.raises(grpc.RpcError, match="model version '-1' is not a positive integer"):
+        stub.ModelInfer(req)
+    req = _kserve_request()
     req.model_version = "x"
-    with pytest.raises(grpc.RpcError, match="model version 'x' is not a positive integer"):
+    with pytest.raises(grpc.RpcError, match="model 'lin' has no version label 'x'"):
         stub.ModelInfer(req)
     predict = prediction_service_pb2_grpc.PredictionServiceStub(
         grpc.insecure_channel(server.target)
