@@ -145,3 +145,19 @@ def test_serve_rejects_bad_flags_with_one_error_line(tmp_path, flags, message):
     assert p.returncode == 2
     assert message in p.stderr
     assert "Traceback" not in p.stderr
+
+
+def test_serve_workers_refuse_a_metrics_folder_that_is_a_file(tmp_path):
+    not_a_folder = tmp_path / "prom"
+    not_a_folder.write_text("")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PROMETHEUS_MULTIPROC_DIR": str(not_a_folder)}
+    p = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", "serve", "--repo", str(tmp_path),
+         "--port", "0", "--workers", "2", "--metrics-port", "0"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert p.returncode == 2
+    assert p.stderr.strip() == (
+        f"error: --workers metrics folder: PROMETHEUS_MULTIPROC_DIR '{not_a_folder}' "
+        "is not a folder"
+    )
