@@ -106,16 +106,12 @@ def _run_workers(args: argparse.Namespace) -> int:
     reserved = _reserve_port(args.host, args.port)
     port = reserved.getsockname()[1]
     line: dict[str, object] = {"serving": args.host, "port": port, "workers": args.workers}
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if k != MULTIPROC_ENV}
     metrics = None
     try:
         if args.metrics_port is not None:
-            metrics = _aggregated_metrics(args)
-            env[MULTIPROC_ENV] = metrics.folder
-            line["metrics_port"] = metrics.serve_http(
-                args.metrics_port, args.metrics_host or args.host
-            )
-            line["metrics_dir"] = metrics.folder
+            metrics, line["metrics_port"] = _aggregated_metrics(args)
+            env[MULTIPROC_ENV] = line["metrics_dir"] = metrics.folder
         procs = []
         for i in range(args.workers):
             cmd = [sys.executable, "-m", "pipelines.cli", *_worker_argv(args, port)]
@@ -136,14 +132,21 @@ def _run_workers(args: argparse.Namespace) -> int:
             metrics.close()
 
 
-def _aggregated_metrics(args: argparse.Namespace) -> AggregatedMetrics:
-    """The workers' metric folder and the one ``/metrics`` over it; a folder or port that
-    cannot be used is a ``UsageError``."""
+def _aggregated_metrics(args: argparse.Namespace) -> tuple[AggregatedMetrics, int]:
+    """The workers' metric folder and the one ``/metrics`` over it, serving; its port. A folder
+    or an address that cannot be used is a ``UsageError``."""
     try:
         metrics = AggregatedMetrics(os.environ.get(MULTIPROC_ENV) or None)
     except (ValueError, OSError) as e:
         raise UsageError(f"--workers metrics folder: {e}") from None
-    return metrics
+    host = args.metrics_host or args.host
+    try:
+        return metrics, metrics.serve_http(args.metrics_port, host)
+    except OSError as e:
+        metrics.close()
+        raise UsageError(
+            f"--metrics-port {args.metrics_port}: cannot serve on {host}: {e}"
+        ) from None
 
 
 def _wait_workers(procs: list[subprocess.Popen], metrics: AggregatedMetrics | None) -> int:

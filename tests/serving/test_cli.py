@@ -8,6 +8,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import urllib.request
@@ -147,17 +148,28 @@ def test_serve_rejects_bad_flags_with_one_error_line(tmp_path, flags, message):
     assert "Traceback" not in p.stderr
 
 
-def test_serve_workers_refuse_a_metrics_folder_that_is_a_file(tmp_path):
+def _serve_workers_error(repo: Path, metrics_port: int, env: dict[str, str]) -> str:
+    """stderr of `stitchrec serve --workers 2` that must fail with a user error (exit 2)."""
+    p = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", "serve", "--repo", str(repo), "--host",
+         "127.0.0.1", "--port", "0", "--workers", "2", "--metrics-port", str(metrics_port)],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert p.returncode == 2, p.stderr
+    return p.stderr.strip()
+
+
+def test_serve_workers_refuse_a_bad_metrics_folder_or_port(tmp_path):
     not_a_folder = tmp_path / "prom"
     not_a_folder.write_text("")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PROMETHEUS_MULTIPROC_DIR": str(not_a_folder)}
-    p = subprocess.run(
-        [sys.executable, "-m", "pipelines.cli", "serve", "--repo", str(tmp_path),
-         "--port", "0", "--workers", "2", "--metrics-port", "0"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert p.returncode == 2
-    assert p.stderr.strip() == (
+    err = _serve_workers_error(tmp_path, 0, {"PROMETHEUS_MULTIPROC_DIR": str(not_a_folder)})
+    assert err == (
         f"error: --workers metrics folder: PROMETHEUS_MULTIPROC_DIR '{not_a_folder}' "
         "is not a folder"
     )
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        busy = taken.getsockname()[1]
+        err = _serve_workers_error(tmp_path, busy, {"PROMETHEUS_MULTIPROC_DIR": ""})
+    assert err.startswith(f"error: --metrics-port {busy}: cannot serve on 127.0.0.1: ")
+    assert "\n" not in err
