@@ -11,8 +11,11 @@
                     [--otlp-endpoint HOST:PORT [--trace-sample-rate R]]
 
 With ``--workers N > 1`` the command reserves the port, starts N server processes that bind it
-with SO_REUSEPORT (worker i serves metrics on ``--metrics-port + i``), forwards SIGTERM/SIGINT
-to them and waits. The flags are defined in ``pipelines.cli_args``.
+with SO_REUSEPORT, forwards SIGTERM/SIGINT to them and waits. With ``--metrics-port`` the
+workers write their metrics to one folder (Prometheus multiprocess mode: the operator's
+``PROMETHEUS_MULTIPROC_DIR``, or a temporary folder removed at exit) and this process serves one
+``/metrics`` adding them up (``serving.metrics.AggregatedMetrics``). The flags are defined in
+``pipelines.cli_args``.
 """
 
 from __future__ import annotations
@@ -25,9 +28,13 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 from pipelines.errors import UsageError
 from serving.config import BatchingConfig, Limits, ServerOptions, VersionPolicy
+from serving.metrics import MULTIPROC_ENV, AggregatedMetrics
+
+WAIT_POLL_S = 0.2  # how often the supervisor of `--workers N` looks for exited workers
 
 
 def _options(args: argparse.Namespace) -> ServerOptions:
@@ -101,32 +108,69 @@ def _reserve_port(host: str, port: int) -> socket.socket:
 def _run_workers(args: argparse.Namespace) -> int:
     reserved = _reserve_port(args.host, args.port)
     port = reserved.getsockname()[1]
-    procs = []
-    for i in range(args.workers):
-        cmd = [sys.executable, "-m", "pipelines.cli", *_worker_argv(args, port, i)]
-        env = {**os.environ, "STITCHREC_WORKER_INDEX": str(i)}
-        procs.append(subprocess.Popen(cmd, env=env))
-    print(json.dumps({"serving": args.host, "port": port, "workers": args.workers}), flush=True)
+    line: dict[str, object] = {"serving": args.host, "port": port, "workers": args.workers}
+    env = {k: v for k, v in os.environ.items() if k != MULTIPROC_ENV}
+    metrics = None
+    try:
+        if args.metrics_port is not None:
+            metrics, line["metrics_port"] = _aggregated_metrics(args)
+            env[MULTIPROC_ENV] = line["metrics_dir"] = metrics.folder
+        procs = []
+        for i in range(args.workers):
+            cmd = [sys.executable, "-m", "pipelines.cli", *_worker_argv(args, port)]
+            procs.append(subprocess.Popen(cmd, env={**env, "STITCHREC_WORKER_INDEX": str(i)}))
+        print(json.dumps(line), flush=True)
 
-    def forward(signum: int, _frame: object) -> None:
+        def forward(signum: int, _frame: object) -> None:
+            for p in procs:
+                if p.poll() is None:
+                    p.send_signal(signum)
+
+        signal.signal(signal.SIGTERM, forward)
+        signal.signal(signal.SIGINT, forward)
+        return _wait_workers(procs, metrics)
+    finally:
+        reserved.close()
+        if metrics is not None:
+            metrics.close()
+
+
+def _aggregated_metrics(args: argparse.Namespace) -> tuple[AggregatedMetrics, int]:
+    """The workers' metric folder and the one ``/metrics`` over it, serving; its port. A folder
+    or an address that cannot be used is a ``UsageError``."""
+    try:
+        metrics = AggregatedMetrics(os.environ.get(MULTIPROC_ENV) or None)
+    except (ValueError, OSError) as e:
+        raise UsageError(f"--workers metrics folder: {e}") from None
+    host = args.metrics_host or args.host
+    try:
+        return metrics, metrics.serve_http(args.metrics_port, host)
+    except OSError as e:
+        metrics.close()
+        raise UsageError(
+            f"--metrics-port {args.metrics_port}: cannot serve on {host}: {e}"
+        ) from None
+
+
+def _wait_workers(procs: list[subprocess.Popen], metrics: AggregatedMetrics | None) -> int:
+    """Waits for every worker; the worst exit status. An exited worker's live gauges are
+    dropped from the aggregated metrics at once (its counters still count)."""
+    codes: dict[int, int] = {}
+    while len(codes) < len(procs):
         for p in procs:
-            if p.poll() is None:
-                p.send_signal(signum)
+            if p.pid not in codes and p.poll() is not None:
+                codes[p.pid] = p.returncode
+                if metrics is not None:
+                    metrics.process_exited(p.pid)
+        if len(codes) < len(procs):
+            time.sleep(WAIT_POLL_S)
+    return max(codes.values(), default=0)
 
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
-    codes = [p.wait() for p in procs]
-    reserved.close()
-    return max(codes, default=0)
 
-
-def _worker_argv(args: argparse.Namespace, port: int, index: int) -> list[str]:
-    """The ``serve`` command line of worker ``index``: the same flags, one worker, one port."""
+def _worker_argv(args: argparse.Namespace, port: int) -> list[str]:
+    """The ``serve`` command line of one worker: the same flags, one worker, one port, no
+    metrics endpoint of its own (the supervisor serves the workers' metrics together)."""
     out = ["serve", "--repo", args.repo, "--host", args.host, "--port", str(port)]
-    if args.metrics_port is not None:
-        out += ["--metrics-port", str(args.metrics_port + index if args.metrics_port else 0)]
-    if args.metrics_host:
-        out += ["--metrics-host", args.metrics_host]
     for pol in args.version_policy:
         out += ["--version-policy", pol]
     for tok in args.token:

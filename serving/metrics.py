@@ -9,6 +9,7 @@
     stitchrec_batch_rows{model}                        histogram of examples per batch
     stitchrec_batch_requests{model}                    histogram of requests per batch
     stitchrec_model_version_state{model, version, state}  1 for the version's current state
+        (several processes: the number of live processes where the version is in that state)
     stitchrec_arm_requests_total{model, arm}           requests routed to a traffic arm (a
         label named by the request, or the split's choice; see serving.routing)
     stitchrec_shadow_total{model, outcome}             mirrored calls: scored, dropped (the
@@ -16,13 +17,26 @@
     stitchrec_traffic_config_errors_total{model}       traffic.toml files that failed to parse
         (the last good config kept serving; see serving.traffic)
 
-Each server owns a registry (several servers can live in one process, as in the tests). With
-``--workers N`` every worker process serves its own metrics on ``metrics_port + index``.
+Each server owns a registry (several servers can live in one process, as in the tests).
+
+Several processes (``stitchrec serve --workers N``) use prometheus_client's multiprocess mode:
+each worker starts with ``PROMETHEUS_MULTIPROC_DIR`` set, so its values live in memory-mapped
+files ``<dir>/<kind>_<pid>.db``, and one ``AggregatedMetrics`` in the parent serves a single
+``/metrics`` that reads them all (``MultiProcessCollector``): counters and histograms add up
+over the processes, the state gauge follows its ``multiprocess_mode`` (``livesum``: a process
+that exited stops counting once ``process_exited`` removes its gauge file).
 """
 
 from __future__ import annotations
 
+import glob
+import os
+import shutil
+import tempfile
+from wsgiref.simple_server import WSGIServer
+
 import prometheus_client as prom
+from prometheus_client import multiprocess
 
 from serving.config import VersionState
 
@@ -42,6 +56,8 @@ _LATENCY_BUCKETS = (
     5.0,
 )
 _SIZE_BUCKETS = tuple(float(2**i) for i in range(15))
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
 class Metrics:
@@ -95,6 +111,7 @@ class Metrics:
             "1 for the current state of each model version",
             ["model", "version", "state"],
             registry=r,
+            multiprocess_mode="livesum",
         )
         self.arm_requests = prom.Counter(
             "stitchrec_arm_requests",
@@ -147,12 +164,61 @@ class Metrics:
 
     def serve_http(self, port: int, host: str = "127.0.0.1") -> int:
         """Starts the ``/metrics`` HTTP endpoint (a daemon thread); returns its port."""
-        server, _thread = prom.start_http_server(port, addr=host, registry=self.registry)
-        self._http = server
-        return int(server.server_port)
+        self._http = _start_http(port, host, self.registry)
+        return int(self._http.server_port)
 
     def stop_http(self) -> None:
-        if self._http is not None:
-            self._http.shutdown()
-            self._http.server_close()
-            self._http = None
+        _stop_http(self._http)
+        self._http = None
+
+
+class AggregatedMetrics:
+    """One ``/metrics`` over the metric files that several processes write to one folder.
+
+    ``folder`` None: a fresh temporary folder, removed by ``close``. A folder given (the
+    operator's ``PROMETHEUS_MULTIPROC_DIR``) is created if missing and its ``*.db`` files left
+    by an earlier run are removed, so the counts start at zero; the folder itself is kept.
+    Start the processes with ``env[MULTIPROC_ENV] = self.folder``.
+    """
+
+    def __init__(self, folder: str | None = None):
+        self.owned = folder is None
+        if folder is None:
+            folder = tempfile.mkdtemp(prefix="stitchrec-metrics-")
+        else:
+            if os.path.exists(folder) and not os.path.isdir(folder):
+                raise ValueError(f"{MULTIPROC_ENV} {folder!r} is not a folder")
+            os.makedirs(folder, exist_ok=True)
+            for stale in glob.glob(os.path.join(folder, "*.db")):
+                os.remove(stale)
+        self.folder = folder
+        self.registry = prom.CollectorRegistry()
+        multiprocess.MultiProcessCollector(self.registry, path=folder)
+        self._http = None
+
+    def serve_http(self, port: int, host: str = "127.0.0.1") -> int:
+        """Starts the aggregated ``/metrics`` endpoint (a daemon thread); returns its port."""
+        self._http = _start_http(port, host, self.registry)
+        return int(self._http.server_port)
+
+    def process_exited(self, pid: int) -> None:
+        """Drops the live gauges of process ``pid``; its counters and histograms still count."""
+        multiprocess.mark_process_dead(pid, self.folder)
+
+    def close(self) -> None:
+        """Stops the endpoint; removes the folder when it is the temporary one."""
+        _stop_http(self._http)
+        self._http = None
+        if self.owned:
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _start_http(port: int, host: str, registry: prom.CollectorRegistry) -> WSGIServer:
+    server, _thread = prom.start_http_server(port, addr=host, registry=registry)
+    return server
+
+
+def _stop_http(server: WSGIServer | None) -> None:
+    if server is not None:
+        server.shutdown()
+        server.server_close()

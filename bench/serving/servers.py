@@ -2,7 +2,8 @@
 
 Triton Inference Server 2.51 comes from nvidia-pytriton 0.7.0 in its own venv, made once from
 /usr/bin/python3.11 under the bench cache (numpy<2, tensorflow-cpu 2.21), never the project's.
-Every server serves Prometheus metrics; ``Proc.metrics_ports`` lists them (one per worker).
+Every server serves Prometheus metrics; ``Proc.metrics_ports`` lists its endpoints (one: with
+``--workers N`` the supervising process serves the workers' metrics added up).
 """
 
 from __future__ import annotations

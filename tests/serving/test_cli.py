@@ -1,5 +1,6 @@
 """`stitchrec serve` end to end: a model trained and exported by the pipeline, served by two
-processes on one port (SO_REUSEPORT), scored like the SavedModel itself, stopped by SIGTERM."""
+processes on one port (SO_REUSEPORT), scored like the SavedModel itself, counted by one
+aggregated /metrics (Prometheus multiprocess mode), stopped by SIGTERM."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import urllib.request
@@ -15,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from pipelines.config import load_config
 from pipelines.export import export_run
@@ -46,10 +49,22 @@ def exported_repo(tmp_path_factory) -> Path:
     return repo
 
 
-def _requests_ok(port: int) -> float:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    m = re.search(r'^stitchrec_requests_total\{code="OK",method="Rank"\} (\S+)$', text, re.M)
-    return float(m.group(1)) if m else 0.0
+def _samples(text: str, sample: str) -> list[float]:
+    """The values of every exposition line for ``sample`` (name and labels, exactly)."""
+    pattern = "^" + re.escape(sample) + r" (\S+)$"
+    return [float(v) for v in re.findall(pattern, text, re.M)]
+
+
+def _rank_ok_in(db_file: str) -> float:
+    """Rank calls answered OK by the one worker that wrote ``db_file``."""
+    for metric in MultiProcessCollector.merge([db_file]):
+        for s in metric.samples:
+            if s.name == "stitchrec_requests_total" and s.labels == {
+                "method": "Rank",
+                "code": "OK",
+            }:
+                return s.value
+    return 0.0
 
 
 def test_serve_two_workers_exported_model(exported_repo):
@@ -58,14 +73,15 @@ def test_serve_two_workers_exported_model(exported_repo):
         "--host", "127.0.0.1", "--port", "0", "--workers", "2", "--metrics-port", "0",
         "--poll-seconds", "0", "--log-level", "WARNING",
     ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+    env["PYTHONPATH"] = str(ROOT)
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
     try:
         lines = [json.loads(proc.stdout.readline()) for _ in range(3)]  # parent + 2 workers
-        port = lines[0]["port"]
+        port, metrics_dir = lines[0]["port"], Path(lines[0]["metrics_dir"])
         assert lines[0]["workers"] == 2
         assert {w["port"] for w in lines[1:]} == {port}
-        metrics_ports = [w["metrics_port"] for w in lines[1:]]
+        assert [w["metrics_port"] for w in lines[1:]] == [None, None]  # only the parent's
         target = f"127.0.0.1:{port}"
         wait_serving(target)
 
@@ -88,11 +104,20 @@ def test_serve_two_workers_exported_model(exported_repo):
             )
             np.testing.assert_allclose(r.scores, ref["score"].numpy(), rtol=1e-5, atol=1e-7)
             assert r.version == 1
-        counts = [_requests_ok(p) for p in metrics_ports]
-        assert sum(counts) == 16
-        assert min(counts) > 0, counts  # both processes answered
+        url = f"http://127.0.0.1:{lines[0]['metrics_port']}/metrics"
+        text = urllib.request.urlopen(url, timeout=10).read().decode()
+        # one series per label set, summed over the workers, no per-process breakdown
+        assert _samples(text, 'stitchrec_requests_total{code="OK",method="Rank"}') == [16.0]
+        assert _samples(text, 'stitchrec_request_latency_seconds_count{method="Rank"}') == [16.0]
+        state = 'stitchrec_model_version_state{model="ctr",state="AVAILABLE",version="1"}'
+        assert _samples(text, state) == [2.0]  # livesum: both workers serve version 1
+        assert "pid=" not in text
+        per_worker = [_rank_ok_in(str(f)) for f in sorted(metrics_dir.glob("counter_*.db"))]
+        assert len(per_worker) == 2 and sum(per_worker) == 16
+        assert min(per_worker) > 0, per_worker  # both processes answered
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
+        assert not metrics_dir.exists()  # the parent's temporary folder is removed at exit
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -125,3 +150,30 @@ def test_serve_rejects_bad_flags_with_one_error_line(tmp_path, flags, message):
     assert p.returncode == 2
     assert message in p.stderr
     assert "Traceback" not in p.stderr
+
+
+def _serve_workers_error(repo: Path, metrics_port: int, env: dict[str, str]) -> str:
+    """stderr of `stitchrec serve --workers 2` that must fail with a user error (exit 2)."""
+    p = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", "serve", "--repo", str(repo), "--host",
+         "127.0.0.1", "--port", "0", "--workers", "2", "--metrics-port", str(metrics_port)],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert p.returncode == 2, p.stderr
+    return p.stderr.strip()
+
+
+def test_serve_workers_refuse_a_bad_metrics_folder_or_port(tmp_path):
+    not_a_folder = tmp_path / "prom"
+    not_a_folder.write_text("")
+    err = _serve_workers_error(tmp_path, 0, {"PROMETHEUS_MULTIPROC_DIR": str(not_a_folder)})
+    assert err == (
+        f"error: --workers metrics folder: PROMETHEUS_MULTIPROC_DIR '{not_a_folder}' "
+        "is not a folder"
+    )
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        busy = taken.getsockname()[1]
+        err = _serve_workers_error(tmp_path, busy, {"PROMETHEUS_MULTIPROC_DIR": ""})
+    assert err.startswith(f"error: --metrics-port {busy}: cannot serve on 127.0.0.1: ")
+    assert "\n" not in err

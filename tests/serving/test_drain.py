@@ -163,7 +163,7 @@ def test_serve_flags_reach_the_options_and_the_workers():
     opts = serve._options(args)
     assert (opts.max_inflight, opts.retry_after_ms, opts.drain_s) == (8, 50, 2.5)
     assert opts.batching.max_queued_rows == 100
-    worker = serve._worker_argv(args, 8500, 0)
+    worker = serve._worker_argv(args, 8500)
     for flag in ("--max-inflight", "--max-queued-rows", "--retry-after-ms", "--drain-seconds"):
         assert flag in worker
     defaults = serve._options(build_parser().parse_args(["serve", "--repo", "models"]))
