@@ -363,6 +363,7 @@ def serve(sub: Subparsers) -> None:
         help="on SIGTERM, seconds in-flight calls get to finish",
     )
     _admission_flags(p)
+    _prediction_log_flags(p)
     p.add_argument("--access-log", action="store_true", help="one JSON log line per call")
     p.add_argument(
         "--no-fusion",
@@ -399,6 +400,28 @@ def _admission_flags(p: argparse.ArgumentParser) -> None:
         type=float,
         default=5.0,
         help="on SIGTERM, seconds health reports NOT_SERVING while calls are still served",
+    )
+
+
+def _prediction_log_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--log-dir",
+        default=None,
+        metavar="DIR",
+        help="write a prediction log (Parquet, DIR/<model>/part-*.parquet) of the scored calls",
+    )
+    p.add_argument(
+        "--log-rate",
+        action="append",
+        default=[],
+        metavar="[MODEL=]R",
+        help="share of calls logged, in [0, 1] (default 1); MODEL= for one model (repeatable)",
+    )
+    p.add_argument(
+        "--log-flush-seconds",
+        type=float,
+        default=5.0,
+        help="seconds between prediction log files (a SIGKILL loses at most these)",
     )
 
 

@@ -174,6 +174,10 @@ class ServerOptions:
     ``retry-after-ms`` and ``grpc-retry-pushback-ms``, which gRPC retry policies honour).
     drain_s: on stop, seconds health reports NOT_SERVING while calls are still served, so load
     balancers move traffic away before new calls are refused (``stitchrec serve``: 5).
+    log_dir: the prediction log folder (``serving.prediction_log``; None: no log).
+    log_rates: ``((model, rate), ...)``: the share of a model's calls logged, in [0, 1].
+    log_default_rate: the share logged of the other models' calls.
+    log_flush_s: seconds between the log's flushes (at most this much is lost to a SIGKILL).
     """
 
     batching: BatchingConfig = BatchingConfig()
@@ -196,8 +200,13 @@ class ServerOptions:
     max_inflight: int = 256
     retry_after_ms: int = 100
     drain_s: float = 0.0
+    log_dir: str | None = None
+    log_rates: tuple[tuple[str, float], ...] = ()
+    log_default_rate: float = 1.0
+    log_flush_s: float = 5.0
 
     def __post_init__(self) -> None:
+        self._check_log()
         if isinstance(self.max_inflight, bool) or not isinstance(self.max_inflight, int):
             raise ValueError(f"max_inflight must be an integer >= 1, got {self.max_inflight!r}")
         if self.max_inflight < 1:
@@ -212,3 +221,17 @@ class ServerOptions:
             raise ValueError("TLS needs both a certificate and a key (tls_cert and tls_key)")
         if self.tls_client_ca is not None and self.tls_cert is None:
             raise ValueError("tls_client_ca needs tls_cert and tls_key")
+
+    def _check_log(self) -> None:
+        if self.log_dir is not None and (not isinstance(self.log_dir, str) or not self.log_dir):
+            raise ValueError(f"log_dir must be a folder path or None, got {self.log_dir!r}")
+        for name, rate in ((None, self.log_default_rate), *self.log_rates):
+            what = "log_default_rate" if name is None else f"log rate of model {name!r}"
+            if name is not None and (not isinstance(name, str) or not name):
+                raise ValueError(
+                    f"log_rates: a model name must be a non-empty string, got {name!r}"
+                )
+            if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate <= 1:
+                raise ValueError(f"{what} must be a number in [0, 1], got {rate!r}")
+        if not 0 < self.log_flush_s <= 3600:
+            raise ValueError(f"log_flush_s must be in (0, 3600] seconds, got {self.log_flush_s}")

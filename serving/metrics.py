@@ -9,6 +9,9 @@
     stitchrec_batch_rows{model}                        histogram of examples per batch
     stitchrec_batch_requests{model}                    histogram of requests per batch
     stitchrec_model_version_state{model, version, state}  1 for the version's current state
+    stitchrec_log_rows_total{model}                    prediction log rows written
+    stitchrec_log_dropped_total{model}                 sampled prediction log rows dropped
+        (buffer full, failed write; see serving.prediction_log)
 
 Each server owns a registry (several servers can live in one process, as in the tests). With
 ``--workers N`` every worker process serves its own metrics on ``metrics_port + index``.
@@ -88,6 +91,15 @@ class Metrics:
             "stitchrec_model_version_state",
             "1 for the current state of each model version",
             ["model", "version", "state"],
+            registry=r,
+        )
+        self.log_rows = prom.Counter(
+            "stitchrec_log_rows", "Prediction log rows written", ["model"], registry=r
+        )
+        self.log_dropped = prom.Counter(
+            "stitchrec_log_dropped",
+            "Sampled prediction log rows dropped (buffer full or failed write)",
+            ["model"],
             registry=r,
         )
         self._http = None

@@ -40,6 +40,7 @@ from serving.health import NOT_SERVING, SERVING, HealthServicer
 from serving.interceptors import AccessLogInterceptor, TokenAuthInterceptor
 from serving.kserve import KServeServicer
 from serving.metrics import Metrics
+from serving.prediction_log import PredictionLogger
 from serving.ranking_service import RankingServicer
 from serving.reflection import enable_reflection
 from serving.repository import ModelRepository
@@ -70,6 +71,7 @@ class ServingServer:
         port: int,
         metrics_port: int | None,
         drain_s: float = 0.0,
+        prediction_log: PredictionLogger | None = None,
     ):
         self.grpc_server = grpc_server
         self.state = state
@@ -79,6 +81,7 @@ class ServingServer:
         self.port = port
         self.metrics_port = metrics_port
         self.drain_s = drain_s
+        self.prediction_log = prediction_log
         self._stopped = False
 
     async def stop(self, grace: float | None = 10.0, drain: float | None = None) -> None:
@@ -108,6 +111,8 @@ class ServingServer:
             left = max(0.0, grace - (time.monotonic() - t1))
         # what is left in flight (non-inference calls, or past the grace) gets the rest
         await self.grpc_server.stop(left if answered or left is None else 0.0)
+        if self.prediction_log is not None:  # every answered call is buffered: write them
+            await asyncio.to_thread(self.prediction_log.close)
         await self.repository.close()
         self.state.close()
         self.metrics.stop_http()
@@ -246,6 +251,16 @@ async def create_server(
     state = ServerState(repository, metrics, options.limits, gate)
     health_servicer = _add_services(server, state)
     port = _bind(server, address, options)
+    prediction_log = None
+    if options.log_dir is not None:
+        prediction_log = PredictionLogger(
+            options.log_dir,
+            dict(options.log_rates),
+            options.log_default_rate,
+            flush_s=options.log_flush_s,
+            metrics=metrics,
+        )
+        state.observers.add(prediction_log)
     sync_health = _health_sync(state, health_servicer)
     repository.after_poll = sync_health
     await sync_health()  # NOT_SERVING until the first load
@@ -254,6 +269,8 @@ async def create_server(
         await repository.start()
     except BaseException:
         await server.stop(None)
+        if prediction_log is not None:
+            prediction_log.close()
         raise
     metrics_port = None
     if options.metrics_port is not None:
@@ -270,10 +287,13 @@ async def create_server(
                 "devices": repository.devices,
                 "tls": options.tls_cert is not None,
                 "auth": bool(options.tokens),
+                "prediction_log": options.log_dir,
             }
         )
     )
-    serving = ServingServer(server, state, health_servicer, port, metrics_port, options.drain_s)
+    serving = ServingServer(
+        server, state, health_servicer, port, metrics_port, options.drain_s, prediction_log
+    )
     return serving, port
 
 
