@@ -17,8 +17,10 @@ from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 from pipelines.cli import main
 from ranking import metrics as M
+from serving.calls import ScoredCall
 from serving.config import ServerOptions
 from serving.log_format import read_logs
+from serving.prediction_log import PredictionLogger
 from serving.testing import SCHEMA, ServerThread, features, reference_score, write_linear_model
 from serving.version_files import write_marker
 
@@ -165,3 +167,49 @@ def test_ab_on_logs_errors_are_one_line(logged, capsys, args, message):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
+
+
+def _arm_call(i: int, arm: str, shadow: bool = False) -> ScoredCall:
+    score = 0.2 + 0.6 * (i % 5) / 4 if arm == "stable" else 0.5
+    return ScoredCall(
+        request_id=f"q{i}",
+        timestamp=1.0,
+        protocol="http",
+        model="lin",
+        version=4 if shadow else (3 if arm == "stable" else 4),
+        signature="serving_default",
+        arm=arm,
+        shadow=shadow,
+        features=features(["u1"], [i], [0.0]),
+        outputs={"score": np.array([score], np.float32)},
+    )
+
+
+def test_logged_arms_and_shadow_rows(tmp_path, capsys):
+    logger = PredictionLogger(tmp_path / "logs", flush_s=60)
+    for i in range(40):
+        logger(_arm_call(i, "stable" if i % 2 else "canary"))
+        if i % 2:
+            logger(_arm_call(i, "stable", shadow=True))  # mirrored: never a served row
+    logger.close()
+    clicks = [int(i % 5 >= 3) for i in range(40)]
+    pq.write_table(
+        pa.table({"request_id": [f"q{i}" for i in range(40)], "click": clicks}),
+        tmp_path / "outcomes.parquet",
+    )
+    (tmp_path / "schema.toml").write_text(LABELLED_SCHEMA)
+    common = ["--data", str(tmp_path / "logs"), "--join", str(tmp_path / "outcomes.parquet")]
+    res = _ab(
+        tmp_path, "arms", "--control", "logged:canary", "--treatment", "logged:stable", *common
+    )
+    assert res["populations"]["control"]["rows"] == res["populations"]["treatment"]["rows"] == 20
+    auc = res["overall"]["metrics"]["auc"]
+    assert (auc["control"], auc["treatment"]) == (0.5, 1.0)  # constant scores; perfect order
+    assert res["data"]["shadow_included"] is False
+    # with the shadow rows: v4 scored 20 served plus 20 mirrored rows
+    res = _ab(
+        tmp_path, "v4", "--control", "logged:v4", "--treatment", "uniform", *common,
+        "--include-shadow",
+    )  # fmt: skip
+    assert res["rows"] == 40
+    capsys.readouterr()
