@@ -16,9 +16,10 @@ replay of the same request ids samples the same calls, and a shadow call (same r
 its primary) is kept exactly when its primary is, at equal rates.
 
 Loss bound: a file appears only complete (temporary name, then a rename), so a crash never
-leaves an unreadable file. A process killed without ``close()`` (SIGKILL, OOM) loses at most the
-calls not yet written: those of the last ``flush_s`` seconds, at most ``flush_rows`` rows plus
-one call (a flush starts as soon as that many wait), plus the flush being written.
+leaves an unreadable file. A process killed without ``close()`` (SIGKILL, OOM) loses only the
+calls not yet written: those buffered since the writer last took the buffer (at most ``flush_s``
+seconds of calls; under heavy traffic about ``flush_rows`` rows, as a flush starts once that
+many wait, and never more than ``max_buffer_rows``), plus the file being written.
 
 Back-pressure: when ``max_buffer_rows`` rows already wait (the disk is slower than the traffic),
 a sampled call is dropped instead of buffered. Metrics (``serving.metrics``):

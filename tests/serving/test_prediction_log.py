@@ -20,7 +20,8 @@ import pytest
 import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
-from pipelines.cli import main
+from pipelines import serve
+from pipelines.cli import build_parser, main
 from serving.calls import ScoredCall
 from serving.config import ServerOptions
 from serving.log_format import features_of, log_files, read_logs
@@ -227,3 +228,18 @@ def test_sigkill_under_load_leaves_only_readable_files(tmp_path):
     # what was answered before the last flush period (with a margin) is in the log
     old = {r for r, t in answered if t < killed - flush_s - 1.0}
     assert old and old <= logged
+
+
+def test_log_flags_reach_the_options_and_the_workers():
+    argv = ["serve", "--repo", "models", "--log-dir", "logs", "--log-rate", "0.25"]
+    argv += ["--log-rate", "ctr=1", "--log-flush-seconds", "2", "--workers", "2"]
+    args = build_parser().parse_args(argv)
+    opts = serve._options(args)
+    assert (opts.log_dir, opts.log_default_rate, opts.log_flush_s) == ("logs", 0.25, 2.0)
+    assert opts.log_rates == (("ctr", 1.0),)
+    worker = serve._worker_argv(args, 8500, 0)
+    assert worker[worker.index("--log-dir") + 1] == "logs"
+    assert [worker[i + 1] for i, a in enumerate(worker) if a == "--log-rate"] == ["0.25", "ctr=1"]
+    assert worker[worker.index("--log-flush-seconds") + 1] == "2.0"
+    defaults = serve._options(build_parser().parse_args(["serve", "--repo", "models"]))
+    assert (defaults.log_dir, defaults.log_default_rate, defaults.log_rates) == (None, 1.0, ())
