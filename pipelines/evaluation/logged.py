@@ -115,9 +115,17 @@ def _joined(log: pa.Table, outcomes: pa.Table, on: str, where: str) -> tuple[pa.
     extra = [c for c in outcomes.column_names if c not in keys and c in log.column_names]
     if extra:
         raise SourceError(f"{where}: columns {extra} are also in the prediction log; rename them")
-    log = log.append_column(_POSITION, pa.array(np.arange(log.num_rows, dtype=np.int64)))
-    joined = log.join(outcomes, keys=keys, join_type="inner").sort_by(_POSITION)
-    return joined.drop_columns([_POSITION]), log.num_rows - joined.num_rows
+    # only the keys go through the hash join (it takes no list columns, as multi-value outputs
+    # are); the log's rows are then taken by position, in log order
+    left = pa.table(
+        {**{k: log.column(k) for k in keys}, _POSITION: np.arange(log.num_rows, dtype=np.int64)}
+    )
+    joined = left.join(outcomes, keys=keys, join_type="inner").sort_by(_POSITION)
+    table = log.take(joined.column(_POSITION))
+    for c in outcomes.column_names:
+        if c not in keys:
+            table = table.append_column(c, joined.column(c))
+    return table, log.num_rows - table.num_rows
 
 
 def _rename_features(table: pa.Table) -> pa.Table:

@@ -243,3 +243,18 @@ def test_log_flags_reach_the_options_and_the_workers():
     assert worker[worker.index("--log-flush-seconds") + 1] == "2.0"
     defaults = serve._options(build_parser().parse_args(["serve", "--repo", "models"]))
     assert (defaults.log_dir, defaults.log_default_rate, defaults.log_rates) == (None, 1.0, ())
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"log_rates": (("lin", 2.0),)}, "log rate of model 'lin' must be a number in [0, 1]"),
+        ({"log_rates": (("", 0.5),)}, "log_rates: a model name must be a non-empty string"),
+        ({"log_default_rate": -1}, "log_default_rate must be a number in [0, 1], got -1"),
+        ({"log_dir": ""}, "log_dir must be a folder path or None, got ''"),
+    ],
+)
+def test_server_options_check_the_log_settings(kwargs, message):
+    with pytest.raises(ValueError) as err:
+        ServerOptions(**kwargs)
+    assert message in str(err.value)

@@ -10,6 +10,7 @@ import grpc
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 import tensorflow as tf
@@ -181,7 +182,7 @@ def _arm_call(i: int, arm: str, shadow: bool = False) -> ScoredCall:
         arm=arm,
         shadow=shadow,
         features=features(["u1"], [i], [0.0]),
-        outputs={"score": np.array([score], np.float32)},
+        outputs={"score": np.array([score], np.float32), "emb": np.zeros((1, 2), np.float32)},
     )
 
 
@@ -193,12 +194,12 @@ def test_logged_arms_and_shadow_rows(tmp_path, capsys):
             logger(_arm_call(i, "stable", shadow=True))  # mirrored: never a served row
     logger.close()
     clicks = [int(i % 5 >= 3) for i in range(40)]
-    pq.write_table(
+    pacsv.write_csv(  # CSV outcomes, one per request (no row column)
         pa.table({"request_id": [f"q{i}" for i in range(40)], "click": clicks}),
-        tmp_path / "outcomes.parquet",
+        tmp_path / "outcomes.csv",
     )
     (tmp_path / "schema.toml").write_text(LABELLED_SCHEMA)
-    common = ["--data", str(tmp_path / "logs"), "--join", str(tmp_path / "outcomes.parquet")]
+    common = ["--data", str(tmp_path / "logs"), "--join", str(tmp_path / "outcomes.csv")]
     res = _ab(
         tmp_path, "arms", "--control", "logged:canary", "--treatment", "logged:stable", *common
     )
