@@ -144,6 +144,8 @@ def test_logged_version_against_a_replayed_model_is_paired_on_its_rows(logged):
         (["--join", "plain.parquet"], "has no join column 'request_id'"),
         (["--data", "plain.parquet"], "--join applies to a prediction log"),
         (["--model", "other"], "no prediction log files (*.parquet)"),
+        (["--no-join", "", "--data", "plain.parquet"], "logged scores need a prediction log"),
+        (["--control", "logged:"], "score source 'logged:': expected logged:ARM or logged:vN"),
     ],
 )
 def test_ab_on_logs_errors_are_one_line(logged, capsys, args, message):
