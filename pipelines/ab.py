@@ -5,7 +5,12 @@
                  [--group FIELD] [--slice FIELD]... [--k 5 10] [--bootstrap 1000] [--seed 0]
                  [--action item_id --propensity propensity_score] ...
 
-A and B: a SavedModel directory, grpc://HOST:PORT/MODEL, a .parquet scores file or ``uniform``.
+    stitchrec ab --control logged:stable --treatment CANDIDATE_DIR --data LOGDIR
+                 --join outcomes.parquet --on request_id [--model M] [--include-shadow]
+
+A and B: a SavedModel directory, grpc://HOST:PORT/MODEL, a .parquet scores file, ``uniform``, or
+``logged:ARM`` / ``logged:vN`` (the scores a prediction log holds for the rows that traffic arm
+or model version served; two different arms: an unpaired comparison of two populations).
 The flags are defined in ``pipelines.cli_args``.
 """
 
@@ -47,6 +52,11 @@ def cmd_ab(args: argparse.Namespace) -> int:
         html=not args.no_html,
         workers=args.threads,
         tasks=list(args.task),
+        data_format=args.data_format,
+        join=args.join,
+        on=args.on,
+        model=args.model,
+        include_shadow=args.include_shadow,
     )
     result = run_ab(opts, log=lambda m: print(m, flush=True))
     print(report.console(result), flush=True)

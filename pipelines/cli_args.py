@@ -363,6 +363,7 @@ def serve(sub: Subparsers) -> None:
         help="on SIGTERM, seconds in-flight calls get to finish",
     )
     _admission_flags(p)
+    _prediction_log_flags(p)
     p.add_argument("--access-log", action="store_true", help="one JSON log line per call")
     p.add_argument(
         "--otlp-endpoint",
@@ -416,6 +417,28 @@ def _admission_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _prediction_log_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--log-dir",
+        default=None,
+        metavar="DIR",
+        help="write a prediction log (Parquet, DIR/<model>/part-*.parquet) of the scored calls",
+    )
+    p.add_argument(
+        "--log-rate",
+        action="append",
+        default=[],
+        metavar="[MODEL=]R",
+        help="share of calls logged, in [0, 1] (default 1); MODEL= for one model (repeatable)",
+    )
+    p.add_argument(
+        "--log-flush-seconds",
+        type=float,
+        default=5.0,
+        help="seconds between prediction log files (a SIGKILL loses at most these)",
+    )
+
+
 def _batching_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-batch-size", type=int, default=4096, help="examples per batch")
     p.add_argument(
@@ -460,11 +483,35 @@ def _ab_sources(a: argparse.ArgumentParser) -> None:
     a.add_argument(
         "--control",
         required=True,
-        help="SavedModel dir, grpc://H:P/MODEL, .parquet scores or 'uniform'",
+        help="SavedModel dir, grpc://H:P/MODEL, .parquet scores, 'uniform', or logged:ARM / "
+        "logged:vN (a prediction log's scores of the rows that arm or version served)",
     )
     a.add_argument("--treatment", required=True, help="same forms as --control")
     a.add_argument(
-        "--data", nargs="+", required=True, help="logs: raw files (with --schema) or Parquet shards"
+        "--data",
+        nargs="+",
+        required=True,
+        help="logs: raw files (with --schema), Parquet shards, or a prediction log folder "
+        "(`stitchrec serve --log-dir`, with --join)",
+    )
+    a.add_argument(
+        "--data-format",
+        choices=["auto", "files", "logs"],
+        default="auto",
+        help="logs: --data is a prediction log; auto (default): detected by its columns",
+    )
+    a.add_argument(
+        "--join",
+        metavar="OUTCOMES",
+        help="a prediction log's outcomes: .parquet or .csv with the --on key, optionally row, "
+        "and the label column(s); logged rows without an outcome are dropped and counted",
+    )
+    a.add_argument("--on", default="request_id", help="join key of --join (default request_id)")
+    a.add_argument("--model", help="the model whose rows to read from a prediction log")
+    a.add_argument(
+        "--include-shadow",
+        action="store_true",
+        help="keep a prediction log's shadow rows (scored by a shadow version, never returned)",
     )
     a.add_argument(
         "--schema",

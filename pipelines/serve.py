@@ -9,6 +9,7 @@
                     [--no-fusion] [--max-inflight N] [--max-queued-rows R]
                     [--retry-after-ms MS] [--drain-seconds D]
                     [--otlp-endpoint HOST:PORT [--trace-sample-rate R]]
+                    [--log-dir DIR [--log-rate [MODEL=]R]... [--log-flush-seconds S]]
 
 With ``--workers N > 1`` the command reserves the port, starts N server processes that bind it
 with SO_REUSEPORT, forwards SIGTERM/SIGINT to them and waits. With ``--metrics-port`` the
@@ -45,6 +46,26 @@ def _options(args: argparse.Namespace) -> ServerOptions:
         raise UsageError(str(e)) from None
 
 
+def _log_rates(texts: list[str]) -> tuple[float, tuple[tuple[str, float], ...]]:
+    """(default rate, per-model rates) from the ``--log-rate [MODEL=]R`` flags."""
+    default, per_model = 1.0, []
+    for text in texts:
+        name, eq, value = text.rpartition("=")
+        try:
+            rate = float(value)
+        except ValueError:
+            rate = -1.0
+        if not 0.0 <= rate <= 1.0 or (eq and not name):
+            raise UsageError(
+                f"--log-rate {text!r}: expected R or MODEL=R with R a number in [0, 1]"
+            )
+        if eq:
+            per_model.append((name, rate))
+        else:
+            default = rate
+    return default, tuple(per_model)
+
+
 def _checked_options(args: argparse.Namespace) -> ServerOptions:
     policy = "latest"
     per_model: list[tuple[str, str]] = []
@@ -55,6 +76,7 @@ def _checked_options(args: argparse.Namespace) -> ServerOptions:
             per_model.append((name, pol))
         else:
             policy = pol
+    log_default_rate, log_rates = _log_rates(args.log_rate)
     tokens = list(args.token)
     env_token = os.environ.get("STITCHREC_SERVE_TOKEN")
     if env_token:
@@ -92,6 +114,10 @@ def _checked_options(args: argparse.Namespace) -> ServerOptions:
         drain_s=args.drain_seconds,
         otlp_endpoint=args.otlp_endpoint,
         trace_sample_rate=args.trace_sample_rate,
+        log_dir=args.log_dir,
+        log_rates=log_rates,
+        log_default_rate=log_default_rate,
+        log_flush_s=args.log_flush_seconds,
         reuse_port=args.workers > 1 or os.environ.get("STITCHREC_WORKER_INDEX") is not None,
     )
 
@@ -175,6 +201,8 @@ def _worker_argv(args: argparse.Namespace, port: int) -> list[str]:
         out += ["--version-policy", pol]
     for tok in args.token:
         out += ["--token", tok]
+    for rate in args.log_rate:
+        out += ["--log-rate", rate]
     if args.preferred_batch_sizes:
         out += ["--preferred-batch-sizes", ",".join(map(str, args.preferred_batch_sizes))]
     for flag in (
@@ -193,6 +221,8 @@ def _worker_argv(args: argparse.Namespace, port: int) -> list[str]:
         "max_queued_rows",
         "retry_after_ms",
         "drain_seconds",
+        "log_dir",
+        "log_flush_seconds",
         "log_level",
         "intra_op_threads",
         "inter_op_threads",

@@ -16,6 +16,8 @@
   PredictionService and ModelService; ``kserve``: KServe v2's GRPCInferenceService;
 - ``codec``: wire tensors of the three protocols <-> numpy; ``rpc``: the state the services
   share and the handler wrapper (errors -> gRPC status codes, metrics);
+- ``calls``: the call being served and the observers of every scored call; ``log_format``: the
+  prediction log's files; ``prediction_log``: the observer that writes them (sampled, buffered);
 - ``interceptors``: bearer-token auth and JSON access logs; ``metrics``: Prometheus;
 - ``server``: ``create_server(address, repo, options) -> (server, port)``, drain and graceful
   stop;

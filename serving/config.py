@@ -179,6 +179,10 @@ class ServerOptions:
     ``http://`` / ``https://HOST:PORT``): spans of every inference call are exported there
     (``serving.tracing``; None: tracing off). trace_sample_rate: the share of traces recorded
     for calls that do not continue a client's trace (0 to 1).
+    log_dir: the prediction log folder (``serving.prediction_log``; None: no log).
+    log_rates: ``((model, rate), ...)``: the share of a model's calls logged, in [0, 1].
+    log_default_rate: the share logged of the other models' calls.
+    log_flush_s: seconds between the log's flushes (at most this much is lost to a SIGKILL).
     """
 
     batching: BatchingConfig = BatchingConfig()
@@ -203,12 +207,17 @@ class ServerOptions:
     drain_s: float = 0.0
     otlp_endpoint: str | None = None
     trace_sample_rate: float = 1.0
+    log_dir: str | None = None
+    log_rates: tuple[tuple[str, float], ...] = ()
+    log_default_rate: float = 1.0
+    log_flush_s: float = 5.0
 
     def __post_init__(self) -> None:
         check_otlp_endpoint(self.otlp_endpoint)
         rate = self.trace_sample_rate
         if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate <= 1:
             raise ValueError(f"trace_sample_rate must be a number in [0, 1], got {rate!r}")
+        self._check_log()
         if isinstance(self.max_inflight, bool) or not isinstance(self.max_inflight, int):
             raise ValueError(f"max_inflight must be an integer >= 1, got {self.max_inflight!r}")
         if self.max_inflight < 1:
@@ -223,6 +232,20 @@ class ServerOptions:
             raise ValueError("TLS needs both a certificate and a key (tls_cert and tls_key)")
         if self.tls_client_ca is not None and self.tls_cert is None:
             raise ValueError("tls_client_ca needs tls_cert and tls_key")
+
+    def _check_log(self) -> None:
+        if self.log_dir is not None and (not isinstance(self.log_dir, str) or not self.log_dir):
+            raise ValueError(f"log_dir must be a folder path or None, got {self.log_dir!r}")
+        for name, rate in ((None, self.log_default_rate), *self.log_rates):
+            what = "log_default_rate" if name is None else f"log rate of model {name!r}"
+            if name is not None and (not isinstance(name, str) or not name):
+                raise ValueError(
+                    f"log_rates: a model name must be a non-empty string, got {name!r}"
+                )
+            if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate <= 1:
+                raise ValueError(f"{what} must be a number in [0, 1], got {rate!r}")
+        if not 0 < self.log_flush_s <= 3600:
+            raise ValueError(f"log_flush_s must be in (0, 3600] seconds, got {self.log_flush_s}")
 
 
 _ENDPOINT = re.compile(r"^(https?://)?(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})/?$")

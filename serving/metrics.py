@@ -16,6 +16,9 @@
         shadow queue was full, or the server stopped), failed (see serving.shadow)
     stitchrec_traffic_config_errors_total{model}       traffic.toml files that failed to parse
         (the last good config kept serving; see serving.traffic)
+    stitchrec_log_rows_total{model}                    prediction log rows written
+    stitchrec_log_dropped_total{model}                 sampled prediction log rows dropped
+        (buffer full, failed write; see serving.prediction_log)
 
 Each server owns a registry (several servers can live in one process, as in the tests).
 
@@ -128,6 +131,15 @@ class Metrics:
         self.traffic_errors = prom.Counter(
             "stitchrec_traffic_config_errors",
             "traffic.toml files that failed to parse (the last good config kept)",
+            ["model"],
+            registry=r,
+        )
+        self.log_rows = prom.Counter(
+            "stitchrec_log_rows", "Prediction log rows written", ["model"], registry=r
+        )
+        self.log_dropped = prom.Counter(
+            "stitchrec_log_dropped",
+            "Sampled prediction log rows dropped (buffer full or failed write)",
             ["model"],
             registry=r,
         )

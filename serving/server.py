@@ -47,6 +47,7 @@ from serving.health import NOT_SERVING, SERVING, HealthServicer
 from serving.interceptors import AccessLogInterceptor, TokenAuthInterceptor
 from serving.kserve import KServeServicer
 from serving.metrics import Metrics
+from serving.prediction_log import PredictionLogger
 from serving.ranking_service import RankingServicer
 from serving.reflection import enable_reflection
 from serving.repository import ModelRepository
@@ -79,6 +80,7 @@ class ServingServer:
         metrics_port: int | None,
         drain_s: float = 0.0,
         traced: bool = False,
+        prediction_log: PredictionLogger | None = None,
     ):
         self.grpc_server = grpc_server
         self.state = state
@@ -89,6 +91,7 @@ class ServingServer:
         self.metrics_port = metrics_port
         self.drain_s = drain_s
         self.traced = traced  # this server installed tracing: stop() flushes and removes it
+        self.prediction_log = prediction_log
         self._stopped = False
 
     async def stop(self, grace: float | None = 10.0, drain: float | None = None) -> None:
@@ -120,6 +123,8 @@ class ServingServer:
             left = max(0.0, grace - (time.monotonic() - t1))
         # what is left in flight (non-inference calls, or past the grace) gets the rest
         await self.grpc_server.stop(left if answered or left is None else 0.0)
+        if self.prediction_log is not None:  # every answered call is buffered: write them
+            await asyncio.to_thread(self.prediction_log.close)
         await self.repository.close()
         self.state.close()
         self.metrics.stop_http()
@@ -280,6 +285,16 @@ async def _start(
     state.observers.add(state.shadow)
     health_servicer = _add_services(server, state)
     port = _bind(server, address, options)
+    prediction_log = None
+    if options.log_dir is not None:
+        prediction_log = PredictionLogger(
+            options.log_dir,
+            dict(options.log_rates),
+            options.log_default_rate,
+            flush_s=options.log_flush_s,
+            metrics=metrics,
+        )
+        state.observers.add(prediction_log)
     sync_health = _health_sync(state, health_servicer)
     repository.after_poll = sync_health
     await sync_health()  # NOT_SERVING until the first load
@@ -288,6 +303,8 @@ async def _start(
         await repository.start()
     except BaseException:
         await server.stop(None)
+        if prediction_log is not None:
+            prediction_log.close()
         raise
     state.shadow.start()
     metrics_port = None
@@ -306,11 +323,19 @@ async def _start(
                 "tls": options.tls_cert is not None,
                 "auth": bool(options.tokens),
                 "otlp_endpoint": options.otlp_endpoint,
+                "prediction_log": options.log_dir,
             }
         )
     )
     serving = ServingServer(
-        server, state, health_servicer, port, metrics_port, options.drain_s, traced
+        server,
+        state,
+        health_servicer,
+        port,
+        metrics_port,
+        options.drain_s,
+        traced,
+        prediction_log=prediction_log,
     )
     return serving, port
 

@@ -15,6 +15,9 @@ building blocks) are ``ranking.metrics``; this package adds what comparing two m
 * ``report``    self-contained HTML and the console summary.
 * ``svg``       the report's charts, written as SVG text (no plotting library).
 * ``compare``   the paired comparison of two score vectors on the same rows, per slice.
+* ``logged``    a server's prediction log joined with outcomes as the logs, and its scores
+                (``logged:ARM`` / ``logged:vN``).
+* ``unpaired``  two models each on its own rows (two logged arms): two-sample bootstrap.
 * ``tasks``     the tasks of an exported model: which output scores which label.
 * ``ab_run``    ties it together, task by task, and writes ``ab.json`` / ``ab.html``;
                 ``ab_run.run_ab`` is the entry point.

@@ -1,6 +1,11 @@
-"""``run_ab``, the engine of ``stitchrec ab``: reads the logs and both score sources, compares
-them (``compare.compare_scores``) task by task, estimates off-policy values when the logs carry
-propensities, and writes ``ab.json`` / ``ab.html``."""
+"""``run_ab``, the engine of ``stitchrec ab``: reads the logs (data files, or a server's
+prediction log joined with outcomes: ``pipelines.evaluation.logged``) and both score sources,
+compares them (``compare.compare_scores``) task by task, estimates off-policy values when the
+logs carry propensities, and writes ``ab.json`` / ``ab.html``.
+
+With a ``logged:ARM`` / ``logged:vN`` source the comparison keeps the rows that arm or version
+served; when both sources are logged scores of different arms, each is measured on its own
+rows: an unpaired comparison of two populations (``unpaired.compare_populations``)."""
 
 from __future__ import annotations
 
@@ -13,9 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from pipelines.evaluation import report, sources
+from pipelines.evaluation import logged, report, sources
 from pipelines.evaluation.compare import clean_json, compare_scores, off_policy, verdict
 from pipelines.evaluation.tasks import ModelTask, select_tasks
+from pipelines.evaluation.unpaired import compare_populations
 
 
 @dataclass
@@ -48,11 +54,17 @@ class ABOptions:
     html: bool = True
     workers: int = 1
     tasks: list[str] = field(default_factory=list)
+    data_format: str = "auto"  # auto | files | logs (a prediction log)
+    join: str | None = None
+    on: str = "request_id"
+    model: str | None = None
+    include_shadow: bool = False
 
 
 def _open_sources(opts: ABOptions) -> dict[str, sources.ScoreSource]:
     return {
-        m: sources.open_source(
+        m: logged.open_logged(spec)
+        or sources.open_source(
             spec,
             id_column=opts.id_column,
             score_column=opts.score_column,
@@ -167,25 +179,109 @@ def _off_policy_of(
     return estimates, time.perf_counter() - t0
 
 
-def run_ab(opts: ABOptions, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Reads the logs and both sources, compares, writes ab.json / ab.html under ``output``."""
-    t0 = time.perf_counter()
-    logs = sources.load_logs(
+def _load_logs(opts: ABOptions) -> sources.Logs:
+    """The logged rows: data files, or a prediction log joined with ``opts.join``."""
+    if opts.data_format not in ("auto", "files", "logs"):
+        raise sources.SourceError(
+            f"--data-format {opts.data_format!r}: expected auto, files or logs"
+        )
+    is_log = opts.data_format == "logs" or (
+        opts.data_format == "auto" and logged.is_prediction_log(opts.data)
+    )
+    if is_log:
+        if opts.row_id:
+            raise sources.SourceError("--row-id: a prediction log's rows are joined by --on")
+        return logged.load_log_data(
+            opts.data,
+            opts.schema,
+            join=opts.join,
+            on=opts.on,
+            model=opts.model,
+            include_shadow=opts.include_shadow,
+            sources=[opts.control, opts.treatment],
+        )
+    for flag, value in (("--join", opts.join), ("--model", opts.model)):
+        if value:
+            raise sources.SourceError(
+                f"{flag} applies to a prediction log, and --data {' '.join(opts.data)} is not "
+                f"one (pass --data-format logs if it is)"
+            )
+    return sources.load_logs(
         opts.data,
         opts.schema,
         row_id=opts.row_id,
         sources=[opts.control, opts.treatment],
         max_bad_rows=opts.max_bad_rows,
     )
+
+
+def _logged_rows(
+    opts: ABOptions, logs: sources.Logs, srcs: Mapping[str, sources.ScoreSource]
+) -> tuple[sources.Logs, dict[str, np.ndarray] | None]:
+    """With ``logged:`` sources: (the logs cut to the rows they served, None) when the rows are
+    shared, else (the logs, each model's rows) for an unpaired comparison."""
+    masks = {m: s.rows(logs) for m, s in srcs.items() if isinstance(s, logged.LoggedSource)}
+    if not masks:
+        return logs, None
+    if len(masks) == 1 or np.array_equal(masks["control"], masks["treatment"]):
+        return logged.subset(logs, next(iter(masks.values()))), None
+    refused = [
+        flag
+        for flag, used in (
+            ("--group", opts.group),
+            ("--slice", opts.slices),
+            ("--propensity", opts.propensity),
+            ("--task", opts.tasks),
+        )
+        if used
+    ]
+    if refused:
+        raise sources.SourceError(
+            f"{opts.control} against {opts.treatment} compares two populations (the rows each "
+            f"arm served) and takes no {', '.join(refused)}; replay both models as SavedModels "
+            f"on the same logged rows for a paired comparison with them"
+        )
+    return logs, masks
+
+
+def _compare_arms(
+    opts: ABOptions,
+    logs: sources.Logs,
+    srcs: Mapping[str, sources.ScoreSource],
+    masks: Mapping[str, np.ndarray],
+) -> dict[str, Any]:
+    """The unpaired comparison of two logged arms, each on the rows it served."""
+    labels, scores = {}, {}
+    for m, src in srcs.items():
+        part = logged.subset(logs, masks[m])
+        labels[m], scores[m] = part.labels, src.scores(part)
+    return compare_populations(
+        labels,
+        scores,
+        resamples=opts.resamples,
+        seed=opts.seed,
+        bins=opts.bins,
+        workers=opts.workers,
+    )
+
+
+def run_ab(opts: ABOptions, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Reads the logs and both sources, compares, writes ab.json / ab.html under ``output``."""
+    t0 = time.perf_counter()
+    logs = _load_logs(opts)
     log(f"logs: {logs.n:,} rows, {int(logs.labels.sum()):,} clicks from {logs.description}")
     srcs = _open_sources(opts)
+    logs, arm_rows = _logged_rows(opts, logs, srcs)
     for name in [opts.group, *opts.slices]:
         if name is not None and name not in logs.table.column_names:
             raise sources.SourceError(
                 f"field {name!r} is not in the logs; fields: {logs.table.column_names[:40]}"
             )
     tasks = ab_tasks(opts, srcs)
-    if tasks:
+    if arm_rows is not None:
+        result = _compare_arms(opts, logs, srcs, arm_rows)
+        t_scores = time.perf_counter() - t0
+    elif tasks:
         result, per_task = _compare_tasks(opts, logs, srcs, tasks)
         result["task"] = tasks[0].name
         result["tasks"] = per_task
@@ -200,6 +296,7 @@ def run_ab(opts: ABOptions, log: Callable[[str], None] = print) -> dict[str, Any
         "files": opts.data,
         "schema": logs.schema.name,
         "bad_rows_skipped": logs.bad_rows,
+        **logs.info,
     }
     result["group_field"] = opts.group
     result["verdict"] = verdict(result, opts.primary)

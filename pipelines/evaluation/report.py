@@ -40,12 +40,20 @@ def _ci(d: Mapping[str, Any]) -> str:
 
 def console(result: Mapping[str, Any]) -> str:
     """A plain-text summary ending with the verdict on the primary metric."""
+    pairing = result["settings"].get("pairing", "paired")
     lines = [
         f"control:   {result.get('control', {}).get('source', 'control')}",
         f"treatment: {result.get('treatment', {}).get('source', 'treatment')}",
         f"rows: {result['rows']:,}  clicks: {result['positives']:,}  bootstrap: "
-        f"{result['settings']['resamples']} paired resamples (seed {result['settings']['seed']}, "
+        f"{result['settings']['resamples']} {pairing} resamples (seed {result['settings']['seed']}, "
         f"unit {result['settings']['unit']})",
+    ]
+    dropped = result.get("data", {}).get("rows_without_outcome")
+    if dropped is not None:
+        lines.append(f"prediction log: {dropped:,} logged rows without an outcome dropped")
+    if result.get("comparison", {}).get("note"):
+        lines.append("note: " + result["comparison"]["note"])
+    lines += [
         "",
         f"{'metric':18s} {'control':>10s} {'treatment':>10s} {'delta':>10s} "
         f"{'95% CI of delta':>24s} {'p':>7s}  verdict",
@@ -252,9 +260,12 @@ def html(result: Mapping[str, Any]) -> str:
             f"p {_fmt(v['p_value'], 3)})</div>"
         )
     parts.append(
-        f"<p class=small>{st['resamples']} paired bootstrap resamples (seed {st['seed']}, "
-        f"resampling unit: {st['unit']}); percentile intervals; two-sided bootstrap p-values.</p>"
+        f"<p class=small>{st['resamples']} {_e(st.get('pairing', 'paired'))} bootstrap "
+        f"resamples (seed {st['seed']}, resampling unit: {st['unit']}); percentile intervals; "
+        f"two-sided bootstrap p-values.</p>"
     )
+    if result.get("comparison", {}).get("note"):
+        parts.append(f"<p><b>Note:</b> {_e(result['comparison']['note'])}</p>")
     parts.append("<h2>Metrics</h2>")
     parts.append(_metric_table(result["overall"]["metrics"]))
     g = result.get("groups")

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import copy
 import urllib.parse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -59,6 +59,7 @@ class Logs:
     labels: np.ndarray  # [n] float64 0/1
     description: str
     bad_rows: int = 0
+    info: dict = field(default_factory=dict)  # how the rows were read (a prediction log: its join)
 
     @property
     def n(self) -> int:

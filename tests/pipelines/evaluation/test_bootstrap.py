@@ -9,6 +9,7 @@ from sklearn.metrics import log_loss, roc_auc_score
 
 from pipelines.evaluation import bootstrap as B
 from pipelines.evaluation import compare
+from pipelines.evaluation.unpaired import TwoSampleResampler
 from ranking import metrics as M
 
 
@@ -151,3 +152,13 @@ def test_thread_count_does_not_change_results():
     np.testing.assert_array_equal(one["b"], two["b"])
     for m in one["a"]:
         np.testing.assert_array_equal(one["a"][m], two["a"][m])
+
+
+def test_two_sample_resamples_draw_each_population_on_its_own():
+    res = TwoSampleResampler(3, 5, n_resamples=40, seed=1, chunk_elements=64)
+    counts = np.concatenate([wr for wr, _ in res.chunks()])
+    assert counts.shape == (40, 8)
+    np.testing.assert_array_equal(counts[:, :3].sum(axis=1), 3)  # control rows: n_c draws
+    np.testing.assert_array_equal(counts[:, 3:].sum(axis=1), 5)  # treatment rows: n_t draws
+    again = np.concatenate([wr for wr, _ in TwoSampleResampler(3, 5, 40, 1, 64).chunks()])
+    np.testing.assert_array_equal(counts, again)  # a pure function of the seed
