@@ -174,6 +174,8 @@ class ServerOptions:
     ``retry-after-ms`` and ``grpc-retry-pushback-ms``, which gRPC retry policies honour).
     drain_s: on stop, seconds health reports NOT_SERVING while calls are still served, so load
     balancers move traffic away before new calls are refused (``stitchrec serve``: 5).
+    http_port / http_host: the HTTP port (TF Serving REST, KServe v2 REST, ``/v1/rank``) served
+    by the same process and event loop as gRPC (None: off; 0: any free port), and its address.
     """
 
     batching: BatchingConfig = BatchingConfig()
@@ -196,8 +198,15 @@ class ServerOptions:
     max_inflight: int = 256
     retry_after_ms: int = 100
     drain_s: float = 0.0
+    http_port: int | None = None
+    http_host: str = "127.0.0.1"
 
     def __post_init__(self) -> None:
+        port = self.http_port
+        if port is not None and (
+            isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535
+        ):
+            raise ValueError(f"http_port must be an integer in [0, 65535] or None, got {port!r}")
         if isinstance(self.max_inflight, bool) or not isinstance(self.max_inflight, int):
             raise ValueError(f"max_inflight must be an integer >= 1, got {self.max_inflight!r}")
         if self.max_inflight < 1:

@@ -10,7 +10,11 @@ inference calls in flight and answers overload at once.
 false) and health Watch streams end; for the drain period (``ServerOptions.drain_s``) calls are
 still served, so load balancers move traffic away; then new calls are answered UNAVAILABLE, the
 batchers dispatch their queues at once and the calls in flight are answered (up to ``grace``
-seconds); then the gRPC server stops and the models are unloaded.
+seconds); then the gRPC and HTTP servers stop and the models are unloaded.
+
+With ``ServerOptions.http_port`` the same process and event loop also serve HTTP
+(``serving.http``: TF Serving REST, KServe v2 REST, ``/v1/rank``); ``/v2/health/ready`` answers
+503 from the start of a stop.
 
 Several processes can serve one port (``SO_REUSEPORT``; the kernel spreads connections over
 them): ``stitchrec serve --workers N`` starts N such processes (see ``pipelines/serve.py``).
@@ -26,6 +30,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import grpc
+from aiohttp import web
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tensorflow_serving.apis import (
     model_service_pb2,
@@ -37,6 +42,7 @@ from protos import ranking_service_pb2 as rank_pb2
 from serving import admission
 from serving.config import ServerOptions
 from serving.health import NOT_SERVING, SERVING, HealthServicer
+from serving.http.app import start_http
 from serving.interceptors import AccessLogInterceptor, TokenAuthInterceptor
 from serving.kserve import KServeServicer
 from serving.metrics import Metrics
@@ -70,6 +76,8 @@ class ServingServer:
         port: int,
         metrics_port: int | None,
         drain_s: float = 0.0,
+        http_runner: web.AppRunner | None = None,
+        http_port: int | None = None,
     ):
         self.grpc_server = grpc_server
         self.state = state
@@ -79,6 +87,8 @@ class ServingServer:
         self.port = port
         self.metrics_port = metrics_port
         self.drain_s = drain_s
+        self.http_runner = http_runner
+        self.http_port = http_port  # None: no HTTP
         self._stopped = False
 
     async def stop(self, grace: float | None = 10.0, drain: float | None = None) -> None:
@@ -108,6 +118,8 @@ class ServingServer:
             left = max(0.0, grace - (time.monotonic() - t1))
         # what is left in flight (non-inference calls, or past the grace) gets the rest
         await self.grpc_server.stop(left if answered or left is None else 0.0)
+        if self.http_runner is not None:
+            await self.http_runner.cleanup()
         await self.repository.close()
         self.state.close()
         self.metrics.stop_http()
@@ -250,9 +262,14 @@ async def create_server(
     repository.after_poll = sync_health
     await sync_health()  # NOT_SERVING until the first load
     await server.start()  # live (ServerLive) while the models load; ready after
+    http_runner, http_port = None, None
     try:
+        if options.http_port is not None:
+            http_runner, http_port = await start_http(state, options)
         await repository.start()
     except BaseException:
+        if http_runner is not None:
+            await http_runner.cleanup()
         await server.stop(None)
         raise
     metrics_port = None
@@ -266,6 +283,7 @@ async def create_server(
                 "address": address,
                 "port": port,
                 "metrics_port": metrics_port,
+                "http_port": http_port,
                 "models": {n: repository.live_versions(n) for n in repository.model_names()},
                 "devices": repository.devices,
                 "tls": options.tls_cert is not None,
@@ -273,7 +291,9 @@ async def create_server(
             }
         )
     )
-    serving = ServingServer(server, state, health_servicer, port, metrics_port, options.drain_s)
+    serving = ServingServer(
+        server, state, health_servicer, port, metrics_port, options.drain_s, http_runner, http_port
+    )
     return serving, port
 
 
@@ -319,7 +339,14 @@ async def serve_forever(
 
     server, port = await create_server(address, repo, options)
     print(
-        json.dumps({"serving": address, "port": port, "metrics_port": server.metrics_port}),
+        json.dumps(
+            {
+                "serving": address,
+                "port": port,
+                "metrics_port": server.metrics_port,
+                "http_port": server.http_port,
+            }
+        ),
         flush=True,
     )
     stop = asyncio.Event()
