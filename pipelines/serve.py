@@ -1,6 +1,7 @@
-"""``stitchrec serve --repo DIR``: the gRPC inference server (see ``serving/``).
+"""``stitchrec serve --repo DIR``: the gRPC (and HTTP) inference server (see ``serving/``).
 
     stitchrec serve --repo models/ [--host H] [--port P] [--metrics-port M] [--workers N]
+                    [--http-port P [--http-host H]]
                     [--version-policy [NAME=]latest|latest:N|all|specific:V,..]...
                     [--poll-seconds S] [--max-batch-size B] [--max-queue-delay-us U]
                     [--preferred-batch-sizes 256,1024] [--max-queue-size Q] [--no-batching]
@@ -9,9 +10,9 @@
                     [--no-fusion] [--max-inflight N] [--max-queued-rows R]
                     [--retry-after-ms MS] [--drain-seconds D]
 
-With ``--workers N > 1`` the command reserves the port, starts N server processes that bind it
-with SO_REUSEPORT (worker i serves metrics on ``--metrics-port + i``), forwards SIGTERM/SIGINT
-to them and waits. The flags are defined in ``pipelines.cli_args``.
+With ``--workers N > 1`` the command reserves the port (and the HTTP port), starts N server
+processes that bind them with SO_REUSEPORT (worker i serves metrics on ``--metrics-port + i``),
+forwards SIGTERM/SIGINT to them and waits. The flags are defined in ``pipelines.cli_args``.
 """
 
 from __future__ import annotations
@@ -82,6 +83,8 @@ def _checked_options(args: argparse.Namespace) -> ServerOptions:
         max_inflight=args.max_inflight,
         retry_after_ms=args.retry_after_ms,
         drain_s=args.drain_seconds,
+        http_port=args.http_port,
+        http_host=args.http_host or args.host,
         reuse_port=args.workers > 1 or os.environ.get("STITCHREC_WORKER_INDEX") is not None,
     )
 
@@ -98,12 +101,17 @@ def _reserve_port(host: str, port: int) -> socket.socket:
 def _run_workers(args: argparse.Namespace) -> int:
     reserved = _reserve_port(args.host, args.port)
     port = reserved.getsockname()[1]
+    http = None
+    if args.http_port is not None:
+        http = _reserve_port(args.http_host or args.host, args.http_port)
+        args.http_port = http.getsockname()[1]
     procs = []
     for i in range(args.workers):
         cmd = [sys.executable, "-m", "pipelines.cli", *_worker_argv(args, port, i)]
         env = {**os.environ, "STITCHREC_WORKER_INDEX": str(i)}
         procs.append(subprocess.Popen(cmd, env=env))
-    print(json.dumps({"serving": args.host, "port": port, "workers": args.workers}), flush=True)
+    line = {"serving": args.host, "port": port, "http_port": args.http_port}
+    print(json.dumps({**line, "workers": args.workers}), flush=True)
 
     def forward(signum: int, _frame: object) -> None:
         for p in procs:
@@ -114,6 +122,8 @@ def _run_workers(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, forward)
     codes = [p.wait() for p in procs]
     reserved.close()
+    if http is not None:
+        http.close()
     return max(codes, default=0)
 
 
@@ -152,6 +162,8 @@ def _worker_argv(args: argparse.Namespace, port: int, index: int) -> list[str]:
         "tls_cert",
         "tls_key",
         "tls_client_ca",
+        "http_port",
+        "http_host",
     ):
         value = getattr(args, flag)
         if value is not None:
