@@ -44,6 +44,9 @@ class ModelPath:
     metadata: bool = False
 
 
+MODEL_PATH = web.RequestKey("model_path", ModelPath)
+
+
 def parse_path(tail: str) -> ModelPath:
     """``lin``, ``lin/versions/2:predict``, ``lin/labels/canary/metadata`` -> a ``ModelPath``
     (404 for a path TF Serving does not have)."""
@@ -76,7 +79,7 @@ async def dispatch(request: web.Request) -> web.StreamResponse:
         spec = parse_path(request.match_info["tail"])
     except HttpError as e:
         return await _refuse(e)(request)
-    request["model_path"] = spec
+    request[MODEL_PATH] = spec
     if spec.verb:
         if spec.metadata:
             return await _refuse(HttpError(404, f"no such path: {request.path}"))(request)
@@ -146,7 +149,7 @@ def _inputs_of(doc: dict, target: Target, where: str) -> tuple[dict[str, Any], b
 @endpoint("Predict")
 async def predict(request: web.Request) -> web.Response:
     state = state_of(request)
-    spec: ModelPath = request["model_path"]
+    spec: ModelPath = request[MODEL_PATH]
     where = f"/v1/models/{spec.model}:predict"
     version = http_app.resolve_version(state, spec.model, spec.version, spec.label)
     state.repo.get(spec.model, version)  # an unknown model is 404 before the body is read
@@ -200,7 +203,7 @@ def _columns(outputs: dict[str, np.ndarray]) -> dict:
 @endpoint("GetModelStatus")
 async def status(request: web.Request) -> web.Response:
     state = state_of(request)
-    spec: ModelPath = request["model_path"]
+    spec: ModelPath = request[MODEL_PATH]
     version = http_app.resolve_version(state, spec.model, spec.version, spec.label)
     statuses = state.repo.status(spec.model)
     if version is not None:
@@ -223,7 +226,7 @@ async def status(request: web.Request) -> web.Response:
 @endpoint("GetModelMetadata")
 async def metadata(request: web.Request) -> web.Response:
     state = state_of(request)
-    spec: ModelPath = request["model_path"]
+    spec: ModelPath = request[MODEL_PATH]
     version = http_app.resolve_version(state, spec.model, spec.version, spec.label)
     mv = state.repo.get(spec.model, version)
     sig_map = get_model_metadata_pb2.SignatureDefMap()
