@@ -29,17 +29,24 @@ GOOD_TFS = {"instances": [{"user": "u1", "item": 3, "price": 0.5}]}
 
 
 @pytest.fixture(scope="module")
-def url(tmp_path_factory):
+def server(tmp_path_factory):
     root: Path = tmp_path_factory.mktemp("repo")
     write_linear_model(root / "lin" / "1", bias=0.0)
     opts = ServerOptions(
         http_port=0,
         warmup_sizes=(1,),
         max_message_bytes=MAX_BODY,
+        max_inflight=1,
+        retry_after_ms=1500,
         limits=Limits(max_request_rows=1000, max_tensor_elements=10_000),
     )
     with ServerThread(root, opts) as s:
-        yield f"http://127.0.0.1:{s.server.http_port}"
+        yield s
+
+
+@pytest.fixture(scope="module")
+def url(server):
+    return f"http://127.0.0.1:{server.server.http_port}"
 
 
 def _check(r: requests.Response, *codes: int) -> dict:
@@ -203,3 +210,23 @@ def test_small_requests_claiming_huge_shapes_allocate_nothing(url):
             assert time.monotonic() - t0 < 2.0
             _check(s.post(f"{url}/v2/models/lin/infer", data=strings), 400)
     assert _rss_mb() - before < 50
+
+
+def test_overload_is_429_with_retry_after(server, url):
+    held = server.server.state.admission.admit("Predict")
+
+    async def hold() -> None:  # the one in-flight slot, taken on the server's loop
+        held.__enter__()
+
+    async def release() -> None:
+        held.__exit__(None, None, None)
+
+    server.call(hold())
+    try:
+        r = requests.post(f"{url}/v1/models/lin:predict", json=GOOD_TFS)
+        assert "overloaded" in _check(r, 429)["error"]
+        assert (r.headers["Retry-After"], r.headers["Retry-After-Ms"]) == ("2", "1500")
+        assert requests.get(f"{url}/v2/health/ready").status_code == 200  # probes still pass
+    finally:
+        server.call(release())
+    _check(requests.post(f"{url}/v1/models/lin:predict", json=GOOD_TFS), 200)
