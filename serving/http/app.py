@@ -23,9 +23,10 @@ import ssl
 
 from aiohttp import web
 
+from serving.calls import clean_request_id
 from serving.config import ServerOptions
 from serving.http import kserve_http, rank_http, tfs_rest
-from serving.http.endpoint import OPTIONS, STATE, Handler
+from serving.http.endpoint import OPTIONS, REQUEST_ID, STATE, Handler
 from serving.http.errors import error_response
 from serving.model_version import ModelNotFound
 from serving.rpc import ServerState
@@ -57,7 +58,9 @@ async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResp
     except web.HTTPException as e:
         if e.status < 400:
             raise
-        return error_response(e.status, f"{e.reason}: {request.method} {request.path}")
+        resp = error_response(e.status, f"{e.reason}: {request.method} {request.path}")
+        resp.headers[REQUEST_ID] = clean_request_id(request.headers.get(REQUEST_ID))
+        return resp
 
 
 def _auth(tokens: tuple[str, ...]) -> Handler:

@@ -96,7 +96,7 @@ async def dispatch(request: web.Request) -> web.StreamResponse:
 
 
 def _refuse(error: HttpError) -> Any:
-    @endpoint("Predict.path")
+    @endpoint("BadPath")
     async def refuse(request: web.Request) -> web.Response:
         raise error
 

@@ -155,6 +155,7 @@ def test_errors_have_tf_serving_shape(url, method, path, body, status, words):
     r = getattr(requests, method)(url + path, json=body)
     assert r.status_code == status, r.text
     assert set(r.json()) == {"error"} and words in r.json()["error"]
+    assert r.headers["X-Request-Id"]
 
 
 def test_body_too_large_is_413_json(url):
@@ -281,12 +282,20 @@ def test_request_id_observers_and_metrics(server, url):
     assert counted >= 1
 
 
-def test_ready_is_503_from_the_start_of_the_drain(repo):
-    opts = ServerOptions(http_port=0, warmup_sizes=(1,), drain_s=1.0, policy="latest")
+def test_tokens_then_ready_is_503_from_the_start_of_the_drain(repo):
+    opts = ServerOptions(
+        http_port=0, warmup_sizes=(1,), drain_s=1.0, policy="latest", tokens=("s3cret",)
+    )
     s = ServerThread(repo, opts)
     url = f"http://127.0.0.1:{s.server.http_port}"
+    body = {"inputs": {"user": ["u1"], "item": [3], "price": [0.5]}}
     try:
-        assert requests.get(f"{url}/v2/health/ready").status_code == 200
+        r = requests.post(f"{url}/v1/models/lin:predict", json=body)
+        assert r.status_code == 401 and "Authorization: Bearer" in r.json()["error"]
+        auth = {"Authorization": "Bearer s3cret"}
+        r = requests.post(f"{url}/v1/models/lin:predict", json=body, headers=auth)
+        assert r.status_code == 200
+        assert requests.get(f"{url}/v2/health/ready").status_code == 200  # open without token
         stopping = s.submit(s.server.stop(2.0))
         wait_until(lambda: requests.get(f"{url}/v2/health/ready").status_code == 503, 5)
         assert requests.get(f"{url}/v2/health/ready").json() == {"ready": False}
