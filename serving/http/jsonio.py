@@ -103,8 +103,6 @@ def _flatten(value: Any, where: str, limit: int) -> tuple[list[Any], list[int]]:
             raise invalid(f"{where}: the array is ragged (a value where a list is expected)")
         leaves.append(v)
         check_count(len(leaves), where, limit)
-    if rank is None:  # only lists: some dimension is 0
-        rank = len(shape)
     return leaves, shape
 
 

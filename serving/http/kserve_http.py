@@ -21,6 +21,7 @@ the body before anything is decoded.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from typing import Any
 
@@ -195,11 +196,16 @@ def _inputs(doc: dict, binary: bytes, where: str, limits: Limits) -> list[_Input
         out.append(entry)
     if pos != len(binary):
         raise invalid(f"{where}: {len(binary) - pos} bytes of binary data left after the inputs")
-    names = [t.name for t in out]
-    twice = sorted({n for n in names if names.count(n) > 1})
+    counts = collections.Counter(t.name for t in out)
+    twice = sorted(n for n, c in counts.items() if c > 1)
     if twice:
         raise invalid(f"{where}: input(s) {twice} appear more than once")
     return out
+
+
+# the array kinds JSON data may decode to for a datatype (BYTES, or the numpy kind)
+_KINDS = {"BYTES": "O", "b": "b", "f": "fiu", "i": "iu", "u": "iu"}
+_WORDS = {"O": "strings", "b": "booleans", "f": "numbers", "i": "integers", "u": "integers"}
 
 
 def _decode(t: _Input, where: str, limits: Limits) -> np.ndarray:
@@ -223,14 +229,13 @@ def _decode(t: _Input, where: str, limits: Limits) -> np.ndarray:
             f"{here}: the data are {_WORDS[arr.dtype.kind]}; datatype {t.datatype} needs "
             f"{_WORDS[_KINDS[t.datatype if want is None else want.kind][0]]}"
         )
+    if want is not None and want.kind in "iu" and arr.size:
+        info = np.iinfo(want)
+        if arr.min() < info.min or arr.max() > info.max:
+            raise invalid(f"{here}: a value is out of the range of {t.datatype}")
     if want is not None:
         arr = arr.astype(want)
     return arr.reshape(t.shape)
-
-
-# the array kinds JSON data may decode to for a datatype (BYTES, or the numpy kind)
-_KINDS = {"BYTES": "O", "b": "b", "f": "fiu", "i": "iu", "u": "iu"}
-_WORDS = {"O": "strings", "b": "booleans", "f": "numbers", "i": "integers", "u": "integers"}
 
 
 def _wanted(doc: dict, outputs: dict[str, np.ndarray], where: str) -> list[tuple[str, bool]]:

@@ -110,6 +110,8 @@ def test_tf_serving_bad_bodies(url):
         {"parameters": {"shared_memory_region": "r"}},
         {"parameters": 3},
         {"name": 5},
+        {"name": "user"},
+        {"datatype": "INT8", "data": [300, 1]},
     ],
 )
 def test_kserve_bad_tensors(url, change):
