@@ -56,7 +56,7 @@ def test_serve_two_workers_exported_model(exported_repo):
     cmd = [
         sys.executable, "-m", "pipelines.cli", "serve", "--repo", str(exported_repo),
         "--host", "127.0.0.1", "--port", "0", "--workers", "2", "--metrics-port", "0",
-        "--poll-seconds", "0", "--log-level", "WARNING",
+        "--poll-seconds", "0", "--log-level", "WARNING", "--http-port", "0",
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
@@ -65,6 +65,8 @@ def test_serve_two_workers_exported_model(exported_repo):
         port = lines[0]["port"]
         assert lines[0]["workers"] == 2
         assert {w["port"] for w in lines[1:]} == {port}
+        http_port = lines[0]["http_port"]
+        assert {w["http_port"] for w in lines[1:]} == {http_port}  # one HTTP port, SO_REUSEPORT
         metrics_ports = [w["metrics_port"] for w in lines[1:]]
         target = f"127.0.0.1:{port}"
         wait_serving(target)
@@ -88,6 +90,8 @@ def test_serve_two_workers_exported_model(exported_repo):
             )
             np.testing.assert_allclose(r.scores, ref["score"].numpy(), rtol=1e-5, atol=1e-7)
             assert r.version == 1
+        ready = urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/health/ready", timeout=10)
+        assert json.loads(ready.read()) == {"ready": True}
         counts = [_requests_ok(p) for p in metrics_ports]
         assert sum(counts) == 16
         assert min(counts) > 0, counts  # both processes answered
