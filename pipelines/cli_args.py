@@ -317,13 +317,20 @@ def fuse(sub: Subparsers) -> None:
 
 
 def serve(sub: Subparsers) -> None:
-    p = sub.add_parser("serve", help="serve a model repository over gRPC")
+    p = sub.add_parser("serve", help="serve a model repository over gRPC (and HTTP)")
     p.add_argument("--repo", required=True, help="model repository: <repo>/<name>/<version>/")
     p.add_argument("--host", default="0.0.0.0", help="address to listen on")
     p.add_argument("--port", type=int, default=8500, help="gRPC port")
     p.add_argument("--metrics-port", type=int, default=None, help="Prometheus /metrics port")
     p.add_argument("--metrics-host", default=None, help="default: --host")
     p.add_argument("--workers", type=int, default=1, help="server processes on one port")
+    p.add_argument(
+        "--http-port",
+        type=int,
+        default=None,
+        help="HTTP port (TF Serving REST, KServe v2 REST, /v1/rank); default: no HTTP",
+    )
+    p.add_argument("--http-host", default=None, help="HTTP address; default: --host")
     p.add_argument(
         "--version-policy",
         action="append",

@@ -1,6 +1,7 @@
-"""``stitchrec serve --repo DIR``: the gRPC inference server (see ``serving/``).
+"""``stitchrec serve --repo DIR``: the gRPC (and HTTP) inference server (see ``serving/``).
 
     stitchrec serve --repo models/ [--host H] [--port P] [--metrics-port M] [--workers N]
+                    [--http-port P [--http-host H]]
                     [--version-policy [NAME=]latest|latest:N|all|specific:V,..]...
                     [--poll-seconds S] [--max-batch-size B] [--max-queue-delay-us U]
                     [--preferred-batch-sizes 256,1024] [--max-queue-size Q] [--no-batching]
@@ -11,12 +12,12 @@
                     [--otlp-endpoint HOST:PORT [--trace-sample-rate R]]
                     [--log-dir DIR [--log-rate [MODEL=]R]... [--log-flush-seconds S]]
 
-With ``--workers N > 1`` the command reserves the port, starts N server processes that bind it
-with SO_REUSEPORT, forwards SIGTERM/SIGINT to them and waits. With ``--metrics-port`` the
-workers write their metrics to one folder (Prometheus multiprocess mode: the operator's
-``PROMETHEUS_MULTIPROC_DIR``, or a temporary folder removed at exit) and this process serves one
-``/metrics`` adding them up (``serving.metrics.AggregatedMetrics``). The flags are defined in
-``pipelines.cli_args``.
+With ``--workers N > 1`` the command reserves the port (and the HTTP port), starts N server
+processes that bind them with SO_REUSEPORT, forwards SIGTERM/SIGINT to them and waits. With
+``--metrics-port`` the workers write their metrics to one folder (Prometheus multiprocess mode:
+the operator's ``PROMETHEUS_MULTIPROC_DIR``, or a temporary folder removed at exit) and this
+process serves one ``/metrics`` adding them up (``serving.metrics.AggregatedMetrics``). The flags
+are defined in ``pipelines.cli_args``.
 """
 
 from __future__ import annotations
@@ -118,6 +119,8 @@ def _checked_options(args: argparse.Namespace) -> ServerOptions:
         log_rates=log_rates,
         log_default_rate=log_default_rate,
         log_flush_s=args.log_flush_seconds,
+        http_port=args.http_port,
+        http_host=args.http_host or args.host,
         reuse_port=args.workers > 1 or os.environ.get("STITCHREC_WORKER_INDEX") is not None,
     )
 
@@ -137,7 +140,12 @@ def _run_workers(args: argparse.Namespace) -> int:
     line: dict[str, object] = {"serving": args.host, "port": port, "workers": args.workers}
     env = {k: v for k, v in os.environ.items() if k != MULTIPROC_ENV}
     metrics = None
+    http = None
     try:
+        if args.http_port is not None:
+            http = _reserve_port(args.http_host or args.host, args.http_port)
+            args.http_port = http.getsockname()[1]
+        line["http_port"] = args.http_port
         if args.metrics_port is not None:
             metrics, line["metrics_port"] = _aggregated_metrics(args)
             env[MULTIPROC_ENV] = line["metrics_dir"] = metrics.folder
@@ -157,6 +165,8 @@ def _run_workers(args: argparse.Namespace) -> int:
         return _wait_workers(procs, metrics)
     finally:
         reserved.close()
+        if http is not None:
+            http.close()
         if metrics is not None:
             metrics.close()
 
@@ -231,6 +241,8 @@ def _worker_argv(args: argparse.Namespace, port: int) -> list[str]:
         "tls_client_ca",
         "otlp_endpoint",
         "trace_sample_rate",
+        "http_port",
+        "http_host",
     ):
         value = getattr(args, flag)
         if value is not None:

@@ -183,6 +183,8 @@ class ServerOptions:
     log_rates: ``((model, rate), ...)``: the share of a model's calls logged, in [0, 1].
     log_default_rate: the share logged of the other models' calls.
     log_flush_s: seconds between the log's flushes (at most this much is lost to a SIGKILL).
+    http_port / http_host: the HTTP port (TF Serving REST, KServe v2 REST, ``/v1/rank``) served
+    by the same process and event loop as gRPC (None: off; 0: any free port), and its address.
     """
 
     batching: BatchingConfig = BatchingConfig()
@@ -211,6 +213,8 @@ class ServerOptions:
     log_rates: tuple[tuple[str, float], ...] = ()
     log_default_rate: float = 1.0
     log_flush_s: float = 5.0
+    http_port: int | None = None
+    http_host: str = "127.0.0.1"
 
     def __post_init__(self) -> None:
         check_otlp_endpoint(self.otlp_endpoint)
@@ -218,6 +222,11 @@ class ServerOptions:
         if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate <= 1:
             raise ValueError(f"trace_sample_rate must be a number in [0, 1], got {rate!r}")
         self._check_log()
+        port = self.http_port
+        if port is not None and (
+            isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535
+        ):
+            raise ValueError(f"http_port must be an integer in [0, 65535] or None, got {port!r}")
         if isinstance(self.max_inflight, bool) or not isinstance(self.max_inflight, int):
             raise ValueError(f"max_inflight must be an integer >= 1, got {self.max_inflight!r}")
         if self.max_inflight < 1:

@@ -48,6 +48,13 @@ INLINE_BYTES = 64 * 1024
 _request_bytes: contextvars.ContextVar[int] = contextvars.ContextVar("request_bytes", default=0)
 
 
+def set_request_bytes(size: int) -> None:
+    """Records the wire size of the request the running task serves: ``ServerState.offload``
+    decodes requests of more than ``INLINE_BYTES`` on a worker thread (the HTTP handlers call
+    it with the body's size; ``rpc`` with the message's)."""
+    _request_bytes.set(size)
+
+
 def codec_threads() -> int:
     """Worker threads that decode and check requests: one per core, 2 to 8."""
     return max(2, min(8, os.cpu_count() or 2))
@@ -137,7 +144,7 @@ def rpc(method: str, request_type: type[pb_message.Message] | None = None) -> Ca
                 try:
                     with state.admission.admit(method):
                         if request_type is not None and isinstance(request, bytes):
-                            _request_bytes.set(len(request))
+                            set_request_bytes(len(request))
                             request = await state.parse(request_type, request)
                         response = await fn(self, request, context)
                 except asyncio.CancelledError:

@@ -14,7 +14,11 @@ registered here, its background task stopped before the models are unloaded).
 false) and health Watch streams end; for the drain period (``ServerOptions.drain_s``) calls are
 still served, so load balancers move traffic away; then new calls are answered UNAVAILABLE, the
 batchers dispatch their queues at once and the calls in flight are answered (up to ``grace``
-seconds); then the gRPC server stops and the models are unloaded.
+seconds); then the gRPC and HTTP servers stop and the models are unloaded.
+
+With ``ServerOptions.http_port`` the same process and event loop also serve HTTP
+(``serving.http``: TF Serving REST, KServe v2 REST, ``/v1/rank``); ``/v2/health/ready`` answers
+503 from the start of a stop.
 
 With ``ServerOptions.otlp_endpoint`` the server installs tracing (``serving.tracing``: spans of
 every inference call exported over OTLP/gRPC) at the start and flushes it at the end of a stop.
@@ -33,6 +37,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import grpc
+from aiohttp import web
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tensorflow_serving.apis import (
     model_service_pb2,
@@ -44,6 +49,7 @@ from protos import ranking_service_pb2 as rank_pb2
 from serving import admission, tracing
 from serving.config import ServerOptions
 from serving.health import NOT_SERVING, SERVING, HealthServicer
+from serving.http.app import start_http
 from serving.interceptors import AccessLogInterceptor, TokenAuthInterceptor
 from serving.kserve import KServeServicer
 from serving.metrics import Metrics
@@ -81,6 +87,8 @@ class ServingServer:
         drain_s: float = 0.0,
         traced: bool = False,
         prediction_log: PredictionLogger | None = None,
+        http_runner: web.AppRunner | None = None,
+        http_port: int | None = None,
     ):
         self.grpc_server = grpc_server
         self.state = state
@@ -92,6 +100,8 @@ class ServingServer:
         self.drain_s = drain_s
         self.traced = traced  # this server installed tracing: stop() flushes and removes it
         self.prediction_log = prediction_log
+        self.http_runner = http_runner
+        self.http_port = http_port  # None: no HTTP
         self._stopped = False
 
     async def stop(self, grace: float | None = 10.0, drain: float | None = None) -> None:
@@ -123,6 +133,8 @@ class ServingServer:
             left = max(0.0, grace - (time.monotonic() - t1))
         # what is left in flight (non-inference calls, or past the grace) gets the rest
         await self.grpc_server.stop(left if answered or left is None else 0.0)
+        if self.http_runner is not None:
+            await self.http_runner.cleanup()
         if self.prediction_log is not None:  # every answered call is buffered: write them
             await asyncio.to_thread(self.prediction_log.close)
         await self.repository.close()
@@ -299,9 +311,14 @@ async def _start(
     repository.after_poll = sync_health
     await sync_health()  # NOT_SERVING until the first load
     await server.start()  # live (ServerLive) while the models load; ready after
+    http_runner, http_port = None, None
     try:
+        if options.http_port is not None:
+            http_runner, http_port = await start_http(state, options)
         await repository.start()
     except BaseException:
+        if http_runner is not None:
+            await http_runner.cleanup()
         await server.stop(None)
         if prediction_log is not None:
             prediction_log.close()
@@ -318,6 +335,7 @@ async def _start(
                 "address": address,
                 "port": port,
                 "metrics_port": metrics_port,
+                "http_port": http_port,
                 "models": {n: repository.live_versions(n) for n in repository.model_names()},
                 "devices": repository.devices,
                 "tls": options.tls_cert is not None,
@@ -336,6 +354,8 @@ async def _start(
         options.drain_s,
         traced,
         prediction_log=prediction_log,
+        http_runner=http_runner,
+        http_port=http_port,
     )
     return serving, port
 
@@ -382,7 +402,14 @@ async def serve_forever(
 
     server, port = await create_server(address, repo, options)
     print(
-        json.dumps({"serving": address, "port": port, "metrics_port": server.metrics_port}),
+        json.dumps(
+            {
+                "serving": address,
+                "port": port,
+                "metrics_port": server.metrics_port,
+                "http_port": server.http_port,
+            }
+        ),
         flush=True,
     )
     stop = asyncio.Event()

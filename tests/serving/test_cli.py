@@ -71,7 +71,7 @@ def test_serve_two_workers_exported_model(exported_repo):
     cmd = [
         sys.executable, "-m", "pipelines.cli", "serve", "--repo", str(exported_repo),
         "--host", "127.0.0.1", "--port", "0", "--workers", "2", "--metrics-port", "0",
-        "--poll-seconds", "0", "--log-level", "WARNING",
+        "--poll-seconds", "0", "--log-level", "WARNING", "--http-port", "0",
     ]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
     env["PYTHONPATH"] = str(ROOT)
@@ -82,6 +82,8 @@ def test_serve_two_workers_exported_model(exported_repo):
         assert lines[0]["workers"] == 2
         assert {w["port"] for w in lines[1:]} == {port}
         assert [w["metrics_port"] for w in lines[1:]] == [None, None]  # only the parent's
+        http_port = lines[0]["http_port"]
+        assert {w["http_port"] for w in lines[1:]} == {http_port}  # one HTTP port, SO_REUSEPORT
         target = f"127.0.0.1:{port}"
         wait_serving(target)
 
@@ -115,6 +117,8 @@ def test_serve_two_workers_exported_model(exported_repo):
         per_worker = [_rank_ok_in(str(f)) for f in sorted(metrics_dir.glob("counter_*.db"))]
         assert len(per_worker) == 2 and sum(per_worker) == 16
         assert min(per_worker) > 0, per_worker  # both processes answered
+        ready = urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/health/ready", timeout=10)
+        assert json.loads(ready.read()) == {"ready": True}
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
         assert not metrics_dir.exists()  # the parent's temporary folder is removed at exit
