@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import grpc
@@ -167,6 +168,26 @@ def choose(
     if route.arm:
         state.metrics.record_arm(model, route.arm)
     return route
+
+
+def route(
+    state: RoutingState,
+    model: str,
+    version: int | None,
+    label: str | None,
+    header: Callable[[str], Any],
+    feature: Callable[[str], Any],
+) -> Route:
+    """``choose`` with the split key read where the model's split says: ``header(name)`` (the
+    call's metadata or HTTP header) for a ``header:NAME`` key, else ``feature(name)`` (the
+    request's first value of that feature; None when it has none). The key is read only when
+    the request names neither a version nor a label."""
+    key = None
+    if not version and not label:
+        split = split_source(state, model)
+        if split is not None:
+            key = header(split.header) if split.header else feature(split.key)
+    return choose(state, model, version, label, key)
 
 
 def first_value(values: np.ndarray | None) -> Any:

@@ -202,17 +202,12 @@ def route(
     label: str | None,
     feature: Callable[[str], Any],
 ) -> Route:
-    """``serving.routing.choose`` for a gRPC call: the split key from the call's metadata
-    (``header:NAME``) or ``feature(name)`` (the request's first value of that feature, None
-    when it has none)."""
-    key = None
-    if not version and not label:
-        split = routing.split_source(state, model)
-        if split is not None:
-            header = split.header
-            metadata = context.invocation_metadata()
-            key = _metadata_value(metadata, header) if header else feature(split.key)
-    return routing.choose(state, model, version, label, key)
+    """``serving.routing.route`` for a gRPC call: a ``header:NAME`` split key from the call's
+    metadata, a feature key from ``feature(name)``."""
+    metadata = context.invocation_metadata()
+    return routing.route(
+        state, model, version, label, lambda h: _metadata_value(metadata, h), feature
+    )
 
 
 def send_route(version: int) -> None:

@@ -3,7 +3,9 @@
 ``endpoint(method)`` wraps a handler ``async (request) -> web.Response`` like ``serving.rpc.rpc``
 wraps a gRPC one: the call starts (``serving.calls.start_call("http", X-Request-Id)``), admission
 control takes it (``method`` names the gRPC call it matches: ``Predict``, ``ModelInfer`` and
-``Rank`` hold an in-flight slot, the probes are answered while the server stops), exceptions
+``Rank`` hold an in-flight slot and get the call span of ``serving.tracing``, continuing a
+``traceparent`` header and answering their own; the probes are answered while the server
+stops), exceptions
 become ``{"error": ...}`` with the HTTP status of their gRPC code (``serving.http.errors``), and
 the metrics count it as ``http.<method>``. Every answer carries ``X-Request-Id``.
 """
@@ -21,6 +23,8 @@ from typing import Any
 import grpc
 from aiohttp import web
 
+from serving import tracing
+from serving.admission import INFERENCE_METHODS
 from serving.calls import current_call, start_call
 from serving.config import ServerOptions
 from serving.http.errors import HttpError, error_response, http_status
@@ -46,6 +50,8 @@ def state_of(request: web.Request) -> ServerState:
 def endpoint(method: str) -> Callable[[Handler], Handler]:
     """Wraps an HTTP handler (see the module docstring); ``method``: the gRPC method name."""
 
+    traced = method in INFERENCE_METHODS
+
     def deco(fn: Handler) -> Handler:
         @functools.wraps(fn)
         async def wrapper(request: web.Request) -> web.StreamResponse:
@@ -53,27 +59,26 @@ def endpoint(method: str) -> Callable[[Handler], Handler]:
             t0 = time.perf_counter()
             info = start_call("http", request.headers.get(REQUEST_ID))
             code = "OK"
-            try:
-                with state.admission.admit(method):
-                    resp = await fn(request)
-            except asyncio.CancelledError:
-                _record(state, method, "CANCELLED", t0)
-                raise
-            except HttpError as e:
-                code = e.code
-                resp = error_response(e.status, e.message)
-            except Exception as e:
-                status, message, hints = state.admission.answer(f"http.{method}", e)
-                code = status.name
-                if status == grpc.StatusCode.INTERNAL:
-                    log.exception(json.dumps({"event": "internal_error", "method": method}))
-                retry = int(dict(hints)["retry-after-ms"]) if hints else None
-                message = clip(message, state.limits.max_message_chars)
-                resp = error_response(http_status(status), message, retry)
+            span = tracing.call_span(f"http.{method}", request.headers, "http") if traced else None
+            with span or tracing.OFF:
+                try:
+                    with state.admission.admit(method):
+                        resp = await fn(request)
+                except asyncio.CancelledError:
+                    tracing.set_status("CANCELLED", error=True)
+                    _record(state, method, "CANCELLED", t0)
+                    raise
+                except HttpError as e:
+                    code = e.code
+                    resp = error_response(e.status, e.message)
+                except Exception as e:
+                    code, resp = _error_answer(state, method, e)
+                tracing.set_status(str(resp.status), error=resp.status >= 400)
+                resp.headers.update(tracing.response_headers())
             resp.headers[REQUEST_ID] = info.request_id
             _record(state, method, code, t0)
             if request.app[OPTIONS].access_log:
-                _access_line(request, resp.status, t0, info.request_id)
+                _access_line(request, resp.status, t0)
             return resp
 
         return wrapper
@@ -81,11 +86,22 @@ def endpoint(method: str) -> Callable[[Handler], Handler]:
     return deco
 
 
+def _error_answer(state: ServerState, method: str, exc: Exception) -> tuple[str, web.Response]:
+    """The gRPC code name and the JSON error answer of ``exc`` (a retry hint when overloaded);
+    an INTERNAL error is logged with its traceback."""
+    status, message, hints = state.admission.answer(f"http.{method}", exc)
+    if status == grpc.StatusCode.INTERNAL:
+        log.exception(json.dumps({"event": "internal_error", "method": method}))
+    retry = int(dict(hints)["retry-after-ms"]) if hints else None
+    message = clip(message, state.limits.max_message_chars)
+    return status.name, error_response(http_status(status), message, retry)
+
+
 def _record(state: ServerState, method: str, code: str, t0: float) -> None:
     state.metrics.record_rpc(f"http.{method}", code, time.perf_counter() - t0)
 
 
-def _access_line(request: web.Request, status: int, t0: float, request_id: str) -> None:
+def _access_line(request: web.Request, status: int, t0: float) -> None:
     access_log.info(
         json.dumps(
             {
@@ -94,8 +110,8 @@ def _access_line(request: web.Request, status: int, t0: float, request_id: str) 
                 "path": request.path,
                 "status": status,
                 "ms": round(1e3 * (time.perf_counter() - t0), 3),
-                "request_id": request_id,
                 "peer": request.remote or "",
+                **tracing.log_fields(request.headers.get(REQUEST_ID)),
             }
         )
     )

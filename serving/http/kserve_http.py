@@ -51,18 +51,24 @@ EXTENSIONS = ["binary_tensor_data"]
 DATATYPES = ["BYTES", *KSERVE_DTYPES]
 
 
-def _version(request: web.Request) -> tuple[str, int | None]:
-    """The model and version a path names (a version that is not all digits is a label)."""
-    state = state_of(request)
+def _named(request: web.Request) -> tuple[str, int | None, str | None]:
+    """The model, version and label a path names (a version that is not all digits is a
+    label)."""
     model = request.match_info["model"]
     text = request.match_info.get("version", "")
     if not text:
-        return model, None
+        return model, None, None
     if text.isascii() and text.isdigit():
         if int(text) < 1:
             raise invalid(f"/v2/models/{model}: model version must be >= 1, got {text}")
-        return model, http_app.resolve_version(state, model, int(text), None)
-    return model, http_app.resolve_version(state, model, None, text)
+        return model, int(text), None
+    return model, None, text
+
+
+def _version(request: web.Request) -> tuple[str, int | None]:
+    """The model and version a path names (a label: the version it names)."""
+    model, version, label = _named(request)
+    return model, http_app.resolve_version(state_of(request), model, version, label)
 
 
 @endpoint("ServerLive")
@@ -267,6 +273,18 @@ async def infer(request: web.Request) -> web.Response:
     else:
         doc = json_object(await state.offload(lambda: parse_json(head, where)), where)
     tensors = _inputs(doc, binary, where, limits)
+    by_name = {t.name: t for t in tensors}
+    _, named, label = _named(request)
+    chosen = http_app.route_version(
+        state,
+        request,
+        model,
+        named,
+        label,
+        lambda f: http_app.feature_key(by_name, f, lambda t: _decode(t, where, limits)),
+    )
+    if chosen is not None and chosen != target.mv.version:
+        target = inference.resolve(state.repo, model, chosen)
     check_names(target.specs, [t.name for t in tensors], target.where)
 
     def decode() -> tuple[dict, int]:

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
-from serving import inference
+from serving import inference, routing
 from serving.http import app as http_app
 from serving.http.endpoint import answer_headers, dumps, endpoint, json_body, state_of
 from serving.http.jsonio import json_array, json_object, type_name
@@ -80,6 +80,14 @@ async def rank(request: web.Request) -> web.Response:
 
     user, cands = await state.offload(
         lambda: (arrays(user_doc, "user"), arrays(cand_doc, "candidate"))
+    )
+    version = http_app.route_version(
+        state,
+        request,
+        model,
+        _int(doc, "version", where) or None,
+        label,
+        lambda f: routing.first_value(user[f] if f in user else cands.get(f)),
     )
     result = await inference.rank(
         state.repo,

@@ -159,8 +159,19 @@ async def predict(request: web.Request) -> web.Response:
         raise invalid(f"{where}: signature_name must be a string, got {type_name(signature)}")
     target = inference.resolve(state.repo, spec.model, version, signature)
     values, rows_form = _inputs_of(doc, target, where)
-    check_names(target.specs, values, target.where)
     limits = state.limits
+
+    def key_of(name: str) -> Any:
+        spec_of = target.specs.get(name)
+        dtype = spec_of.dtype if spec_of is not None else None
+        return http_app.feature_key(
+            values, name, lambda v: json_array(v, "split key", limits, dtype)
+        )
+
+    chosen = http_app.route_version(state, request, spec.model, spec.version, spec.label, key_of)
+    if chosen is not None and chosen != target.mv.version:
+        target = inference.resolve(state.repo, spec.model, chosen, signature)
+    check_names(target.specs, values, target.where)
 
     def decode() -> tuple[dict, int]:
         arrays = {
