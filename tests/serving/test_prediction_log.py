@@ -237,7 +237,7 @@ def test_log_flags_reach_the_options_and_the_workers():
     opts = serve._options(args)
     assert (opts.log_dir, opts.log_default_rate, opts.log_flush_s) == ("logs", 0.25, 2.0)
     assert opts.log_rates == (("ctr", 1.0),)
-    worker = serve._worker_argv(args, 8500, 0)
+    worker = serve._worker_argv(args, 8500)
     assert worker[worker.index("--log-dir") + 1] == "logs"
     assert [worker[i + 1] for i, a in enumerate(worker) if a == "--log-rate"] == ["0.25", "ctr=1"]
     assert worker[worker.index("--log-flush-seconds") + 1] == "2.0"
