@@ -238,6 +238,72 @@ def _metric_table(m: Mapping[str, Any]) -> str:
     return "".join(out)
 
 
+def _slice_section(fname: str, s: Mapping[str, Any]) -> list[str]:
+    """The HTML of one sliced field: its plot and its table."""
+    parts: list[str] = []
+    parts.append(f"<h2>Slices of {_e(fname)}</h2>")
+    parts.append(f"<p class=small>{_e(s['how'])}; {s['flagged']} slice(s) flagged.</p>")
+    svg = slice_plot(fname, s)
+    if svg:
+        parts.append(svg)
+    parts.append(
+        "<table><tr><th>slice</th><th>rows</th><th>clicks</th><th>AUC control</th>"
+        "<th>AUC treatment</th><th>AUC delta [95% CI]</th><th>logloss delta [95% CI]</th>"
+        "<th>verdict (AUC)</th><th>flags</th></tr>"
+    )
+    for e in s["slices"]:
+        a = e["metrics"].get("auc", {})
+        ll = e["metrics"].get("logloss", {})
+        parts.append(
+            f"<tr><td>{_e(e['value'])}</td><td class=num>{e['rows']:,}</td>"
+            f"<td class=num>{e['positives']:,}</td><td class=num>{_fmt(a.get('control'))}</td>"
+            f"<td class=num>{_fmt(a.get('treatment'))}</td>"
+            f"<td class=num>{_fmt(a.get('delta'))} {_e(_ci(a) if a else '')}</td>"
+            f"<td class=num>{_fmt(ll.get('delta'))} {_e(_ci(ll) if ll else '')}</td>"
+            f"<td>{_e(a.get('verdict', ''))}</td>"
+            f"<td class=flag>{_e('; '.join(e['flags']))}</td></tr>"
+        )
+    parts.append("</table>")
+    return parts
+
+
+def _off_policy_section(op: Mapping[str, Any]) -> list[str]:
+    """The HTML of the off-policy estimates: the plot, the table and the difference."""
+    parts: list[str] = []
+    parts.append("<h2>Off-policy estimates</h2>")
+    parts.append(
+        f"<p class=small>Action <code>{_e(op['action'])}</code> over {op['candidates']} "
+        f"candidates, propensity <code>{_e(op['propensity'])}</code>; policy: "
+        f"{_e(op['policy'])}; reward model for DM/DR: {_e(op['reward_model'])}. Logged "
+        f"click rate {_fmt(op['logged']['observed_ctr'])} [{_fmt(op['logged']['ci'][0])}, "
+        f"{_fmt(op['logged']['ci'][1])}].</p>"
+    )
+    if op["policies"]:
+        parts.append(offpolicy_plot(op))
+    parts.append(
+        "<table><tr><th>policy</th><th>IPS</th><th>SNIPS</th><th>DM</th><th>DR</th>"
+        "<th>effective sample size</th><th>max weight</th></tr>"
+    )
+    for name, p in op["policies"].items():
+        cells = "".join(
+            f"<td class=num>{_fmt(v['value'])} [{_fmt(v['ci'][0])}, {_fmt(v['ci'][1])}]</td>"
+            for v in p["estimates"].values()
+        )
+        dg = p["diagnostics"]
+        parts.append(
+            f"<tr><td>{_e(name)}</td>{cells}<td class=num>"
+            f"{_fmt(dg['effective_sample_size'], 1)}</td>"
+            f"<td class=num>{_fmt(dg['max_weight'], 1)}</td></tr>"
+        )
+    parts.append("</table>")
+    for name, reason in op.get("skipped", {}).items():
+        parts.append(f"<p class=flag>{_e(name)} skipped: {_e(reason)}</p>")
+    if "difference" in op:
+        parts.append("<h3>Treatment - control policy value</h3>")
+        parts.append(_metric_table(op["difference"]))
+    return parts
+
+
 def html(result: Mapping[str, Any]) -> str:
     """The report as one HTML document (inline CSS and SVG; opens from disk, no scripts)."""
     v = result.get("verdict", {})
@@ -282,61 +348,9 @@ def html(result: Mapping[str, Any]) -> str:
     parts.append("<h2>Calibration</h2>")
     parts.append(calibration_plot(result))
     for fname, s in result.get("slices", {}).items():
-        parts.append(f"<h2>Slices of {_e(fname)}</h2>")
-        parts.append(f"<p class=small>{_e(s['how'])}; {s['flagged']} slice(s) flagged.</p>")
-        svg = slice_plot(fname, s)
-        if svg:
-            parts.append(svg)
-        parts.append(
-            "<table><tr><th>slice</th><th>rows</th><th>clicks</th><th>AUC control</th>"
-            "<th>AUC treatment</th><th>AUC delta [95% CI]</th><th>logloss delta [95% CI]</th>"
-            "<th>verdict (AUC)</th><th>flags</th></tr>"
-        )
-        for e in s["slices"]:
-            a = e["metrics"].get("auc", {})
-            ll = e["metrics"].get("logloss", {})
-            parts.append(
-                f"<tr><td>{_e(e['value'])}</td><td class=num>{e['rows']:,}</td>"
-                f"<td class=num>{e['positives']:,}</td><td class=num>{_fmt(a.get('control'))}</td>"
-                f"<td class=num>{_fmt(a.get('treatment'))}</td>"
-                f"<td class=num>{_fmt(a.get('delta'))} {_e(_ci(a) if a else '')}</td>"
-                f"<td class=num>{_fmt(ll.get('delta'))} {_e(_ci(ll) if ll else '')}</td>"
-                f"<td>{_e(a.get('verdict', ''))}</td>"
-                f"<td class=flag>{_e('; '.join(e['flags']))}</td></tr>"
-            )
-        parts.append("</table>")
+        parts.extend(_slice_section(fname, s))
     op = result.get("off_policy")
     if op:
-        parts.append("<h2>Off-policy estimates</h2>")
-        parts.append(
-            f"<p class=small>Action <code>{_e(op['action'])}</code> over {op['candidates']} "
-            f"candidates, propensity <code>{_e(op['propensity'])}</code>; policy: "
-            f"{_e(op['policy'])}; reward model for DM/DR: {_e(op['reward_model'])}. Logged "
-            f"click rate {_fmt(op['logged']['observed_ctr'])} [{_fmt(op['logged']['ci'][0])}, "
-            f"{_fmt(op['logged']['ci'][1])}].</p>"
-        )
-        if op["policies"]:
-            parts.append(offpolicy_plot(op))
-        parts.append(
-            "<table><tr><th>policy</th><th>IPS</th><th>SNIPS</th><th>DM</th><th>DR</th>"
-            "<th>effective sample size</th><th>max weight</th></tr>"
-        )
-        for name, p in op["policies"].items():
-            cells = "".join(
-                f"<td class=num>{_fmt(v['value'])} [{_fmt(v['ci'][0])}, {_fmt(v['ci'][1])}]</td>"
-                for v in p["estimates"].values()
-            )
-            dg = p["diagnostics"]
-            parts.append(
-                f"<tr><td>{_e(name)}</td>{cells}<td class=num>"
-                f"{_fmt(dg['effective_sample_size'], 1)}</td>"
-                f"<td class=num>{_fmt(dg['max_weight'], 1)}</td></tr>"
-            )
-        parts.append("</table>")
-        for name, reason in op.get("skipped", {}).items():
-            parts.append(f"<p class=flag>{_e(name)} skipped: {_e(reason)}</p>")
-        if "difference" in op:
-            parts.append("<h3>Treatment - control policy value</h3>")
-            parts.append(_metric_table(op["difference"]))
+        parts.extend(_off_policy_section(op))
     parts.append("</body></html>")
     return "\n".join(parts)

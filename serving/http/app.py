@@ -20,59 +20,20 @@ from __future__ import annotations
 
 import hmac
 import ssl
-from collections.abc import Callable, Mapping
-from typing import Any
 
-import numpy as np
 from aiohttp import web
 
-from serving import routing
 from serving.calls import clean_request_id
 from serving.config import ServerOptions
 from serving.http import kserve_http, rank_http, tfs_rest
 from serving.http.endpoint import OPTIONS, REQUEST_ID, STATE, Handler
 from serving.http.errors import error_response
-from serving.inference import ServingError
 from serving.rpc import ServerState
 
 #: seconds ``runner.cleanup()`` waits for HTTP handlers still running when the server stops
 #: (inference calls were already waited for by admission control)
 SHUTDOWN_S = 1.0
 OPEN_PREFIX = "/v2/health/"
-
-
-def resolve_version(
-    state: ServerState, model: str, version: int | None, label: str | None
-) -> int | None:
-    """The version a call names by number or by label (None: the highest ready one): a label's
-    version must be live (``serving.routing.label_version``: NOT_FOUND for a label the model's
-    traffic.toml does not have, UNAVAILABLE for one naming a version that is not ready)."""
-    return routing.label_version(state, model, label) if label else version
-
-
-def route_version(
-    state: ServerState,
-    request: web.Request,
-    model: str,
-    version: int | None,
-    label: str | None,
-    feature: Callable[[str], Any],
-) -> int | None:
-    """The version an inference call is served by (``serving.routing.route``): its version, its
-    label's, or its traffic arm's, the split key read from the HTTP headers (``header:NAME``)
-    or ``feature(name)``. Sets the call's arm."""
-    return routing.route(state, model, version, label, request.headers.get, feature).version
-
-
-def feature_key(values: Mapping[str, Any], name: str, decode: Callable[[Any], np.ndarray]) -> Any:
-    """The first value of feature ``name`` in a request's ``values`` decoded by ``decode`` (None
-    when the request has no such feature or it does not decode: the full decode answers it)."""
-    if name not in values:
-        return None
-    try:
-        return routing.first_value(decode(values[name]))
-    except ServingError:
-        return None
 
 
 @web.middleware

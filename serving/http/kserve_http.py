@@ -37,10 +37,10 @@ from serving.codec import (
     numpy_to_kserve_raw,
 )
 from serving.config import Limits
-from serving.http import app as http_app
 from serving.http.endpoint import answer_headers, dumps, endpoint, read_body, state_of
 from serving.http.errors import json_response
 from serving.http.jsonio import json_array, json_object, parse_json, to_json, type_name
+from serving.http.versions import feature_key, resolve_version, route_version
 from serving.inference import check_names, invalid
 from serving.kserve import SERVER_NAME, SERVER_VERSION
 from serving.model_version import ModelNotFound
@@ -68,7 +68,7 @@ def _named(request: web.Request) -> tuple[str, int | None, str | None]:
 def _version(request: web.Request) -> tuple[str, int | None]:
     """The model and version a path names (a label: the version it names)."""
     model, version, label = _named(request)
-    return model, http_app.resolve_version(state_of(request), model, version, label)
+    return model, resolve_version(state_of(request), model, version, label)
 
 
 @endpoint("ServerLive")
@@ -275,13 +275,13 @@ async def infer(request: web.Request) -> web.Response:
     tensors = _inputs(doc, binary, where, limits)
     by_name = {t.name: t for t in tensors}
     _, named, label = _named(request)
-    chosen = http_app.route_version(
+    chosen = route_version(
         state,
         request,
         model,
         named,
         label,
-        lambda f: http_app.feature_key(by_name, f, lambda t: _decode(t, where, limits)),
+        lambda f: feature_key(by_name, f, lambda t: _decode(t, where, limits)),
     )
     if chosen is not None and chosen != target.mv.version:
         target = inference.resolve(state.repo, model, chosen)

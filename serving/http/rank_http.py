@@ -23,9 +23,9 @@ import numpy as np
 from aiohttp import web
 
 from serving import inference, routing
-from serving.http import app as http_app
 from serving.http.endpoint import answer_headers, dumps, endpoint, json_body, state_of
 from serving.http.jsonio import json_array, json_object, type_name
+from serving.http.versions import resolve_version, route_version
 from serving.inference import invalid
 
 KEYS = {"user", "candidates", "top_k", "output", "version", "label"}
@@ -64,7 +64,7 @@ async def rank(request: web.Request) -> web.Response:
         raise invalid(f"{where}: unknown key(s) {extra}; expected {sorted(KEYS)}")
     k, out_name = _int(doc, "top_k", where), _str(doc, "output", where)
     label = _str(doc, "label", where) or None
-    version = http_app.resolve_version(state, model, _int(doc, "version", where) or None, label)
+    version = resolve_version(state, model, _int(doc, "version", where) or None, label)
     mv = state.repo.get(model, version)
     specs = {**mv.inputs, **(mv.rank_inputs or {})}
     user_doc, cand_doc = _features(doc, "user", where), _features(doc, "candidates", where)
@@ -81,7 +81,7 @@ async def rank(request: web.Request) -> web.Response:
     user, cands = await state.offload(
         lambda: (arrays(user_doc, "user"), arrays(cand_doc, "candidate"))
     )
-    version = http_app.route_version(
+    version = route_version(
         state,
         request,
         model,

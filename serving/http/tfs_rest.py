@@ -23,10 +23,10 @@ from google.protobuf import json_format
 from tensorflow_serving.apis import get_model_metadata_pb2
 
 from serving import inference
-from serving.http import app as http_app
 from serving.http.endpoint import answer_headers, dumps, endpoint, json_body, state_of
 from serving.http.errors import HttpError, json_response
 from serving.http.jsonio import json_array, json_object, to_json, type_name
+from serving.http.versions import feature_key, resolve_version, route_version
 from serving.inference import Target, check_names, invalid
 from serving.model_version import ModelNotFound
 
@@ -151,7 +151,7 @@ async def predict(request: web.Request) -> web.Response:
     state = state_of(request)
     spec: ModelPath = request[MODEL_PATH]
     where = f"/v1/models/{spec.model}:predict"
-    version = http_app.resolve_version(state, spec.model, spec.version, spec.label)
+    version = resolve_version(state, spec.model, spec.version, spec.label)
     state.repo.get(spec.model, version)  # an unknown model is 404 before the body is read
     doc = json_object(await json_body(request, where), where)
     signature = doc.get("signature_name", "")
@@ -164,11 +164,9 @@ async def predict(request: web.Request) -> web.Response:
     def key_of(name: str) -> Any:
         spec_of = target.specs.get(name)
         dtype = spec_of.dtype if spec_of is not None else None
-        return http_app.feature_key(
-            values, name, lambda v: json_array(v, "split key", limits, dtype)
-        )
+        return feature_key(values, name, lambda v: json_array(v, "split key", limits, dtype))
 
-    chosen = http_app.route_version(state, request, spec.model, spec.version, spec.label, key_of)
+    chosen = route_version(state, request, spec.model, spec.version, spec.label, key_of)
     if chosen is not None and chosen != target.mv.version:
         target = inference.resolve(state.repo, spec.model, chosen, signature)
     check_names(target.specs, values, target.where)
@@ -215,7 +213,7 @@ def _columns(outputs: dict[str, np.ndarray]) -> dict:
 async def status(request: web.Request) -> web.Response:
     state = state_of(request)
     spec: ModelPath = request[MODEL_PATH]
-    version = http_app.resolve_version(state, spec.model, spec.version, spec.label)
+    version = resolve_version(state, spec.model, spec.version, spec.label)
     statuses = state.repo.status(spec.model)
     if version is not None:
         if version not in statuses:
@@ -238,7 +236,7 @@ async def status(request: web.Request) -> web.Response:
 async def metadata(request: web.Request) -> web.Response:
     state = state_of(request)
     spec: ModelPath = request[MODEL_PATH]
-    version = http_app.resolve_version(state, spec.model, spec.version, spec.label)
+    version = resolve_version(state, spec.model, spec.version, spec.label)
     mv = state.repo.get(spec.model, version)
     sig_map = get_model_metadata_pb2.SignatureDefMap()
     for k, v in mv.signature_defs.items():
