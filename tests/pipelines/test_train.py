@@ -117,9 +117,9 @@ def _checkpoint_step(run: Path) -> int:
 
 @pytest.mark.slow
 def test_sigkill_then_resume_loses_no_checkpointed_step(tmp_path):
-    # 12,000 rows / 64 = 188 steps per epoch, 2 epochs: long enough to kill mid-run.
-    data = write_tiny_dataset(tmp_path, rows=13_000, train_rows=12_000, seed=1)
-    total = 2 * -(-12_000 // 64)
+    # 8,000 rows / 64 = 125 steps per epoch, 2 epochs: long enough to kill mid-run.
+    data = write_tiny_dataset(tmp_path, rows=9_000, train_rows=8_000, seed=1)
+    total = 2 * 125
     killed_run = tmp_path / "killed"
     proc = _cli(_config(data, killed_run, batch=64, epochs=2, ckpt=25))
     deadline = time.time() + 240
