@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from pipelines.cli import main
 from pipelines.config import ConfigError, DistributeConfig, load_config
 from pipelines.distribute import (
     free_ports,
@@ -123,13 +124,13 @@ def test_slices_cover_the_batch(rows):
         np.testing.assert_array_equal(np.concatenate(got), x)
 
 
-def test_bad_tf_config_is_one_error_line(tiny_data):
-    config = _run_config(tiny_data, tiny_data["root"] / "bad")
-    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CONFIG='{"cluster": {"worker": ["a:1"]}')
-    cmd = [sys.executable, "-m", "pipelines.cli", "train", "--config", str(config)]
-    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2
-    assert "error: TF_CONFIG is not valid JSON" in r.stderr + r.stdout
+def test_bad_tf_config_is_one_error_line(shared_tiny_data, tmp_path, monkeypatch, capsys):
+    # in this process: the other CLI tests run `stitchrec train` as a real process
+    config = _run_config(shared_tiny_data, tmp_path / "bad")
+    monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["a:1"]}')
+    assert main(["train", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: TF_CONFIG is not valid JSON") and err.count("\n") == 1, err
 
 
 def _run_config(data: dict[str, Path], out: Path, input_: str = "split") -> Path:
