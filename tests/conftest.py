@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import shared_runs
 from tests.testdata import write_tiny_dataset
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
@@ -81,3 +82,9 @@ def shared_data() -> Path:
 def tiny_data(tmp_path: Path) -> dict[str, Path]:
     """Schema file plus train (4,000 rows, 2 shards) and test (1,000 rows) Parquet folders."""
     return write_tiny_dataset(tmp_path, train_shards=2)
+
+
+@pytest.fixture(scope="session")
+def shared_tiny_data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """``tiny_data``'s dataset, written once per session for every xdist worker: read only."""
+    return shared_runs.shared_tiny_data(tmp_path_factory)

@@ -120,6 +120,20 @@ def write_run_config(
     """A training config over ``data`` (``write_tiny_dataset``'s dict) writing to ``out``:
     ``[model]`` and ``[train]`` from the dicts, ``data_extra`` appended to ``[data]`` and
     ``extra`` (more sections) at the end."""
+    path = Path(path)
+    path.write_text(run_config_text(data, out, model, train, extra, data_extra))
+    return path
+
+
+def run_config_text(
+    data: dict[str, Path],
+    out: Path | str,
+    model: dict[str, Any],
+    train: dict[str, Any],
+    extra: str = "",
+    data_extra: str = "",
+) -> str:
+    """The text ``write_run_config`` writes (``out`` relative: against the config's folder)."""
 
     def section(name: str, values: dict[str, Any]) -> str:
         return f"[{name}]\n" + "".join(f"{k} = {_toml(v)}\n" for k, v in values.items())
@@ -135,6 +149,4 @@ def write_run_config(
         + section("train", train)
         + (f"\n{extra.strip()}\n" if extra.strip() else "")
     )
-    path = Path(path)
-    path.write_text(text)
-    return path
+    return text

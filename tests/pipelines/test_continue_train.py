@@ -295,12 +295,13 @@ def test_continue_under_multi_worker_mirrored(days, tmp_path):
 
 
 def test_continue_under_parameter_servers(days, tmp_path):
-    """Chief, 2 workers and 2 ps (so the tables are split in 2 shards, which 1 ps never does):
-    the chief gathers each sharded table whole, remaps it and assigns it back shard by shard."""
+    """Chief, 1 worker and 2 ps (so the tables are split in 2 shards, which 1 ps never does):
+    the chief gathers each sharded table whole, remaps it and assigns it back shard by shard
+    (the chief alone continues: one worker runs the steps)."""
     ps = '[distribute]\nstrategy = "parameter_server"\nps_min_shard_bytes = 16\n'
     second = tmp_path / "second"
     config = _on_day2(days, second, ps)
-    cluster = _Cluster(config, workers=2, ps=2)
+    cluster = _Cluster(config, workers=1, ps=2)
     try:
         for task in cluster.tasks():
             cluster.start(task)

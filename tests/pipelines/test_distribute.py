@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from pipelines.cli import main
 from pipelines.config import ConfigError, DistributeConfig, load_config
 from pipelines.distribute import (
     free_ports,
@@ -24,8 +25,8 @@ from pipelines.distribute import (
     worker_tf_config,
 )
 from pipelines.run.paths import RunPaths
-from pipelines.train import train
-from tests.testdata import NO_VALIDATION, write_run_config
+from tests.shared_runs import shared_run
+from tests.testdata import NO_VALIDATION, run_config_text
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -123,16 +124,23 @@ def test_slices_cover_the_batch(rows):
         np.testing.assert_array_equal(np.concatenate(got), x)
 
 
-def test_bad_tf_config_is_one_error_line(tiny_data):
-    config = _run_config(tiny_data, tiny_data["root"] / "bad")
-    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CONFIG='{"cluster": {"worker": ["a:1"]}')
-    cmd = [sys.executable, "-m", "pipelines.cli", "train", "--config", str(config)]
-    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2
-    assert "error: TF_CONFIG is not valid JSON" in r.stderr + r.stdout
+def test_bad_tf_config_is_one_error_line(shared_tiny_data, tmp_path, monkeypatch, capsys):
+    # in this process: the other CLI tests run `stitchrec train` as a real process
+    config = _run_config(shared_tiny_data, tmp_path / "bad")
+    monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["a:1"]}')
+    assert main(["train", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: TF_CONFIG is not valid JSON") and err.count("\n") == 1, err
 
 
 def _run_config(data: dict[str, Path], out: Path, input_: str = "split") -> Path:
+    """The run config of the cluster tests, as ``out`` + ``.toml``."""
+    path = out.parent / f"{out.name}.toml"
+    path.write_text(_run_config_text(data, out, input_))
+    return path
+
+
+def _run_config_text(data: dict[str, Path], out: Path | str, input_: str = "split") -> str:
     model = {"type": "dcn_v2", "embedding_dim": 4, "mlp": [32, 16], "cross_layers": 2}
     train_cfg = {
         "batch_size": 256,
@@ -142,9 +150,13 @@ def _run_config(data: dict[str, Path], out: Path, input_: str = "split") -> Path
         "log_every": 2,
     }
     extra = f'[distribute]\ninput = "{input_}"\n'
-    return write_run_config(
-        data["root"] / f"{out.name}.toml", data, out, model, train_cfg, extra, NO_VALIDATION
-    )
+    return run_config_text(data, out, model, train_cfg, extra, NO_VALIDATION)
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory, shared_tiny_data) -> dict:
+    """The report of single-process training of the cluster tests' config (input "split")."""
+    return shared_run(tmp_path_factory, _run_config_text(shared_tiny_data, "run")).report
 
 
 def _run_cluster(
@@ -195,12 +207,14 @@ def _check_ok(codes: list[int], texts: list[str], root: Path, name: str) -> None
     assert not list((root / f"{name}-tmp-1").glob("stitchrec-*"))
 
 
-def test_killed_worker_resumes_from_the_last_checkpoint_and_matches_single_process(tiny_data):
+def test_killed_worker_resumes_from_the_last_checkpoint_and_matches_single_process(
+    shared_tiny_data, tmp_path, single
+):
     """A real 2-worker cluster loses worker 1 (SIGKILL) mid-run: the chief stops at once with
     exit status 3 naming the last checkpoint; started again, both workers restore it, train the
     remaining steps and end where single-process training ends: no checkpointed step is lost."""
-    root, out = tiny_data["root"], tiny_data["root"] / "cluster"
-    config = _run_config(tiny_data, out)
+    root, out = tmp_path, tmp_path / "cluster"
+    config = _run_config(shared_tiny_data, out)
     codes, texts = _run_cluster(config, root, "first", kill_worker_after="step 12/32")
     assert codes[0] == 3, texts[0][-3000:]
     paths = RunPaths(out)
@@ -226,7 +240,6 @@ def test_killed_worker_resumes_from_the_last_checkpoint_and_matches_single_proce
          "train_report.json"]
     )  # fmt: skip
 
-    single = train(load_config(_run_config(tiny_data, tiny_data["root"] / "single")), lambda _: 0)
     assert single["steps"] == 32
     gap = abs(report["test"]["auc"] - single["test"]["auc"])
     print(
@@ -238,18 +251,17 @@ def test_killed_worker_resumes_from_the_last_checkpoint_and_matches_single_proce
     assert abs(report["test"]["logloss"] - single["test"]["logloss"]) <= LOGLOSS_TOLERANCE
 
 
-def test_sharded_input_trains_each_worker_on_its_own_rows(tiny_data):
+def test_sharded_input_trains_each_worker_on_its_own_rows(shared_tiny_data, tmp_path, single):
     """``input = "shard"``: each worker reads its half of every epoch (2,000 rows) in local
     batches of 128, so an epoch is 15 global steps of 256 rows (3,840 rows, whole batches only),
     and the model learns what single-process training learns (different batches: not equal)."""
-    root, out = tiny_data["root"], tiny_data["root"] / "sharded"
-    config = _run_config(tiny_data, out, input_="shard")
+    root, out = tmp_path, tmp_path / "sharded"
+    config = _run_config(shared_tiny_data, out, input_="shard")
     codes, texts = _run_cluster(config, root, "sharded")
     _check_ok(codes, texts, root, "sharded")
     report = json.loads(RunPaths(out).report.read_text())
     assert report["steps"] == 30
     assert "step 30/30" in texts[0] and "step 30/30" in texts[1]
-    single = train(load_config(_run_config(tiny_data, root / "single")), lambda _: 0)
     gap = abs(report["test"]["auc"] - single["test"]["auc"])
     print(f"sharded auc {report['test']['auc']:.6f}, single {single['test']['auc']:.6f}")
     assert report["test"]["auc"] > 0.62

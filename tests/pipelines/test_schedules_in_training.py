@@ -189,8 +189,8 @@ def test_autolrs_with_dropout_resumes_after_sigkill_bitwise(tmp_path):
     saved = _checkpoint_step(killed)
     resumed = _train_cli(config(killed))
     assert f"at step {saved} " in resumed
-    straight = tmp_path / "straight"
-    _train_cli(config(straight))
+    straight = tmp_path / "straight"  # in this process: the CLI is the killed run's
+    train(load_config(config(straight)), lambda _: 0)
     a = json.loads((killed / "train_report.json").read_text())
     b = json.loads((straight / "train_report.json").read_text())
     assert a["steps"] == b["steps"] and a["autolrs"]["stages"]

@@ -23,12 +23,20 @@ from pipelines.run.model import load_trained_model
 from pipelines.run.paths import RunPaths
 from pipelines.run.scoring import make_scorer, predict
 from pipelines.train import train
-from tests.testdata import NO_VALIDATION, write_run_config, write_tiny_dataset
+from tests.shared_runs import SharedRun, copy_run, shared_run
+from tests.testdata import NO_VALIDATION, run_config_text, write_tiny_dataset
 
 
 def _config(data, out, batch=256, epochs=2, ckpt=5, data_extra=NO_VALIDATION, **train_extra):
-    """A DCN-v2 run config over ``data``; by default without a validation split (every
-    training row trains), ``data_extra`` and ``train_extra`` add [data] and [train] keys."""
+    """A DCN-v2 run config over ``data`` writing to ``out`` (the file: ``out`` + ``.toml``);
+    by default without a validation split (every training row trains), ``data_extra`` and
+    ``train_extra`` add [data] and [train] keys."""
+    path = Path(out).parent / f"{Path(out).name}.toml"
+    path.write_text(_config_text(data, out, batch, epochs, ckpt, data_extra, **train_extra))
+    return path
+
+
+def _config_text(data, out, batch, epochs, ckpt, data_extra, **train_extra) -> str:
     model = {"type": "dcn_v2", "embedding_dim": 4, "mlp": [32, 16], "cross_layers": 2}
     train = {
         "batch_size": batch,
@@ -39,8 +47,14 @@ def _config(data, out, batch=256, epochs=2, ckpt=5, data_extra=NO_VALIDATION, **
         "deterministic": True,
         **train_extra,
     }
-    path = data["root"] / f"{Path(out).name}.toml"
-    return write_run_config(path, data, out, model, train, data_extra=data_extra)
+    return run_config_text(data, out, model, train, data_extra=data_extra)
+
+
+@pytest.fixture(scope="module")
+def one_epoch(tmp_path_factory, shared_tiny_data) -> SharedRun:
+    """One epoch (16 steps) of ``_config`` on the tiny set, shared: tests copy it to change it."""
+    text = _config_text(shared_tiny_data, "run", 256, 1, 5, NO_VALIDATION)
+    return shared_run(tmp_path_factory, text)
 
 
 def test_train_writes_run_and_learns(tiny_data):
@@ -103,8 +117,9 @@ def _checkpoint_step(run: Path) -> int:
 
 @pytest.mark.slow
 def test_sigkill_then_resume_loses_no_checkpointed_step(tmp_path):
-    # 40,000 rows / 64 = 625 steps per epoch, 2 epochs: long enough to kill mid-run.
-    data = write_tiny_dataset(tmp_path, rows=44_000, train_rows=40_000, seed=1)
+    # 8,000 rows / 64 = 125 steps per epoch, 2 epochs: long enough to kill mid-run.
+    data = write_tiny_dataset(tmp_path, rows=9_000, train_rows=8_000, seed=1)
+    total = 2 * 125
     killed_run = tmp_path / "killed"
     proc = _cli(_config(data, killed_run, batch=64, epochs=2, ckpt=25))
     deadline = time.time() + 240
@@ -119,36 +134,39 @@ def test_sigkill_then_resume_loses_no_checkpointed_step(tmp_path):
     proc.wait()
     assert proc.returncode == -signal.SIGKILL
     saved = _checkpoint_step(killed_run)
-    assert 50 <= saved < 1250
+    assert 50 <= saved < total
 
     resumed = _train_cli(_config(data, killed_run, batch=64, epochs=2, ckpt=25))
     assert "resumed from" in resumed and f"at step {saved} " in resumed
     report = json.loads((killed_run / "train_report.json").read_text())
-    assert report["steps"] == 1250
-    assert report["steps_this_run"] == 1250 - saved
+    assert report["steps"] == total
+    assert report["steps_this_run"] == total - saved
 
-    straight_run = tmp_path / "straight"
-    _train_cli(_config(data, straight_run, batch=64, epochs=2, ckpt=25))
+    straight_run = tmp_path / "straight"  # in this process: the CLI is the killed run's
+    train(load_config(_config(data, straight_run, batch=64, epochs=2, ckpt=25)), lambda _: None)
     # same data order and deterministic ops: the resumed run ends where the straight one does
     for a, b in zip(_weights(killed_run), _weights(straight_run), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
-def test_export_scores_identically_in_a_fresh_process(tiny_data, tmp_path):
-    cfg = load_config(_config(tiny_data, tiny_data["root"] / "run", epochs=1))
-    train(cfg, log=lambda _: None)
-    out = export_run(cfg.output_dir)
-    assert out == Path(cfg.output_dir) / "export" / "1"
-    assert export_run(cfg.output_dir).name == "2"
+def test_export_scores_identically_in_a_fresh_process(one_epoch, shared_tiny_data, tmp_path):
+    config = copy_run(one_epoch, tmp_path)
+    run = config.parent / "run"
+    out = export_run(run)
+    assert out == run / "export" / "1"
+    assert export_run(run).name == "2"
     assert json.loads((out / "assets.extra" / "stats.json").read_text())["rows"] == 4000
 
-    model, schema, _ = load_trained_model(cfg.output_dir)
-    files = sorted(Path(tiny_data["test"]).glob("*.parquet"))
+    model, schema, _ = load_trained_model(run)
+    files = sorted(Path(shared_tiny_data["test"]).glob("*.parquet"))
     _, expected = predict(make_scorer(model, schema), schema, files)
 
+    # one fresh process scores the export, then shows it with saved_model_cli's entry point
     script = textwrap.dedent(
         f"""
+        import sys
         import numpy as np, pyarrow.parquet as pq, tensorflow as tf
+        from tensorflow.python.tools.saved_model_cli import main
         fn = tf.saved_model.load({str(out)!r}).signatures["serving_default"]
         t = pq.read_table({str(files[0])!r})
         feats = {{
@@ -159,36 +177,34 @@ def test_export_scores_identically_in_a_fresh_process(tiny_data, tmp_path):
             "age": tf.constant(t.column("age").to_numpy(), tf.float32),
         }}
         np.save({str(tmp_path / "scores.npy")!r}, fn(**feats)["score"].numpy())
+        sys.argv = ["saved_model_cli", "show", "--all", "--dir", {str(out)!r}]
+        sys.exit(main())
         """
     )
-    subprocess.run([sys.executable, "-c", script], check=True, capture_output=True)
-    np.testing.assert_allclose(np.load(tmp_path / "scores.npy"), expected, atol=1e-6)
-
-    cli = Path(sys.executable).parent / "saved_model_cli"
     shown = subprocess.run(
-        [str(cli), "show", "--all", "--dir", str(out)], capture_output=True, text=True, check=True
+        [sys.executable, "-c", script], check=True, capture_output=True, text=True
     ).stdout
+    np.testing.assert_allclose(np.load(tmp_path / "scores.npy"), expected, atol=1e-6)
     assert "signature_def['serving_default']" in shown
     for name in ("user", "item", "tags", "price", "age", "score"):
         assert f"['{name}']" in shown
     assert "DT_STRING" in shown and "DT_INT64" in shown
 
 
-def test_evaluate_reads_parquet_shards_and_raw_csv_alike(tiny_data, tmp_path):
+def test_evaluate_reads_parquet_shards_and_raw_csv_alike(one_epoch, shared_tiny_data, tmp_path):
     from pipelines.evaluate import evaluate
 
-    cfg = load_config(_config(tiny_data, tiny_data["root"] / "run", epochs=1))
-    report = train(cfg, log=lambda _: None)
-    out = export_run(cfg.output_dir)
-    from_parquet = evaluate(out, [tiny_data["test"]])
+    run = copy_run(one_epoch, tmp_path / "copy").parent / "run"
+    out = export_run(run)
+    from_parquet = evaluate(out, [shared_tiny_data["test"]])
     assert from_parquet["rows"] == 1000
-    assert from_parquet["auc"] == pytest.approx(report["test"]["auc"], abs=1e-6)
+    assert from_parquet["auc"] == pytest.approx(one_epoch.report["test"]["auc"], abs=1e-6)
 
-    df = pq.read_table(tiny_data["test"]).to_pandas()
+    df = pq.read_table(shared_tiny_data["test"]).to_pandas()
     df.insert(0, "extra_column", "ignored")
     df.to_csv(tmp_path / "test.csv", index=False)
     csv_schema = (
-        (tiny_data["root"] / "schema.toml")
+        (shared_tiny_data["root"] / "schema.toml")
         .read_text()
         .replace('format = "parquet"', 'format = "csv"')
     )
@@ -221,15 +237,15 @@ def test_dropout_run_resumed_from_a_checkpoint_is_bitwise_the_uninterrupted_run(
         np.testing.assert_array_equal(a, b)
 
 
-def test_resume_with_another_batch_size_is_refused(tiny_data):
-    run = tiny_data["root"] / "run"
-    first = load_config(_config(tiny_data, run, batch=256, epochs=1))
-    assert train(first, log=lambda _: None)["steps"] == 16
+def test_resume_with_another_batch_size_is_refused(one_epoch, shared_tiny_data, tmp_path):
+    assert one_epoch.report["steps"] == 16
+    run = copy_run(one_epoch, tmp_path).parent / "run"
     # 16 steps of 512 rows would be 2 epochs: the run must not end "done" after one
-    other = load_config(_config(tiny_data, run, batch=512, epochs=2))
+    other = load_config(_config(shared_tiny_data, run, batch=512, epochs=2))
     with pytest.raises(ConfigError, match=r"batch_size = 512: .* batch_size = 256"):
         train(other, log=lambda _: None)
-    again = train(load_config(_config(tiny_data, run, batch=256, epochs=2)), lambda _: None)
+    cfg = load_config(_config(shared_tiny_data, run, batch=256, epochs=2))
+    again = train(cfg, lambda _: None)
     assert again["steps"] == 32 and again["steps_this_run"] == 16
 
 

@@ -208,8 +208,8 @@ def test_sigkill_then_resume_keeps_the_early_stopping_state(tmp_path):
     saved = _checkpoint_step(killed)
     resumed = _train_cli(_config(data, killed, **opts))
     assert "resumed from" in resumed
-    straight = tmp_path / "straight"
-    _train_cli(_config(data, straight, **opts))
+    straight = tmp_path / "straight"  # in this process: the CLI is the killed run's
+    train(load_config(_config(data, straight, **opts)), lambda _: None)
     a, b = (json.loads((r / "train_report.json").read_text()) for r in (killed, straight))
     assert a["selection"] == b["selection"] and a["selected"]["step"] == b["selected"]["step"]
     assert a["steps"] == b["steps"] and a["selection"]["stopped_early"]
