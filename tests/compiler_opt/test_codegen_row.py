@@ -237,14 +237,26 @@ def test_the_cuda_form_runs_the_same_program(tmp_path):
 
 def test_precompile_builds_a_graphs_libraries_side_by_side(tmp_path, monkeypatch):
     """``registry.precompile`` (called by ``xy_op.rewrite``) compiles the missing libraries of a
-    loop op and a row program concurrently; loading them afterwards compiles nothing."""
+    loop op and a row program concurrently; loading them afterwards compiles nothing. They are
+    compiled as users compile them (no ``$STITCHREC_CXX_PCH``): with the tests' precompiled
+    header, the same source gives the same library, byte for byte."""
     need_compiler()
+    pch = os.environ.get(toolchain.PCH_ENV)
+    monkeypatch.delenv(toolchain.PCH_ENV, raising=False)
     monkeypatch.setenv("STITCHREC_CACHE", str(tmp_path))
     loop = loop_def.LoopSpec(width=6, inputs=("full",), body=(("Neg", (0,)),), outputs=(0,))
     row = RowSpec(((True, (2, 6)),), (RowValue("Sum", (0,), (6,), (0,)),), (0,))
     registry.precompile([(loop, loop_groups.LOOP), (row, row_groups.ROW)])
-    assert not toolchain.compile_kernel(loop_cpu.generate(loop)).compiled
+    plain = toolchain.compile_kernel(loop_cpu.generate(loop))
+    assert not plain.compiled
     assert not toolchain.compile_kernel(row_cpu.generate(row)).compiled
+    if pch:  # compiled again where it was (its path is in the library: ``__FILE__``)
+        users = plain.path.read_bytes()
+        plain.path.unlink()
+        monkeypatch.setenv(toolchain.PCH_ENV, pch)
+        with_pch = toolchain.compile_kernel(loop_cpu.generate(loop))
+        assert with_pch.compiled and with_pch.path == plain.path
+        assert with_pch.path.read_bytes() == users
     bad = RowSpec(((True, (3,)),), (RowValue("Sum", (0,), (), (0,)),), (0,))
     monkeypatch.setattr(row_cpu, "generate", lambda spec, cuda=False: "not C++")
     with pytest.raises(toolchain.CompilerUnavailable, match="failed"):  # beside a cached one
