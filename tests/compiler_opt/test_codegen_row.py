@@ -105,12 +105,15 @@ def test_a_program_equals_the_ops_it_replaces(case):
 
 
 def test_hand_checked_fm_term():
-    """v = [[1, 2], [3, 4]] (F=2, d=2): sum_f = [4, 6]; (16 - 10) + (36 - 20) = 22; 0.5 * 22."""
+    """v = [[1, 2], [3, 4]] (F=2, d=2): sum_f = [4, 6]; (16 - 10) + (36 - 20) = 22; 0.5 * 22.
+    The rows are padded with zeros to the ``fm`` case's [3, 4] (zeros add nothing to either
+    sum): the same program, compiled once for both tests."""
     need_compiler()
-    frozen = _frozen(fm, [None, 2, 2])
+    frozen = _frozen(fm, CASES["fm"][1])
     _, (group, _) = _whole_program(frozen)
     graph_def, outputs = xy_op.rewrite(frozen.graph_def, [group], frozen.outputs)
-    x = np.array([[[1, 2], [3, 4]], [[0, 0], [0, 1]]], np.float32)
+    x = np.zeros((2, 3, 4), np.float32)
+    x[:, :2, :2] = [[[1, 2], [3, 4]], [[0, 0], [0, 1]]]
     np.testing.assert_array_equal(_run(graph_def, frozen, outputs, x)[0], [[11.0], [0.0]])
 
 
