@@ -1,5 +1,5 @@
-"""Fixtures of the compiler_opt tests: fixed cost coefficients, a small exported DCN-v2 and the
-folder of generated-op libraries the tests share."""
+"""Fixtures of the compiler_opt tests: fixed cost coefficients, a small exported DCN-v2, the
+folder of generated-op libraries the tests share and their precompiled header."""
 
 from __future__ import annotations
 
@@ -27,6 +27,10 @@ HAND = Coefficients(
 #: the libraries of the generated ops: the kernels folder of the cache the tests started with
 #: (``$STITCHREC_CACHE`` or ``~/.cache/stitchrec``), read before any test sets its own
 SHARED_KERNELS = toolchain.kernels_dir()
+#: the precompiled TensorFlow headers of every compile the tests start (``$STITCHREC_CXX_PCH``,
+#: ``toolchain.precompiled_header``; subprocesses inherit it): beside the shared kernels, so
+#: both xdist workers and later runs build it once. The libraries are the same without it.
+os.environ.setdefault(toolchain.PCH_ENV, str(SHARED_KERNELS.parent / "pch"))
 
 
 @pytest.fixture()

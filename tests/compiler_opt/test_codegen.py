@@ -9,6 +9,7 @@ temporary ``STITCHREC_CACHE`` whose kernels folder is the suite's (``share_kerne
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -19,7 +20,7 @@ import numpy as np
 import pytest
 import tensorflow as tf  # tests/conftest.py sets TF_USE_LEGACY_KERAS first
 
-from compiler_opt import toolchain
+from compiler_opt import toolchain, xy_op
 from compiler_opt.embedding_op import assets as emb_assets
 from compiler_opt.embedding_op import layer as emb_layer
 from compiler_opt.embedding_op import ops as emb_ops
@@ -261,6 +262,29 @@ def test_cache_is_reused_and_keyed_by_source(block):
     assert emb_ops.load(spec_block.spec) is kernel  # once per process
     other = toolchain.cxx_toolchain().key(kernel.source + "\n// changed")
     assert other != kernel.library.key
+
+
+def test_the_precompiled_header_is_keyed_by_the_toolchain(block, tmp_path, monkeypatch):
+    """``$STITCHREC_CXX_PCH`` (set by the tests' conftest): one header per toolchain and flags,
+    holding only headers that every generated source includes itself."""
+    _, _, kernel = block
+    tc = toolchain.cxx_toolchain()
+    header = toolchain.precompiled_header(tc)
+    text = "".join(f"#include {h}\n" for h in toolchain.PCH_HEADERS)
+    assert header.parent == Path(os.environ[toolchain.PCH_ENV]) / tc.key(text)
+    assert header.read_text() == text and header.with_name(f"{header.name}.gch").stat().st_size
+    head = "\n".join(xy_op.xy_op_head("X", [], [], []))
+    for h in toolchain.PCH_HEADERS:
+        assert f"#include {h}" in kernel.source and f"#include {h}" in head
+    flags = toolchain._compile_only(tc.flags)
+    assert "-shared" not in flags and [f for f in tc.flags if f in flags] == flags
+    monkeypatch.setenv(toolchain.PCH_ENV, str(tmp_path))
+    bad = dataclasses.replace(tc, flags=(*tc.flags, "-fno-such-flag"))
+    with pytest.raises(toolchain.CompilerUnavailable, match="on the precompiled header"):
+        toolchain.precompiled_header(bad)
+    assert not list(tmp_path.glob("*/*.gch")) and not list(tmp_path.glob("*/*.tmp"))
+    monkeypatch.delenv(toolchain.PCH_ENV)
+    assert toolchain.precompiled_header(tc) is None
 
 
 def test_bad_inputs_raise_errors_naming_them(block):

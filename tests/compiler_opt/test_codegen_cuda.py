@@ -248,32 +248,34 @@ def test_embedding_device_code_equals_the_cpu_kernel(cuda_block, seed, batch):
         np.testing.assert_allclose(values[t], grad[1][t].numpy(), rtol=1e-6, atol=1e-7)
 
 
-def test_embedding_spec_with_hand_checked_values(cuda):
-    """One full field (rows ``10 r + j``) and one ragged mean field: values by hand."""
-    coll = EmbeddingCollection(
-        [
-            {"name": "cu_hand", "num_rows": 4, "dim": 2},
-            {"name": "cu_hand_tags", "num_rows": 3, "dim": 2},
-        ],
-        name="cuda_hand",
+def test_embedding_device_code_with_hand_checked_values(cuda_block):
+    """The full field (rows ``10 r + j``) and the ragged mean field (rows ``100 r + j``) of the
+    block, values by hand: an out-of-range id reads row 0, an empty row is zeros."""
+    block, kernel = cuda_block
+    spec = kernel.spec
+    assert [f.name for f in spec.fields[:2]] == ["cu_full", "cu_tags"]
+    assert not spec.fields[0].ragged and spec.fields[1].combiner == "mean"
+    full, tags = block.variables[:2]
+    assert full.shape == (50, 4) and tags.shape == (40, 4)
+    full.assign((10 * np.arange(50)[:, None] + np.arange(4)).astype(np.float32))
+    tags.assign((100 * np.arange(40)[:, None] + np.arange(4)).astype(np.float32))
+    ids = _ids(4, 3)
+    ids["cu_full"] = tf.constant([1, 70, 3], tf.int64)  # 70 is out of range: row 0
+    ids["cu_tags"] = tf.RaggedTensor.from_row_lengths(
+        tf.constant([0, 2, 2], tf.int64), tf.constant([2, 0, 1], tf.int64)
     )
-    ids = {
-        "cu_hand": tf.constant([1, 7, 3], tf.int64),  # 7 is out of range: row 0
-        "cu_hand_tags": tf.RaggedTensor.from_row_lengths(
-            tf.constant([0, 2, 2], tf.int64), tf.constant([2, 0, 1], tf.int64)
-        ),
-    }
-    coll(ids)
-    layers = coll.layers_by_field
-    layers["cu_hand"].table.assign([[0, 1], [10, 11], [20, 21], [30, 31]])
-    layers["cu_hand_tags"].table.assign([[1, 2], [3, 4], [5, 6]])
-    block, kernel = emb_layer.fused_block(coll, ids)
     tables = [v.numpy() for v in block.variables]
+    dense = np.arange(3 * DENSE, dtype=np.float32).reshape(3, DENSE)
     got = emb_gpu.run_embedding_on_host(
-        kernel.library.path, kernel.spec, tables, _id_arrays(kernel.spec, ids)
+        kernel.library.path, spec, tables, _id_arrays(spec, ids), dense=dense
     )
-    want = [[10, 11, 3, 4], [0, 1, 0, 0], [30, 31, 5, 6]]  # row 0 of tags: mean of 0 and 2
-    np.testing.assert_array_equal(got, np.array(want, np.float32))
+    want = [  # row 0 of tags: the mean of rows 0 and 2
+        [10, 11, 12, 13, 100, 101, 102, 103],
+        [0, 1, 2, 3, 0, 0, 0, 0],
+        [30, 31, 32, 33, 200, 201, 202, 203],
+    ]
+    np.testing.assert_array_equal(got[:, :8], np.array(want, np.float32))
+    np.testing.assert_array_equal(got[:, -DENSE:], dense)
 
 
 @pytest.fixture(scope="module")
@@ -371,12 +373,13 @@ def test_a_version_whose_op_has_no_gpu_kernel_is_served_on_the_cpu(amtl):
 
 def test_the_cuda_form_has_its_own_cache_entry_and_nvcc_errors_are_reported(cuda, tmp_path):
     spec = LOOP_SPECS[0]
-    # in the module's cache: the CUDA form is the library the row_scalar loop test loaded
-    plain = toolchain.compile_kernel(loop_cpu.generate(spec))
+    # in the module's cache: the CUDA form is the library the row_scalar loop test loaded, under
+    # a key of its own (the CPU form's key: the hash of its source alone)
+    plain_key = toolchain.cxx_toolchain().key(loop_cpu.generate(spec))
     with_cuda = toolchain.compile_kernel(
         loop_cpu.generate(spec, cuda=True), cuda_source=loop_cuda.loop_source(spec)
     )
-    assert plain.key != with_cuda.key and plain.path.exists() and with_cuda.path.exists()
+    assert plain_key != with_cuda.key and with_cuda.path.exists()
     assert str(with_cuda.path) == loop_groups.library_path(spec)
     # built in a folder of its own whatever the suite's folder holds: nvcc, then the link with
     # CUDA's static runtime (not loaded: its op is registered already, by the library above)

@@ -105,12 +105,15 @@ def test_a_program_equals_the_ops_it_replaces(case):
 
 
 def test_hand_checked_fm_term():
-    """v = [[1, 2], [3, 4]] (F=2, d=2): sum_f = [4, 6]; (16 - 10) + (36 - 20) = 22; 0.5 * 22."""
+    """v = [[1, 2], [3, 4]] (F=2, d=2): sum_f = [4, 6]; (16 - 10) + (36 - 20) = 22; 0.5 * 22.
+    The rows are padded with zeros to the ``fm`` case's [3, 4] (zeros add nothing to either
+    sum): the same program, compiled once for both tests."""
     need_compiler()
-    frozen = _frozen(fm, [None, 2, 2])
+    frozen = _frozen(fm, CASES["fm"][1])
     _, (group, _) = _whole_program(frozen)
     graph_def, outputs = xy_op.rewrite(frozen.graph_def, [group], frozen.outputs)
-    x = np.array([[[1, 2], [3, 4]], [[0, 0], [0, 1]]], np.float32)
+    x = np.zeros((2, 3, 4), np.float32)
+    x[:, :2, :2] = [[[1, 2], [3, 4]], [[0, 0], [0, 1]]]
     np.testing.assert_array_equal(_run(graph_def, frozen, outputs, x)[0], [[11.0], [0.0]])
 
 
@@ -237,14 +240,26 @@ def test_the_cuda_form_runs_the_same_program(tmp_path):
 
 def test_precompile_builds_a_graphs_libraries_side_by_side(tmp_path, monkeypatch):
     """``registry.precompile`` (called by ``xy_op.rewrite``) compiles the missing libraries of a
-    loop op and a row program concurrently; loading them afterwards compiles nothing."""
+    loop op and a row program concurrently; loading them afterwards compiles nothing. They are
+    compiled as users compile them (no ``$STITCHREC_CXX_PCH``): with the tests' precompiled
+    header, the same source gives the same library, byte for byte."""
     need_compiler()
+    pch = os.environ.get(toolchain.PCH_ENV)
+    monkeypatch.delenv(toolchain.PCH_ENV, raising=False)
     monkeypatch.setenv("STITCHREC_CACHE", str(tmp_path))
     loop = loop_def.LoopSpec(width=6, inputs=("full",), body=(("Neg", (0,)),), outputs=(0,))
     row = RowSpec(((True, (2, 6)),), (RowValue("Sum", (0,), (6,), (0,)),), (0,))
     registry.precompile([(loop, loop_groups.LOOP), (row, row_groups.ROW)])
-    assert not toolchain.compile_kernel(loop_cpu.generate(loop)).compiled
+    plain = toolchain.compile_kernel(loop_cpu.generate(loop))
+    assert not plain.compiled
     assert not toolchain.compile_kernel(row_cpu.generate(row)).compiled
+    if pch:  # compiled again where it was (its path is in the library: ``__FILE__``)
+        users = plain.path.read_bytes()
+        plain.path.unlink()
+        monkeypatch.setenv(toolchain.PCH_ENV, pch)
+        with_pch = toolchain.compile_kernel(loop_cpu.generate(loop))
+        assert with_pch.compiled and with_pch.path == plain.path
+        assert with_pch.path.read_bytes() == users
     bad = RowSpec(((True, (3,)),), (RowValue("Sum", (0,), (), (0,)),), (0,))
     monkeypatch.setattr(row_cpu, "generate", lambda spec, cuda=False: "not C++")
     with pytest.raises(toolchain.CompilerUnavailable, match="failed"):  # beside a cached one
