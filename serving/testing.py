@@ -12,7 +12,8 @@
   ``user`` is a user-group feature, ``item`` and ``price`` item-group features. Versions differ
   in ``bias`` so a caller can tell which version answered: ``write_linear_model`` writes it,
   ``reference_logit`` / ``reference_score`` compute it by hand, ``features`` builds the numpy
-  inputs, ``copy_version`` copies a version into a repository atomically.
+  inputs, ``copy_version`` copies a version into a repository atomically; ``set_traffic`` writes a
+  model's ``traffic.toml`` and waits until the server routes by it.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import asyncio
 import concurrent.futures
 import json
 import math
+import os
 import shutil
 import threading
 import time
@@ -34,6 +36,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from serving.config import ServerOptions
 from serving.server import ServingServer, create_server
+from serving.traffic import TRAFFIC_FILE, parse_traffic
 from serving.version_files import atomic_dir
 
 # --------------------------------------------------------------------------------------------
@@ -209,3 +212,18 @@ def features(users: list[str], items: list[int], prices: list[float]) -> dict[st
         "item": np.array(items, dtype=np.int64),
         "price": np.array(prices, dtype=np.float32),
     }
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Writes ``text`` to ``path`` through a temporary file renamed over it."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def set_traffic(server: ServerThread, root: Path, model: str, text: str) -> None:
+    """Writes ``root/model/traffic.toml`` atomically (a temporary file renamed over it) and
+    waits until ``server`` routes by it."""
+    write_atomic(Path(root) / model / TRAFFIC_FILE, text)
+    want = parse_traffic(text)
+    wait_until(lambda: server.server.state.traffic.config(model) == want, timeout=10)

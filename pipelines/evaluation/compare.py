@@ -22,6 +22,22 @@ from ranking import metrics
 MODELS = ("control", "treatment")
 
 
+def unbootstrapped(control: float, treatment: float) -> dict[str, Any]:
+    """A metric's comparison without resamples: the two values and their delta, no interval
+    (verdict ``undefined`` when the delta is not finite, else ``not bootstrapped``)."""
+    delta = treatment - control
+    return {
+        "control": control,
+        "treatment": treatment,
+        "delta": delta,
+        "ci_low": None,
+        "ci_high": None,
+        "p_value": None,
+        "verdict": "undefined" if not math.isfinite(delta) else "not bootstrapped",
+        "resamples": 0,
+    }
+
+
 def _slice_codes(
     values: np.ndarray, max_values: int, numeric_bins: int
 ) -> tuple[np.ndarray, list[str], str]:
@@ -248,16 +264,7 @@ def _diffs(
         bc = boot.get((scope.name, name, "control"))
         bt = boot.get((scope.name, name, "treatment"))
         if bc is None or bt is None:
-            out[name] = {
-                "control": c,
-                "treatment": t,
-                "delta": t - c,
-                "ci_low": None,
-                "ci_high": None,
-                "p_value": None,
-                "verdict": "undefined" if not math.isfinite(t - c) else "not bootstrapped",
-                "resamples": 0,
-            }
+            out[name] = unbootstrapped(c, t)
         else:
             out[name] = bootstrap.difference(name, c, t, bc, bt, level).to_dict()
     return out

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from pipelines.evaluation import bootstrap
-from pipelines.evaluation.compare import MODELS
+from pipelines.evaluation.compare import MODELS, unbootstrapped
 from ranking import metrics
 
 NOTE = (
@@ -114,16 +114,7 @@ def compare_populations(
     else:
         for name in names:
             c, t = points["control"][name], points["treatment"][name]
-            out[name] = {
-                "control": c,
-                "treatment": t,
-                "delta": t - c,
-                "ci_low": None,
-                "ci_high": None,
-                "p_value": None,
-                "verdict": "not bootstrapped",
-                "resamples": 0,
-            }
+            out[name] = unbootstrapped(c, t)
     return {
         "rows": int(sum(v.size for v in y.values())),
         "positives": int(sum(v.sum() for v in y.values())),

@@ -8,7 +8,6 @@ Versions differ in bias (v1: 0.0, v2: 1.0), so every answer shows which version 
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -16,10 +15,10 @@ import pytest
 import requests
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from serving import tracing
+from serving import testing, tracing
 from serving.config import ServerOptions
 from serving.routing import arm_of, key_bytes
-from serving.testing import ServerThread, reference_score, wait_until, write_linear_model
+from serving.testing import ServerThread, reference_score, write_linear_model
 from serving.traffic import parse_traffic
 
 BIAS = {1: 0.0, 2: 1.0}
@@ -42,12 +41,7 @@ def server(tmp_path_factory):
 
 
 def set_traffic(server, text: str) -> None:
-    path = server.root / "lin" / "traffic.toml"
-    tmp = path.with_name(".traffic.toml.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-    want = parse_traffic(text)
-    wait_until(lambda: server.server.state.traffic.config("lin") == want, timeout=10)
+    testing.set_traffic(server, server.root, "lin", text)
 
 
 def _score(version: int, user: str = "u1") -> float:

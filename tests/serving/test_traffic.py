@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import math
-import os
 import time
 from pathlib import Path
 
@@ -28,7 +27,7 @@ from tensorflow_serving.apis import (
 
 from protos import grpc_service_pb2 as kserve_pb2
 from protos import grpc_service_pb2_grpc as kserve_grpc
-from serving import routing
+from serving import routing, testing
 from serving.client import RankingClient
 from serving.codec import encode_bytes
 from serving.config import ServerOptions
@@ -41,18 +40,12 @@ LABELS = "[labels]\nstable = 1\ncanary = 2\nghost = 3\n"
 SPLIT = LABELS + '[split]\nkey = "user"\nweights = { stable = 90, canary = 10 }\n'
 
 
-def _write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     root: Path = tmp_path_factory.mktemp("repo")
     for v, bias in BIAS.items():
         write_linear_model(root / "lin" / str(v), bias=bias)
-    _write(root / "lin" / "traffic.toml", LABELS)
+    (root / "lin" / "traffic.toml").write_text(LABELS)  # read at start
     options = ServerOptions(policy="all", poll_interval_s=0.1, warmup_sizes=(1,))
     with ServerThread(root, options) as s:
         s.root = root
@@ -60,10 +53,7 @@ def server(tmp_path_factory):
 
 
 def set_traffic(server, text: str) -> None:
-    """Writes lin/traffic.toml and waits until the server routes by it."""
-    _write(server.root / "lin" / "traffic.toml", text)
-    want = parse_traffic(text)
-    wait_until(lambda: server.server.state.traffic.config("lin") == want, timeout=10)
+    testing.set_traffic(server, server.root, "lin", text)
 
 
 def _metric(server, name: str, labels: dict) -> float:
@@ -278,12 +268,14 @@ def test_bad_traffic_toml_keeps_the_last_good_one(server):
     set_traffic(server, LABELS)
     state = server.server.state
     before = _metric(server, "stitchrec_traffic_config_errors_total", {"model": "lin"})
-    _write(server.root / "lin" / "traffic.toml", "[labels]\nstable = 1\ncanary = -2\n")
+    testing.write_atomic(
+        server.root / "lin" / "traffic.toml", "[labels]\nstable = 1\ncanary = -2\n"
+    )
     wait_until(lambda: "lin" in state.traffic.errors, timeout=10)
     assert "labels.canary is -2" in state.traffic.errors["lin"]
     assert _metric(server, "stitchrec_traffic_config_errors_total", {"model": "lin"}) == before + 1
     stub = prediction_service_pb2_grpc.PredictionServiceStub(grpc.insecure_channel(server.target))
     resp = stub.Predict(_predict_request(label="canary"), timeout=10)
     assert resp.model_spec.version.value == 2
-    _write(server.root / "lin" / "traffic.toml", LABELS)
+    testing.write_atomic(server.root / "lin" / "traffic.toml", LABELS)
     wait_until(lambda: "lin" not in state.traffic.errors, timeout=10)

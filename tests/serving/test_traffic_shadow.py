@@ -9,7 +9,6 @@ split sends every call to ``stable`` (``canary`` has weight 0: a dark launch).
 from __future__ import annotations
 
 import concurrent.futures
-import os
 from pathlib import Path
 
 import grpc
@@ -18,12 +17,12 @@ import pytest
 import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
+from serving import testing
 from serving.calls import ScoredCall
 from serving.client import RankingClient, make_request
 from serving.config import ServerOptions
 from serving.shadow import mirrored
 from serving.testing import ServerThread, reference_score, wait_until, write_linear_model
-from serving.traffic import parse_traffic
 
 BIAS = {1: 0.0, 2: 1.0}
 BASE = (
@@ -32,18 +31,12 @@ BASE = (
 )
 
 
-def _write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     root: Path = tmp_path_factory.mktemp("repo")
     for v, bias in BIAS.items():
         write_linear_model(root / "shd" / str(v), bias=bias)
-    _write(root / "shd" / "traffic.toml", BASE)
+    (root / "shd" / "traffic.toml").write_text(BASE)  # read at start
     options = ServerOptions(policy="all", poll_interval_s=0.1, warmup_sizes=(1,))
     with ServerThread(root, options) as s:
         s.root = root
@@ -53,9 +46,7 @@ def server(tmp_path_factory):
 
 
 def set_traffic(server, text: str) -> None:
-    _write(server.root / "shd" / "traffic.toml", text)
-    want = parse_traffic(text)
-    wait_until(lambda: server.server.state.traffic.config("shd") == want, timeout=10)
+    testing.set_traffic(server, server.root, "shd", text)
 
 
 def _count(server, outcome: str) -> float:
