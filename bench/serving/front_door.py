@@ -28,8 +28,9 @@ measured in the same run, with the load average beside every cell:
    p99 and req/s with shadow / without, interleaved; shadow calls scored and dropped from
    ``stitchrec_shadow_total``.
 
-``--repeats`` (default 3; ``--quick``: 1) runs of every cell of ``--seconds`` (default 5;
-``--quick``: 1) after ``--warmup``. Writes ``results.json`` under ``--out`` and prints the
+``--repeats`` (default 3; ``--quick``: 1) runs of every protocols / Triton cell and
+``--paired-repeats`` (default 6; ``--quick``: 1) of every overheads / shadow cell, each of
+``--seconds`` (default 3; ``--quick``: 1) after ``--warmup`` (default 1; ``--quick``: 0.5). Writes ``results.json`` under ``--out`` and prints the
 tables (``--report results.json`` prints an earlier run's). The clients share the machine's
 cores with the servers.
 """
@@ -77,6 +78,7 @@ class Bench:
     frames: dict[int, Path]
     bodies: dict[int, dict]
     first: dict[tuple[str, int], Path]
+    paired_repeats: int = 1
 
 
 def prepare(args: argparse.Namespace, plan: Plan, out: Path, cache: Path, h2: str) -> Bench:
@@ -95,7 +97,8 @@ def prepare(args: argparse.Namespace, plan: Plan, out: Path, cache: Path, h2: st
         for n, b in bodies.items()
         for form in http_bodies.FORMS
     }
-    return Bench(saved, out, plan, h2, reqs, frames, bodies, first)
+    paired = args.paired_repeats or (1 if args.quick else 6)
+    return Bench(saved, out, plan, h2, reqs, frames, bodies, first, paired)
 
 
 def repo_with(b: Bench, name: str, versions: dict[int, Path], traffic: str | None = None) -> Path:
@@ -187,7 +190,7 @@ def interleaved(b: Bench, servers: dict[str, tuple[Proc, int]], section: str,
     reqs = b.reqs[n]["paths"]["rank"]
     rows: list[dict] = []
     names = list(servers)
-    for rep in range(b.plan.repeats):
+    for rep in range(b.paired_repeats):
         for name in names if rep % 2 == 0 else names[::-1]:
             port = servers[name][1]
             hook = (after or {}).get(name)
@@ -295,6 +298,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seconds", type=float, default=None, help="measured seconds per cell")
     p.add_argument("--warmup", type=float, default=None, help="warm-up seconds per cell")
     p.add_argument("--repeats", type=int, default=None, help="runs of each cell (default 3)")
+    p.add_argument("--paired-repeats", type=int, default=None,
+                   help="interleaved runs of the overheads' and shadow's servers (default 6)")  # fmt: skip
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--sizes", default="1,100", help="candidates per request, comma-separated")
     p.add_argument("--model", choices=("bench", "linear"), default="bench")
@@ -311,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
         show(json.loads(Path(args.report).read_text()))
         return 0
     plan = Plan(
-        seconds=args.seconds or (1.0 if args.quick else 5.0),
+        seconds=args.seconds or (1.0 if args.quick else 3.0),
         warmup=args.warmup if args.warmup is not None else (0.5 if args.quick else 1.0),
         concurrency=args.concurrency,
         sizes=tuple(int(s) for s in args.sizes.split(",")),
