@@ -140,7 +140,9 @@ def tables(agg: dict) -> str:
         lines += ["", "| ours / Triton (KServe v2 JSON over HTTP) | N | driver | req/s | p99 |",
                   "|---|---|---|---|---|"]  # fmt: skip
         for r in agg["ratios"]["triton"]:
-            lines.append(f"| | {r['candidates']} | {r['driver']} | {r['qps']} | {r['p99_ms']} |")
+            lines.append(
+                f"| | {r['candidates']} | {r['driver']} | {r['qps']} | {r['p99_ms'] or '-'} |"
+            )
     return "\n".join(lines)
 
 
