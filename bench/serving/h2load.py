@@ -82,6 +82,7 @@ def parse(text: str) -> dict:
     }
     st = _STATUS.search(text)
     if st:
+        out["http_2xx"] = int(st.group(1))
         out["http_non_2xx"] = sum(int(g) for g in st.groups()[1:])
     return out
 
@@ -109,6 +110,31 @@ def run(
         raise RuntimeError(f"h2load failed ({p.returncode}): {(p.stdout + p.stderr)[-1500:]}")
     out = parse(p.stdout)
     out["concurrency"] = connections * streams
+    return out
+
+
+def run_h1(
+    url: str,
+    body: Path,
+    seconds: float,
+    warmup: float,
+    connections: int,
+    headers: dict[str, str],
+    h2load: str = "h2load",
+) -> dict:
+    """One timed HTTP/1.1 h2load run (``--h1``): ``connections`` kept-alive connections, one
+    request in flight on each, every request POSTing the file ``body``."""
+    cmd = [
+        h2load, "--h1", "-D", f"{int(seconds * 1000)}ms",
+        "--warm-up-time", f"{int(warmup * 1000)}ms", "-c", str(connections), "-m", "1",
+        "-t", "1", "-d", str(body),
+        *[a for k, v in headers.items() for a in ("-H", f"{k}: {v}")], url,
+    ]  # fmt: skip
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + warmup + 120)
+    if p.returncode != 0:
+        raise RuntimeError(f"h2load failed ({p.returncode}): {(p.stdout + p.stderr)[-1500:]}")
+    out = parse(p.stdout)
+    out["concurrency"] = connections
     return out
 
 

@@ -50,6 +50,8 @@ class Proc:
         )
         self.metrics_ports: list[int] = []
         self.kind = "stitchrec"
+        self.info: dict = {}
+        self.http_port: int | None = None
 
     def line(self, timeout: float = 300) -> dict:
         result: list[str] = []
@@ -72,21 +74,34 @@ class Proc:
         return self.p.returncode
 
 
-def start_ours(
-    repo: Path, out: Path, tag: str, extra: list[str], workers: int = 1
-) -> tuple[Proc, int]:
-    """``stitchrec serve`` on a free port with metrics on free ports: (process, gRPC port)."""
+def launch_ours(repo: Path, out: Path, tag: str, extra: list[str], workers: int = 1) -> Proc:
+    """Starts ``stitchrec serve`` on a free port with metrics on free ports without waiting for
+    it (``wait_ours`` waits); several servers load at once this way."""
     cmd = [
         sys.executable, "-m", "pipelines.cli", "serve", "--repo", str(repo), "--host", "127.0.0.1",
         "--port", "0", "--workers", str(workers), "--log-level", "WARNING",
         "--metrics-port", "0", *extra,
     ]  # fmt: skip
-    proc = Proc(cmd, out / f"server-{tag}.log")
+    return Proc(cmd, out / f"server-{tag}.log")
+
+
+def wait_ours(proc: Proc, workers: int = 1) -> int:
+    """Waits until a ``launch_ours`` server serves: its gRPC port. ``proc.info`` is its
+    ``{"serving": ...}`` line (``http_port`` among the keys with ``--http-port``)."""
     lines = [proc.line()]
     for _ in range(workers if workers > 1 else 0):
         lines.append(proc.line())  # each worker prints once it serves
     proc.metrics_ports = sorted({int(x["metrics_port"]) for x in lines if x.get("metrics_port")})
-    return proc, int(lines[0]["port"])
+    proc.info = lines[0]
+    return int(lines[0]["port"])
+
+
+def start_ours(
+    repo: Path, out: Path, tag: str, extra: list[str], workers: int = 1
+) -> tuple[Proc, int]:
+    """``stitchrec serve`` on a free port with metrics on free ports: (process, gRPC port)."""
+    proc = launch_ours(repo, out, tag, extra, workers)
+    return proc, wait_ours(proc, workers)
 
 
 def _wait_kserve_ready(port: int, timeout: float) -> None:
@@ -123,16 +138,18 @@ def triton_venv(cache: Path) -> Path:
 
 
 def start_triton(python: Path, saved: Path, out: Path, tag: str) -> tuple[Proc, int]:
-    port, metrics = free_port(), free_port()
+    """Triton serving ``saved`` as ``MODEL``: (process, gRPC port); ``proc.http_port`` is its
+    HTTP (KServe v2 REST) port."""
+    port, metrics, http = free_port(), free_port(), free_port()
     cmd = [
         str(python), str(ROOT / "bench" / "serving" / "triton_server.py"), "--model", str(saved),
-        "--name", MODEL, "--grpc-port", str(port), "--http-port", str(free_port()),
+        "--name", MODEL, "--grpc-port", str(port), "--http-port", str(http),
         "--metrics-port", str(metrics), "--max-batch-size", "4096",
         "--max-queue-delay-us", "500",
     ]  # fmt: skip
     environ = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     proc = Proc(cmd, out / f"server-triton-{tag}.log", environ=environ)
-    proc.metrics_ports, proc.kind = [metrics], "triton"
+    proc.metrics_ports, proc.kind, proc.http_port = [metrics], "triton", http
     try:
         _wait_kserve_ready(port, 300)
     except RuntimeError:
