@@ -11,8 +11,13 @@ and puts it on a queue without waiting (``put_nowait``); a model with ``queue`` 
 waiting already has the call dropped and counted. One background task per server scores the
 queued calls one at a time through ``serving.inference.run`` on the shadow version (its own
 batcher; the checks on a decode worker thread), with the primary call's request id, protocol,
-start time and arm, and tells the observers with ``shadow=True`` (the prediction log writes
-those rows with ``shadow`` set and the shadow version). The shadow answer is never returned and
+start time and arm, and tells the observers with ``shadow=True``.
+
+The shadow takes at most ``max_share`` of the server's time (default 0.05): after a mirrored
+call that took ``t`` seconds the task pauses ``t * (1 - max_share) / max_share`` seconds before
+the next one, so a slow shadow version or a busy server leaves the primary calls at least
+``1 - max_share`` of the machine, and the mirrored calls past that rate queue and are dropped.
+The prediction log writes the mirrored rows with ``shadow`` set and the shadow version. The shadow answer is never returned and
 a shadow failure never reaches the client: it is counted and logged (at most once per model
 every ``LOG_EVERY_S`` seconds).
 
@@ -106,6 +111,7 @@ class ShadowTraffic:
     async def _run(self) -> None:
         while True:
             call, version = await self._queue.get()
+            t0 = time.monotonic()
             try:
                 await self._mirror(call, version)
             except asyncio.CancelledError:
@@ -116,6 +122,16 @@ class ShadowTraffic:
                 self._log_failure(call, version, e)
             else:
                 self._done(call.model, "scored")
+            await asyncio.sleep(self._pause(call.model, time.monotonic() - t0))
+
+    def _pause(self, model: str, seconds: float) -> float:
+        """Seconds to wait after a mirrored call of ``model`` that took ``seconds``, keeping
+        the shadow within its ``max_share`` of the time."""
+        config = self.state.traffic.config(model)
+        if config is None or config.shadow is None:
+            return 0.0
+        share = config.shadow.max_share
+        return seconds * (1.0 - share) / share
 
     async def _offload(self, fn: Callable[[], Any]) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self.state.pool, fn)

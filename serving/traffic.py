@@ -15,6 +15,7 @@ highest live version. With it::
     label = "canary"    # or version = 4
     fraction = 0.1      # share of primary calls mirrored (default 1.0)
     queue = 64          # mirrored calls waiting at most; more are dropped (default 64)
+    max_share = 0.05    # share of the server's time the shadow may take (default 0.05)
 
 Rules checked when the file is read (``TrafficError``, a ``ConfigError`` naming the file, the
 key, the value and what was expected):
@@ -24,7 +25,7 @@ key, the value and what was expected):
 - every ``[split]`` weight names a label of ``[labels]`` and is a number >= 0, their sum > 0;
   the key is a non-empty feature name or ``header:NAME``;
 - ``[shadow]`` names exactly one of ``label`` (of ``[labels]``) and ``version``, a
-  ``fraction`` in (0, 1] and a ``queue`` of at least 1 call;
+  ``fraction`` in (0, 1], a ``queue`` of at least 1 call and a ``max_share`` in (0, 1];
 - no other table or key.
 
 ``TrafficTable`` holds the configs of one repository: it re-reads a file when its stamp (inode,
@@ -56,6 +57,8 @@ log = logging.getLogger("stitchrec.serving.traffic")
 TRAFFIC_FILE = "traffic.toml"
 HEADER_PREFIX = "header:"
 DEFAULT_SHADOW_QUEUE = 64
+#: the share of the server's time the shadow may take by default (``Shadow.max_share``)
+DEFAULT_SHADOW_SHARE = 0.05
 LABEL_PATTERN = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,63}$")
 
 
@@ -91,12 +94,14 @@ class Split:
 @dataclasses.dataclass(frozen=True)
 class Shadow:
     """Mirrored traffic: ``fraction`` of the primary calls scored again on ``version`` (named
-    directly or through ``label``), at most ``queue`` of them waiting."""
+    directly or through ``label``), at most ``queue`` of them waiting, the shadow scoring for
+    at most ``max_share`` of the time (``serving.shadow``)."""
 
     version: int | None
     label: str | None
     fraction: float
     queue: int
+    max_share: float = DEFAULT_SHADOW_SHARE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,7 +206,9 @@ def _shadow(doc: Mapping[str, Any], labels: Mapping[str, int], path: str | Path)
     table = _table(doc, "shadow", path)
     if table is None:
         return None
-    _unknown(table, ("label", "version", "fraction", "queue"), _where(path, "[shadow]"))
+    _unknown(
+        table, ("label", "version", "fraction", "queue", "max_share"), _where(path, "[shadow]")
+    )
     label, version = table.get("label"), table.get("version")
     if (label is None) == (version is None):
         raise TrafficError(
@@ -228,7 +235,13 @@ def _shadow(doc: Mapping[str, Any], labels: Mapping[str, int], path: str | Path)
         raise TrafficError(
             f"{_where(path, 'shadow.queue')} is {queue!r}; expected an integer >= 1 (calls)"
         )
-    return Shadow(version, label, float(fraction), queue)
+    share = table.get("max_share", DEFAULT_SHADOW_SHARE)
+    if not _is_number(share) or not 0 < share <= 1:
+        raise TrafficError(
+            f"{_where(path, 'shadow.max_share')} is {share!r}; expected a number in (0, 1] "
+            f"(the share of the server's time the shadow may take)"
+        )
+    return Shadow(version, label, float(fraction), queue, float(share))
 
 
 def parse_traffic(text: str, path: str | Path = TRAFFIC_FILE) -> TrafficConfig:

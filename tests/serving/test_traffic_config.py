@@ -36,6 +36,7 @@ weights = { stable = 90, canary = 10 }
 label = "canary"
 fraction = 0.1
 queue = 64
+max_share = 0.2
 """
 
 
@@ -51,7 +52,7 @@ def test_example_parses():
     assert config == TrafficConfig(
         {"stable": 3, "canary": 4},
         Split("user", (("stable", 90.0), ("canary", 10.0))),
-        Shadow(None, "canary", 0.1, 64),
+        Shadow(None, "canary", 0.1, 64, 0.2),
     )
     assert config.shadow_version() == 4
     assert config.split.feature == "user" and config.split.header is None
@@ -63,7 +64,7 @@ def test_defaults_and_header_key():
         "[shadow]\nversion = 2\n"
     )
     assert config.split.header == "x-user" and config.split.feature is None
-    assert config.shadow == Shadow(2, None, 1.0, 64)
+    assert config.shadow == Shadow(2, None, 1.0, 64, 0.05)
     assert config.shadow_version() == 2
     assert parse_traffic("") == TrafficConfig()
     assert parse_traffic("[labels]\nv1 = 1\n").labels == {"v1": 1}
@@ -118,6 +119,8 @@ LABELS = "[labels]\nstable = 1\ncanary = 2\n"
         (LABELS + '[shadow]\nlabel = "beta"\n', "shadow.label: 'beta' is not a label"),
         (LABELS + "[shadow]\nversion = 0\n", "shadow.version is 0; expected a version number"),
         (LABELS + "[shadow]\nversion = 2\nfraction = 0\n", "shadow.fraction is 0; expected"),
+        (LABELS + "[shadow]\nversion = 2\nmax_share = 0\n", "shadow.max_share is 0; expected"),
+        (LABELS + "[shadow]\nversion = 2\nmax_share = 1.5\n", "shadow.max_share is 1.5"),
         (LABELS + "[shadow]\nversion = 2\nfraction = 1.5\n", "shadow.fraction is 1.5"),
         (LABELS + '[shadow]\nversion = 2\nfraction = "all"\n', "shadow.fraction is 'all'"),
         (LABELS + "[shadow]\nversion = 2\nfraction = nan\n", "shadow.fraction is nan"),

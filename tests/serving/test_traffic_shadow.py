@@ -73,7 +73,7 @@ def _reference(version: int, user: str) -> list[float]:
 
 
 def test_shadow_never_changes_the_answer_and_reaches_the_observers(server):
-    set_traffic(server, BASE + '[shadow]\nlabel = "canary"\n')
+    set_traffic(server, BASE + '[shadow]\nlabel = "canary"\nmax_share = 1.0\n')
     _idle(server)
     scored = _count(server, "scored")
     ids = [f"shadow-a-{i}" for i in range(6)]
@@ -99,7 +99,7 @@ def test_shadow_never_changes_the_answer_and_reaches_the_observers(server):
 
 
 def test_predict_calls_are_mirrored_too(server):
-    set_traffic(server, BASE + "[shadow]\nversion = 2\n")
+    set_traffic(server, BASE + "[shadow]\nversion = 2\nmax_share = 1.0\n")
     req = predict_pb2.PredictRequest()
     req.model_spec.name = "shd"
     req.inputs["user"].CopyFrom(tf.make_tensor_proto(np.array([b"u1"], dtype=object)))
@@ -118,7 +118,7 @@ def test_predict_calls_are_mirrored_too(server):
 
 
 def test_fraction_mirrors_the_calls_drawn_by_request_id(server):
-    set_traffic(server, BASE + '[shadow]\nlabel = "canary"\nfraction = 0.5\n')
+    set_traffic(server, BASE + '[shadow]\nlabel = "canary"\nfraction = 0.5\nmax_share = 1.0\n')
     ids = [f"shadow-f-{i}" for i in range(20)]
     with RankingClient(server.target) as client:
         for rid in ids:
@@ -157,3 +157,17 @@ def test_a_failing_shadow_is_counted_and_never_answered(server):
     np.testing.assert_allclose(resp.scores, _reference(1, "u1"), rtol=1e-6)
     wait_until(lambda: _count(server, "failed") == failed + 1, timeout=10)
     assert not [c for c in server.seen if c.shadow and c.request_id == "shadow-fail"]
+
+
+def test_the_shadow_pauses_to_stay_within_its_share(server):
+    """After a mirrored call that took t seconds the shadow waits t * (1 - s) / s."""
+    shadow = server.server.state.shadow
+    set_traffic(server, BASE + '[shadow]\nlabel = "canary"\nmax_share = 0.05\n')
+    assert shadow._pause("shd", 0.01) == pytest.approx(0.19)
+    set_traffic(server, BASE + '[shadow]\nlabel = "canary"\nmax_share = 0.25\n')
+    assert shadow._pause("shd", 0.02) == pytest.approx(0.06)
+    set_traffic(server, BASE + '[shadow]\nlabel = "canary"\nmax_share = 1.0\n')
+    assert shadow._pause("shd", 0.5) == 0.0
+    set_traffic(server, BASE + '[shadow]\nlabel = "canary"\n')  # the default: 5%
+    assert shadow._pause("shd", 0.01) == pytest.approx(0.19)
+    assert shadow._pause("no-such-model", 0.01) == 0.0
