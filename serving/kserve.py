@@ -16,7 +16,7 @@ from serving.codec import (
 )
 from serving.inference import ServingError, check_names, invalid
 from serving.model_version import ModelNotFound
-from serving.rpc import ServerState, check_outputs, deadline, route, rpc, send_route
+from serving.rpc import ServerState, check_outputs, deadline, record_answer_version, route, rpc
 from serving.traffic import LABEL_PATTERN
 
 SERVER_NAME = "stitchrec"
@@ -136,7 +136,7 @@ class KServeServicer(kserve_grpc.GRPCInferenceServiceServicer):
         )
         wanted = [o.name for o in request.outputs] or sorted(outputs)
         check_outputs(wanted, outputs, where, "unknown output(s)")
-        send_route(mv.version)
+        record_answer_version(mv.version)
         resp = kserve_pb2.ModelInferResponse(
             model_name=request.model_name, model_version=str(mv.version), id=request.id
         )

@@ -11,7 +11,7 @@ from protos import ranking_service_pb2_grpc as rank_grpc
 from serving import inference, routing
 from serving.codec import feature_to_numpy, features_to_numpy
 from serving.inference import ServingError, invalid
-from serving.rpc import ServerState, deadline, route, rpc, send_route
+from serving.rpc import ServerState, deadline, record_answer_version, route, rpc
 from serving.traffic import TrafficError, check_label
 
 
@@ -82,7 +82,7 @@ class RankingServicer(rank_grpc.RankingServiceServicer):
             offload=self.state.offload,
             observers=self.state.observers,
         )
-        send_route(result.version)
+        record_answer_version(result.version)
         return rank_pb2.RankResponse(
             model_name=request.model_name,
             model_version=result.version,

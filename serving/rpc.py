@@ -210,7 +210,7 @@ def route(
     )
 
 
-def send_route(version: int) -> None:
+def record_answer_version(version: int) -> None:
     """Records the version that answered the current call: the ``rpc`` wrapper then answers
     with initial metadata naming the call's arm and that version."""
     info = current_call()
@@ -219,7 +219,7 @@ def send_route(version: int) -> None:
 
 
 def route_headers() -> tuple[tuple[str, str], ...]:
-    """The arm and version metadata of the current call (none before ``send_route``)."""
+    """The arm and version metadata of the current call (none before ``record_answer_version``)."""
     info = current_call()
     if info is None or info.version is None:
         return ()

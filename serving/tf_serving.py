@@ -18,7 +18,7 @@ from serving import inference, routing
 from serving.codec import numpy_to_tensor_proto, tensor_protos_to_numpy
 from serving.inference import ServingError, check_names, invalid
 from serving.model_version import ModelNotFound
-from serving.rpc import ServerState, check_outputs, deadline, route, rpc, send_route
+from serving.rpc import ServerState, check_outputs, deadline, record_answer_version, route, rpc
 from serving.traffic import TrafficError, check_label
 
 TF_INTERNAL = 13  # tensorflow.error.INTERNAL
@@ -83,7 +83,7 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
         )
         wanted = list(request.output_filter) or sorted(outputs)
         check_outputs(wanted, outputs, where, "output_filter names unknown output(s)")
-        send_route(mv.version)
+        record_answer_version(mv.version)
         resp = predict_pb2.PredictResponse()
         resp.model_spec.name = name
         resp.model_spec.version.value = mv.version
