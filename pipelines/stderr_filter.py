@@ -2,7 +2,8 @@
 
 TensorFlow's C++ layer logs a few lines before its log level takes effect (absl's "before
 InitializeLog" banner, cudart's "Could not find cuda drivers" and the cuInit failure of a CPU-only
-machine); ``TF_CPP_MIN_LOG_LEVEL`` (set by the packages) silences everything logged after them.
+machine, and, on CPUs where oneDNN is on by default, its "oneDNN custom operations are on" notice,
+once per process that loads TensorFlow); ``TF_CPP_MIN_LOG_LEVEL`` (set by the packages) silences everything logged after them.
 ``filtered_stderr`` routes file descriptor 2 through a pipe and copies every line to the real
 standard error except those that match ``NOISE``, so a user sees the command's own output and its
 ``error:`` line, and nothing else is lost. Only the console entry point uses it: code that calls
@@ -24,6 +25,7 @@ NOISE = (
     ),
     re.compile(rb"^I\d{4} [\d:. ]+\d+ cudart_stub\.cc:\d+\] Could not find cuda drivers "),
     re.compile(rb"^E\d{4} [\d:. ]+\d+ cuda_platform\.cc:\d+\] failed call to cuInit: "),
+    re.compile(rb"^I\d{4} [\d:. ]+\d+ port\.cc:\d+\] oneDNN custom operations are on\. "),
 )
 
 

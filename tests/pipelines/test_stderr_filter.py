@@ -17,6 +17,10 @@ NOISE_LINES = [
     b"your machine, GPU will not be used.",
     b"E0000 00:00:1796118748.182903   27356 cuda_platform.cc:52] failed call to cuInit: INTERNAL: "
     b"CUDA error: Failed call to cuInit: UNKNOWN ERROR (303)",
+    b"I0000 00:00:1796406802.393579   25736 port.cc:153] oneDNN custom operations are on. You may "
+    b"see slightly different numerical results due to floating-point round-off errors from "
+    b"different computation orders. To turn them off, set the environment variable "
+    b"`TF_ENABLE_ONEDNN_OPTS=0`.",
 ]
 
 
