@@ -46,34 +46,50 @@ class RawBatch:
     earlier_bad: list[tuple[int, str]] = dataclasses.field(default_factory=list)
 
 
-def csv_batches(file: Path, schema: Schema, cache: dict[Any, SideTable]) -> Iterator[RawBatch]:
+def csv_batches(
+    file: Path,
+    schema: Schema,
+    cache: dict[Any, SideTable],
+    byte_range: tuple[int, int] | None = None,
+    first_line: int = 1,
+) -> Iterator[RawBatch]:
     """Streams one CSV file as raw string columns, one chunk per parsed block.
 
     Lines with the wrong number of columns are skipped by the parser and handed on as
     ``earlier_bad`` of the chunk they precede (or of a last, empty chunk); so are lines whose
     read cells are not UTF-8. A truncated or corrupt compressed file is one DataError.
+
+    ``byte_range=(start, end)`` reads only those bytes of an uncompressed file, ``start`` at the
+    beginning of a line, whose first line is line ``first_line`` of the file (the header, when
+    the schema has one, is read from the file's first line and skipped when ``start`` is 0).
     """
     src = schema.source
     names = read_header(file, src.delimiter) if src.header else list(src.columns or ())
     plan = plan_file(schema, file, names, cache)
-    lines = LineMap(2 if src.header else 1)
+    starts_file = byte_range is None or byte_range[0] == 0
+    lines = LineMap(2 if src.header and starts_file else first_line if byte_range else 1)
+    shift = 0 if starts_file else first_line - 1  # the parser counts the range's lines from 1
     rejected: list[tuple[int, str]] = []
 
     def on_invalid_row(row: Any) -> str:
         known = row.number is not None and row.number >= 0
         if known:
+            row = row._replace(number=row.number + shift)
             lines.skipped.append(row.number)
         message = column_count_message(file, names, row, src.delimiter)
         rejected.append((row.number if known else lines.next, message))
         return "skip"
 
-    read_opts = pacsv.ReadOptions(use_threads=False, column_names=None if src.header else names)
+    header_in_stream = src.header and starts_file
+    read_opts = pacsv.ReadOptions(
+        use_threads=False, column_names=None if header_in_stream else names
+    )
     parse_opts = pacsv.ParseOptions(
         delimiter=src.delimiter, ignore_empty_lines=False, invalid_row_handler=on_invalid_row
     )
     try:
         reader = pacsv.open_csv(
-            pa.input_stream(str(file), compression="detect"),
+            _open_stream(file, byte_range),
             read_options=read_opts,
             parse_options=parse_opts,
             convert_options=string_convert_options(names, as_bytes=True),
@@ -92,6 +108,14 @@ def csv_batches(file: Path, schema: Schema, cache: dict[Any, SideTable]) -> Iter
         raise DataError(compressed_stream_message(file, lines.next - 1, e)) from None
     if rejected:
         yield RawBatch({}, np.zeros(0, np.int64), "line", plan.notes, list(rejected))
+
+
+def _open_stream(file: Path, byte_range: tuple[int, int] | None) -> pa.NativeFile:
+    """The file (decompressed when its name says so), or bytes ``[start, end)`` of it."""
+    if byte_range is None:
+        return pa.input_stream(str(file), compression="detect")
+    start, end = byte_range
+    return pa.BufferReader(pa.memory_map(str(file)).read_at(end - start, start))
 
 
 def _csv_chunk(
@@ -177,13 +201,19 @@ def check_scalar_columns(
 
 
 def parquet_batches(
-    file: Path, schema: Schema, batch_rows: int, cache: dict[Any, SideTable]
+    file: Path,
+    schema: Schema,
+    batch_rows: int,
+    cache: dict[Any, SideTable],
+    row_groups: tuple[int, int] | None = None,
+    first_row: int = 0,
 ) -> Iterator[RawBatch]:
     """Streams one Parquet file as raw columns (the needed ones) in chunks of ``batch_rows``.
 
     A read column of a nested type (list, struct, map) is one DataError for the whole file:
     every field holds one value per row, except that a sequence field's column may be a list of
-    scalars.
+    scalars. ``row_groups=(first, last)`` reads only those row groups, whose first row is row
+    ``first_row`` (0-based) of the file.
     """
     try:
         pf = pq.ParquetFile(str(file))
@@ -192,8 +222,9 @@ def parquet_batches(
         raise DataError(f"file {str(file)!r} is not a readable Parquet file: {e}") from None
     plan = plan_file(schema, file, names, cache)
     check_scalar_columns(file, pf.schema_arrow, plan.read, sequence_columns(schema))
-    start = 0
-    batches = pf.iter_batches(batch_size=batch_rows, columns=plan.read)
+    start = first_row if row_groups else 0
+    groups = list(range(*row_groups)) if row_groups else None
+    batches = pf.iter_batches(batch_size=batch_rows, columns=plan.read, row_groups=groups)
     while True:
         try:
             batch = next(batches)

@@ -39,12 +39,12 @@ import pyarrow as pa
 from features.cells import typed_batch
 from features.completion import check_complete
 from features.csv_format import delimiter_name
-from features.file_batches import csv_batches, parquet_batches
+from features.file_batches import RawBatch, csv_batches, parquet_batches
 from features.joins import SideTable
 from features.read_report import BadRowBudget, DataError, ReadReport, short_list
 from features.schema import Schema
 
-__all__ = ["list_files", "read_batches", "rebatch"]
+__all__ = ["check_not_empty", "list_files", "read_batches", "rebatch", "typed_events"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -160,24 +160,42 @@ def _typed_batches(
     cache: dict[Any, SideTable] = {}
     for file in files:
         report.files += 1
-        if file.stat().st_size == 0:
-            raise DataError(f"file {str(file)!r} is empty: expected {_expectation(schema)}")
+        check_not_empty(schema, file)
         if schema.source.format == "parquet":
             raws = parquet_batches(file, schema, batch_rows, cache)
         else:
             raws = csv_batches(file, schema, cache)
-        for raw in raws:
-            typed, bad = None, []
-            if len(raw.positions):
-                typed, bad = typed_batch(schema, raw.cols, raw.notes)
-            messages = raw.earlier_bad + [
-                (int(raw.positions[i]), f"{file}: {raw.unit} {raw.positions[i]}, {text}")
-                for i, text in bad
-            ]
-            for _, message in sorted(messages, key=lambda m: m[0]):
-                budget.add(message)
-            if typed is not None and typed.num_rows:
-                yield typed
+        for event in typed_events(schema, file, raws):
+            if isinstance(event, str):
+                budget.add(event)
+            else:
+                yield event
+
+
+def check_not_empty(schema: Schema, file: Path) -> None:
+    """Raises DataError when ``file`` has no bytes."""
+    if file.stat().st_size == 0:
+        raise DataError(f"file {str(file)!r} is empty: expected {_expectation(schema)}")
+
+
+def typed_events(
+    schema: Schema, file: Path, raws: Iterable[RawBatch]
+) -> Iterator[pa.RecordBatch | str]:
+    """The typed batches of ``file``'s raw batches and the message of each bad row, in file
+    order: a raw batch's bad rows (``str``, the ``DataError`` text) come before its typed batch
+    of good rows (batches without good rows are not yielded)."""
+    for raw in raws:
+        typed, bad = None, []
+        if len(raw.positions):
+            typed, bad = typed_batch(schema, raw.cols, raw.notes)
+        messages = raw.earlier_bad + [
+            (int(raw.positions[i]), f"{file}: {raw.unit} {raw.positions[i]}, {text}")
+            for i, text in bad
+        ]
+        for _, message in sorted(messages, key=lambda m: m[0]):
+            yield message
+        if typed is not None and typed.num_rows:
+            yield typed
 
 
 def _expectation(schema: Schema) -> str:

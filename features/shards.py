@@ -1,21 +1,17 @@
-"""Parquet shard output: ``ShardWriter``, ``write_parquet_shards``, and ``convert``, which streams
-raw inputs through ``read_batches`` into ``train``/``validation``/``test`` shards split by
-``split_mask`` and ``validation_mask``.
+"""Parquet shard output (``ShardWriter``, ``write_parquet_shards``, ``write_parquet_file``) and
+the per-row train/validation/test split of ``features.convert`` (``split_mask``,
+``validation_mask``, ``split_codes``).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-
-from features.read_report import ReadReport
-from features.readers import read_batches
-from features.schema import Schema
 
 # --------------------------------------------------------------------------------------------
 # Parquet output
@@ -112,7 +108,7 @@ def write_parquet_shards(
 
 
 # --------------------------------------------------------------------------------------------
-# convert
+# The per-row split
 
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -127,7 +123,7 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
         return z ^ (z >> np.uint64(31))
 
 
-def _split_u(seed: int, start: int, n: int) -> np.ndarray:
+def row_uniform(seed: int, start: int, n: int) -> np.ndarray:
     """float64[n] in [0, 1): splitmix64 of the global row indices ``start ..`` keyed by ``seed``."""
     key = _splitmix64(np.array([seed & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64))[0]
     idx = np.arange(start, start + n, dtype=np.uint64)
@@ -140,7 +136,7 @@ def split_mask(seed: int, start: int, n: int, test_fraction: float) -> np.ndarra
     A row is in test iff ``u < test_fraction`` with ``u`` in [0, 1) from splitmix64 of the row
     index keyed by ``seed``, so the split depends only on (seed, row index).
     """
-    return _split_u(seed, start, n) < test_fraction
+    return row_uniform(seed, start, n) < test_fraction
 
 
 def validation_mask(
@@ -152,62 +148,52 @@ def validation_mask(
     ``test_fraction <= u < test_fraction + validation_fraction * (1 - test_fraction)``, so the
     validation rows are never test rows and are ``validation_fraction`` of the training rows.
     """
-    u = _split_u(seed, start, n)
+    u = row_uniform(seed, start, n)
     return (u >= test_fraction) & (u < test_fraction + validation_fraction * (1 - test_fraction))
 
 
-def convert(
-    schema: Schema,
-    inputs: str | Path | Sequence[str | Path],
-    out_dir: str | Path,
-    *,
-    test_fraction: float = 0.0,
-    validation_fraction: float = 0.0,
-    seed: int = 0,
-    rows_per_shard: int = 1_000_000,
-    batch_rows: int = 65536,
-    max_bad_rows: int = 0,
-    report: ReadReport | None = None,
-) -> dict[str, list[Path]]:
-    """Streams ``inputs`` through ``read_batches`` into Parquet shards.
+def split_codes(
+    seed: int, start: int, n: int, test_fraction: float, validation_fraction: float
+) -> np.ndarray:
+    """int8[n]: the split of rows ``start .. start+n-1``: 0 train, 1 validation
+    (``validation_mask``), 2 test (``split_mask``)."""
+    u = row_uniform(seed, start, n)
+    codes = np.zeros(n, np.int8)
+    codes[
+        (u >= test_fraction) & (u < test_fraction + validation_fraction * (1 - test_fraction))
+    ] = 1
+    codes[u < test_fraction] = 2
+    return codes
 
-    Rows go to ``out_dir/test/`` with probability ``test_fraction`` (decided by ``split_mask``
-    from ``seed`` and the row's global index, so independent of ``batch_rows``), to
-    ``out_dir/validation/`` with probability ``validation_fraction`` of the remaining rows
-    (``validation_mask``), else to ``out_dir/train/``. Returns ``{"train": [shard paths],
-    "validation": [...], "test": [...]}``; read the shards back with
-    ``read_batches(schema.as_parquet(), out_dir / "train")``.
-    """
-    if not 0.0 <= test_fraction < 1.0:
-        raise ValueError(f"test_fraction must be in [0, 1), got {test_fraction!r}")
-    if not 0.0 <= validation_fraction < 1.0:
-        raise ValueError(f"validation_fraction must be in [0, 1), got {validation_fraction!r}")
-    batches = read_batches(
-        schema, inputs, batch_rows=batch_rows, max_bad_rows=max_bad_rows, report=report
-    )
-    out = Path(out_dir)
-    writers = {"train": ShardWriter(out / "train", rows_per_shard, "part")}
-    for name, fraction in (("test", test_fraction), ("validation", validation_fraction)):
-        if fraction > 0 or (out / name).is_dir():  # a writer also clears stale shards
-            writers[name] = ShardWriter(out / name, rows_per_shard, "part")
-    seen = 0
+
+def write_parquet_file(batches: Iterable[pa.RecordBatch], path: str | Path) -> int:
+    """Writes ``batches`` (at least one row, one Arrow schema) to the Parquet file ``path`` in
+    row groups of exactly ``ROW_GROUP_ROWS`` rows (the last one fewer); returns the rows."""
+    writer: pq.ParquetWriter | None = None
+    pending: list[pa.RecordBatch] = []
+    buffered = total = 0
+
+    def flush(table: pa.Table) -> None:
+        nonlocal writer
+        if writer is None:
+            writer = pq.ParquetWriter(str(path), table.schema)
+        writer.write_table(table, row_group_size=ROW_GROUP_ROWS)
+
     try:
         for b in batches:
-            is_test = split_mask(seed, seen, b.num_rows, test_fraction)
-            is_val = validation_mask(seed, seen, b.num_rows, test_fraction, validation_fraction)
-            writers["train"].write(b.filter(pa.array(~(is_test | is_val))))
-            if test_fraction > 0:
-                writers["test"].write(b.filter(pa.array(is_test)))
-            if validation_fraction > 0:
-                writers["validation"].write(b.filter(pa.array(is_val)))
-            seen += b.num_rows
-    except BaseException:
-        for w in writers.values():
-            w.abort()
-        raise
-    closed = {name: w.close() for name, w in writers.items()}
-    return {
-        "train": closed["train"],
-        "validation": closed.get("validation", []) if validation_fraction > 0 else [],
-        "test": closed.get("test", []) if test_fraction > 0 else [],
-    }
+            pending.append(b)
+            buffered += b.num_rows
+            total += b.num_rows
+            while buffered >= ROW_GROUP_ROWS:
+                table = pa.Table.from_batches(pending)
+                flush(table.slice(0, ROW_GROUP_ROWS))
+                rest = table.slice(ROW_GROUP_ROWS)
+                pending, buffered = rest.to_batches(), rest.num_rows
+        if buffered:
+            flush(pa.Table.from_batches(pending))
+        if writer is None:
+            raise ValueError(f"no rows to write to {path}")
+    finally:
+        if writer is not None:
+            writer.close()
+    return total

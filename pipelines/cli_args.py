@@ -67,6 +67,51 @@ def _bad_rows(p: argparse.ArgumentParser, default: int | None = 0) -> None:
     )
 
 
+def non_negative_int(text: str) -> int:
+    """An integer >= 0 (an argparse type)."""
+    try:
+        v = int(text)
+    except ValueError:
+        v = -1
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return v
+
+
+def engine_flags(p: argparse.ArgumentParser) -> None:
+    """``--engine``, ``--cluster``, ``--workers``, ``--task-retries``: where the command's data
+    jobs run (``pipelines.engines``; a config's ``[engine]`` section, overridden)."""
+    g = p.add_argument_group(
+        "engine", "where the data job's tasks run; the output is the same on every engine"
+    )
+    g.add_argument(
+        "--engine",
+        choices=("local", "dask"),
+        default=None,
+        help="local: this process (the default); dask: Dask distributed, on --cluster or a "
+        "local cluster of --workers processes",
+    )
+    g.add_argument(
+        "--cluster",
+        default=None,
+        metavar="ADDRESS",
+        help="a Dask scheduler, e.g. tcp://HOST:8786 (implies --engine dask); the workers need "
+        "the same files at the same paths",
+    )
+    g.add_argument(
+        "--workers",
+        type=non_negative_int,
+        default=None,
+        help="processes of the local Dask cluster (default: one per CPU core)",
+    )
+    g.add_argument(
+        "--task-retries",
+        type=non_negative_int,
+        default=None,
+        help="times a task that failed is run again before the job fails (default 2)",
+    )
+
+
 def _raw_input(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--schema", required=True, help="schema file or shipped schema name (e.g. criteo)"
@@ -103,6 +148,7 @@ def train(sub: Subparsers) -> None:
     t.add_argument(
         "--max-bad-rows", type=int, help="bad raw rows to skip and count (data.max_bad_rows)"
     )
+    engine_flags(t)
     t.set_defaults(handler="pipelines.run_commands:cmd_train")
 
 
@@ -284,6 +330,7 @@ def _crosses_fives(csub: Subparsers) -> None:
         action="store_true",
         help="skip the exhaustive interaction screen (screen_orders = [])",
     )
+    engine_flags(p)
     p.set_defaults(handler="pipelines.crosses_fives:cmd_fives")
 
 
@@ -294,6 +341,7 @@ def _crosses_pcf_gnn(csub: Subparsers) -> None:
     )
     p.add_argument("--config", required=True, help="training config with a [pair_stats] section")
     add_set_option(p, "override a config value, e.g. --set pair_stats.steps=100")
+    engine_flags(p)
     p.set_defaults(handler="pipelines.crosses_pcf:cmd_pcf_gnn")
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from pipelines.cli_args import Subparsers, _bad_rows, _raw_input, positive
+from pipelines.cli_args import Subparsers, _bad_rows, _raw_input, engine_flags, positive
 
 
 def share(text: str) -> float:
@@ -107,6 +107,7 @@ def convert(sub: Subparsers) -> None:
     )
     c.add_argument("--seed", type=int, default=0, help="seed of the train/test split")
     _bad_rows(c)
+    engine_flags(c)
     c.set_defaults(handler="pipelines.data_commands:cmd_convert")
 
 
@@ -115,6 +116,7 @@ def stats(sub: Subparsers) -> None:
     _raw_input(s)
     s.add_argument("--output", required=True, help="folder for stats.json and vocab/")
     _bad_rows(s)
+    engine_flags(s)
     s.set_defaults(handler="pipelines.data_commands:cmd_stats")
 
 

@@ -48,6 +48,7 @@ from typing import Any
 from pipelines.config_sections import (
     ConfigError,
     DistributeConfig,
+    EngineConfig,
     FusionConfig,
     PairStatsConfig,
     VocabConfig,
@@ -272,6 +273,7 @@ class PipelineConfig:
     distribute: DistributeConfig | None = None  # [distribute]: multi-worker training
     fusion: FusionConfig | None = None  # [fusion]: generated kernels (compiler_opt)
     vocab: VocabConfig | None = None  # [vocab]: vocabularies across windows
+    engine: EngineConfig | None = None  # [engine]: where the data jobs run
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
@@ -341,6 +343,7 @@ def _sections() -> dict[str, type]:
         "distribute": DistributeConfig,
         "fusion": FusionConfig,
         "vocab": VocabConfig,
+        "engine": EngineConfig,
     }
 
 
@@ -433,6 +436,7 @@ def config_from_dict(
         distribute=_optional(DistributeConfig, "distribute", data, where),
         fusion=_optional(FusionConfig, "fusion", data, where),
         vocab=_optional(VocabConfig, "vocab", data, where),
+        engine=_optional(EngineConfig, "engine", data, where),
     )
 
 

@@ -1,5 +1,6 @@
 """The optional sections of the training config (``pipelines.config`` reads them):
-``[fusion]``, ``[vocab]``, ``[distribute]`` and ``[pair_stats]``, and the config's error type."""
+``[fusion]``, ``[vocab]``, ``[distribute]``, ``[engine]`` and ``[pair_stats]``, and the config's
+error type."""
 
 from __future__ import annotations
 
@@ -131,6 +132,41 @@ class DistributeConfig:
             raise ConfigError(
                 f"[distribute] ps_min_shard_bytes must be an integer >= 1 (bytes), got {b!r}"
             )
+
+
+ENGINES = ("local", "dask")
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    """``[engine]`` (and the ``--engine``/``--cluster``/``--workers``/``--task-retries`` flags of
+    the data commands): where a command's data jobs run (docs/scale.md).
+
+    Attributes:
+      name: ``local`` (this process, the default) or ``dask`` (Dask distributed).
+      address: a Dask scheduler's address (``tcp://HOST:8786``); empty: with ``dask``, a local
+        cluster of ``workers`` processes started for the command.
+      workers: processes of that local cluster (0: one per CPU core).
+      retries: times a task that raised is run again before the job fails.
+    """
+
+    name: str = "local"
+    address: str = ""
+    workers: int = dataclasses.field(default=0, metadata={"expected": "an integer >= 0"})
+    retries: int = dataclasses.field(default=2, metadata={"expected": "an integer >= 0"})
+
+    def __post_init__(self) -> None:
+        if self.name not in ENGINES:
+            raise ConfigError(f"[engine] name {self.name!r} is not one of {list(ENGINES)}")
+        if self.address and self.name != "dask":
+            raise ConfigError(
+                f'[engine] address {self.address!r} is a Dask scheduler\'s: set name = "dask" '
+                f"(engine {self.name!r} runs in this process)"
+            )
+        for key in ("workers", "retries"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ConfigError(f"[engine] {key} must be an integer >= 0, got {v!r}")
 
 
 _PAIR_SOURCES = ("pcf_gnn", "table")

@@ -31,8 +31,8 @@ from typing import Any
 
 from features.crosses.pcf_build import build_graph
 from features.crosses.pcf_gnn import pretrain
-from features.dataset import list_parquet
 from features.schema import FeatureKind
+from features.shard_reader import list_parquet
 from pipelines.config import ConfigError, load_config
 from pipelines.run.data import prepare_data
 from pipelines.run.paths import RunPaths

@@ -29,10 +29,10 @@ from pathlib import Path
 
 from features import (
     completion,
+    convert,
     history,
     read_report,
     readers,
-    shards,
     synthetic,
     synthetic_config,
     synthetic_days,
@@ -161,7 +161,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
     )
     report = read_report.ReadReport()
     try:
-        result = shards.convert(
+        result = convert.convert(
             schema, args.input, tmp, max_bad_rows=args.max_bad_rows, report=report, **settings
         )
         schema.as_parquet().save(tmp / "schema.toml")

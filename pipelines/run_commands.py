@@ -2,6 +2,7 @@
 ``pipelines.cli_args``).
 
     stitchrec train   --config FILE [--set KEY=VALUE]... [--output DIR] [--max-bad-rows N]
+                      [--engine local|dask] [--cluster ADDRESS] [--workers N]
     stitchrec export  --run DIR [--output DIR] [--single] [--cascade-rank RUN --keep M]
                       [--ensemble-runs RUN... [--combine logits|probabilities]]
                       [--fuse-kernels] [--quantize int8|fp16 [--quantize-min-rows N]]
@@ -19,6 +20,8 @@ from pathlib import Path
 
 from compiler_opt.fused_signature import FUSION_FILE, FusionSpec, write_spec
 from pipelines.config import load_config
+from pipelines.config_sections import EngineConfig
+from pipelines.engines import engine_config
 from pipelines.errors import UsageError
 from pipelines.export import (
     export_ensemble,
@@ -46,6 +49,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.continue_from:  # relative to the working directory, as --output
         cont = str(Path(args.continue_from).resolve())
         cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, continue_from=cont))
+    engine = engine_config(args, cfg.engine)
+    if engine != (cfg.engine or EngineConfig()):
+        cfg = dataclasses.replace(cfg, engine=engine)
     report = train(cfg, log=_print)
     test = report.get("test")
     if test:

@@ -41,6 +41,7 @@ import tensorflow as tf
 from features.dataset import count_rows, make_dataset
 from pipelines import distribute
 from pipelines.config import ConfigError, PipelineConfig, VocabConfig, load_config
+from pipelines.engines import open_runner
 from pipelines.preranking import run_preranking
 from pipelines.run.autolrs import AutoLRS, make_autolrs, validation_loss_fn
 from pipelines.run.continuation import ContinueOptions, Previous, continue_model, load_previous
@@ -248,13 +249,21 @@ def _open_run(cfg: PipelineConfig, dist: Any, log: Log) -> tuple[Run, Any, list]
     tf.keras.utils.set_random_seed(cfg.train.seed)
     if cfg.train.deterministic:
         tf.config.experimental.enable_op_determinism()
-    schema, train_files, validation_files, test_files = prepare_data(cfg, paths, log)
-    schema = add_configured_crosses(cfg, schema, log)
-    schema.save(paths.schema)
-    vocab = (cfg.vocab or VocabConfig()).to_options()
-    stats = prepare_stats(
-        schema, train_files, paths, log, cfg.data.cap_hash_buckets, vocab, cfg.train.continue_from
-    )
+    with open_runner(cfg.engine, log) as runner:
+        schema, train_files, validation_files, test_files = prepare_data(cfg, paths, log, runner)
+        schema = add_configured_crosses(cfg, schema, log)
+        schema.save(paths.schema)
+        vocab = (cfg.vocab or VocabConfig()).to_options()
+        stats = prepare_stats(
+            schema,
+            train_files,
+            paths,
+            log,
+            cfg.data.cap_hash_buckets,
+            vocab,
+            cfg.train.continue_from,
+            runner,
+        )
     if not dist.is_chief:
         validation_files, test_files = [], []  # the chief evaluates and reports
     files = (train_files, validation_files, test_files)

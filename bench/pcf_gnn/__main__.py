@@ -42,7 +42,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 import pipelines  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow loads)
-from features import shards, synthetic, synthetic_config
+from features import convert, synthetic, synthetic_config
 from features.crosses.pcf_build import build_graph, count_pairs
 from features.crosses.pcf_config import PCFGNNConfig
 from features.crosses.pcf_gnn import evaluate_pairs, pair_graph_like, pretrain
@@ -90,7 +90,7 @@ def prepare_movielens(work: Path, fraction: float) -> dict[str, Any]:
     d = work / "movielens"
     schema = load_schema("movielens")
     if not (d / "data" / "_SUCCESS").exists():
-        shards.convert(
+        convert.convert(
             schema,
             [str(SHARED / "movielens-latest-small" / "ratings.csv")],
             d / "data",

@@ -17,8 +17,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from features.crosses.fives_config import FivesDataError
-from features.dataset import iter_record_batches
 from features.schema import FeatureKind, Schema
+from features.shard_reader import iter_record_batches
 
 # ---------------------------------------------------------------------------------------------
 # Encoding fields as ids

@@ -25,9 +25,9 @@ from features.crosses.pcf_graph import (
     value_strings,
     vocab_ids,
 )
-from features.dataset import iter_record_batches
 from features.read_report import DataError
 from features.schema import FeatureKind, Schema
+from features.shard_reader import iter_record_batches
 
 _MERGE_EVERY = 16  # batches between merges of the partial count tables
 

@@ -26,8 +26,8 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from features.dataset import column_to_numpy
 from features.schema import Schema, load_schema
+from features.shard_reader import column_to_numpy
 from pipelines.evaluation.sources import SCHEMA_ASSET, Logs, ScoreSource, SourceError
 from pipelines.evaluation.tasks import ModelTask
 from serving import log_format

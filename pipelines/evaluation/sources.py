@@ -33,8 +33,8 @@ import tensorflow as tf
 from tensorflow_serving.apis import get_model_metadata_pb2, predict_pb2, prediction_service_pb2_grpc
 
 from features import read_report, readers
-from features.dataset import column_to_numpy, list_parquet
 from features.schema import FeatureKind, Schema, load_schema
+from features.shard_reader import column_to_numpy, list_parquet
 from pipelines.evaluation.tasks import ModelTask, saved_model_tasks
 
 SCHEMA_ASSET = Path("assets.extra") / "schema.toml"

@@ -19,13 +19,15 @@ from typing import Any, NamedTuple
 
 import tensorflow as tf
 
-from features import read_report, shards
+from features import convert, read_report
 from features.crosses.artifact import add_crosses, load_crosses
-from features.dataset import iter_record_batches, list_parquet
 from features.read_report import DataError
 from features.readers import list_files
 from features.schema import FeatureKind, Schema, load_schema
-from features.stats import STATS_FILE, DatasetStats, cap_hash_tables, compute_stats
+from features.shard_reader import list_parquet
+from features.stats import STATS_FILE, DatasetStats, cap_hash_tables
+from features.stats_job import shard_stats
+from features.tasks import TaskRunner
 from features.vocab_state import VocabChange, VocabOptions, VocabState
 from pipelines.config import ConfigError, DataConfig, PipelineConfig, load_config
 from pipelines.run.paths import Log, RunPaths
@@ -83,7 +85,9 @@ def _split_dir(folder: Path) -> list[Path]:
     return list_parquet(folder) if folder.is_dir() and any(folder.glob("*.parquet")) else []
 
 
-def prepare_data(cfg: PipelineConfig, paths: RunPaths, log: Log) -> RunData:
+def prepare_data(
+    cfg: PipelineConfig, paths: RunPaths, log: Log, runner: TaskRunner | None = None
+) -> RunData:
     """The run's shards, converting raw files once into ``paths.data`` (``train/``,
     ``validation/``, ``test/``).
 
@@ -92,6 +96,7 @@ def prepare_data(cfg: PipelineConfig, paths: RunPaths, log: Log) -> RunData:
     are rewritten once as ``data/train`` and ``data/validation``). Explicit ``[data]
     validation`` files replace the fraction. With a raw-format schema, ``train``/``test`` may be
     its raw files (converted here) or the Parquet shards ``stitchrec convert`` wrote of them.
+    The conversion's tasks run on ``runner`` (default: this process).
     """
     d = cfg.data
     schema = _input_schema(load_schema(d.schema), d)
@@ -103,7 +108,7 @@ def prepare_data(cfg: PipelineConfig, paths: RunPaths, log: Log) -> RunData:
             schema.as_parquet(), _listed(d.train), _listed(d.validation), _listed(d.test)
         )
     if not (paths.data / "_SUCCESS").exists():
-        _convert(cfg, schema, paths, fraction, direct, log)
+        _convert(cfg, schema, paths, fraction, direct, log, runner)
     return RunData(
         schema.as_parquet(),
         list_parquet(paths.data / "train"),
@@ -113,31 +118,39 @@ def prepare_data(cfg: PipelineConfig, paths: RunPaths, log: Log) -> RunData:
 
 
 def _convert(
-    cfg: PipelineConfig, schema: Schema, paths: RunPaths, fraction: float, direct: bool, log: Log
+    cfg: PipelineConfig,
+    schema: Schema,
+    paths: RunPaths,
+    fraction: float,
+    direct: bool,
+    log: Log,
+    runner: TaskRunner | None,
 ) -> None:
     """Converts the config's inputs into ``paths.data``; writes the ``_SUCCESS`` marker last."""
     d = cfg.data
     report = read_report.ReadReport()
     t0 = time.time()
     split = {"validation_fraction": fraction, "seed": d.split_seed}
-    split |= {"max_bad_rows": d.max_bad_rows, "report": report}
+    split |= {"max_bad_rows": d.max_bad_rows, "report": report, "runner": runner}
     if d.raw:
         log(
             f"converting {len(d.raw)} raw input(s) to Parquet (test_fraction={d.test_fraction}, "
             f"validation_fraction={fraction})"
         )
-        shards.convert(schema, list(d.raw), paths.data, test_fraction=d.test_fraction, **split)
+        convert.convert(schema, list(d.raw), paths.data, test_fraction=d.test_fraction, **split)
     else:
         what = "Parquet" if schema.source.format == "parquet" else "raw"
         log(
             f"converting {len(d.train)} {what} training input(s) to the run's Parquet shards "
             f"(validation_fraction={fraction})"
         )
-        shards.convert(schema, list(d.train), paths.data, **split)
+        convert.convert(schema, list(d.train), paths.data, **split)
         if d.test and not direct:
-            _convert_side(schema, d.test, paths.data, "test", d.max_bad_rows, report)
+            _convert_side(schema, d.test, paths.data, "test", d.max_bad_rows, report, runner)
     if d.validation and not direct:
-        _convert_side(schema, d.validation, paths.data, "validation", d.max_bad_rows, report)
+        _convert_side(
+            schema, d.validation, paths.data, "validation", d.max_bad_rows, report, runner
+        )
     summary = {"rows": report.rows, "bad_rows": report.bad_rows, "examples": report.examples}
     (paths.data / "_SUCCESS").write_text(json.dumps(summary, indent=1))
     log(
@@ -153,10 +166,13 @@ def _convert_side(
     name: str,
     max_bad_rows: int,
     report: read_report.ReadReport,
+    runner: TaskRunner | None,
 ) -> None:
     """Converts the test or validation ``files`` whole into ``data/<name>/``."""
     tmp = data / f"_{name}"
-    shards.convert(schema, list(files), tmp, max_bad_rows=max_bad_rows, report=report)
+    convert.convert(
+        schema, list(files), tmp, max_bad_rows=max_bad_rows, report=report, runner=runner
+    )
     if (data / name).exists():
         shutil.rmtree(data / name)
     (tmp / "train").rename(data / name)
@@ -186,9 +202,10 @@ def prepare_stats(
     cap_hash_buckets: bool = True,
     vocab: VocabOptions | None = None,
     continue_from: str = "",
+    runner: TaskRunner | None = None,
 ) -> DatasetStats:
-    """The statistics of the training shards ``train``: computed once, then read from
-    ``paths.stats``.
+    """The statistics of the training shards ``train``: computed once (tasks on ``runner``,
+    ``features.stats_job.shard_stats``), then read from ``paths.stats``.
 
     Hashed fields get the table rows of ``features.stats.cap_hash_tables`` (``[data]
     cap_hash_buckets``), saved in ``stats.json`` with the statistics, so a resumed run builds
@@ -206,7 +223,7 @@ def prepare_stats(
         _log_capped(schema, stats, cap_hash_tables(stats, schema, cap_hash_buckets), log)
         return stats
     t0 = time.time()
-    stats = compute_stats(schema, iter_record_batches(schema, train), all_counts=vocab is not None)
+    stats = shard_stats(schema, train, runner=runner, all_counts=vocab is not None)
     if vocab is not None:
         stats = track_vocabularies(stats, schema, paths, vocab, continue_from, log)
     capped = cap_hash_tables(stats, schema, cap_hash_buckets)

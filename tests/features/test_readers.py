@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from features.cells import arrow_schema
+from features.convert import convert
 from features.read_report import DataError, ReadReport
 from features.readers import list_files, read_batches
 from features.schema import (
@@ -25,7 +26,7 @@ from features.schema import (
     load_schema,
     schema_from_dict,
 )
-from features.shards import convert, split_mask, write_parquet_shards
+from features.shards import split_mask, write_parquet_shards
 
 CRITEO = load_schema("criteo")
 CRITEO_COLUMNS = ["label", *(f"I{i}" for i in range(1, 14)), *(f"C{i}" for i in range(1, 27))]

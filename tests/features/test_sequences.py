@@ -11,11 +11,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from features.cells import arrow_schema
+from features.convert import convert
 from features.dataset import input_fields, iter_batches, make_dataset
 from features.read_report import DataError, ReadReport
 from features.readers import read_batches
 from features.schema import FeatureKind, FeatureSpec, SchemaError, load_schema, schema_from_dict
-from features.shards import convert
 from features.stats import DatasetStats, compute_stats
 
 SCHEMA = """

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pyarrow.parquet as pq
 import pytest
 
-from features import shards
+from features import convert
 from features.read_report import DataError
 from features.schema import load_schema
 from pipelines.config import ConfigError, load_config
@@ -96,7 +96,7 @@ def test_raw_csv_files_and_their_converted_shards_give_the_same_split(tmp_path):
     assert not any("Parquet inputs" in line for line in lines)
     schema = load_schema(tmp_path / "schema.toml")
     for split in ("train", "test"):  # what `stitchrec convert` writes
-        shards.convert(schema, [tmp_path / f"{split}.csv"], tmp_path / f"pq_{split}")
+        convert.convert(schema, [tmp_path / f"{split}.csv"], tmp_path / f"pq_{split}")
     converted, lines = _csv_run(
         tmp_path, "pq", [tmp_path / "pq_train" / "train"], [tmp_path / "pq_test" / "train"]
     )

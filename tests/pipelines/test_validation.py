@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 import tensorflow as tf
 
-from features import shards
+from features import convert
 from features.schema import load_schema
 from features.stats import DatasetStats
 from pipelines.config import ConfigError, load_config
@@ -61,7 +61,7 @@ def test_raw_split_validation_is_a_fraction_of_the_training_rows(tmp_path):
     schema = load_schema_text(tmp_path)
     t = make_tiny_table(20_000, seed=3)
     pq.write_table(t, tmp_path / "all.parquet")
-    out = shards.convert(
+    out = convert.convert(
         schema, tmp_path / "all.parquet", tmp_path / "out", test_fraction=0.2,
         validation_fraction=0.25, seed=5,
     )  # fmt: skip
@@ -74,7 +74,7 @@ def test_raw_split_validation_is_a_fraction_of_the_training_rows(tmp_path):
     assert abs(len(rows["test"]) - 4000) < 200
     assert abs(len(rows["validation"]) - 4000) < 200  # 0.25 of the 16,000 training rows
     # the test split is the one without validation: adding validation never moves a test row
-    plain = shards.convert(
+    plain = convert.convert(
         schema, tmp_path / "all.parquet", tmp_path / "p", test_fraction=0.2, seed=5
     )
     assert _prices(plain["test"]) == rows["test"]

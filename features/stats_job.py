@@ -1,0 +1,137 @@
+"""Dataset statistics as a job of tasks (``features.tasks``): each task accumulates the
+statistics of one part of the data (``features.stats.StatsAccumulator``) and the driver merges
+the parts in input order, so every runner gives the same ``DatasetStats``.
+
+* ``shard_stats``: Parquet shards (training reads these), cut into row-group parts
+  (``features.partitions.shard_parts``); the numeric fields' sample keys are the rows' indices
+  in the concatenation of the shards, the same as ``compute_stats`` over the shards read in
+  order, so the quantile boundaries equal those of one pass over the shards.
+* ``raw_stats``: raw files read and validated chunk by chunk (``features.partitions``), bad
+  rows replayed in input order through one ``max_bad_rows`` budget as ``stitchrec convert``
+  does; a chunk's rows are keyed by their position in the chunk (row stream: the chunk).
+
+Merged moments add the parts' float64 sums in part order: the same on every runner, and within
+rounding of one pass over the rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from features import partitions
+from features.read_report import BadRowBudget, ReadReport
+from features.readers import list_files
+from features.schema import Schema
+from features.shard_reader import input_fields, iter_record_batches
+from features.stats import StatsAccumulator
+from features.stats_types import DatasetStats
+from features.tasks import TaskRunner, runner_or_local
+
+
+@dataclasses.dataclass(frozen=True)
+class _Settings:
+    schema: Schema
+    sample_size: int
+    seed: int
+    all_counts: bool
+
+    def accumulator(self) -> StatsAccumulator:
+        return StatsAccumulator(
+            self.schema, sample_size=self.sample_size, seed=self.seed, all_counts=self.all_counts
+        )
+
+
+def _merged(parts: Sequence[StatsAccumulator]) -> DatasetStats:
+    total = parts[0]
+    for p in parts[1:]:
+        total.merge(p)
+    return total.finish()
+
+
+def shard_part_stats(part: partitions.ShardPart, settings: _Settings) -> StatsAccumulator:
+    """The statistics of one part of the shards. A task function."""
+    acc = settings.accumulator()
+    fields = input_fields(settings.schema)
+    rows = (part.first_row, part.first_row + part.rows)
+    start = part.offset
+    for rb in iter_record_batches(settings.schema, [Path(part.path)], fields, row_range=rows):
+        acc.update(rb, 0, start)
+        start += rb.num_rows
+    return acc
+
+
+def shard_stats(
+    schema: Schema,
+    files: Sequence[Path],
+    *,
+    runner: TaskRunner | None = None,
+    sample_size: int = 200_000,
+    seed: int = 0,
+    all_counts: bool = False,
+    part_rows: int = partitions.CHUNK_ROWS,
+) -> DatasetStats:
+    """The statistics of validated Parquet ``files`` (``schema``: the shards' schema), as
+    ``compute_stats`` gives them (see the module docstring for the moments)."""
+    parts = partitions.shard_parts(files, part_rows)
+    if not parts:
+        raise ValueError("no rows to compute statistics from")
+    settings = _Settings(schema, sample_size, seed, all_counts)
+    accs = runner_or_local(runner).map(shard_part_stats, parts, shared=settings, label="stats")
+    return _merged(accs)
+
+
+@dataclasses.dataclass(frozen=True)
+class _RawTask:
+    chunk: partitions.Chunk
+    stream: int
+    first_line: int
+    keep: int
+
+
+def raw_chunk_stats(
+    task: _RawTask, settings: _Settings
+) -> tuple[StatsAccumulator, partitions.ChunkRead]:
+    """The statistics of one chunk of raw files, and what its read found. A task function."""
+    acc = settings.accumulator()
+    start = 0
+
+    def add(batch: Any) -> None:
+        nonlocal start
+        acc.update(batch, task.stream, start)
+        start += batch.num_rows
+
+    events = partitions.chunk_events(settings.schema, task.chunk, {}, task.first_line)
+    return acc, partitions.consume_chunk(events, task.keep, add)
+
+
+def raw_stats(
+    schema: Schema,
+    inputs: str | Path | Sequence[str | Path],
+    *,
+    runner: TaskRunner | None = None,
+    max_bad_rows: int = 0,
+    report: ReadReport | None = None,
+    sample_size: int = 200_000,
+    seed: int = 0,
+    chunk_bytes: int = partitions.CHUNK_BYTES,
+    chunk_rows: int = partitions.CHUNK_ROWS,
+) -> DatasetStats:
+    """The statistics of raw files of ``schema``; bad rows raise DataError or are skipped and
+    counted in ``report`` while there are at most ``max_bad_rows``, as ``read_batches``."""
+    runner = runner_or_local(runner)
+    report = report if report is not None else ReadReport()
+    files = list_files(inputs, schema)
+    chunks = partitions.plan_chunks(schema, files, chunk_bytes, chunk_rows)
+    first = partitions.chunk_first_lines(chunks, runner, "stats: count lines")
+    keep = partitions.messages_to_keep(max_bad_rows)
+    tasks = [_RawTask(c, i + 1, first[i], keep) for i, c in enumerate(chunks)]
+    settings = _Settings(schema, sample_size, seed, False)
+    results = runner.map(raw_chunk_stats, tasks, shared=settings, label="stats")
+    reads = [r for _, r in results]
+    partitions.replay_reads(chunks, reads, BadRowBudget(max_bad_rows, report), report)
+    if report.rows == 0:
+        raise partitions.no_rows_error(inputs, len(files), report)
+    return _merged([acc for acc, r in results if r.rows])

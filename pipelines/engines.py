@@ -1,0 +1,191 @@
+"""The engines that run the data jobs' tasks (``features.tasks``): this process, or Dask
+distributed, in its local mode or on a cluster.
+
+* ``local`` (the default): every task in this process, one after the other.
+* ``dask``: a Dask distributed cluster. With an address (``--cluster tcp://HOST:8786``, the
+  scheduler of a cluster started with ``dask scheduler`` and ``dask worker``, or by the Dask
+  Kubernetes operator, Helm chart or a cloud service) the job's tasks run on its workers; without
+  one, on a local cluster of ``workers`` processes (one thread each) started for the command.
+  Each task is retried ``retries`` times when it raises, and the scheduler moves the tasks of a
+  worker that dies to the others (a task whose workers died ``distributed.scheduler.allowed-
+  failures`` times, 3 by default, fails); a task that fails for good ends the job with one
+  ``JobError`` naming the job, the task and the cause. The log names the dashboard, where the
+  job's progress shows.
+
+Workers read the inputs and write the outputs by path: on a cluster they need the same files
+at the same paths (a shared file system), and StitchRec installed in the same version.
+docs/scale.md has a cluster recipe and the measurements behind the choice of Dask.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
+
+from features.tasks import JobError, LocalRunner, TaskRunner
+from pipelines.config_sections import EngineConfig
+from pipelines.errors import UsageError
+
+R = TypeVar("R")
+Log = Callable[[str], None]
+
+
+class DaskRunner:
+    """Runs a job's tasks on a Dask distributed client (see the module docstring)."""
+
+    name = "dask"
+
+    def __init__(self, client: Any, retries: int, where: str) -> None:
+        self.client = client
+        self.retries = retries
+        self.where = where
+
+    def map(
+        self,
+        fn: Callable[..., R],
+        items: Sequence[Any],
+        *,
+        shared: Any = None,
+        label: str = "",
+    ) -> list[R]:
+        if not items:
+            return []
+        name = (label or fn.__name__).replace(" ", "")
+        keys = [f"{name}-{uuid.uuid4().hex[:8]}-{i}" for i in range(len(items))]
+        args: list[Sequence[Any]] = [items]
+        if shared is not None:
+            [handle] = self.client.scatter([shared], broadcast=True, hash=False)
+            args.append([handle] * len(items))
+        futures = self.client.map(fn, *args, key=keys, pure=False, retries=self.retries)
+        try:
+            return [
+                self._result(f, i, len(items), label or fn.__name__) for i, f in enumerate(futures)
+            ]
+        finally:
+            self.client.cancel(futures)
+
+    def _result(self, future: Any, i: int, n: int, label: str) -> Any:
+        distributed = _distributed()
+        try:
+            return future.result()
+        except distributed.KilledWorker as e:
+            raise JobError(
+                f"{label}: task {i + 1} of {n} failed: the workers running it died ({e}); see "
+                f"the workers' logs on {self.where}"
+            ) from None
+        except distributed.comm.core.CommClosedError as e:
+            raise JobError(
+                f"{label}: task {i + 1} of {n}: the connection to {self.where} was lost ({e})"
+            ) from None
+
+    def describe(self) -> str:
+        info = self.client.scheduler_info()
+        workers = len(info.get("workers", {}))
+        link = self.client.dashboard_link
+        return f"dask on {self.where}: {workers} worker(s), dashboard {link}"
+
+
+def _distributed() -> Any:
+    """The ``distributed`` package (an optional dependency: imported when a command asks for
+    the dask engine)."""
+    try:
+        import distributed
+        import distributed.comm.core
+    except ImportError:
+        raise UsageError(
+            "the dask engine needs Dask distributed: pip install 'stitchrec[scale]'"
+        ) from None
+    return distributed
+
+
+class _LazyDask:
+    """The dask runner of ``config``, connected (or its local cluster started) on the first
+    ``map``: a command whose data is already prepared starts no cluster."""
+
+    name = "dask"
+
+    def __init__(self, config: EngineConfig, stack: contextlib.ExitStack, log: Log) -> None:
+        self.config, self.stack, self.log = config, stack, log
+        self._runner: DaskRunner | None = None
+
+    def _open(self) -> DaskRunner:
+        if self._runner is None:
+            self._runner = _connect(self.config, self.stack)
+            self.log(f"engine: {self._runner.describe()}")
+        return self._runner
+
+    def map(
+        self,
+        fn: Callable[..., R],
+        items: Sequence[Any],
+        *,
+        shared: Any = None,
+        label: str = "",
+    ) -> list[R]:
+        return self._open().map(fn, items, shared=shared, label=label)
+
+    def describe(self) -> str:
+        return self._open().describe()
+
+
+def _connect(config: EngineConfig, stack: contextlib.ExitStack) -> DaskRunner:
+    distributed = _distributed()
+    if config.address:
+        try:
+            client = stack.enter_context(distributed.Client(config.address, timeout="30s"))
+        except OSError as e:
+            raise UsageError(
+                f"engine address {config.address!r}: no Dask scheduler answered ({e}); expected "
+                f"the address of a running `dask scheduler`, e.g. tcp://HOST:8786"
+            ) from None
+        return DaskRunner(client, config.retries, config.address)
+    workers = config.workers or os.cpu_count() or 1
+    cluster = stack.enter_context(
+        distributed.LocalCluster(
+            n_workers=workers,
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address="127.0.0.1:0",
+            silence_logs=logging.ERROR,
+        )
+    )
+    client = stack.enter_context(distributed.Client(cluster))
+    return DaskRunner(client, config.retries, f"a local cluster of {workers} process(es)")
+
+
+@contextlib.contextmanager
+def open_runner(config: EngineConfig | None, log: Log = print) -> Iterator[TaskRunner]:
+    """The runner of ``config`` for the block: this process, or Dask (a cluster at
+    ``config.address``, or a local cluster started here), connected when the first job runs
+    and closed (a local cluster stopped) when the block ends. Logs where the tasks run."""
+    config = config or EngineConfig()
+    if config.name == "local":
+        yield LocalRunner()
+        return
+    _distributed()  # a missing package is a usage error before any work
+    with contextlib.ExitStack() as stack:
+        yield _LazyDask(config, stack, log)
+
+
+def engine_config(args: Any, base: EngineConfig | None = None) -> EngineConfig:
+    """``base`` (a config's ``[engine]``) with the command's ``--engine``, ``--cluster``,
+    ``--workers`` and ``--task-retries`` flags applied; ``--cluster`` alone means dask."""
+    base = base or EngineConfig()
+    name = getattr(args, "engine", None) or ("dask" if getattr(args, "cluster", None) else None)
+    changes = {
+        "name": name,
+        "address": getattr(args, "cluster", None),
+        "workers": getattr(args, "workers", None),
+        "retries": getattr(args, "task_retries", None),
+    }
+    changes = {k: v for k, v in changes.items() if v is not None}
+    if changes.get("name") == "local" and "address" in changes:
+        raise UsageError("--cluster names a Dask scheduler: drop --engine local, or --cluster")
+    if changes.get("name") == "local":
+        changes["address"] = ""
+    return dataclasses.replace(base, **changes)
