@@ -58,7 +58,7 @@ class TextChunk:
 @dataclasses.dataclass(frozen=True)
 class ParquetChunk:
     """Row groups ``[first, last)`` of a raw Parquet file, whose first row is ``first_row``
-    (0-based) of the file; ``error``: the file's footer could not be read (the chunk's read
+    (0-based) of the file; ``error``: why the file's footer could not be read (the chunk's read
     raises it, in input order)."""
 
     path: str
@@ -121,7 +121,7 @@ def parquet_chunks(path: Path, chunk_rows: int = CHUNK_ROWS) -> list[ParquetChun
     try:
         meta = pq.ParquetFile(str(path)).metadata
     except (pa.ArrowException, OSError) as e:
-        return [ParquetChunk(str(path), (0, 0), 0, 0, f"not a readable Parquet file: {e}")]
+        return [ParquetChunk(str(path), (0, 0), 0, 0, str(e))]
     out: list[ParquetChunk] = []
     first_group, first_row, rows = 0, 0, 0
     for g in range(meta.num_row_groups):
@@ -193,8 +193,8 @@ def chunk_events(
     if chunk.first_of_file:
         check_not_empty(schema, path)
     if isinstance(chunk, ParquetChunk):
-        if chunk.error:
-            raise DataError(f"file {chunk.path!r} is {chunk.error}")
+        if chunk.error:  # as features.file_batches.parquet_batches says it
+            raise DataError(f"file {chunk.path!r} is not a readable Parquet file: {chunk.error}")
         raws = parquet_batches(path, schema, batch_rows, cache, chunk.row_groups, chunk.first_row)
     elif chunk.whole:
         raws = csv_batches(path, schema, cache)
@@ -306,8 +306,8 @@ def shard_parts(files: Sequence[Path], part_rows: int = CHUNK_ROWS) -> list[Shar
     offset = 0
     for f in files:
         for c in parquet_chunks(Path(f), part_rows):
-            if c.error:
-                raise DataError(f"{f}: {c.error}")
+            if c.error:  # as features.shard_reader.iter_record_batches says it
+                raise DataError(f"{f}: not a readable Parquet file ({c.error})")
             if c.rows:
                 out.append(ShardPart(str(f), c.first_row, c.rows, offset))
             offset += c.rows

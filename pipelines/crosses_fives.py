@@ -21,6 +21,7 @@ from features.crosses.fives_encoding import read_table
 from features.crosses.fives_search import search
 from pipelines.cli_args import FIVES_ARTIFACT
 from pipelines.config import load_config, parse_override
+from pipelines.engines import engine_config, open_runner
 from pipelines.errors import UsageError
 from pipelines.run.data import prepare_data
 from pipelines.run.paths import RunPaths
@@ -59,17 +60,19 @@ def cmd_fives(args: argparse.Namespace) -> int:
         raise UsageError(f"--max-rows must be >= 0, got {args.max_rows}")
     paths = RunPaths(Path(cfg.output_dir))
     paths.root.mkdir(parents=True, exist_ok=True)
-    schema, train_files, _, _ = prepare_data(cfg, paths, log)
-    fields = [f.strip() for f in args.fields.split(",") if f.strip()] if args.fields else None
-    for name in fields or ():
-        if name not in schema.names:
-            raise UsageError(
-                f"--fields: schema {schema.name!r} has no field {name!r}; fields: {schema.names}"
-            )
-    t0 = time.time()
-    table = read_table(schema, train_files, max_rows=args.max_rows)
-    log(f"fives: read {table.num_rows:,} training rows in {time.time() - t0:.1f}s")
-    result = search(schema, table, config, fields=fields, log=log)
+    with open_runner(engine_config(args, cfg.engine), log) as runner:
+        schema, train_files, _, _ = prepare_data(cfg, paths, log, runner)
+        fields = [f.strip() for f in args.fields.split(",") if f.strip()] if args.fields else None
+        for name in fields or ():
+            if name not in schema.names:
+                raise UsageError(
+                    f"--fields: schema {schema.name!r} has no field {name!r}; fields: "
+                    f"{schema.names}"
+                )
+        t0 = time.time()
+        table = read_table(schema, train_files, max_rows=args.max_rows)
+        log(f"fives: read {table.num_rows:,} training rows in {time.time() - t0:.1f}s")
+        result = search(schema, table, config, fields=fields, log=log, runner=runner)
     out = Path(args.out) if args.out else paths.root / FIVES_ARTIFACT
     result.artifact(schema.name).save(out)
     log(f"fives: search took {result.seconds:.1f}s; top crosses:")

@@ -34,6 +34,7 @@ from features.crosses.pcf_gnn import pretrain
 from features.schema import FeatureKind
 from features.shard_reader import list_parquet
 from pipelines.config import ConfigError, load_config
+from pipelines.engines import engine_config, open_runner
 from pipelines.run.data import prepare_data
 from pipelines.run.paths import RunPaths
 
@@ -46,7 +47,8 @@ def _print(msg: str) -> None:
 
 def cmd_pcf_gnn(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, list(args.set))
-    report = run_pcf_gnn(cfg, log=_print)
+    engine = engine_config(args, cfg.engine)
+    report = run_pcf_gnn(dataclasses.replace(cfg, engine=engine), log=_print)
     _print(
         f"pcf-gnn artifact: {report['artifact']} ({report['nodes']:,} nodes, "
         f"{report['edges']:,} edges, graph {report['graph_seconds']:.1f}s, "
@@ -55,19 +57,9 @@ def cmd_pcf_gnn(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_pcf_gnn(cfg: Any, log: Any = _print) -> dict[str, Any]:
-    """Builds the graph and pre-trains PCF-GNN for ``cfg`` (a ``PipelineConfig``); returns the
-    report also written to ``<artifact>/report.json``."""
-    ps = cfg.pair_stats
-    if ps is None:
-        raise ConfigError(
-            'the config has no [pair_stats] section; add one with `pairs = [["a", "b"]]`'
-        )
-    paths = RunPaths(Path(cfg.output_dir))
-    paths.root.mkdir(parents=True, exist_ok=True)
-    schema, train_files, _, _ = prepare_data(cfg, paths, log)
-    files = list_parquet(list(ps.graph_data)) if ps.graph_data else train_files
-    for p in ps.pairs:
+def _check_pairs(schema: Any, pairs: Any) -> None:
+    """Raises ConfigError for a ``[pair_stats] pairs`` entry the schema cannot pair."""
+    for p in pairs:
         for f in p:
             if f not in schema.names:
                 raise ConfigError(
@@ -86,17 +78,34 @@ def run_pcf_gnn(cfg: Any, log: Any = _print) -> dict[str, Any]:
                 f"[pair_stats] pairs: {list(p)}: at most one field of a pair may be "
                 "multi_categorical"
             )
-    t0 = time.time()
-    graph = build_graph(
-        schema,
-        files,
-        [tuple(p) for p in ps.pairs],
-        min_count=ps.min_count,
-        max_nodes=ps.max_nodes or None,
-        alpha=float(ps.alpha),
-        min_impressions=ps.min_impressions,
-        log=log,
-    )
+
+
+def run_pcf_gnn(cfg: Any, log: Any = _print) -> dict[str, Any]:
+    """Builds the graph and pre-trains PCF-GNN for ``cfg`` (a ``PipelineConfig``); returns the
+    report also written to ``<artifact>/report.json``."""
+    ps = cfg.pair_stats
+    if ps is None:
+        raise ConfigError(
+            'the config has no [pair_stats] section; add one with `pairs = [["a", "b"]]`'
+        )
+    paths = RunPaths(Path(cfg.output_dir))
+    paths.root.mkdir(parents=True, exist_ok=True)
+    with open_runner(cfg.engine, log) as runner:
+        schema, train_files, _, _ = prepare_data(cfg, paths, log, runner)
+        files = list_parquet(list(ps.graph_data)) if ps.graph_data else train_files
+        _check_pairs(schema, ps.pairs)
+        t0 = time.time()
+        graph = build_graph(
+            schema,
+            files,
+            [tuple(p) for p in ps.pairs],
+            min_count=ps.min_count,
+            max_nodes=ps.max_nodes or None,
+            alpha=float(ps.alpha),
+            min_impressions=ps.min_impressions,
+            log=log,
+            runner=runner,
+        )
     graph_seconds = time.time() - t0
     gnn = ps.gnn()
     t1 = time.time()

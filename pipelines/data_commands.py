@@ -6,7 +6,8 @@
     stitchrec generate  --output DIR --days N [--rows N] [--seed S] [--test-fraction X]
                         [--item-churn F] [--user-churn F] [--drift F] [--items N] [--users N]
     stitchrec convert   --schema S --input F... --output DIR [--test-fraction X] [--max-bad-rows N]
-    stitchrec stats     --schema S --input F... --output DIR [--max-bad-rows N]
+                        [--engine local|dask] [--cluster ADDRESS] [--workers N]
+    stitchrec stats     --schema S --input F... --output DIR [--max-bad-rows N] [--engine ...]
     stitchrec add-history --input F --output F [--user C] [--item C] [--time C] [--length N]
                           [--column NAME] [--attributes F --attribute C]
     stitchrec windows   --input F --output DIR --by day|week|month|year|rows:N [--time C]
@@ -32,7 +33,6 @@ from features import (
     convert,
     history,
     read_report,
-    readers,
     synthetic,
     synthetic_config,
     synthetic_days,
@@ -40,7 +40,8 @@ from features import (
     windows,
 )
 from features.schema import load_schema
-from features.stats import compute_stats
+from features.stats_job import raw_stats
+from pipelines.engines import engine_config, open_runner
 from pipelines.errors import UsageError
 
 _print = functools.partial(print, flush=True)
@@ -160,10 +161,18 @@ def cmd_convert(args: argparse.Namespace) -> int:
         tmp, {"schema": schema.name, "inputs": list(map(str, args.input)), **settings}
     )
     report = read_report.ReadReport()
+    t0 = time.time()
     try:
-        result = convert.convert(
-            schema, args.input, tmp, max_bad_rows=args.max_bad_rows, report=report, **settings
-        )
+        with open_runner(engine_config(args), _print) as runner:
+            result = convert.convert(
+                schema,
+                args.input,
+                tmp,
+                max_bad_rows=args.max_bad_rows,
+                report=report,
+                runner=runner,
+                **settings,
+            )
         schema.as_parquet().save(tmp / "schema.toml")
         summary = {"rows": report.rows, "bad_rows": report.bad_rows, "examples": report.examples}
         completion.mark_complete(tmp, summary)
@@ -173,7 +182,10 @@ def cmd_convert(args: argparse.Namespace) -> int:
     _replace_folder(tmp, out)
     for split, files in result.items():
         _print(f"{split}: {len(files)} shard(s)")
-    _print(f"rows: {report.rows:,}; bad rows skipped: {report.bad_rows}")
+    _print(
+        f"rows: {report.rows:,}; bad rows skipped: {report.bad_rows}; "
+        f"{time.time() - t0:.1f}s ({report.rows / max(time.time() - t0, 1e-9):,.0f} rows/s)"
+    )
     for example in report.examples:
         _print(f"  skipped: {example}")
     return 0
@@ -182,10 +194,10 @@ def cmd_convert(args: argparse.Namespace) -> int:
 def cmd_stats(args: argparse.Namespace) -> int:
     schema = load_schema(args.schema)
     report = read_report.ReadReport()
-    batches = readers.read_batches(
-        schema, args.input, max_bad_rows=args.max_bad_rows, report=report
-    )
-    stats = compute_stats(schema, batches)
+    with open_runner(engine_config(args), _print) as runner:
+        stats = raw_stats(
+            schema, args.input, runner=runner, max_bad_rows=args.max_bad_rows, report=report
+        )
     stats.save(args.output)
     _print(
         f"rows: {stats.rows:,}  label mean: {stats.label_mean:.4f}  bad rows skipped: {report.bad_rows}"

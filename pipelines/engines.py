@@ -137,7 +137,7 @@ def _connect(config: EngineConfig, stack: contextlib.ExitStack) -> DaskRunner:
     distributed = _distributed()
     if config.address:
         try:
-            client = stack.enter_context(distributed.Client(config.address, timeout="30s"))
+            client = stack.enter_context(distributed.Client(config.address, timeout="10s"))
         except OSError as e:
             raise UsageError(
                 f"engine address {config.address!r}: no Dask scheduler answered ({e}); expected "

@@ -63,6 +63,7 @@ from features.schema import (
 )
 from features.stats import DatasetStats
 from pipelines.config import ConfigError, PipelineConfig, load_config
+from pipelines.engines import open_runner
 from pipelines.export import export_cascade_saved_model
 from pipelines.run.data import prepare_data, prepare_stats, use_gpus_if_present
 from pipelines.run.model import (
@@ -495,8 +496,11 @@ def run_preranking(cfg: PipelineConfig, log: Log = print) -> dict[str, Any]:
     paths.config.write_text(cfg.to_toml())
     gpus = use_gpus_if_present(log)
     tf.keras.utils.set_random_seed(cfg.train.seed)
-    schema, train_files, _, test_files = prepare_data(cfg, paths, log)
-    stats = prepare_stats(schema, train_files, paths, log, cfg.data.cap_hash_buckets)
+    with open_runner(cfg.engine, log) as runner:
+        schema, train_files, _, test_files = prepare_data(cfg, paths, log, runner)
+        stats = prepare_stats(
+            schema, train_files, paths, log, cfg.data.cap_hash_buckets, runner=runner
+        )
     schema = without_sequences(schema)  # pre-rankers leave the history to the ranking model
     report: dict[str, Any] = {"method": pr.method, "seed": cfg.train.seed}
     t0 = time.time()

@@ -13,6 +13,7 @@ import numpy as np
 
 from features.crosses import interaction_screen as isc
 from features.crosses.fives_config import FivesConfig, Log
+from features.tasks import TaskRunner
 
 
 def screen_and_rank(
@@ -23,6 +24,7 @@ def screen_and_rank(
     train: tuple[np.ndarray, np.ndarray],
     validation: tuple[np.ndarray, np.ndarray],
     log: Log = print,
+    runner: TaskRunner | None = None,
 ) -> tuple[
     list[tuple[tuple[str, ...], float, bool]],
     dict[frozenset[str], tuple[str, float | None]],
@@ -31,7 +33,7 @@ def screen_and_rank(
     """Adds the interaction screen's significant crosses to a FIVES ranking and re-ranks.
 
     The screen (``features.crosses.interaction_screen``) tests every field set of each of ``orders``
-    on the training rows. FIVES's active crosses and the screen's significant ones are
+    on the training rows (tasks on ``runner``). FIVES's active crosses and the screen's significant ones are
     measured on the validation rows (the pure-interaction effect, eta^2, cross-fitted against
     the training rows: one scale for every order); a screened cross whose effect does not
     recur there (<= 0) is not selected. The selected crosses come first, largest effect
@@ -57,7 +59,7 @@ def screen_and_rank(
             log(f"interaction screen: order {order} skipped: {reason}")
             continue
         tested, caps[order] = isc.screen(
-            x_tr, y_tr, fields, order, config.screen_max_cells, log=log
+            x_tr, y_tr, fields, order, config.screen_max_cells, log=log, runner=runner
         )
         zc = isc.critical_z(config.screen_alpha, len(tested))
         hits = [c for c in tested if c.z > zc]

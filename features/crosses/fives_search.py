@@ -57,6 +57,7 @@ from features.crosses.fives_network import FivesNetwork, predict_probabilities
 from features.crosses.fives_readout import contributions, extract_crosses, with_distinct
 from features.crosses.fives_screen import screen_and_rank
 from features.schema import Schema
+from features.tasks import TaskRunner
 from ranking.metrics import auc
 
 DEFAULT_CONFIG = FivesConfig()
@@ -132,12 +133,14 @@ def search(
     fields: Sequence[str] | None = None,
     log: Log = print,
     top_k_log: int = 5,
+    runner: TaskRunner | None = None,
 ) -> FivesResult:
     """Runs the FIVES search on ``table`` (columns named by field, label included).
 
     Splits the rows into training and validation (``validation_fraction``), encodes the fields
     (fit on the training rows), and alternates weight and adjacency updates for ``epochs``
-    epochs while annealing tau; logs one line per epoch. Returns the ranked crosses.
+    epochs while annealing tau; logs one line per epoch. Returns the ranked crosses. The
+    interaction screen's counting runs as tasks on ``runner`` (default: this process).
 
     Raises:
       FivesDataError: fewer than two usable fields, or a split without both classes.
@@ -170,6 +173,7 @@ def search(
             (x_train, y_train),
             (data.x_val, data.y_val),
             log,
+            runner,
         )
     crosses = with_distinct(ranked, data.encoder, x_train, extras=extras)
     return FivesResult(

@@ -42,6 +42,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from features.tasks import TaskRunner, balanced_groups, runner_or_local
+
 Log = Callable[[str], None]
 
 
@@ -154,10 +156,14 @@ def screen(
     order: int = 3,
     max_cells: int = 4096,
     log: Log | None = None,
+    runner: TaskRunner | None = None,
 ) -> tuple[list[ScreenedCross], ValueCaps]:
     """Tests every set of ``order`` fields of ``ids`` [rows, F] against labels ``y`` [rows].
 
-    Returns the field sets sorted by ``z`` (highest first) and the value caps it fitted (to
+    The field sets are tested as tasks on ``runner`` (default: this process), each a run of
+    consecutive ``order - 1``-field prefixes with every last field after them; every task reads
+    the capped rows, so each set's test is the one a single process computes. Returns the field
+    sets sorted by ``z`` (highest first; ties in set order) and the value caps it fitted (to
     measure the same tables on other rows with ``held_out_effects``).
     """
     if ids.ndim != 2 or ids.shape[1] != len(fields):
@@ -175,25 +181,22 @@ def screen(
     levels = levels_for(order, max_cells)
     caps = fit_caps(ids, levels)
     x = caps.apply(ids)
-    yc = np.asarray(y, np.float64) - float(np.mean(y))
-    var, n = float(np.var(y)), len(y)
-    cells = levels**order
-    shape = (levels,) * order
-    out: list[ScreenedCross] = []
-    F = len(fields)
-    for prefix in itertools.combinations(range(F), order - 1):
-        code = np.zeros(n, np.int64)
-        for f in prefix:
-            code = code * levels + x[:, f]
-        code = code * levels
-        for last in range(prefix[-1] + 1, F):
-            key = code + x[:, last]
-            counts = np.bincount(key, minlength=cells).reshape(shape)
-            sums = np.bincount(key, weights=yc, minlength=cells).reshape(shape)
-            ss, df = pure_interaction_ss(counts, sums)
-            z, effect = _stats(ss, df, var, n)
-            names = tuple(fields[i] for i in (*prefix, last))
-            out.append(ScreenedCross(names, z, effect, df))
+    dtype = np.uint8 if levels <= 256 else np.uint16 if levels <= 65536 else np.int64
+    rows = _CappedRows(
+        np.asfortranarray(x.astype(dtype)),
+        np.asarray(y, np.float64) - float(np.mean(y)),
+        levels,
+        order,
+        float(np.var(y)),
+        tuple(fields),
+    )
+    n, F = len(y), len(fields)
+    prefixes = list(itertools.combinations(range(F), order - 1))
+    ranges = balanced_groups([F - 1 - p[-1] for p in prefixes], _SCREEN_TASKS)
+    parts = runner_or_local(runner).map(
+        screen_prefixes, ranges, shared=rows, label="interaction screen"
+    )
+    out = [c for part in parts for c in part]
     out.sort(key=lambda c: -c.z)
     if log is not None:
         log(
@@ -201,6 +204,49 @@ def screen(
             f"{levels} values per field ({time.time() - t0:.1f}s)"
         )
     return out, caps
+
+
+#: tasks the field sets of one screen are cut into (whatever runs them: the sets' tests do
+#: not depend on the cut)
+_SCREEN_TASKS = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class _CappedRows:
+    """What every task of a screen reads: capped ids ``x`` [rows, F] (column-major, the
+    smallest integer type), centred labels ``yc``, and the test's constants."""
+
+    x: np.ndarray
+    yc: np.ndarray
+    levels: int
+    order: int
+    var: float
+    fields: tuple[str, ...]
+
+
+def screen_prefixes(prefix_range: tuple[int, int], rows: _CappedRows) -> list[ScreenedCross]:
+    """The tests of the field sets whose ``order - 1`` first fields are the prefixes
+    ``[lo, hi)`` (in ``itertools.combinations`` order). A task function."""
+    levels, order, x = rows.levels, rows.order, rows.x
+    n, F = x.shape
+    cells = levels**order
+    shape = (levels,) * order
+    prefixes = itertools.islice(itertools.combinations(range(F), order - 1), *prefix_range)
+    out: list[ScreenedCross] = []
+    for prefix in prefixes:
+        code = np.zeros(n, np.int64)
+        for f in prefix:
+            code = code * levels + x[:, f]
+        code = code * levels
+        for last in range(prefix[-1] + 1, F):
+            key = code + x[:, last]
+            counts = np.bincount(key, minlength=cells).reshape(shape)
+            sums = np.bincount(key, weights=rows.yc, minlength=cells).reshape(shape)
+            ss, df = pure_interaction_ss(counts, sums)
+            z, effect = _stats(ss, df, rows.var, n)
+            names = tuple(rows.fields[i] for i in (*prefix, last))
+            out.append(ScreenedCross(names, z, effect, df))
+    return out
 
 
 def _table(

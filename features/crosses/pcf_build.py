@@ -8,9 +8,10 @@ every co-occurring pair. ``build_graph`` runs both and returns a validated ``Pai
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -25,9 +26,11 @@ from features.crosses.pcf_graph import (
     value_strings,
     vocab_ids,
 )
+from features.partitions import ShardPart, shard_parts
 from features.read_report import DataError
-from features.schema import FeatureKind, Schema
+from features.schema import FeatureKind, FeatureSpec, Schema
 from features.shard_reader import iter_record_batches
+from features.tasks import TaskRunner, runner_or_local
 
 _MERGE_EVERY = 16  # batches between merges of the partial count tables
 
@@ -135,6 +138,20 @@ def count_pairs(
 ) -> tuple[list[pa.Table], dict[str, int]]:
     """Pass 2: per pair, ``table(u, v, clicks, impressions)`` over local node ids, and counts of
     skipped (missing-side) values. Pairs of values outside ``vocab`` land on OOV node 0."""
+    keyed, skipped = count_pair_keys(schema, batches, pairs, vocab)
+    sizes = {f: len(v) + 1 for f, v in vocab.items()}
+    return [_uv_table(t, sizes[b]) for t, (_, b) in zip(keyed, pairs, strict=True)], skipped
+
+
+def count_pair_keys(
+    schema: Schema,
+    batches: Iterable[pa.RecordBatch],
+    pairs: Sequence[tuple[str, str]],
+    vocab: dict[str, list[str]],
+) -> tuple[list[pa.Table], dict[str, int]]:
+    """Pass 2's partial counts: per pair, ``table(key, clicks, impressions)`` with ``key = u *
+    (nodes of b) + v`` (summed per key, unsorted; ``_merge`` adds such tables), and the skipped
+    values."""
     label = schema.label.name
     sets = {f: pa.array(v, pa.string()) for f, v in vocab.items()}
     sizes = {f: len(v) + 1 for f, v in vocab.items()}
@@ -143,19 +160,7 @@ def count_pairs(
     for rb in batches:
         y = rb.column(label).to_numpy(zero_copy_only=False).astype(np.float64)
         for r, (a, b) in enumerate(pairs):
-            sa, sb = schema.field(a), schema.field(b)
-            sep_a = sa.separator if sa.kind == FeatureKind.MULTI_CATEGORICAL else None
-            sep_b = sb.separator if sb.kind == FeatureKind.MULTI_CATEGORICAL else None
-            rows_a, va = _expand(rb.column(a), sep_a)
-            rows_b, vb = _expand(rb.column(b), sep_b)
-            ua = vocab_ids(va, sets[a])
-            ub = vocab_ids(vb, sets[b])
-            if sep_a is None and sep_b is None:
-                u, v, rows = ua, ub, rows_a
-            elif sep_a is not None:  # one entry per value of a; b repeated
-                u, v, rows = ua, ub[rows_a], rows_a
-            else:
-                u, v, rows = ua[rows_b], ub, rows_b
+            u, v, rows = _pair_ids(schema, rb, a, b, sets)
             keep = (u >= 0) & (v >= 0)
             skipped[relation_name((a, b))] += int((~keep).sum())
             key = u[keep].astype(np.int64) * sizes[b] + v[keep]
@@ -169,30 +174,123 @@ def count_pairs(
             parts[r].append(_merge([t], "key", ["clicks", "impressions"]))
             if len(parts[r]) >= _MERGE_EVERY:
                 parts[r] = [_merge(parts[r], "key", ["clicks", "impressions"])]
-    tables = []
-    for r, (_, b) in enumerate(pairs):
-        if parts[r]:
-            t = _merge(parts[r], "key", ["clicks", "impressions"]).sort_by("key")
-        else:
-            t = pa.table(
-                {
-                    "key": pa.array([], pa.int64()),
-                    "clicks": pa.array([], pa.float64()),
-                    "impressions": pa.array([], pa.int64()),
-                }
-            )
-        key = t.column("key").to_numpy()
-        tables.append(
-            pa.table(
-                {
-                    "u": (key // sizes[b]).astype(np.int32),
-                    "v": (key % sizes[b]).astype(np.int32),
-                    "clicks": t.column("clicks").to_numpy().astype(np.float64),
-                    "impressions": t.column("impressions").to_numpy().astype(np.int64),
-                }
+    return [_merge_keys(p) for p in parts], skipped
+
+
+def _pair_ids(
+    schema: Schema, rb: pa.RecordBatch, a: str, b: str, sets: dict[str, pa.Array]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Local node ids ``u`` of ``a`` and ``v`` of ``b`` of every co-occurring pair of ``rb``,
+    and each pair's row (-1: a value outside the field's nodes, or missing)."""
+    sa, sb = schema.field(a), schema.field(b)
+    sep_a = sa.separator if sa.kind == FeatureKind.MULTI_CATEGORICAL else None
+    sep_b = sb.separator if sb.kind == FeatureKind.MULTI_CATEGORICAL else None
+    rows_a, va = _expand(rb.column(a), sep_a)
+    rows_b, vb = _expand(rb.column(b), sep_b)
+    ua = vocab_ids(va, sets[a])
+    ub = vocab_ids(vb, sets[b])
+    if sep_a is None and sep_b is None:
+        return ua, ub, rows_a
+    if sep_a is not None:  # one entry per value of a; b repeated
+        return ua, ub[rows_a], rows_a
+    return ua[rows_b], ub, rows_b
+
+
+def _merge_keys(parts: list[pa.Table]) -> pa.Table:
+    """The keyed partial tables ``parts`` summed per key (an empty table when none)."""
+    if parts:
+        return _merge(parts, "key", ["clicks", "impressions"])
+    return pa.table(
+        {
+            "key": pa.array([], pa.int64()),
+            "clicks": pa.array([], pa.float64()),
+            "impressions": pa.array([], pa.int64()),
+        }
+    )
+
+
+def _uv_table(keyed: pa.Table, size_b: int) -> pa.Table:
+    """A keyed table as ``table(u, v, clicks, impressions)``, sorted by ``(u, v)``."""
+    t = keyed.sort_by("key")
+    key = t.column("key").to_numpy()
+    return pa.table(
+        {
+            "u": (key // size_b).astype(np.int32),
+            "v": (key % size_b).astype(np.int32),
+            "clicks": t.column("clicks").to_numpy().astype(np.float64),
+            "impressions": t.column("impressions").to_numpy().astype(np.int64),
+        }
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _GraphJob:
+    """What the graph's tasks share: the fields read, the pairs and (pass 2) the nodes."""
+
+    schema: Schema
+    fields: tuple[str, ...]
+    read: tuple[FeatureSpec, ...]
+    batch_rows: int
+    pairs: tuple[tuple[str, str], ...]
+    vocab: dict[str, list[str]] | None = None
+
+    def batches(self, part: ShardPart) -> Iterator[pa.RecordBatch]:
+        rows = (part.first_row, part.first_row + part.rows)
+        return iter_record_batches(
+            self.schema, [Path(part.path)], self.read, self.batch_rows, row_range=rows
+        )
+
+
+def values_task(part: ShardPart, job: _GraphJob) -> tuple[dict[str, pa.Table], int, float, int]:
+    """Pass 1 over one part of the files. A task function."""
+    return count_values(job.schema, job.batches(part), job.fields)
+
+
+def pair_keys_task(part: ShardPart, job: _GraphJob) -> tuple[list[pa.Table], dict[str, int]]:
+    """Pass 2 over one part of the files (partial keyed counts). A task function."""
+    return count_pair_keys(job.schema, job.batches(part), job.pairs, job.vocab or {})
+
+
+def _merge_values(
+    parts: Sequence[tuple[dict[str, pa.Table], int, float, int]], fields: Sequence[str]
+) -> tuple[dict[str, pa.Table], int, float, int]:
+    """Pass 1's parts added up, in part order."""
+    counts = {}
+    for f in fields:
+        tables = [p[0][f] for p in parts if p[0][f].num_rows]
+        counts[f] = (
+            _merge(tables, "value", ["count"])
+            if tables
+            else pa.table({"value": pa.array([], pa.string()), "count": pa.array([], pa.int64())})
+        )
+    return (
+        counts,
+        sum(p[1] for p in parts),
+        sum(p[2] for p in parts),
+        sum(p[3] for p in parts),
+    )
+
+
+def _relations(
+    pairs: Sequence[tuple[str, str]], tables: Sequence[pa.Table], min_impressions: int
+) -> tuple[list[Relation], dict[str, int]]:
+    """The relations of the counted pair tables, edges under ``min_impressions`` dropped (and
+    counted per relation)."""
+    relations, dropped = [], {}
+    for (a, b), t in zip(pairs, tables, strict=True):
+        keep = pc.greater_equal(t.column("impressions"), min_impressions)
+        dropped[relation_name((a, b))] = t.num_rows - int(pc.sum(keep).as_py() or 0)
+        t = t.filter(keep)
+        relations.append(
+            Relation(
+                (a, b),
+                t.column("u").to_numpy().astype(np.int32),
+                t.column("v").to_numpy().astype(np.int32),
+                t.column("clicks").to_numpy().astype(np.float64),
+                t.column("impressions").to_numpy().astype(np.int64),
             )
         )
-    return tables, skipped
+    return relations, dropped
 
 
 def build_graph(
@@ -206,8 +304,11 @@ def build_graph(
     min_impressions: int = 1,
     batch_rows: int = 65_536,
     log: Log | None = None,
+    runner: TaskRunner | None = None,
 ) -> PairGraph:
-    """Builds the PCF-GNN graph of ``pairs`` from Parquet ``files`` (two streaming passes).
+    """Builds the PCF-GNN graph of ``pairs`` from Parquet ``files`` (two streaming passes, each
+    a job of tasks over parts of the files on ``runner``, default this process: the counts of
+    the parts add up to the same graph on every runner).
 
     Args:
       schema: the schema of the shards (``Schema.as_parquet()``).
@@ -234,9 +335,12 @@ def build_graph(
     specs = [schema.field(f) for f in fields]
     read = [*specs, schema.label]
 
+    runner = runner_or_local(runner)
+    parts = shard_parts(files)
+    job = _GraphJob(schema, tuple(fields), tuple(read), batch_rows, tuple(pairs))
     t0 = time.time()
-    counts, rows, clicks, missing = count_values(
-        schema, iter_record_batches(schema, files, read, batch_rows), fields
+    counts, rows, clicks, missing = _merge_values(
+        runner.map(values_task, parts, shared=job, label="pcf graph: count values"), fields
     )
     if rows == 0:
         raise DataError(f"no training rows in {[str(f) for f in files]} to build a pair graph")
@@ -248,23 +352,15 @@ def build_graph(
         + ", ".join(f"{f}={len(vocab[f]) + 1} ({cut[f]} values to OOV)" for f in fields)
     )
     t1 = time.time()
-    tables, skipped = count_pairs(
-        schema, iter_record_batches(schema, files, read, batch_rows), pairs, vocab
-    )
-    relations, dropped = [], {}
-    for (a, b), t in zip(pairs, tables, strict=True):
-        keep = pc.greater_equal(t.column("impressions"), min_impressions)
-        dropped[relation_name((a, b))] = t.num_rows - int(pc.sum(keep).as_py() or 0)
-        t = t.filter(keep)
-        relations.append(
-            Relation(
-                (a, b),
-                t.column("u").to_numpy().astype(np.int32),
-                t.column("v").to_numpy().astype(np.int32),
-                t.column("clicks").to_numpy().astype(np.float64),
-                t.column("impressions").to_numpy().astype(np.int64),
-            )
-        )
+    job = dataclasses.replace(job, vocab=vocab)
+    keyed = runner.map(pair_keys_task, parts, shared=job, label="pcf graph: count pairs")
+    sizes = {f: len(v) + 1 for f, v in vocab.items()}
+    tables = [
+        _uv_table(_merge_keys([k[0][r] for k in keyed if k[0][r].num_rows]), sizes[b])
+        for r, (_, b) in enumerate(pairs)
+    ]
+    skipped = {relation_name(p): sum(k[1][relation_name(p)] for k in keyed) for p in pairs}
+    relations, dropped = _relations(pairs, tables, min_impressions)
     graph = PairGraph(
         fields=fields,
         vocab=vocab,
