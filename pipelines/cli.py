@@ -5,13 +5,15 @@
                         [--sequences] [--conversion]
     stitchrec generate  --output DIR --days N [--rows N] [--item-churn F] [--user-churn F] ...
     stitchrec convert   --schema S --input F... --output DIR [--test-fraction X] [--max-bad-rows N]
-    stitchrec stats     --schema S --input F... --output DIR [--max-bad-rows N]
+                        [--engine local|dask] [--cluster ADDRESS] [--workers N] [--task-retries N]
+    stitchrec stats     --schema S --input F... --output DIR [--max-bad-rows N] [--engine ...]
     stitchrec add-history --input F --output F [--user C] [--item C] [--time C] [--length N] ...
     stitchrec windows   --input F --output DIR --by day|week|month|year|rows:N [--count C]... ...
     stitchrec train     --config FILE [--set KEY=VALUE]... [--output DIR] [--max-bad-rows N]
     stitchrec tune      --config FILE --trials N [--timeout S] [--output DIR] [--space FILE] ...
     stitchrec export    --run DIR [--output DIR] [--cascade-rank RUN --keep M] [--fuse ...]
     stitchrec evaluate  --model DIR --data F... [--schema S] [--max-bad-rows N]
+    stitchrec predict   --model DIR --data F... --output DIR [--schema S] [--row-id F] [--engine ...]
     stitchrec crosses fives    --config FILE [--set KEY=VALUE]... [--out PATH] ...
     stitchrec crosses pcf-gnn  --config FILE [--set KEY=VALUE]...
     stitchrec serve     --repo DIR [--host H] [--port P] [--workers N] ...
@@ -28,7 +30,8 @@ only); the module that runs it (TensorFlow and all) is imported only when the co
 
 User errors (a bad flag, schema, config, data file or score source) print one ``error:`` line
 naming what, where and what was expected, and exit with status 2; a lost peer of a distributed
-run exits with status 3. A write that fails for a full disk or quota, or a file past the size
+run, or a data job's task that failed for good on its engine (``features.tasks.JobError``),
+prints one ``error:`` line and exits with status 3. A write that fails for a full disk or quota, or a file past the size
 limit, prints one ``error:`` line naming the file (when the error names it) and exits 2. Anything
 else is a bug and propagates with its traceback (status 1).
 """
@@ -46,6 +49,7 @@ from features.crosses.artifact import CrossArtifactError
 from features.crosses.fives_config import FivesDataError
 from features.read_report import DataError
 from features.schema import SchemaError
+from features.tasks import JobError
 from pipelines import cli_args, cli_args_daily, cli_args_data, cli_args_skew
 from pipelines.config import ConfigError
 from pipelines.errors import UsageError
@@ -69,6 +73,7 @@ COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     cli_args.tune,
     cli_args.export,
     cli_args.evaluate,
+    cli_args_data.predict,
     cli_args.crosses,
     cli_args.serve,
     cli_args.ab,
@@ -165,8 +170,9 @@ def handler(args: argparse.Namespace) -> Callable[[argparse.Namespace], int]:
 
 
 def exit_status(error: Exception) -> int | None:
-    """2 for a user error, 3 for a lost peer of a distributed run, None for anything else."""
-    if isinstance(error, _loaded(LOST_PEER)):  # a supervisor (Kubernetes, a script) restarts it
+    """2 for a user error, 3 for a lost peer of a distributed run or a data job whose task
+    failed for good on its engine, None for anything else."""
+    if isinstance(error, (*_loaded(LOST_PEER), JobError)):  # a supervisor may run it again
         return 3
     if isinstance(error, USER_ERRORS + _loaded(*LOADED_USER_ERRORS)):
         return 2

@@ -1,5 +1,5 @@
-"""The flags of the data commands ``generate``, ``convert``, ``stats``, ``add-history`` and
-``windows``
+"""The flags of the data commands ``generate``, ``convert``, ``stats``, ``add-history``,
+``windows`` and ``predict``
 (``pipelines.cli_args`` describes how a command's flags and handler are declared)."""
 
 from __future__ import annotations
@@ -192,3 +192,29 @@ def windows(sub: Subparsers) -> None:
         "default 0: none)",
     )
     w.set_defaults(handler="pipelines.data_commands:cmd_windows")
+
+
+def predict(sub: Subparsers) -> None:
+    p = sub.add_parser(
+        "predict",
+        help="score logs with a SavedModel into Parquet scores (row_id, score) for `stitchrec ab`",
+        description="Scores Parquet shards (read with the SavedModel's schema) or raw files "
+        "(--schema) as tasks on an engine, the SavedModel loaded once per worker; writes "
+        "OUTPUT/part-*.parquet with row_id and the model's score outputs, and _SUCCESS, "
+        "atomically.",
+    )
+    p.add_argument("--model", required=True, help="a SavedModel exported by `stitchrec export`")
+    p.add_argument(
+        "--data", nargs="+", required=True, help="Parquet shards, or raw files with --schema"
+    )
+    p.add_argument("--output", required=True, help="folder for the scores (replaced if earlier)")
+    p.add_argument("--schema", default=None, help="schema of raw --data files (e.g. criteo)")
+    p.add_argument(
+        "--row-id",
+        default=None,
+        help="a field whose value is the row id (default: the row's 0-based position in --data)",
+    )
+    p.add_argument("--batch-size", type=int, default=8192, help="rows per model call")
+    _bad_rows(p)
+    engine_flags(p)
+    p.set_defaults(handler="pipelines.predict:cmd_predict")

@@ -8,7 +8,8 @@ A source is named by one string (``--control`` / ``--treatment``):
   TensorFlow Serving's ``PredictionService.Predict`` (ours, or TF Serving itself); the inputs it
   takes are read with ``GetModelMetadata`` when the server offers it, else every model input of
   the logs' schema is sent;
-* a ``.parquet`` file: scores computed elsewhere, one row per logged row, with a row-id column
+* a ``.parquet`` file, or a ``stitchrec predict`` output folder: scores computed elsewhere, one
+  row per logged row, with a row-id column
   (``--id-column``, default ``row_id``) and a score column (``--score-column``, default
   ``score``). Row ids are the logs' ``--row-id`` field, or else the 0-based row position in the
   order the ``--data`` files are read. If the file also has the action column (``--action``),
@@ -309,7 +310,9 @@ class GrpcSource(ScoreSource):
 
 
 class ParquetScoresSource(ScoreSource):
-    """Scores computed elsewhere: a Parquet file with a row-id column and a score column."""
+    """Scores computed elsewhere: a Parquet file (or a ``stitchrec predict`` output folder of
+    them) with a row-id column and a score column; a multi-task task reads the column named by
+    its output (``score_<task>``) when the file has one."""
 
     def __init__(
         self,
@@ -332,6 +335,7 @@ class ParquetScoresSource(ScoreSource):
                     f"scores file {self.name} has no column {col!r}; it has {table.column_names} "
                     f"(set --id-column / --score-column)"
                 )
+        self.table = table
         self.ids = table.column(id_column).to_numpy(zero_copy_only=False)
         self.values = table.column(score_column).to_numpy(zero_copy_only=False).astype(np.float64)
         self.id_column, self.score_column = id_column, score_column
@@ -340,6 +344,17 @@ class ParquetScoresSource(ScoreSource):
         if action_column and action_column in table.column_names:
             self.actions = table.column(action_column).to_numpy(zero_copy_only=False)
         self.can_score_candidates = self.actions is not None
+
+    def for_task(self, task: ModelTask) -> ScoreSource:
+        """This file scoring ``task``: its column ``task.output`` when present (a multi-task
+        model's ``stitchrec predict`` output), else the score column."""
+        if task.output == self.score_column or task.output not in self.table.column_names:
+            return self
+        other = copy.copy(self)
+        other.score_column = task.output
+        other.values = self.table.column(task.output).to_numpy(zero_copy_only=False)
+        other.values = other.values.astype(np.float64)
+        return other
 
     def _align(self, key_file: np.ndarray, key_logs: np.ndarray, what: str) -> np.ndarray:
         """Index into the file for each logs key; clear errors for duplicates and gaps."""
@@ -409,6 +424,11 @@ class ParquetScoresSource(ScoreSource):
         return self.values[self._align(key_file, self._keys(ids, acts), "(row id, action) pairs")]
 
 
+def _is_predict_output(p: Path) -> bool:
+    """A folder of Parquet scores written by ``stitchrec predict`` (``_SUCCESS`` and parts)."""
+    return p.is_dir() and (p / "_SUCCESS").is_file() and any(p.glob("part-*.parquet"))
+
+
 def open_source(
     spec: str,
     *,
@@ -425,7 +445,7 @@ def open_source(
     p = Path(spec)
     if p.is_dir() and (p / "saved_model.pb").is_file():
         return SavedModelSource(p)
-    if p.is_file() and p.suffix == ".parquet":
+    if (p.is_file() and p.suffix == ".parquet") or _is_predict_output(p):
         return ParquetScoresSource(p, id_column, score_column, action)
     if not p.exists():
         raise FileNotFoundError(
