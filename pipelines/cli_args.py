@@ -112,6 +112,28 @@ def engine_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+def chunk_flag(p: argparse.ArgumentParser) -> None:
+    """``--chunk-mb``: the bytes of raw text one task reads."""
+    p.add_argument(
+        "--chunk-mb",
+        type=positive_float,
+        default=None,
+        help="MiB of an uncompressed raw text file one task reads (default 64; a compressed "
+        "file is one task)",
+    )
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0 (an argparse type)."""
+    try:
+        v = float(text)
+    except ValueError:
+        v = -1.0
+    if not 0 < v < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    return v
+
+
 def _raw_input(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--schema", required=True, help="schema file or shipped schema name (e.g. criteo)"

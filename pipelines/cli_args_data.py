@@ -7,7 +7,14 @@ from __future__ import annotations
 import argparse
 import math
 
-from pipelines.cli_args import Subparsers, _bad_rows, _raw_input, engine_flags, positive
+from pipelines.cli_args import (
+    Subparsers,
+    _bad_rows,
+    _raw_input,
+    chunk_flag,
+    engine_flags,
+    positive,
+)
 
 
 def share(text: str) -> float:
@@ -108,6 +115,7 @@ def convert(sub: Subparsers) -> None:
     c.add_argument("--seed", type=int, default=0, help="seed of the train/test split")
     _bad_rows(c)
     engine_flags(c)
+    chunk_flag(c)
     c.set_defaults(handler="pipelines.data_commands:cmd_convert")
 
 
@@ -117,6 +125,7 @@ def stats(sub: Subparsers) -> None:
     s.add_argument("--output", required=True, help="folder for stats.json and vocab/")
     _bad_rows(s)
     engine_flags(s)
+    chunk_flag(s)
     s.set_defaults(handler="pipelines.data_commands:cmd_stats")
 
 
@@ -217,4 +226,5 @@ def predict(sub: Subparsers) -> None:
     p.add_argument("--batch-size", type=int, default=8192, help="rows per model call")
     _bad_rows(p)
     engine_flags(p)
+    chunk_flag(p)
     p.set_defaults(handler="pipelines.predict:cmd_predict")

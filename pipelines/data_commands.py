@@ -41,7 +41,7 @@ from features import (
 )
 from features.schema import load_schema
 from features.stats_job import raw_stats
-from pipelines.engines import engine_config, open_runner
+from pipelines.engines import chunk_bytes, engine_config, open_runner
 from pipelines.errors import UsageError
 
 _print = functools.partial(print, flush=True)
@@ -171,6 +171,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
                 max_bad_rows=args.max_bad_rows,
                 report=report,
                 runner=runner,
+                chunk_bytes=chunk_bytes(args),
                 **settings,
             )
         schema.as_parquet().save(tmp / "schema.toml")
@@ -196,7 +197,12 @@ def cmd_stats(args: argparse.Namespace) -> int:
     report = read_report.ReadReport()
     with open_runner(engine_config(args), _print) as runner:
         stats = raw_stats(
-            schema, args.input, runner=runner, max_bad_rows=args.max_bad_rows, report=report
+            schema,
+            args.input,
+            runner=runner,
+            max_bad_rows=args.max_bad_rows,
+            report=report,
+            chunk_bytes=chunk_bytes(args),
         )
     stats.save(args.output)
     _print(

@@ -27,6 +27,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
+from features.partitions import CHUNK_BYTES
 from features.tasks import JobError, LocalRunner, TaskRunner
 from pipelines.config_sections import EngineConfig
 from pipelines.errors import UsageError
@@ -137,24 +138,25 @@ def _connect(config: EngineConfig, stack: contextlib.ExitStack) -> DaskRunner:
     distributed = _distributed()
     if config.address:
         try:
-            client = stack.enter_context(distributed.Client(config.address, timeout="10s"))
+            client = distributed.Client(config.address, timeout="10s", set_as_default=False)
         except OSError as e:
             raise UsageError(
                 f"engine address {config.address!r}: no Dask scheduler answered ({e}); expected "
                 f"the address of a running `dask scheduler`, e.g. tcp://HOST:8786"
             ) from None
+        stack.callback(client.close)
         return DaskRunner(client, config.retries, config.address)
     workers = config.workers or os.cpu_count() or 1
-    cluster = stack.enter_context(
-        distributed.LocalCluster(
-            n_workers=workers,
-            threads_per_worker=1,
-            processes=True,
-            dashboard_address="127.0.0.1:0",
-            silence_logs=logging.ERROR,
-        )
+    cluster = distributed.LocalCluster(
+        n_workers=workers,
+        threads_per_worker=1,
+        processes=True,
+        dashboard_address="127.0.0.1:0",
+        silence_logs=logging.ERROR,
     )
-    client = stack.enter_context(distributed.Client(cluster))
+    stack.callback(cluster.close)
+    client = distributed.Client(cluster, set_as_default=False)
+    stack.callback(client.close)
     return DaskRunner(client, config.retries, f"a local cluster of {workers} process(es)")
 
 
@@ -189,3 +191,9 @@ def engine_config(args: Any, base: EngineConfig | None = None) -> EngineConfig:
     if changes.get("name") == "local":
         changes["address"] = ""
     return dataclasses.replace(base, **changes)
+
+
+def chunk_bytes(args: Any) -> int:
+    """The ``--chunk-mb`` flag in bytes (``features.partitions.CHUNK_BYTES`` when not given)."""
+    mb = getattr(args, "chunk_mb", None)
+    return CHUNK_BYTES if mb is None else max(1, int(mb * (1 << 20)))

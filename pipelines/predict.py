@@ -40,9 +40,9 @@ from features.readers import list_files
 from features.schema import FeatureSpec, Schema, SchemaError, load_schema
 from features.shard_reader import column_to_numpy, iter_record_batches, list_parquet
 from features.tasks import TaskRunner, atomic_path, runner_or_local
-from pipelines.engines import engine_config, open_runner
+from pipelines.engines import chunk_bytes, engine_config, open_runner
 from pipelines.errors import UsageError
-from pipelines.evaluation.tasks import needed_outputs, saved_model_tasks
+from pipelines.evaluation.tasks import ModelTask, needed_outputs
 
 _print = functools.partial(print, flush=True)
 SUCCESS = "_SUCCESS"
@@ -137,9 +137,21 @@ def shift_ids(item: tuple[str, int]) -> str:
     return path
 
 
+def _model(model: str | Path) -> tuple[Schema, tuple[str, ...]]:
+    """The schema a StitchRec SavedModel takes and the score outputs of its signature:
+    ``score``, or a multi-task model's task outputs (``stitchrec.json``)."""
+    schema_file = Path(model) / "assets.extra" / "schema.toml"
+    if not schema_file.is_file():
+        raise UsageError(f"--model {str(model)!r} is not a StitchRec SavedModel: no {schema_file}")
+    meta_file = schema_file.parent / "stitchrec.json"
+    meta = json.loads(meta_file.read_text()) if meta_file.is_file() else {}
+    tasks = [ModelTask(**r) for r in meta.get("tasks") or ()]
+    return load_schema(schema_file), tuple(needed_outputs(tasks)) if tasks else ("score",)
+
+
 def _job(args: argparse.Namespace) -> tuple[_Job, bool]:
     """The job of the command's flags, and whether the logs are raw files."""
-    model_schema, tasks = saved_model_tasks(args.model)
+    model_schema, outputs = _model(args.model)
     raw = args.schema is not None
     schema = load_schema(args.schema) if raw else model_schema.as_parquet()
     missing = [f.name for f in model_schema.model_inputs if f.name not in schema.names]
@@ -152,7 +164,6 @@ def _job(args: argparse.Namespace) -> tuple[_Job, bool]:
         )
     inputs = tuple(schema.field(f.name) for f in model_schema.model_inputs)
     row_id = schema.field(args.row_id) if args.row_id else None
-    outputs = tuple(needed_outputs(tasks))
     return _Job(str(args.model), schema, inputs, outputs, row_id, args.batch_size), raw
 
 
@@ -164,6 +175,7 @@ def predict(
     runner: TaskRunner | None = None,
     max_bad_rows: int = 0,
     report: ReadReport | None = None,
+    chunk_bytes: int = partitions.CHUNK_BYTES,
 ) -> int:
     """Writes the scores of ``data`` into the folder ``out`` (see the module docstring);
     returns the rows scored."""
@@ -171,7 +183,7 @@ def predict(
     report = report if report is not None else ReadReport()
     if raw:
         files = list_files(list(data), job.schema)
-        chunks = partitions.plan_chunks(job.schema, files)
+        chunks = partitions.plan_chunks(job.schema, files, chunk_bytes)
         first = partitions.chunk_first_lines(chunks, runner, "predict: count lines")
         keep = partitions.messages_to_keep(max_bad_rows)
         tasks = [
@@ -222,7 +234,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
     t0 = time.time()
     try:
         with open_runner(engine_config(args), _print) as runner:
-            rows = predict(job, args.data, raw, tmp, runner, args.max_bad_rows, report)
+            rows = predict(
+                job, args.data, raw, tmp, runner, args.max_bad_rows, report, chunk_bytes(args)
+            )
         summary = {"rows": rows, "bad_rows": report.bad_rows, "model": str(args.model)}
         (tmp / SUCCESS).write_text(json.dumps(summary, indent=1) + "\n")
         if out.exists():

@@ -8,6 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipelines.evaluation import compare, sources
+from pipelines.evaluation.tasks import ModelTask
 from tests.testdata import TINY_SCHEMA, make_tiny_table
 
 
@@ -60,6 +61,24 @@ def test_misaligned_scores_files_are_named(logs_dir, tmp_path, ids, match):
     src = sources.open_source(_scores(tmp_path / "s.parquet", ids, np.full(ids.size, 0.5)))
     with pytest.raises(sources.SourceError, match=match):
         src.scores(logs)
+
+
+def test_a_predict_output_folder_is_a_scores_source_with_a_column_per_task(logs_dir, tmp_path):
+    logs = sources.load_logs([str(logs_dir)])
+    folder = tmp_path / "scores"
+    folder.mkdir()
+    ids = np.random.default_rng(1).permutation(300)
+    click, buy = np.linspace(0.1, 0.9, 300), np.linspace(0.9, 0.1, 300)
+    for k, part in enumerate(np.array_split(ids, 3)):
+        _scores(folder / f"part-{k:05d}.parquet", part, click[part], score_buy=buy[part])
+    with pytest.raises(sources.SourceError, match="neither a SavedModel directory"):
+        sources.open_source(str(folder))  # no _SUCCESS: an unfinished predict is not read
+    (folder / "_SUCCESS").write_text("{}")
+    src = sources.open_source(str(folder))
+    np.testing.assert_array_equal(src.scores(logs), click)
+    task = ModelTask(name="buy", label="label", output="score_buy")
+    np.testing.assert_array_equal(src.for_task(task).scores(logs), buy)
+    np.testing.assert_array_equal(src.for_task(ModelTask("label", "label")).scores(logs), click)
 
 
 def test_missing_columns_and_unknown_sources(logs_dir, tmp_path):

@@ -1,0 +1,100 @@
+"""A real Dask distributed cluster on 127.0.0.1 for the tests: a scheduler and workers started as
+processes (``python -m distributed.cli.dask_scheduler`` / ``dask_worker``, each worker under a
+nanny that starts it again when it dies), as a user starts one on machines of their own."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from distributed import Client
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class DaskCluster:
+    """A running cluster: its scheduler's address and its processes."""
+
+    address: str
+    processes: list[subprocess.Popen] = field(default_factory=list)
+
+    def worker_pids(self) -> list[int]:
+        """The process ids of the worker processes (not their nannies)."""
+        with Client(self.address, timeout="10s") as client:
+            return sorted(client.run(os.getpid).values())
+
+    def stop(self) -> None:
+        for p in reversed(self.processes):
+            p.terminate()
+        for p in self.processes:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def start_cluster(folder: Path, workers: int = 2, allowed_failures: int = 3) -> DaskCluster:
+    """Starts a scheduler and ``workers`` single-threaded workers; returns once every worker
+    has joined. ``allowed_failures``: deaths of a task's workers before the task fails."""
+    folder.mkdir(parents=True, exist_ok=True)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": str(allowed_failures),
+    }
+    scheduler_file = folder / "scheduler.json"
+    py = sys.executable
+    cluster = DaskCluster("")
+    log = (folder / "cluster.log").open("wb")
+    cluster.processes.append(
+        subprocess.Popen(
+            [
+                *(py, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1"),
+                *("--port", "0", "--dashboard-address", "127.0.0.1:0"),
+                *("--scheduler-file", str(scheduler_file)),
+            ],
+            env=env,
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    )
+    cluster.address = _address(scheduler_file)
+    for _ in range(workers):
+        cluster.processes.append(
+            subprocess.Popen(
+                [
+                    *(py, "-m", "distributed.cli.dask_worker", cluster.address),
+                    *("--host", "127.0.0.1", "--nthreads", "1", "--nworkers", "1"),
+                    "--no-dashboard",
+                ],
+                env=env,
+                cwd=ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        )
+    with Client(cluster.address, timeout="30s") as client:
+        client.wait_for_workers(workers, timeout=120)
+    return cluster
+
+
+def _address(scheduler_file: Path, timeout: float = 60.0) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            return json.loads(scheduler_file.read_text())["address"]
+        except (FileNotFoundError, json.JSONDecodeError, KeyError):
+            time.sleep(0.1)
+    raise TimeoutError(f"the Dask scheduler wrote no {scheduler_file} in {timeout:g}s")
+
+
+def exit_process(_: object) -> None:
+    """A task that kills the worker process running it (a crash no retry gets past)."""
+    os._exit(1)
