@@ -49,7 +49,7 @@ _CODE_BLOCK = 1 << 22  # rows whose split codes the driver computes at a time
 
 
 @dataclasses.dataclass(frozen=True)
-class _ReadTask:
+class ReadTask:
     chunk: partitions.Chunk
     first_line: int
     out: str
@@ -57,7 +57,7 @@ class _ReadTask:
     batch_rows: int
 
 
-def read_chunk(task: _ReadTask, schema: Schema) -> partitions.ChunkRead:
+def read_chunk(task: ReadTask, schema: Schema) -> partitions.ChunkRead:
     """Reads one chunk into an Arrow file of its good rows. A task function."""
     events = partitions.chunk_events(schema, task.chunk, {}, task.first_line, task.batch_rows)
     with (
@@ -238,7 +238,7 @@ def _read_chunks(
     first = partitions.chunk_first_lines(chunks, runner, "convert: count lines")
     keep = partitions.messages_to_keep(max_bad_rows)
     tasks = [
-        _ReadTask(c, first[i], str(work / f"chunk-{i:06d}.arrow"), keep, batch_rows)
+        ReadTask(c, first[i], str(work / f"chunk-{i:06d}.arrow"), keep, batch_rows)
         for i, c in enumerate(chunks)
     ]
     return runner.map(read_chunk, tasks, shared=schema, label="convert: read chunks")
