@@ -150,3 +150,22 @@ def run_config_text(
         + (f"\n{extra.strip()}\n" if extra.strip() else "")
     )
     return text
+
+
+#: a CSV schema of a label, a categorical and a numeric field (``write_small_csv``'s files)
+SMALL_CSV_FIELDS = [
+    {"name": "y", "kind": "label"},
+    {"name": "a", "kind": "categorical"},
+    {"name": "x", "kind": "numeric"},
+]
+
+
+def write_small_csv(path: Path, rows: int, bad: dict[int, str] | None = None) -> Path:
+    """A CSV with the header ``y,a,x`` and ``rows`` good rows (row ``i``: label ``(7 i mod 3)
+    mod 2``, category ``v{i mod 11}``, number ``i / 2``); ``bad`` replaces lines (1-based line
+    number -> text, the header being line 1)."""
+    lines = ["y,a,x"] + [f"{(i * 7) % 3 % 2},v{i % 11},{i * 0.5}" for i in range(rows)]
+    for line, text in (bad or {}).items():
+        lines[line - 1] = text
+    path.write_text("\n".join(lines) + "\n")
+    return path

@@ -14,27 +14,16 @@ from features.convert import convert
 from features.read_report import DataError, ReadReport
 from features.schema import schema_from_dict
 from features.shards import ROW_GROUP_ROWS, write_parquet_file
+from tests.testdata import SMALL_CSV_FIELDS, write_small_csv
 
 SCHEMA = schema_from_dict(
     {
         "name": "t",
         "source": {"format": "csv", "delimiter": ",", "header": True},
-        "fields": [
-            {"name": "y", "kind": "label"},
-            {"name": "a", "kind": "categorical"},
-            {"name": "x", "kind": "numeric"},
-        ],
+        "fields": SMALL_CSV_FIELDS,
     }
 )
-
-
-def _write(path: Path, rows: int, bad: dict[int, str]) -> Path:
-    """A CSV of ``rows`` data rows; ``bad``: 1-based line -> the line's text."""
-    lines = ["y,a,x"] + [f"{(i * 7) % 3 % 2},v{i % 11},{i * 0.5}" for i in range(rows)]
-    for line, text in bad.items():
-        lines[line - 1] = text
-    path.write_text("\n".join(lines) + "\n")
-    return path
+_write = write_small_csv
 
 
 def _digests(folder: Path) -> dict[str, str]:

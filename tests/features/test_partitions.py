@@ -14,26 +14,16 @@ from features import partitions
 from features.read_report import DataError, ReadReport
 from features.readers import read_batches
 from features.schema import schema_from_dict
+from tests.testdata import SMALL_CSV_FIELDS, write_small_csv
 
 SCHEMA = schema_from_dict(
     {
         "name": "t",
         "source": {"format": "csv", "delimiter": ",", "header": True},
-        "fields": [
-            {"name": "y", "kind": "label"},
-            {"name": "a", "kind": "categorical"},
-            {"name": "x", "kind": "numeric"},
-        ],
+        "fields": SMALL_CSV_FIELDS,
     }
 )
-
-
-def _write(path: Path, rows: int, bad: dict[int, str]) -> Path:
-    lines = ["y,a,x"] + [f"{i % 2},v{i % 7},{i}" for i in range(rows)]
-    for line, text in bad.items():
-        lines[line - 1] = text
-    path.write_text("\n".join(lines) + "\n")
-    return path
+_write = write_small_csv
 
 
 def test_text_chunks_cut_after_a_line_end_and_cover_the_file(tmp_path):
@@ -59,7 +49,7 @@ def test_chunk_reads_name_the_lines_one_read_of_the_file_names(tmp_path):
     bad = {5: "1,v,five", 900: "0,v", 1800: "2,v,1"}  # a bad number, a short line, a bad label
     f = _write(tmp_path / "d.csv", 2000, bad)
     chunks = partitions.text_chunks(f, chunk_bytes=2000)
-    assert len(chunks) == 10
+    assert len(chunks) == 11
     ends = [partitions.count_line_ends(c) for c in chunks]
     first = partitions.first_lines(chunks, ends)
     messages, rows = [], []
