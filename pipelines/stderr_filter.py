@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import select
 import sys
 import threading
 from collections.abc import Iterator
@@ -29,6 +30,9 @@ NOISE = (
 )
 
 
+_POLL_S = 0.05  # seconds the copier waits for data before it looks at its stop flag
+
+
 def is_noise(line: bytes) -> bool:
     """True for a start-up line of TensorFlow's C++ layer that ``filtered_stderr`` drops."""
     return any(p.match(line) for p in NOISE)
@@ -40,10 +44,21 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
-def _copy(source: int, sink: int) -> None:
+def _copy(source: int, sink: int, stop: threading.Event) -> None:
+    """Copies the pipe's lines to ``sink`` but the noise, until the pipe ends or, once ``stop``
+    is set, until nothing more is waiting in it (a child process that inherited the pipe keeps
+    it open; what it writes later is not copied)."""
     with os.fdopen(source, "rb", buffering=0) as pipe:
         pending = b""
-        while chunk := pipe.read(65536):
+        while True:
+            ready, _, _ = select.select([pipe], [], [], _POLL_S)
+            if not ready:
+                if stop.is_set():
+                    break
+                continue
+            chunk = pipe.read(65536)
+            if not chunk:
+                break
             pending += chunk
             *lines, pending = pending.split(b"\n")
             kept = b"".join(line + b"\n" for line in lines if not is_noise(line))
@@ -62,13 +77,15 @@ def filtered_stderr() -> Iterator[None]:
     read_end, write_end = os.pipe()
     os.dup2(write_end, 2)
     os.close(write_end)
+    stop = threading.Event()
     # a daemon: child processes that inherited the pipe must not keep this one alive
-    copier = threading.Thread(target=_copy, args=(read_end, real), daemon=True)
+    copier = threading.Thread(target=_copy, args=(read_end, real, stop), daemon=True)
     copier.start()
     try:
         yield
     finally:
         sys.stderr.flush()
         os.dup2(real, 2)
+        stop.set()  # the block's writes are in the pipe: drained, then the copier ends
         copier.join(timeout=5)
         os.close(real)

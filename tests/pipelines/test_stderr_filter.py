@@ -60,6 +60,23 @@ def test_the_filter_keeps_every_other_line_in_order_and_flushes_at_exit():
     assert out.stdout.decode() == "stdout untouched\n"
 
 
+def test_a_child_process_holding_standard_error_does_not_hold_up_the_exit():
+    code = (
+        "import subprocess, sys, time\n"
+        "from pipelines.stderr_filter import filtered_stderr\n"
+        "with filtered_stderr():\n"
+        "    child = subprocess.Popen(['sleep', '30'])  # inherits the filtered stderr\n"
+        "    print('before the exit', file=sys.stderr, flush=True)\n"
+        "    t0 = time.monotonic()\n"
+        "print(f'{time.monotonic() - t0:.2f}')\n"
+        "child.kill()\n"
+    )
+    out = _run(code)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.decode() == "before the exit\n"
+    assert float(out.stdout) < 1.0  # the exit drains the pipe; it does not wait for the child
+
+
 def test_a_user_error_of_a_command_that_loads_tensorflow_is_one_line(tmp_path):
     code = (
         "import sys\n"
