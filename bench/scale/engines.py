@@ -126,9 +126,7 @@ class Dask:
         return [p.pid for p in self.procs]
 
     def close(self) -> None:
-        self.client.close()
-        for p in self.procs:
-            p.terminate()
+        self.client.shutdown()  # the scheduler closes its workers, then itself
         for p in self.procs:
             p.wait()
 
