@@ -1,6 +1,8 @@
 """Dataset statistics as a job of tasks (``features.tasks``): each task accumulates the
-statistics of one part of the data (``features.stats.StatsAccumulator``) and the driver merges
-the parts in input order, so every runner gives the same ``DatasetStats``.
+statistics of one part of the data (``features.stats.StatsAccumulator``) and the parts are
+merged along one fixed tree over the input order (``TaskRunner.map_reduce``; on a cluster, on
+the workers), so every runner gives the same ``DatasetStats`` and no more than a few parts'
+counts are held at once.
 
 * ``shard_stats``: Parquet shards (training reads these), cut into row-group parts
   (``features.partitions.shard_parts``); the numeric fields' sample keys are the rows' indices
@@ -10,7 +12,7 @@ the parts in input order, so every runner gives the same ``DatasetStats``.
   rows replayed in input order through one ``max_bad_rows`` budget as ``stitchrec convert``
   does; a chunk's rows are keyed by their position in the chunk (row stream: the chunk).
 
-Merged moments add the parts' float64 sums in part order: the same on every runner, and within
+Merged moments add the parts' float64 sums along that tree: the same on every runner, and within
 rounding of one pass over the rows.
 """
 
@@ -44,11 +46,19 @@ class _Settings:
         )
 
 
-def _merged(parts: Sequence[StatsAccumulator]) -> DatasetStats:
-    total = parts[0]
-    for p in parts[1:]:
-        total.merge(p)
-    return total.finish()
+def merge_accumulators(a: StatsAccumulator, b: StatsAccumulator) -> StatsAccumulator:
+    """``a`` with ``b``'s rows added (``a`` is consumed). A merge function of ``map_reduce``."""
+    a.merge(b)
+    return a
+
+
+def merge_chunk_stats(
+    a: tuple[StatsAccumulator, list[partitions.ChunkRead]],
+    b: tuple[StatsAccumulator, list[partitions.ChunkRead]],
+) -> tuple[StatsAccumulator, list[partitions.ChunkRead]]:
+    """Two runs of chunks' statistics and reads, in chunk order (``a`` is consumed)."""
+    a[0].merge(b[0])
+    return a[0], a[1] + b[1]
 
 
 def shard_part_stats(part: partitions.ShardPart, settings: _Settings) -> StatsAccumulator:
@@ -79,8 +89,10 @@ def shard_stats(
     if not parts:
         raise ValueError("no rows to compute statistics from")
     settings = _Settings(schema, sample_size, seed, all_counts)
-    accs = runner_or_local(runner).map(shard_part_stats, parts, shared=settings, label="stats")
-    return _merged(accs)
+    acc = runner_or_local(runner).map_reduce(
+        shard_part_stats, parts, merge_accumulators, shared=settings, label="stats"
+    )
+    return acc.finish()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,7 +105,7 @@ class _RawTask:
 
 def raw_chunk_stats(
     task: _RawTask, settings: _Settings
-) -> tuple[StatsAccumulator, partitions.ChunkRead]:
+) -> tuple[StatsAccumulator, list[partitions.ChunkRead]]:
     """The statistics of one chunk of raw files, and what its read found. A task function."""
     acc = settings.accumulator()
     start = 0
@@ -104,7 +116,7 @@ def raw_chunk_stats(
         start += batch.num_rows
 
     events = partitions.chunk_events(settings.schema, task.chunk, {}, task.first_line)
-    return acc, partitions.consume_chunk(events, task.keep, add)
+    return acc, [partitions.consume_chunk(events, task.keep, add)]
 
 
 def raw_stats(
@@ -129,9 +141,10 @@ def raw_stats(
     keep = partitions.messages_to_keep(max_bad_rows)
     tasks = [_RawTask(c, i + 1, first[i], keep) for i, c in enumerate(chunks)]
     settings = _Settings(schema, sample_size, seed, False)
-    results = runner.map(raw_chunk_stats, tasks, shared=settings, label="stats")
-    reads = [r for _, r in results]
+    acc, reads = runner.map_reduce(
+        raw_chunk_stats, tasks, merge_chunk_stats, shared=settings, label="stats"
+    )
     partitions.replay_reads(chunks, reads, BadRowBudget(max_bad_rows, report), report)
     if report.rows == 0:
         raise partitions.no_rows_error(inputs, len(files), report)
-    return _merged([acc for acc, r in results if r.rows])
+    return acc.finish()

@@ -54,6 +54,21 @@ class TaskRunner(Protocol):
         label: str = "",
     ) -> list[R]: ...
 
+    def map_reduce(
+        self,
+        fn: Callable[..., R],
+        items: Sequence[Any],
+        merge: Callable[[R, R], R],
+        *,
+        shared: Any = None,
+        label: str = "",
+    ) -> R:
+        """``fn`` over ``items`` (as ``map``), the results combined by ``merge`` along the
+        tree ``reduce_split`` gives for ``len(items)`` (the same tree on every runner, so a merge
+        that is not associative in float arithmetic still gives the same result): no more than
+        a few results are held at once. ``merge(a, b)`` may consume ``a``."""
+        ...
+
     def describe(self) -> str:
         """One line for the log: the engine, where it runs and its progress page, if any."""
         ...
@@ -77,8 +92,39 @@ class LocalRunner:
             return [fn(item) for item in items]
         return [fn(item, shared) for item in items]
 
+    def map_reduce(
+        self,
+        fn: Callable[..., R],
+        items: Sequence[Any],
+        merge: Callable[[R, R], R],
+        *,
+        shared: Any = None,
+        label: str = "",
+    ) -> R:
+        del label
+
+        def one(i: int) -> R:
+            return fn(items[i]) if shared is None else fn(items[i], shared)
+
+        def reduce(lo: int, hi: int) -> R:  # depth first: log2(n) results held at most
+            if hi - lo == 1:
+                return one(lo)
+            mid = reduce_split(lo, hi)
+            return merge(reduce(lo, mid), reduce(mid, hi))
+
+        if not items:
+            raise ValueError("map_reduce needs at least one item")
+        return reduce(0, len(items))
+
     def describe(self) -> str:
         return "local (this process)"
+
+
+def reduce_split(lo: int, hi: int) -> int:
+    """Where the reduction tree of items ``[lo, hi)`` (two or more) splits them: after the
+    largest power of two below ``hi - lo``, so ``[0, n)`` always gives the same tree (the
+    pairs (0, 1), (2, 3), ..., then pairs of pairs, as a binary counter adds)."""
+    return lo + (1 << ((hi - lo - 1).bit_length() - 1))
 
 
 def runner_or_local(runner: TaskRunner | None) -> TaskRunner:

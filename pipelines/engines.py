@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from features.partitions import CHUNK_BYTES
-from features.tasks import JobError, LocalRunner, TaskRunner
+from features.tasks import JobError, LocalRunner, TaskRunner, reduce_split
 from pipelines.config_sections import EngineConfig
 from pipelines.errors import UsageError
 
@@ -46,6 +46,16 @@ class DaskRunner:
         self.retries = retries
         self.where = where
 
+    def _submit(
+        self, fn: Callable[..., Any], items: Sequence[Any], shared: Any, name: str
+    ) -> list[Any]:
+        keys = [f"{name}-{uuid.uuid4().hex[:8]}-{i}" for i in range(len(items))]
+        args: list[Sequence[Any]] = [items]
+        if shared is not None:
+            [handle] = self.client.scatter([shared], broadcast=True, hash=False)
+            args.append([handle] * len(items))
+        return self.client.map(fn, *args, key=keys, pure=False, retries=self.retries)
+
     def map(
         self,
         fn: Callable[..., R],
@@ -56,32 +66,61 @@ class DaskRunner:
     ) -> list[R]:
         if not items:
             return []
-        name = (label or fn.__name__).replace(" ", "")
-        keys = [f"{name}-{uuid.uuid4().hex[:8]}-{i}" for i in range(len(items))]
-        args: list[Sequence[Any]] = [items]
-        if shared is not None:
-            [handle] = self.client.scatter([shared], broadcast=True, hash=False)
-            args.append([handle] * len(items))
-        futures = self.client.map(fn, *args, key=keys, pure=False, retries=self.retries)
+        label = label or fn.__name__
+        futures = self._submit(fn, items, shared, label.replace(" ", ""))
         try:
-            return [
-                self._result(f, i, len(items), label or fn.__name__) for i, f in enumerate(futures)
-            ]
+            n = len(items)
+            return [self._result(f, label, f"task {i + 1} of {n}") for i, f in enumerate(futures)]
         finally:
             self.client.cancel(futures)
 
-    def _result(self, future: Any, i: int, n: int, label: str) -> Any:
+    def map_reduce(
+        self,
+        fn: Callable[..., R],
+        items: Sequence[Any],
+        merge: Callable[[R, R], R],
+        *,
+        shared: Any = None,
+        label: str = "",
+    ) -> R:
+        """The tasks, then their results merged on the workers along ``reduce_split``'s tree; only the
+        final result travels to this process. A merge is not retried (it may consume its first
+        argument): a worker lost under it recomputes its inputs."""
+        if not items:
+            raise ValueError("map_reduce needs at least one item")
+        label = label or fn.__name__
+        name = label.replace(" ", "")
+        futures = self._submit(fn, items, shared, name)
+        merges: list[Any] = []
+
+        def reduce(lo: int, hi: int) -> Any:
+            if hi - lo == 1:
+                return futures[lo]
+            mid = reduce_split(lo, hi)
+            key = f"{name}-merge-{uuid.uuid4().hex[:8]}-{lo}-{hi}"
+            merges.append(
+                self.client.submit(merge, reduce(lo, mid), reduce(mid, hi), key=key, pure=False)
+            )
+            return merges[-1]
+
+        final = reduce(0, len(items))
+        try:
+            return self._result(final, label, f"the tasks of {len(items)} and their merges")
+        finally:
+            self.client.cancel([*futures, *merges])
+
+    def _result(self, future: Any, label: str, what: str) -> Any:
         distributed = _distributed()
         try:
             return future.result()
         except distributed.KilledWorker as e:
             raise JobError(
-                f"{label}: task {i + 1} of {n} failed: the workers running it died ({e}); see "
-                f"the workers' logs on {self.where}"
+                f"{label}: {what} failed: the workers running it died ({e}); see the workers' "
+                f"logs on {self.where}"
             ) from None
         except distributed.comm.core.CommClosedError as e:
             raise JobError(
-                f"{label}: task {i + 1} of {n}: the connection to {self.where} was lost ({e})"
+                f"{label}: {what}: the connection to {self.where} was lost ({e})"
             ) from None
 
     def describe(self) -> str:
@@ -129,6 +168,17 @@ class _LazyDask:
         label: str = "",
     ) -> list[R]:
         return self._open().map(fn, items, shared=shared, label=label)
+
+    def map_reduce(
+        self,
+        fn: Callable[..., R],
+        items: Sequence[Any],
+        merge: Callable[[R, R], R],
+        *,
+        shared: Any = None,
+        label: str = "",
+    ) -> R:
+        return self._open().map_reduce(fn, items, merge, shared=shared, label=label)
 
     def describe(self) -> str:
         return self._open().describe()

@@ -1,0 +1,48 @@
+"""The in-process task runner: results in task order, merges along one fixed tree holding few
+results, balanced task groups and atomic task outputs."""
+
+from __future__ import annotations
+
+import pytest
+
+from features.tasks import LocalRunner, atomic_path, balanced_groups, reduce_split
+
+
+def test_map_keeps_task_order_and_passes_the_shared_object():
+    assert LocalRunner().map(divmod, [7, 9], shared=4) == [(1, 3), (2, 1)]
+
+
+def test_map_reduce_merges_along_one_tree_holding_few_results():
+    assert [reduce_split(0, n) for n in (2, 3, 4, 5, 8, 9)] == [1, 2, 2, 4, 4, 8]
+    held, peak = [0], [0]
+
+    def leaf(i: int) -> str:
+        held[0] += 1
+        peak[0] = max(peak[0], held[0])
+        return str(i)
+
+    def merge(a: str, b: str) -> str:
+        held[0] -= 1
+        return f"({a}{b})"
+
+    assert LocalRunner().map_reduce(leaf, list(range(7)), merge) == "(((01)(23))((45)6))"
+    assert peak[0] <= 4  # depth first: at most log2(n) + 1 results wait for their merge
+    with pytest.raises(ValueError, match="at least one item"):
+        LocalRunner().map_reduce(leaf, [], merge)
+
+
+def test_balanced_groups_cut_contiguous_runs_of_about_equal_weight():
+    assert balanced_groups([1] * 10, 3) == [(0, 4), (4, 7), (7, 10)]
+    assert balanced_groups([9, 1, 1, 1], 2) == [(0, 1), (1, 4)]
+    assert balanced_groups([1, 1], 5) == [(0, 1), (1, 2)]
+
+
+def test_an_atomic_path_appears_complete_or_not_at_all(tmp_path):
+    with atomic_path(tmp_path / "out.bin") as tmp:
+        tmp.write_bytes(b"done")
+        assert not (tmp_path / "out.bin").exists()
+    assert (tmp_path / "out.bin").read_bytes() == b"done"
+    with pytest.raises(RuntimeError), atomic_path(tmp_path / "half.bin") as tmp:
+        tmp.write_bytes(b"half")
+        raise RuntimeError("killed")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.bin"]
