@@ -47,6 +47,7 @@ def start_cluster(folder: Path, workers: int = 2, allowed_failures: int = 3) -> 
         **os.environ,
         "PYTHONPATH": str(ROOT),
         "DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": str(allowed_failures),
+        "DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON__MALLOC_TRIM_THRESHOLD_": "None",
     }
     scheduler_file = folder / "scheduler.json"
     py = sys.executable

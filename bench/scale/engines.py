@@ -53,7 +53,14 @@ def _port() -> int:
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT), "RAY_USAGE_STATS_ENABLED": "0"}
+    """The engines' processes' environment; Dask's workers as ``pipelines.engines`` starts
+    them (without the ``MALLOC_TRIM_THRESHOLD_`` its nannies set)."""
+    return {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON__MALLOC_TRIM_THRESHOLD_": "None",
+    }
 
 
 def empty(i: int) -> int:
