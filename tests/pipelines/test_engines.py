@@ -248,3 +248,10 @@ def test_a_task_whose_workers_keep_dying_is_one_job_error(tmp_path):
             runner.map(exit_process, [None], label="dying")
     finally:
         c.stop()
+
+
+def test_a_job_error_ends_the_command_with_exit_status_3():
+    from pipelines import cli
+
+    error = JobError("convert: read chunks: task 3 of 9 failed: the workers running it died")
+    assert cli.exit_status(error) == 3
