@@ -26,6 +26,7 @@ from features.crosses.pcf_build import build_graph
 from features.schema import load_schema
 from features.stats_job import raw_stats, shard_stats
 from features.tasks import JobError, LocalRunner
+from pipelines import cli
 from pipelines.config_sections import EngineConfig
 from pipelines.engines import open_runner
 from serving.testing import SCHEMA, reference_score, write_linear_model
@@ -251,7 +252,5 @@ def test_a_task_whose_workers_keep_dying_is_one_job_error(tmp_path):
 
 
 def test_a_job_error_ends_the_command_with_exit_status_3():
-    from pipelines import cli
-
     error = JobError("convert: read chunks: task 3 of 9 failed: the workers running it died")
     assert cli.exit_status(error) == 3
