@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from features.cells import is_list_type, join_sequence, row_errors
+from features.columns import filled_column
 from features.completion import check_complete
 from features.file_batches import check_scalar_columns
 from features.read_report import DataError
@@ -53,29 +54,13 @@ def list_parquet(paths: str | Path | Sequence[str | Path]) -> list[Path]:
 
 
 def column_to_numpy(column: pa.ChunkedArray | pa.Array, spec: FeatureSpec) -> np.ndarray:
-    """An Arrow column as a numpy array with missing cells filled (see the module docstring)."""
+    """An Arrow column as a numpy array with missing cells filled (``features.columns``)."""
+    column = filled_column(column, spec)
     if spec.kind in (FeatureKind.NUMERIC, FeatureKind.LABEL):
-        column = pc.cast(column, pa.float32())
-        if column.null_count:
-            column = pc.fill_null(column, float(spec.default))
         return column.to_numpy().astype(np.float32, copy=False)
     if spec.dtype == "int64":
-        column = pc.cast(column, pa.int64())
-        if column.null_count:
-            column = pc.fill_null(column, -1)
         return column.to_numpy()
-    if spec.kind == FeatureKind.SEQUENCE and is_list_type(column.type):
-        column = join_sequence(_one_chunk(column), spec.separator)[0]
-    column = pc.cast(column, pa.string())
-    if column.null_count:
-        column = pc.fill_null(column, "")
     return column.to_numpy(zero_copy_only=False).astype(object)
-
-
-def _one_chunk(column: pa.ChunkedArray | pa.Array) -> pa.Array:
-    if isinstance(column, pa.ChunkedArray):
-        return column.combine_chunks()
-    return column
 
 
 def table_to_numpy(

@@ -35,6 +35,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -55,7 +56,8 @@ Log = Callable[[str], None]
 
 
 class MakeDataset(Protocol):
-    """``make(batch_size=, shard=None, drop_remainder=False)``: one epoch's tf.data input."""
+    """``make(batch_size=, shard=None, drop_remainder=False, skip_batches=0)``: one epoch's
+    tf.data input."""
 
     def __call__(
         self,
@@ -63,6 +65,7 @@ class MakeDataset(Protocol):
         batch_size: int,
         shard: tuple[int, int] | None = None,
         drop_remainder: bool = False,
+        skip_batches: int = 0,
     ) -> tf.data.Dataset: ...
 
 
@@ -300,10 +303,24 @@ class Distribution:
             return math.ceil(rows / batch_size)
         return (rows // self.workers) // (batch_size // self.workers)
 
-    def batches(self, make: MakeDataset, label: str, batch_size: int) -> Iterable[Any]:
-        """The epoch's input: ``make(batch_size)`` as is, or per worker ``(its rows, global batch
-        rows)``: its shard in local batches (``input = "shard"``) or its slice of each global
-        batch (``"split"``)."""
+    def use_input(self, worker_side: bool) -> None:
+        """Nothing to choose: every worker builds its input (``parameter_server`` chooses)."""
+        del worker_side
+
+    def batches(
+        self,
+        make: MakeDataset,
+        label: str,
+        batch_size: int,
+        skip: int = 0,
+        steps: int | None = None,
+    ) -> Iterable[Any]:
+        """The epoch's input after its first ``skip`` steps: ``make(batch_size)`` as is, or per
+        worker ``(its rows, global batch rows)``: its shard in local batches (``input =
+        "shard"``) or its slice of each global batch (``"split"``). ``steps``: the epoch's
+        steps (not needed here)."""
+        del steps
+        make = functools.partial(make, skip_batches=skip)
         if self.strategy is None:
             return make(batch_size=batch_size)
 

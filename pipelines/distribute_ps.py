@@ -17,18 +17,24 @@ cluster lists ``ps`` tasks):
 * ``worker`` tasks only run a ``tf.distribute.Server``; the chief sends them training steps.
   They exit on their own when the chief's run folder gets a new ``train_report.json`` (the
   file's stamp is polled every second), so a Kubernetes Job of worker and ps pods completes.
-* the ``chief`` runs ``pipelines.train.train``: it reads the batches with the single-process
-  input pipeline (the same ``(seed, epoch)`` order) and hands each batch to
-  ``ClusterCoordinator.schedule``, which runs one step on whichever worker is free: the full
-  batch's mean binary cross-entropy plus the L2 penalty, gradients applied to the ps variables
-  at once (asynchronous: steps on different workers overlap and may read slightly stale
-  variables). ``sync`` (``ClusterCoordinator.join``) waits for every scheduled step; the loop
-  calls it before logging metrics, saving a checkpoint and evaluating, so checkpoints hold
-  exactly the steps counted, and a restarted chief resumes like one process does.
+* the ``chief`` runs ``pipelines.train.train`` and schedules every step with
+  ``ClusterCoordinator.schedule``, which runs it on whichever worker is free: the full batch's
+  mean binary cross-entropy plus the L2 penalty, gradients applied to the ps variables at once
+  (asynchronous: steps on different workers overlap and may read slightly stale variables).
+  ``sync`` (``ClusterCoordinator.join``) waits for every scheduled step; the loop calls it
+  before logging metrics, saving a checkpoint and evaluating, so checkpoints hold exactly the
+  steps counted, and a restarted chief resumes like one process does.
 
-The input pipeline (``tf.data.Dataset.from_generator`` over pyarrow) runs Python, so it cannot
-run on a remote worker; every batch is read and converted by the chief and sent over gRPC with
-its step. The chief's input throughput is therefore the cluster's ceiling.
+Where a step's batch comes from (``use_input``):
+
+* TFRecord input (``[data] input_format = "tfrecord"``): each worker builds its own share's
+  dataset (``pipelines.ps_input``: worker ``w`` of ``W`` reads rows ``[w q, (w + 1) q)`` of the
+  epoch, ``q = rows // W``, in whole batches, repeated) and the step takes its batch from the
+  iterator of the worker running it. The chief reads no training data; an epoch is ``W *
+  (q // batch_size)`` steps.
+* Parquet input: the pyarrow pipeline runs Python, which cannot run on a remote worker; the
+  chief reads every batch with the single-process pipeline (the same ``(seed, epoch)`` order)
+  and sends it over gRPC with its step, so its input throughput is the cluster's ceiling.
 
 Fault tolerance: a worker that dies mid-step has its step rescheduled on another worker by the
 coordinator (training continues with the workers left; a step may be applied twice when the
@@ -55,6 +61,7 @@ import numpy as np
 import tensorflow as tf
 
 from pipelines.config import ConfigError, DistributeConfig
+from pipelines.ps_input import WorkerBatch, iterator_step, worker_batches
 from pipelines.run.step import make_train_step
 
 Log = Callable[[str], None]
@@ -215,6 +222,8 @@ class PSDistribution:
     coordinator: tf.distribute.coordinator.ClusterCoordinator | None = None
     server: tf.distribute.Server | None = None
     log: Log = print
+    #: every worker reads its own share of the training input (``use_input``)
+    worker_input: bool = False
 
     @property
     def active(self) -> bool:
@@ -265,24 +274,58 @@ class PSDistribution:
         del chief_checkpoints
         return own
 
+    def use_input(self, worker_side: bool) -> None:
+        """``worker_side``: the training input is built from TensorFlow ops alone (TFRecord),
+        so every worker reads its own share (``pipelines.ps_input``); else the chief reads
+        every batch."""
+        self.worker_input = worker_side
+        how = "each worker reads its own share" if worker_side else "the chief reads every batch"
+        self.log(f"parameter_server: training input: {how}")
+
     def check_batch_size(self, batch_size: int) -> None:
         """Any ``batch_size`` works: every step trains one whole global batch."""
         del batch_size
 
     def steps_per_epoch(self, rows: int, batch_size: int) -> int:
-        """``ceil(rows / batch_size)``, as in one process (the last batch may be short)."""
-        return math.ceil(rows / batch_size)
+        """Chief-fed: ``ceil(rows / batch_size)``, as in one process (the last batch may be
+        short). Worker-side: the whole batches of every worker's share, ``W * (rows // W //
+        batch_size)``.
+
+        Raises ConfigError when a worker's share holds no whole batch."""
+        if not self.worker_input:
+            return math.ceil(rows / batch_size)
+        steps = self.workers * (rows // self.workers // batch_size)
+        if steps == 0:
+            raise ConfigError(
+                f"[train] batch_size {batch_size}: each of the {self.workers} workers reads "
+                f"{rows // self.workers:,} of the {rows:,} training rows, not one whole batch; "
+                "lower batch_size"
+            )
+        return steps
 
     def batches(
-        self, make: Callable[..., tf.data.Dataset], label: str, batch_size: int | None = None
+        self,
+        make: Callable[..., tf.data.Dataset],
+        label: str,
+        batch_size: int,
+        skip: int = 0,
+        steps: int | None = None,
     ) -> Iterable[Any]:
-        """The single-process input, read by the chief: global batches of ``batch_size`` rows
-        (``make(batch_size=...)``; ``make()`` when None), each sent to a worker with its step."""
+        """The epoch's input after its first ``skip`` steps. Chief-fed: the single-process
+        input read by the chief (``make(batch_size=..., skip_batches=skip)``), each batch sent
+        to a worker with its step. Worker-side: ``steps - skip`` ``ps_input.WorkerBatch``es,
+        each worker reading its own share (``ps_input.worker_batches``)."""
         del label
-        return make() if batch_size is None else make(batch_size=batch_size)
+        if not self.worker_input:
+            return make(batch_size=batch_size, skip_batches=skip)
+        if steps is None:
+            raise ValueError("worker-side input needs the epoch's steps")
+        return worker_batches(self.coordinator, make, batch_size, skip, steps)
 
     def rows(self, element: Any, label: str) -> int:
         """Rows of the batch ``element``."""
+        if isinstance(element, WorkerBatch):
+            return element.rows
         return int(element[label].shape[0])
 
     def train_step(
@@ -311,9 +354,12 @@ class PSDistribution:
         worker_step = make_train_step(
             model, optimizer, strategy, loss_metric=loss_metric, auc_metric=auc_metric
         )
+        from_iterator = iterator_step(worker_step)
 
-        def step(features: dict[str, tf.Tensor]) -> Any:
-            return coordinator.schedule(worker_step, args=(features,))
+        def step(element: Any) -> Any:
+            if isinstance(element, WorkerBatch):  # the worker takes its own next batch
+                return coordinator.schedule(from_iterator, args=(element.iterators,))
+            return coordinator.schedule(worker_step, args=(element,))
 
         return step
 

@@ -67,6 +67,7 @@ from pipelines.run.snapshots import (
     run_schedule,
 )
 from pipelines.run.step import make_train_step
+from pipelines.run.train_input import prepare_train_input
 
 
 def train(cfg: PipelineConfig, log: Log = print) -> dict[str, Any]:
@@ -92,6 +93,7 @@ def _train(cfg: PipelineConfig, log: Log) -> dict[str, Any]:
     if cfg.train.ensemble == "none":
         check_lr_schedule(cfg.train.lr_schedule, cfg.train.lr_schedule_options)
     run, stats, gpus = _open_run(cfg, dist, log)
+    dist.use_input(run.train_input.worker_side)
     tc, paths, schema = cfg.train, run.paths, run.schema
     _check_needs_validation(run)
     rows = count_rows(run.train_files)
@@ -264,10 +266,11 @@ def _open_run(cfg: PipelineConfig, dist: Any, log: Log) -> tuple[Run, Any, list]
             cfg.train.continue_from,
             runner,
         )
+        train_input = prepare_train_input(cfg.data.input_format, schema, train_files, paths, log)
     if not dist.is_chief:
         validation_files, test_files = [], []  # the chief evaluates and reports
     files = (train_files, validation_files, test_files)
-    return Run(cfg, dist, paths, schema, *files, log), stats, gpus
+    return Run(cfg, dist, paths, schema, *files, log, train_input), stats, gpus
 
 
 def _check_same_batch_size(cfg: PipelineConfig, paths: RunPaths) -> None:

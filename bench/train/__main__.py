@@ -13,11 +13,17 @@ test): in each of ``--processes`` fresh processes, one after the other on the sa
 * ``input, one worker's shard``: the same for worker 0 of 2 (``[distribute] input = "shard"``);
 * ``step alone``: the training step (``pipelines.run.step.make_train_step``) on ``--cached``
   batches held in memory, cycled;
-* ``training loop``: input pipeline and step together, as ``stitchrec train`` runs them.
+* ``training loop``: input pipeline and step together, as ``stitchrec train`` runs them;
+* ``TF-native input``, ``TF-native input, one worker's shard``, ``TF-native training loop``: the
+  same three with the TFRecord input (``features.tfrecord``), from TFRecord shards written once
+  from the training Parquet shards (the conversion's rows/s is printed too).
 
-All in examples/s; the ratio input pipeline / step alone is the issue's target (>= 3: training is
-never input-bound). Then ``stitchrec train`` end to end as one process and as a local cluster of
-``--workers`` workers (sharded input), the cluster's rate as a ratio to the one process's.
+All in examples/s, with ratios against the Parquet input pipeline and the step alone measured
+in the same processes. Then ``stitchrec train`` end to end as one process with each
+``[data] input_format``, as a local cluster of ``--workers`` multi_worker_mirrored workers, and
+as a parameter-server cluster (chief, ``--workers`` workers, one ps) with chief-fed (Parquet)
+and worker-side (TFRecord) input: examples/s, and the chief's CPU seconds and bytes read while
+it trains (``bench/train/ps_input.py``).
 
 Peak memory: ``stitchrec train`` (one epoch, shuffle buffer ``--rss-buffer`` rows) on synthetic
 sets of ``--rss-rows`` x 1, 4 and 16 rows (with the default vocabularies, and with ``--rss-vocab``
@@ -45,15 +51,21 @@ from bench.cluster import (
     run_tasks,
     synthetic_data,
 )
+from bench.train.ps_input import run_ps
 
 STAGES = (
     "parquet read",
     "batches (numpy)",
     "input pipeline",
     "input, one worker's shard",
+    "TF-native input",
+    "TF-native input, one worker's shard",
     "step alone",
     "training loop",
+    "TF-native training loop",
 )
+#: where ``throughput`` writes the TFRecord shards of a data folder's training split
+TFRECORD_DIR = "tfrecord-train"
 
 
 def write_data(root: Path, rows: int, vocab: int | None = None) -> Path:
@@ -69,47 +81,64 @@ def _rate(rows: int, seconds: float) -> float:
     return rows / max(seconds, 1e-9)
 
 
+def _input_rates(data: Path, batch_size: int) -> dict[str, float]:
+    """Examples/s of the input stages (each after one warm-up pass)."""
+    from features.dataset import iter_batches, iter_record_batches, list_parquet, make_dataset
+    from features.schema import load_schema
+    from features.tfrecord.dataset import make_tfrecord_dataset
+
+    schema = load_schema(data / "schema.toml").as_parquet()
+    files = list_parquet(data / "train")
+    tfrecord = data / TFRECORD_DIR
+    kw = {"batch_size": batch_size, "shuffle": True, "seed": 0, "epoch": 0}
+    local = {**kw, "batch_size": batch_size // 2, "shard": (0, 2), "drop_remainder": True}
+    label = schema.label.name
+
+    def count(ds: Any) -> Any:
+        return (int(b[label].shape[0]) for b in ds)
+
+    inputs = {
+        "parquet read": lambda: (rb.num_rows for rb in iter_record_batches(schema, files)),
+        "batches (numpy)": lambda: (len(b[label]) for b in iter_batches(schema, files, **kw)),
+        "input pipeline": lambda: count(make_dataset(schema, files, **kw)),
+        "input, one worker's shard": lambda: count(make_dataset(schema, files, **local)),
+        "TF-native input": lambda: count(make_tfrecord_dataset(schema, tfrecord, **kw)),
+        "TF-native input, one worker's shard": lambda: count(
+            make_tfrecord_dataset(schema, tfrecord, **local)
+        ),
+    }
+    out = {}
+    for stage, rows in inputs.items():
+        sum(rows())  # warm up: file system cache, tf.data tracing
+        t0 = time.perf_counter()
+        out[stage] = _rate(sum(rows()), time.perf_counter() - t0)
+    return out
+
+
 def measure_stages(data: Path, batch_size: int, cached: int, steps: int) -> dict[str, float]:
     """Examples/s of each stage of ``STAGES`` in this process (see the module docstring)."""
     import tensorflow as tf
 
-    from features.dataset import iter_batches, iter_record_batches, list_parquet, make_dataset
+    from features.dataset import list_parquet, make_dataset
     from features.schema import load_schema
+    from features.tfrecord.dataset import make_tfrecord_dataset
     from pipelines.config import load_config
     from pipelines.run.data import prepare_stats
     from pipelines.run.model import build_run_model, make_optimizer
     from pipelines.run.paths import RunPaths
     from pipelines.run.step import make_train_step
 
+    out = _input_rates(data, batch_size)
     schema = load_schema(data / "schema.toml").as_parquet()
     files = list_parquet(data / "train")
-    out: dict[str, float] = {}
-
-    kw = {"batch_size": batch_size, "shuffle": True, "seed": 0, "epoch": 0}
-    local = {**kw, "batch_size": batch_size // 2, "shard": (0, 2), "drop_remainder": True}
-    label = schema.label.name
-    inputs = {
-        "parquet read": lambda: (rb.num_rows for rb in iter_record_batches(schema, files)),
-        "batches (numpy)": lambda: (len(b[label]) for b in iter_batches(schema, files, **kw)),
-        "input pipeline": lambda: (
-            int(b[label].shape[0]) for b in make_dataset(schema, files, **kw)
-        ),
-        "input, one worker's shard": lambda: (
-            int(b[label].shape[0]) for b in make_dataset(schema, files, **local)
-        ),
-    }
-    for stage, rows in inputs.items():
-        sum(rows())  # warm up: file system cache, tf.data tracing
-        t0 = time.perf_counter()
-        out[stage] = _rate(sum(rows()), time.perf_counter() - t0)
-
+    kw = {"batch_size": batch_size, "shuffle": True, "seed": 0}
     cfg = load_config(dcn_v2_config(data.parent / "stages.toml", data, batch_size))
     paths = RunPaths(data.parent / "stages-run")
     stats = prepare_stats(schema, files, paths, lambda _: None)
     tf.keras.utils.set_random_seed(0)
     model = build_run_model(cfg, schema, stats)
     optimizer = make_optimizer("adam", 1e-3)
-    ds = make_dataset(schema, files, **kw)
+    ds = make_dataset(schema, files, epoch=0, **kw)
     batches = list(ds.take(cached))
     model(batches[0])
     loss, auc = tf.keras.metrics.Mean(), tf.keras.metrics.AUC(num_thresholds=1000)
@@ -125,13 +154,47 @@ def measure_stages(data: Path, batch_size: int, cached: int, steps: int) -> dict
     float(loss.result())  # waits for the last step
     out["step alone"] = _rate(steps * batch_size, time.perf_counter() - t0)
 
-    t0, n = time.perf_counter(), 0
-    for b in make_dataset(schema, files, **{**kw, "epoch": 1}):
-        step(b)
-        n += int(b[schema.label.name].shape[0])
-    float(loss.result())
-    out["training loop"] = _rate(n, time.perf_counter() - t0)
+    loops = {
+        "training loop": lambda: make_dataset(schema, files, epoch=1, **kw),
+        "TF-native training loop": lambda: make_tfrecord_dataset(
+            schema, data / TFRECORD_DIR, epoch=2, **kw
+        ),
+    }
+    for stage, make in loops.items():
+        t0, n = time.perf_counter(), 0
+        for b in make():
+            step(b)
+            n += int(b[schema.label.name].shape[0])
+        float(loss.result())
+        out[stage] = _rate(n, time.perf_counter() - t0)
     return out
+
+
+def write_tfrecord(data: Path) -> dict[str, float]:
+    """The TFRecord shards of ``data``'s training split, written once (``TFRECORD_DIR``);
+    the conversion's rows, seconds and rows/s in a fresh process."""
+    code = (
+        "import json, sys, time\n"
+        "from pathlib import Path\n"
+        "from features.dataset import list_parquet, count_rows\n"
+        "from features.schema import load_schema\n"
+        "from features.tfrecord.convert import parquet_to_tfrecord\n"
+        "d = Path(sys.argv[1])\n"
+        "s = load_schema(d / 'schema.toml').as_parquet()\n"
+        "files = list_parquet(d / 'train')\n"
+        "t0 = time.perf_counter()\n"
+        f"parquet_to_tfrecord(s, files, d / {TFRECORD_DIR!r})\n"
+        "t = time.perf_counter() - t0\n"
+        "print('CONVERT ' + json.dumps({'rows': count_rows(files), 'seconds': round(t, 2)}))\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
+    r = subprocess.run(
+        [sys.executable, "-c", code, str(data)], cwd=ROOT, env=env, capture_output=True,
+        text=True, check=True,
+    )  # fmt: skip
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("CONVERT "))
+    result = json.loads(line[len("CONVERT ") :])
+    return {**result, "rows_per_second": round(result["rows"] / result["seconds"])}
 
 
 def run_train(config: Path, out: Path, workers: int, timeout: float) -> dict[str, Any]:
@@ -166,10 +229,8 @@ def spread(values: list[float]) -> str:
     return f"{med:,.0f} [{min(values):,.0f}-{max(values):,.0f}]"
 
 
-def throughput(args: argparse.Namespace, out: Path) -> dict[str, Any]:
-    """The stages in ``--processes`` fresh processes, then ``stitchrec train`` end to end as one
-    process and as a local cluster of ``--workers``."""
-    data = write_data(out, args.rows)
+def _stage_processes(args: argparse.Namespace, out: Path, data: Path) -> list[dict[str, float]]:
+    """``measure_stages`` in ``--processes`` fresh processes, one after the other."""
     per_process: list[dict[str, float]] = []
     env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
     env.pop("TF_CONFIG", None)
@@ -183,14 +244,44 @@ def throughput(args: argparse.Namespace, out: Path) -> dict[str, Any]:
             raise RuntimeError(f"stage process failed:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}")
         per_process.append(json.loads(line[len("STAGES ") :]))
         print(json.dumps(per_process[-1]), flush=True)
-    config = dcn_v2_config(out / "run.toml", data, args.batch_size)
-    single = run_train(config, out / "train-1", 1, args.timeout)
-    cluster = run_train(config, out / f"train-{args.workers}", args.workers, args.timeout)
+    return per_process
+
+
+def _format_config(out: Path, data: Path, batch_size: int, fmt: str, extra: str = "") -> Path:
+    """The DCN-v2 config with ``[data] input_format = fmt``."""
+    path = dcn_v2_config(out / f"run-{fmt}.toml", data, batch_size, extra=extra)
+    path.write_text(path.read_text().replace("[data]\n", f'[data]\ninput_format = "{fmt}"\n'))
+    return path
+
+
+def throughput(args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    """The stages in ``--processes`` fresh processes, then ``stitchrec train`` end to end: one
+    process per input format, a multi_worker_mirrored cluster of ``--workers``, and a
+    parameter-server cluster with chief-fed and worker-side input."""
+    data = write_data(out, args.rows)
+    convert = write_tfrecord(data)
+    print(json.dumps({"tfrecord conversion": convert}), flush=True)
+    per_process = _stage_processes(args, out, data)
+    end_to_end = {}
+    for fmt in ("parquet", "tfrecord"):
+        config = _format_config(out, data, args.batch_size, fmt)
+        end_to_end[f"1 process, {fmt}"] = run_train(config, out / f"train-1-{fmt}", 1, args.timeout)
+        print(json.dumps(end_to_end[f"1 process, {fmt}"]), flush=True)
+    config = _format_config(out, data, args.batch_size, "tfrecord")
+    mirrored = run_train(config, out / f"train-{args.workers}", args.workers, args.timeout)
+    end_to_end[f"{args.workers} mirrored workers"] = mirrored
+    ps = '[distribute]\nstrategy = "parameter_server"'
+    for fmt, how in (("parquet", "chief-fed"), ("tfrecord", "worker-side")):
+        config = _format_config(out, data, args.batch_size, fmt, extra=ps)
+        r = run_ps(config, out / f"train-ps-{fmt}", args.workers, 1, args.timeout)
+        end_to_end[f"ps {args.workers} workers, {how}"] = r
+        print(json.dumps(r), flush=True)
     return {
         "rows": args.rows,
+        "tfrecord_conversion": convert,
         "stages": per_process,
         "input_over_step": [p["input pipeline"] / p["step alone"] for p in per_process],
-        "end_to_end": [single, cluster],
+        "end_to_end": end_to_end,
     }
 
 
@@ -213,9 +304,14 @@ def rss_series(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
     return series
 
 
+def _ratio(per_process: list[dict[str, float]], num: str, den: str) -> str:
+    r = [p[num] / p[den] for p in per_process]
+    return f"{statistics.median(r):.2f}x [{min(r):.2f}-{max(r):.2f}]"
+
+
 def print_throughput(args: argparse.Namespace, results: dict[str, Any]) -> None:
-    per_process, ratios = results["stages"], results["input_over_step"]
-    single, cluster = results["end_to_end"]
+    per_process, e2e = results["stages"], results["end_to_end"]
+    conv = results["tfrecord_conversion"]
     print(
         f"\nDCN-v2, {args.rows:,} synthetic rows, batch {args.batch_size}, "
         f"{args.processes} processes: median [min-max] examples/s"
@@ -224,15 +320,37 @@ def print_throughput(args: argparse.Namespace, results: dict[str, Any]) -> None:
     for stage in STAGES:
         print(f"| {stage} | {spread([p[stage] for p in per_process])} |")
     print(
-        f"\ninput pipeline / step alone: {statistics.median(ratios):.2f}x "
-        f"[{min(ratios):.2f}-{max(ratios):.2f}] (target >= 3)"
+        f"\nTFRecord conversion (once): {conv['rows']:,} rows in {conv['seconds']} s "
+        f"({conv['rows_per_second']:,} rows/s)"
     )
-    print(
-        f"\nstitchrec train end to end: 1 process {single['examples_per_second']:,} ex/s, "
-        f"{args.workers} workers (sharded input) {cluster['examples_per_second']:,} ex/s "
-        f"({cluster['examples_per_second'] / single['examples_per_second']:.2f}x); "
-        f"test AUC {single['auc']:.4f} / {cluster['auc']:.4f}"
-    )
+    for num, den, target in (
+        ("TF-native input", "input pipeline", ">= 2"),
+        ("TF-native input, one worker's shard", "input, one worker's shard", ""),
+        ("input pipeline", "step alone", ">= 3"),
+        ("TF-native input", "step alone", ""),
+        ("training loop", "step alone", ""),
+        ("TF-native training loop", "step alone", ">= 0.9"),
+    ):
+        note = f" (target {target})" if target else ""
+        print(f"{num} / {den}: {_ratio(per_process, num, den)}{note}")
+    step = statistics.median(p["step alone"] for p in per_process)
+    print("\n| stitchrec train | examples/s | / step alone | test AUC | chief CPU s | chief read |")
+    print("|---|---|---|---|---|---|")
+    for name, r in e2e.items():
+        chief = r.get("tasks", {}).get("chief")
+        cpu = f"{chief['cpu_s']}" if chief else ""
+        read = f"{chief['rchar'] / 2**20:,.1f} MiB" if chief else ""
+        print(
+            f"| {name} | {r['examples_per_second']:,} | {r['examples_per_second'] / step:.2f}x "
+            f"| {r['auc']:.4f} | {cpu} | {read} |"
+        )
+    ps = [r for name, r in e2e.items() if name.startswith("ps ")]
+    if len(ps) == 2:
+        print(
+            f"\nparameter servers, worker-side / chief-fed examples/s: "
+            f"{ps[1]['examples_per_second'] / ps[0]['examples_per_second']:.2f}x; "
+            f"tasks while training: chief-fed {ps[0]['tasks']}, worker-side {ps[1]['tasks']}"
+        )
 
 
 def print_rss(args: argparse.Namespace, series: list[dict[str, Any]]) -> None:

@@ -24,6 +24,7 @@ from pipelines.run.paths import Log, RunPaths
 from pipelines.run.scoring import evaluate_model, evaluate_tasks
 from pipelines.run.selection import HISTORY_FILE, History, Selection
 from pipelines.run.snapshots import SnapshotTaker
+from pipelines.run.train_input import TrainInput
 from ranking.blocks import MLP
 from ranking.multitask import MultiTaskModel
 
@@ -40,8 +41,17 @@ class Run:
     validation_files: list[Path]
     test_files: list[Path]
     log: Log
+    #: what the loop reads the training split from (``[data] input_format``); None: the
+    #: Parquet ``train_files``
+    train_input: TrainInput | None = None
     #: the learning-rate schedule trained under and its options (``run_schedule``)
     schedule: tuple[str, dict[str, Any]] = ("constant", {})
+
+    def train_reader(self) -> Any:
+        """``make(batch_size=..., ...)`` over the training split, in the run's input format."""
+        if self.train_input is None:
+            return functools.partial(make_dataset, self.schema, self.train_files)
+        return self.train_input.reader(self.schema)
 
 
 @dataclasses.dataclass
@@ -214,16 +224,14 @@ class TrainLoop:
         r, s, tc = self.run_, self.state, self.run_.cfg.train
         label = r.schema.label.name
         make = functools.partial(
-            make_dataset,
-            r.schema,
-            r.train_files,
+            r.train_reader(),
             shuffle=True,
             seed=tc.seed,
             epoch=epoch,
-            skip_batches=int(s.batch),
             shuffle_buffer=tc.shuffle_buffer,
         )
-        batches = iter(r.dist.batches(make, label, tc.batch_size))
+        done = int(s.batch)
+        batches = iter(r.dist.batches(make, label, tc.batch_size, done, s.steps_per_epoch))
         while True:
             if self.autolrs is not None and self.autolrs.stage_due(int(s.step)):
                 batches = self._search(batches)
