@@ -166,8 +166,9 @@ def make_tfrecord_dataset(
     glob patterns (``features.tfrecord.manifest.list_tfrecord``). ``shuffle``: files by
     ``(seed, epoch)``, rows within windows of ``shuffle_buffer`` rows (whole batches) by a
     stateless permutation of ``(seed, epoch, shard, window)``; not the Parquet input's order,
-    but as fixed. ``skip_batches``: exact; whole windows before the resume point are not read.
-    ``shard``: the equal row share of ``make_dataset``; records of other shares are not read.
+    but as fixed. ``skip_batches``: exact; whole windows before the resume point are not read
+    (nor parsed). ``shard``: the equal row share of ``make_dataset``; files of other shares are
+    not opened, and records before the share inside its first file are read but not parsed.
 
     Raises:
       FileNotFoundError: no TFRecord files under ``paths``.
