@@ -70,7 +70,7 @@ LINEAR_EPOCHS_BOUND = 60
 EPOCHS_BOUND = 20
 _SELECT_METRICS = ("auc", "logloss")
 #: ``[data] input_format``: what the training loop reads (``pipelines.run.train_input``).
-INPUT_FORMATS = ("tfrecord", "parquet")
+INPUT_FORMATS = ("parquet", "tfrecord")
 #: ``[train] new_rows``: how a ``continue_from`` run starts the rows of new vocabulary values.
 NEW_ROWS = ("oov", "mean", "zeros", "init")
 
@@ -104,10 +104,10 @@ class DataConfig:
         split: ``min(hash_buckets, max(1024, 4 * distinct training values))`` rows
         (``features.stats.hash_rows``), fixed once with the run's statistics. false: the
         schema's ``hash_buckets``.
-      input_format: what the training loop reads the training split from: ``tfrecord`` (the
-        default: TFRecord shards written once into the run's ``data/tfrecord/train/`` and read
-        by TensorFlow ops alone, ``features.tfrecord``; under parameter servers each worker
-        reads its own share) or ``parquet`` (the Parquet shards, read by pyarrow in Python).
+      input_format: what the training loop reads the training split from: ``parquet`` (the
+        default: the Parquet shards, read by pyarrow in Python) or ``tfrecord`` (TFRecord
+        shards written once into the run's ``data/tfrecord/train/`` and read by TensorFlow ops
+        alone, ``features.tfrecord``; under parameter servers each worker reads its own share).
         Statistics, validation and test read Parquet either way.
     """
 
@@ -124,7 +124,7 @@ class DataConfig:
     cross_top_n: int = 10
     cross_hash_buckets: int = 0
     cap_hash_buckets: bool = True
-    input_format: str = "tfrecord"
+    input_format: str = "parquet"
 
     def __post_init__(self) -> None:
         if self.input_format not in INPUT_FORMATS:

@@ -53,7 +53,8 @@ def per_worker_iterators(
     values = []
     for worker in coordinator._cluster.workers:  # no public API gives a worker its own function
         with tf.variable_creator_scope(_no_variables):
-            fn = tf.function(functools.partial(make, worker.worker_index)).get_concrete_function()
+            share = functools.partial(make, worker.worker_index)
+            fn = tf.function(share, autograph=False).get_concrete_function()
 
         def create(fn: Any = fn) -> Any:
             return iter(fn())

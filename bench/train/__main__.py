@@ -273,6 +273,7 @@ def throughput(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     ps = '[distribute]\nstrategy = "parameter_server"'
     for fmt, how in (("parquet", "chief-fed"), ("tfrecord", "worker-side")):
         config = _format_config(out, data, args.batch_size, fmt, extra=ps)
+        config.write_text(config.read_text().replace("log_every = 20", "log_every = 5"))
         r = run_ps(config, out / f"train-ps-{fmt}", args.workers, 1, args.timeout)
         end_to_end[f"ps {args.workers} workers, {how}"] = r
         print(json.dumps(r), flush=True)
@@ -349,7 +350,8 @@ def print_throughput(args: argparse.Namespace, results: dict[str, Any]) -> None:
         print(
             f"\nparameter servers, worker-side / chief-fed examples/s: "
             f"{ps[1]['examples_per_second'] / ps[0]['examples_per_second']:.2f}x; "
-            f"tasks while training: chief-fed {ps[0]['tasks']}, worker-side {ps[1]['tasks']}"
+            f"tasks between logged steps {ps[0]['window_steps']}: chief-fed {ps[0]['tasks']}, "
+            f"worker-side {ps[1]['tasks']}"
         )
 
 

@@ -1,8 +1,8 @@
 """A local parameter-server cluster of ``stitchrec train`` (chief, workers, ps on 127.0.0.1),
 sampled from outside while the chief trains: examples/s, and each task's CPU seconds
 (``/proc/<pid>/stat`` utime + stime) and bytes read (``/proc/<pid>/io`` rchar) between the
-chief's ``training ... on`` line and its last step line (statistics, conversion and the test
-evaluation are outside that window)."""
+chief's first and last step lines (statistics, the conversion, the functions' tracing before
+the first logged step and the test evaluation are outside that window)."""
 
 from __future__ import annotations
 
@@ -57,6 +57,7 @@ def run_ps(config: Path, out: Path, workers: int, ps: int, timeout: float) -> di
             )  # fmt: skip
         chief = procs["chief"]
         steps = int(_wait_line(logs["chief"], _PLAN, chief, timeout).group(1))
+        first = int(_wait_line(logs["chief"], rf"step (\d+)/{steps} ", chief, timeout).group(1))
         before = {n: _sample(p.pid) for n, p in procs.items()}
         _wait_line(logs["chief"], rf"step {steps}/{steps} ", chief, timeout)
         after = {n: _sample(p.pid) for n, p in procs.items()}
@@ -74,4 +75,4 @@ def run_ps(config: Path, out: Path, workers: int, ps: int, timeout: float) -> di
         n: {"cpu_s": round(after[n][0] - before[n][0], 2), "rchar": after[n][1] - before[n][1]}
         for n in names
     }
-    return report(out, t0, workers=workers, ps=ps, tasks=window)
+    return report(out, t0, workers=workers, ps=ps, window_steps=[first, steps], tasks=window)

@@ -33,6 +33,8 @@ from features.tfrecord.plan import Window, epoch_windows
 _DTYPES = {FLOAT: tf.float32, BYTES: tf.string, INT64: tf.int64}
 _ARROW = {FLOAT: pa.float32(), BYTES: pa.string(), INT64: pa.int64()}
 _READ_BUFFER = 1 << 20
+_OPTIONS = tf.data.Options()
+_OPTIONS.autotune.enabled = False  # AUTOTUNE then means a fixed share of the cores
 
 
 def _pack(windows: list[Window]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], int]:
@@ -164,8 +166,9 @@ def make_tfrecord_dataset(
     glob patterns (``features.tfrecord.manifest.list_tfrecord``). ``shuffle``: files by
     ``(seed, epoch)``, rows within windows of ``shuffle_buffer`` rows (whole batches) by a
     stateless permutation of ``(seed, epoch, shard, window)``; not the Parquet input's order,
-    but as fixed. ``skip_batches``: exact; whole windows before the resume point are not read.
-    ``shard``: the equal row share of ``make_dataset``; records of other shares are not read.
+    but as fixed. ``skip_batches``: exact; whole windows before the resume point are not read
+    (nor parsed). ``shard``: the equal row share of ``make_dataset``; files of other shares are
+    not opened, and records before the share inside its first file are read but not parsed.
 
     Raises:
       FileNotFoundError: no TFRecord files under ``paths``.
@@ -197,4 +200,6 @@ def make_tfrecord_dataset(
     )
     ds = tf.data.Dataset.zip(serialized.batch(records), tf.data.Dataset.from_tensor_slices(meta))
     ds = ds.map(window, num_parallel_calls=tf.data.AUTOTUNE)
-    return ds.unbatch().map(trim).prefetch(tf.data.AUTOTUNE)
+    ds = ds.unbatch().map(trim).prefetch(tf.data.AUTOTUNE)
+    # autotune's model sizes every element it records, walking each of a window's strings
+    return ds.with_options(_OPTIONS)

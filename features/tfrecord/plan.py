@@ -7,7 +7,9 @@ parses and permutes:
 * files in the order of ``numpy.random.default_rng([seed, epoch]).permutation`` (when
   shuffling; else sorted), their rows concatenated;
 * the share: rows ``features.dataset.shard_range(rows, index, count)`` of that concatenation
-  (every row without ``shard``); only records overlapping it are read;
+  (every row without ``shard``); only records overlapping it are parsed, and only files
+  overlapping it opened (``TFRecordDataset.skip`` reads, without parsing, the records before a
+  window's first one in its file);
 * windows: consecutive runs of ``window_rows`` rows of the share (``shuffle_buffer`` rounded
   down to whole batches, at least one batch), each permuted by
   ``stateless_shuffle`` keyed by ``default_rng([seed, epoch, index, count, window])``, then cut

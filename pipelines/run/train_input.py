@@ -3,7 +3,7 @@
 ``tfrecord``: the run's Parquet training shards are written once as TFRecord shards into
 ``<run>/data/tfrecord/train/`` (``features.tfrecord.convert.parquet_to_tfrecord``; the
 manifest is written last, then ``source.json`` naming the Parquet files they were written
-from, so a killed conversion is redone and a finished one is reused), and the loop reads them
+from; shards are reused only when both are there and agree, else written again), and the loop reads them
 with ``features.tfrecord.dataset.make_tfrecord_dataset``, TensorFlow ops alone. ``parquet``:
 the loop reads the Parquet shards with ``features.dataset.make_dataset`` (pyarrow, Python).
 Both yield the same rows and values; the order within an epoch differs between them, each a
@@ -23,6 +23,7 @@ from pathlib import Path
 import tensorflow as tf
 
 from features.dataset import count_rows, make_dataset
+from features.read_report import DataError
 from features.schema import Schema
 from features.tfrecord.convert import parquet_to_tfrecord
 from features.tfrecord.dataset import make_tfrecord_dataset
@@ -59,6 +60,18 @@ def _source(parquet: list[Path]) -> dict:
     return {"files": [str(p) for p in parquet], "rows": count_rows(parquet) if parquet else 0}
 
 
+def _complete(folder: Path, source: dict) -> bool:
+    """Whether ``folder`` holds finished TFRecord shards of ``source``: its marker names the
+    same Parquet files and rows, and its manifest lists every file with that many rows."""
+    marker = folder / _SOURCE
+    if not marker.exists() or json.loads(marker.read_text()) != source:
+        return False
+    try:
+        return list_tfrecord(folder).rows == source["rows"]
+    except (DataError, FileNotFoundError):
+        return False
+
+
 def prepare_train_input(
     input_format: str, schema: Schema, parquet: list[Path], paths: RunPaths, log: Log
 ) -> TrainInput:
@@ -68,14 +81,13 @@ def prepare_train_input(
         return TrainInput(PARQUET, list(parquet), count_rows(parquet))
     folder = paths.data / TFRECORD / "train"
     source = _source(parquet)
-    marker = folder / _SOURCE
-    if not (marker.exists() and json.loads(marker.read_text()) == source):
+    if not _complete(folder, source):
         shutil.rmtree(folder, ignore_errors=True)
         t0 = time.time()
         files = parquet_to_tfrecord(schema, parquet, folder)
         tmp = folder / f".{_SOURCE}.tmp"
         tmp.write_text(json.dumps(source, indent=1))
-        tmp.replace(marker)
+        tmp.replace(folder / _SOURCE)
         size = sum(f.stat().st_size for f in files)
         log(
             f"wrote {source['rows']:,} training rows as {len(files)} TFRecord file(s) "

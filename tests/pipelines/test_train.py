@@ -215,14 +215,18 @@ def test_evaluate_reads_parquet_shards_and_raw_csv_alike(one_epoch, shared_tiny_
     assert from_csv["logloss"] == pytest.approx(from_parquet["logloss"], abs=1e-6)
 
 
-def test_dropout_run_resumed_from_a_checkpoint_is_bitwise_the_uninterrupted_run(tiny_data):
-    """Dropout masks come from the step, not from a random state the checkpoint lacks: a run
-    stopped at step 11 and resumed (fresh objects, the checkpoint restored) ends bitwise where
-    the straight run ends."""
+@pytest.mark.parametrize("input_format", ["parquet", "tfrecord"])
+def test_dropout_run_resumed_from_a_checkpoint_is_bitwise_the_uninterrupted_run(
+    tiny_data, input_format
+):
+    """Dropout masks come from the step, not from a random state the checkpoint lacks, and
+    either input skips exactly the trained batches of the epoch: a run stopped at step 11 and
+    resumed (fresh objects, the checkpoint restored) ends bitwise where the straight run ends."""
     root = tiny_data["root"]
 
     def cfg(out, **extra):
-        path = _config(tiny_data, root / out, **extra)
+        data_extra = f'{NO_VALIDATION}\ninput_format = "{input_format}"'
+        path = _config(tiny_data, root / out, data_extra=data_extra, **extra)
         path.write_text(
             path.read_text().replace("cross_layers = 2", "cross_layers = 2\ndropout = 0.3")
         )
@@ -235,6 +239,8 @@ def test_dropout_run_resumed_from_a_checkpoint_is_bitwise_the_uninterrupted_run(
     train(cfg("straight"), quiet)
     for a, b in zip(_weights(root / "stopped"), _weights(root / "straight"), strict=True):
         np.testing.assert_array_equal(a, b)
+    tfrecord = (root / "stopped" / "data" / "tfrecord" / "train").is_dir()
+    assert tfrecord == (input_format == "tfrecord")
 
 
 def test_resume_with_another_batch_size_is_refused(one_epoch, shared_tiny_data, tmp_path):
