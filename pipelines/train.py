@@ -266,7 +266,9 @@ def _open_run(cfg: PipelineConfig, dist: Any, log: Log) -> tuple[Run, Any, list]
             cfg.train.continue_from,
             runner,
         )
-        train_input = prepare_train_input(cfg.data.input_format, schema, train_files, paths, log)
+        train_input = prepare_train_input(
+            cfg.data.input_format, schema, train_files, paths, log, runner
+        )
     if not dist.is_chief:
         validation_files, test_files = [], []  # the chief evaluates and reports
     files = (train_files, validation_files, test_files)

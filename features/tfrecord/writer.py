@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from features.read_report import DataError
 from features.schema import Schema
+from features.shard_reader import input_fields
 from features.tfrecord.encode import EncodedColumn, encode_columns, example, frame, list_type
 from features.tfrecord.manifest import (
     MANIFEST_SUFFIX,
@@ -35,12 +36,6 @@ BLOCK_ROWS = 1024
 _FLUSH_ROWS = 65_536
 
 
-def input_fields(schema: Schema) -> list:
-    """The fields a training input holds: model inputs in schema order, then every label
-    (``features.dataset.input_fields``, without importing TensorFlow)."""
-    return [*schema.model_inputs, *schema.labels]
-
-
 class TFRecordShardWriter:
     """Writes record batches to ``out_dir/{prefix}-00000.tfrecord``, ... (see the module
     docstring).
@@ -52,6 +47,9 @@ class TFRecordShardWriter:
       schema: the schema of the batches' columns (``Schema.as_parquet()`` of the raw schema);
         its model inputs and labels are written.
       block_rows: rows per record (``BLOCK_ROWS``).
+      first_index: the number of the first file (``{prefix}-{first_index:05d}.tfrecord``).
+      clean: remove an earlier run's files and manifest of ``prefix`` first (a task writing
+        one file of a job's shards leaves the others).
     """
 
     def __init__(
@@ -62,6 +60,8 @@ class TFRecordShardWriter:
         *,
         schema: Schema,
         block_rows: int = BLOCK_ROWS,
+        first_index: int = 0,
+        clean: bool = True,
     ) -> None:
         for key, value in (("rows_per_shard", rows_per_shard), ("block_rows", block_rows)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -69,9 +69,10 @@ class TFRecordShardWriter:
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         stale = re.compile(rf"^{re.escape(prefix)}(-\d+{re.escape(SUFFIX)}|{MANIFEST_SUFFIX})$")
-        for f in self.out_dir.iterdir():
+        for f in self.out_dir.iterdir() if clean else ():
             if f.is_file() and stale.match(f.name):
                 f.unlink()
+        self.first_index = first_index
         self.rows_per_shard, self.prefix, self.block_rows = rows_per_shard, prefix, block_rows
         self.fields = input_fields(schema)
         self.files: list[TFRecordFile] = []
@@ -114,7 +115,7 @@ class TFRecordShardWriter:
 
     def _write_block(self, columns: list[EncodedColumn], lo: int, hi: int) -> None:
         if self._out is None:
-            name = f"{self.prefix}-{len(self.files):05d}{SUFFIX}"
+            name = f"{self.prefix}-{self.first_index + len(self.files):05d}{SUFFIX}"
             self._tmp = self.out_dir / f".{name}.tmp"
             self._out = self._tmp.open("wb")
         pad = self.block_rows - (hi - lo)
@@ -132,15 +133,24 @@ class TFRecordShardWriter:
         self._out, self._tmp = None, None
         self._rows = self._records = 0
 
-    def close(self) -> list[Path]:
-        """Writes the last rows, completes the last file and writes the manifest; returns the
-        file paths in order."""
+    def finish(self) -> list[TFRecordFile]:
+        """Writes the last rows and completes the last file; returns the files in order (no
+        manifest: ``close`` writes it)."""
         self._flush(final=True)
         if self._out is not None:
             self._finish()
-        types = {f.name: list_type(f) for f in self.fields}
-        write_manifest(manifest_path(self.out_dir, self.prefix), self.block_rows, types, self.files)
-        return [f.path for f in self.files]
+        return list(self.files)
+
+    def close(self) -> list[Path]:
+        """``finish``, then the manifest; returns the file paths in order."""
+        files = self.finish()
+        write_manifest(
+            manifest_path(self.out_dir, self.prefix),
+            self.block_rows,
+            field_types(self.fields),
+            files,
+        )
+        return [f.path for f in files]
 
     def abort(self) -> None:
         """Drops the unfinished file (after an error); no manifest is written."""
@@ -149,3 +159,8 @@ class TFRecordShardWriter:
             self._tmp.unlink(missing_ok=True)
             self._out, self._tmp = None, None
         self._pending, self._pending_rows = [], 0
+
+
+def field_types(fields: list) -> dict[str, str]:
+    """Each field's list type in the records (the manifest's ``fields``)."""
+    return {f.name: list_type(f) for f in fields}

@@ -25,6 +25,7 @@ import tensorflow as tf
 from features.dataset import count_rows, make_dataset
 from features.read_report import DataError
 from features.schema import Schema
+from features.tasks import TaskRunner
 from features.tfrecord.convert import parquet_to_tfrecord
 from features.tfrecord.dataset import make_tfrecord_dataset
 from features.tfrecord.manifest import list_tfrecord
@@ -73,10 +74,16 @@ def _complete(folder: Path, source: dict) -> bool:
 
 
 def prepare_train_input(
-    input_format: str, schema: Schema, parquet: list[Path], paths: RunPaths, log: Log
+    input_format: str,
+    schema: Schema,
+    parquet: list[Path],
+    paths: RunPaths,
+    log: Log,
+    runner: TaskRunner | None = None,
 ) -> TrainInput:
     """The run's ``TrainInput`` of the Parquet training shards ``parquet``: as they are, or
-    (``tfrecord``) written once as TFRecord shards into ``paths.data / "tfrecord" / "train"``."""
+    (``tfrecord``) written once as TFRecord shards into ``paths.data / "tfrecord" / "train"``,
+    one task per file on ``runner`` (the run's ``[engine]``; default this process)."""
     if input_format == PARQUET:
         return TrainInput(PARQUET, list(parquet), count_rows(parquet))
     folder = paths.data / TFRECORD / "train"
@@ -84,7 +91,7 @@ def prepare_train_input(
     if not _complete(folder, source):
         shutil.rmtree(folder, ignore_errors=True)
         t0 = time.time()
-        files = parquet_to_tfrecord(schema, parquet, folder)
+        files = parquet_to_tfrecord(schema, parquet, folder, runner=runner)
         tmp = folder / f".{_SOURCE}.tmp"
         tmp.write_text(json.dumps(source, indent=1))
         tmp.replace(folder / _SOURCE)

@@ -26,6 +26,7 @@ from features.crosses.pcf_build import build_graph
 from features.schema import load_schema
 from features.stats_job import raw_stats, shard_stats
 from features.tasks import JobError, LocalRunner
+from features.tfrecord.convert import parquet_to_tfrecord
 from pipelines import cli
 from pipelines.config_sections import EngineConfig
 from pipelines.engines import open_runner
@@ -135,7 +136,7 @@ def _stats_text(stats, folder: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def test_stats_graph_and_screen_on_a_cluster_equal_one_process(cluster, raw_log, tmp_path):
+def test_stats_graph_screen_and_tfrecord_on_a_cluster_equal_one_process(cluster, raw_log, tmp_path):
     schema = load_schema("criteo")
     shards = tmp_path / "shards"
     convert(schema, raw_log, shards, max_bad_rows=10, rows_per_shard=4_000)
@@ -150,18 +151,24 @@ def test_stats_graph_and_screen_on_a_cluster_equal_one_process(cluster, raw_log,
             ids = np.random.default_rng(0).integers(0, 5, size=(3_000, 6))
             y = (ids[:, 0] == ids[:, 1]).astype(np.float64)
             tested, _ = isc.screen(ids, y, list("abcdef"), 3, 64, runner=runner)
+            tfrecord = tmp_path / f"tfrecord{i}"
+            parquet_to_tfrecord(pschema, files, tfrecord, rows_per_shard=6_000, runner=runner)
             result = (
                 _stats_text(raw, tmp_path / f"raw{i}"),
                 _stats_text(part, tmp_path / f"part{i}"),
                 [(r.pair, r.u.tolist(), r.v.tolist(), r.clicks.tolist()) for r in graph.relations],
                 graph.vocab,
                 [(c.fields, c.z, c.effect, c.df) for c in tested],
+                {p.name: p.read_bytes() for p in sorted(tfrecord.iterdir())},
             )
             if i == 0:
                 expected = result
     assert result == expected
     assert part.rows == 19_995 and graph.rows == 19_995
     assert len(tested) == 20
+    assert sorted(result[-1]) == [f"part-{k:05d}.tfrecord" for k in range(4)] + [
+        "part.tfrecord.json"
+    ]  # 19,995 rows in files of 6,000
 
 
 def test_predict_on_a_cluster_scores_like_one_process_and_by_hand(cluster, tmp_path):
