@@ -116,15 +116,25 @@ def transform_numeric(values: np.ndarray, spec: FeatureSpec) -> np.ndarray:
     return values
 
 
-class _CategoricalCounter:
-    """Accumulates value counts of one field; compacts with Arrow group_by when large."""
+#: Value-count entries a field holds beyond its compacted counts before it compacts them: at
+#: least this many, and at least as many as the compacted counts have rows. Compaction work so
+#: stays linear in the entries added, and a field holds about twice its distinct values at most.
+MIN_PENDING = 1 << 18
 
-    def __init__(self, spec: FeatureSpec, compact_every: int = 2_000_000, all_counts: bool = False):
+
+class _CategoricalCounter:
+    """Accumulates value counts of one field; compacts them with Arrow ``group_by`` when the
+    entries added since the last compaction outnumber ``max(min_pending, compacted rows)``."""
+
+    def __init__(
+        self, spec: FeatureSpec, min_pending: int = MIN_PENDING, all_counts: bool = False
+    ) -> None:
         self.spec = spec
         self.all_counts = all_counts
         self.parts: list[pa.Table] = []
         self.pending = 0
-        self.compact_every = compact_every
+        self.compacted = 0
+        self.min_pending = min_pending
         self.count = 0
         self.missing = 0
         self.rows_with_values = 0
@@ -156,25 +166,33 @@ class _CategoricalCounter:
             )
         )
         self.pending += len(vc)
-        if self.pending > self.compact_every:
-            self._compact()
+        self._maybe_compact()
 
     def merge(self, other: _CategoricalCounter) -> None:
         """Adds the counts of ``other`` (the same field, other rows)."""
         self.parts.extend(other.parts)
-        self.pending += other.pending
+        self.pending += other.pending + other.compacted
         self.count += other.count
         self.missing += other.missing
         self.rows_with_values += other.rows_with_values
         if self.lengths is not None:
             self.lengths.merge(other.lengths)
-        if self.pending > self.compact_every:
+        self._maybe_compact()
+
+    @property
+    def held(self) -> int:
+        """Value-count entries held (compacted and pending)."""
+        return self.compacted + self.pending
+
+    def _maybe_compact(self) -> None:
+        if self.pending > max(self.min_pending, self.compacted):
             self._compact()
 
     def _compact(self) -> None:
         if len(self.parts) > 1:
             t = pa.concat_tables(self.parts).group_by("value").aggregate([("count", "sum")])
             self.parts = [t.rename_columns(["value", "count"])]
+        self.compacted = self.parts[0].num_rows if self.parts else 0
         self.pending = 0
 
     def finish(self) -> FieldStats:
