@@ -84,30 +84,37 @@ class DaskRunner:
         label: str = "",
     ) -> R:
         """The tasks, then their results merged on the workers along ``reduce_split``'s tree; only the
-        final result travels to this process. A merge is not retried (it may consume its first
-        argument): a worker lost under it recomputes its inputs."""
+        final result travels to this process. Only the final merge's future is kept here, so the
+        workers free each result once it is merged, and a merge runs before any task still
+        waiting (a higher Dask priority): the workers hold a few results at once, not one per
+        task. A merge is not retried (it may consume its first argument): a worker lost under it
+        recomputes its inputs."""
         if not items:
             raise ValueError("map_reduce needs at least one item")
         label = label or fn.__name__
         name = label.replace(" ", "")
-        futures = self._submit(fn, items, shared, name)
-        merges: list[Any] = []
+        final = self._merge_tree(self._submit(fn, items, shared, name), merge, name)
+        try:
+            return self._result(final, label, f"the tasks of {len(items)} and their merges")
+        finally:
+            self.client.cancel([final])  # releases every task and merge it still waits on
+
+    def _merge_tree(self, futures: list[Any], merge: Callable[[R, R], R], name: str) -> Any:
+        """The future of ``futures`` merged along ``reduce_split``'s tree (consumes the list:
+        the futures of the tasks and inner merges are not kept)."""
+        n = len(futures)
 
         def reduce(lo: int, hi: int) -> Any:
             if hi - lo == 1:
                 return futures[lo]
             mid = reduce_split(lo, hi)
             key = f"{name}-merge-{uuid.uuid4().hex[:8]}-{lo}-{hi}"
-            merges.append(
-                self.client.submit(merge, reduce(lo, mid), reduce(mid, hi), key=key, pure=False)
-            )
-            return merges[-1]
+            left, right = reduce(lo, mid), reduce(mid, hi)
+            return self.client.submit(merge, left, right, key=key, pure=False, priority=1)
 
-        final = reduce(0, len(items))
-        try:
-            return self._result(final, label, f"the tasks of {len(items)} and their merges")
-        finally:
-            self.client.cancel([*futures, *merges])
+        final = reduce(0, n)
+        futures.clear()
+        return final
 
     def _result(self, future: Any, label: str, what: str) -> Any:
         distributed = _distributed()

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from distributed import Client
+from distributed import Client, get_worker
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -99,3 +99,17 @@ def _address(scheduler_file: Path, timeout: float = 60.0) -> str:
 def exit_process(_: object) -> None:
     """A task that kills the worker process running it (a crash no retry gets past)."""
     os._exit(1)
+
+
+def logged_task(i: int, log: str) -> tuple[str, list[int]]:
+    """A task of ``map_reduce`` that takes 0.1 s; its result carries ``log`` to the merges."""
+    time.sleep(0.1)
+    return log, [i]
+
+
+def logged_merge(a: tuple[str, list[int]], b: tuple[str, list[int]]) -> tuple[str, list[int]]:
+    """A merge of ``logged_task`` results that appends to their log how many results the
+    worker running it holds in memory."""
+    with open(a[0], "a") as f:
+        f.write(f"{len(get_worker().data)}\n")
+    return a[0], a[1] + b[1]

@@ -31,7 +31,7 @@ from pipelines import cli
 from pipelines.config_sections import EngineConfig
 from pipelines.engines import open_runner
 from serving.testing import SCHEMA, reference_score, write_linear_model
-from tests.dask_cluster import ROOT, exit_process, start_cluster
+from tests.dask_cluster import ROOT, exit_process, logged_merge, logged_task, start_cluster
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -256,6 +256,20 @@ def test_a_task_whose_workers_keep_dying_is_one_job_error(tmp_path):
             runner.map(exit_process, [None], label="dying")
     finally:
         c.stop()
+
+
+def test_map_reduce_on_a_cluster_frees_what_it_merged(cluster, tmp_path):
+    """32 tasks of 0.1 s on two workers: each result is freed once merged, so a worker holds a
+    few results at once (about log2(32), the shared object and the inputs of a merge), not one
+    per task it ran; the result
+    is every task's, in task order."""
+    log = tmp_path / "held"
+    with open_runner(EngineConfig("dask", address=cluster.address), lambda _: None) as runner:
+        _, order = runner.map_reduce(logged_task, list(range(32)), logged_merge, shared=str(log))
+    assert order == list(range(32))
+    held = [int(n) for n in log.read_text().split()]
+    assert len(held) == 31  # one line per merge
+    assert max(held) <= 12, f"a worker held {max(held)} results"
 
 
 def test_a_job_error_ends_the_command_with_exit_status_3():
