@@ -1,6 +1,6 @@
 """A local parameter-server cluster of ``stitchrec train`` (chief, workers, ps on 127.0.0.1),
 sampled from outside while the chief trains: examples/s, and each task's CPU seconds
-(``/proc/<pid>/stat`` utime + stime) and bytes read (``/proc/<pid>/io`` rchar) between the
+(user + system) and bytes read (``rchar`` of ``/proc/<pid>/io``, psutil's ``read_chars``) between the
 chief's first and last step lines (statistics, the conversion, the functions' tracing before
 the first logged step and the test evaluation are outside that window)."""
 
@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from bench.cluster import ROOT, cluster_tf_configs, report, train_command
 
 _PLAN = re.compile(r"training \S+ on [\d,]+ rows: \d+ epoch\(s\) x (\d+) steps")
@@ -20,10 +22,9 @@ _PLAN = re.compile(r"training \S+ on [\d,]+ rows: \d+ epoch\(s\) x (\d+) steps")
 
 def _sample(pid: int) -> tuple[float, int]:
     """(CPU seconds, rchar) of process ``pid``."""
-    stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    cpu = (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
-    io = dict(line.split(": ") for line in Path(f"/proc/{pid}/io").read_text().splitlines())
-    return cpu, int(io["rchar"])
+    p = psutil.Process(pid)
+    cpu = p.cpu_times()
+    return cpu.user + cpu.system, p.io_counters().read_chars
 
 
 def _wait_line(log: Path, pattern: str | re.Pattern, chief: subprocess.Popen, timeout: float):

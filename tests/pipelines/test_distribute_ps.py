@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 
 import pipelines  # noqa: F401  (before TensorFlow: legacy Keras)
@@ -425,19 +426,13 @@ if __name__ == "__main__" and sys.argv[1:] == ["layers"]:
     _layers_check()
 
 
-def _rchar(pid: int) -> int:
-    """Bytes the process has read through read() and pread() (``/proc/<pid>/io``): files,
-    pipes and ttys; gRPC's sockets go through recvmsg and are not counted."""
-    for line in Path(f"/proc/{pid}/io").read_text().splitlines():
-        if line.startswith("rchar:"):
-            return int(line.split()[1])
-    raise AssertionError(f"no rchar in /proc/{pid}/io")
-
-
-def _cpu_seconds(pid: int) -> float:
-    """User plus system CPU seconds of the process (``/proc/<pid>/stat``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def _usage(pid: int) -> tuple[int, float]:
+    """Bytes the process has read through read() and pread() (``rchar`` of ``/proc/<pid>/io``:
+    files, pipes and ttys; gRPC's sockets go through recvmsg and are not counted), and its user
+    plus system CPU seconds."""
+    p = psutil.Process(pid)
+    cpu = p.cpu_times()
+    return p.io_counters().read_chars, cpu.user + cpu.system
 
 
 def test_ps_workers_read_their_own_tfrecord_shares(tmp_path):
@@ -462,9 +457,9 @@ def test_ps_workers_read_their_own_tfrecord_shares(tmp_path):
             cluster.start(task)
         pids = {t: p.pid for t, p in cluster.procs.items()}
         cluster.wait_for("step 8", lambda: f"step 8/{steps}" in chief_log.read_text())
-        before = {t: (_rchar(pid), _cpu_seconds(pid)) for t, pid in pids.items()}
+        before = {t: _usage(pid) for t, pid in pids.items()}
         cluster.wait_for("step 44", lambda: f"step 44/{steps}" in chief_log.read_text())
-        after = {t: (_rchar(pid), _cpu_seconds(pid)) for t, pid in pids.items()}
+        after = {t: _usage(pid) for t, pid in pids.items()}
         cluster.join()
     finally:
         cluster.close()
