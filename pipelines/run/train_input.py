@@ -3,8 +3,8 @@
 ``tfrecord``: the run's Parquet training shards are written once as TFRecord shards into
 ``<run>/data/tfrecord/train/`` (``features.tfrecord.convert.parquet_to_tfrecord``; the
 manifest is written last, then ``source.json`` naming the Parquet files they were written
-from; shards are reused only when both are there and agree, else written again), and the loop reads them
-with ``features.tfrecord.dataset.make_tfrecord_dataset``, TensorFlow ops alone. ``parquet``:
+from; shards are reused only when both are there and agree, else written again), and the loop
+reads them with ``features.tfrecord.dataset.make_tfrecord_dataset``, TensorFlow ops alone. ``parquet``:
 the loop reads the Parquet shards with ``features.dataset.make_dataset`` (pyarrow, Python).
 Both yield the same rows and values; the order within an epoch differs between them, each a
 pure function of ``(seed, epoch)``.
