@@ -51,9 +51,13 @@ def _copy(source: int, sink: int, stop: threading.Event) -> None:
     with os.fdopen(source, "rb", buffering=0) as pipe:
         pending = b""
         while True:
-            ready, _, _ = select.select([pipe], [], [], _POLL_S)
+            # ``stop`` read before the wait: once it is set, the block's writes are all in the
+            # pipe, so an empty wait means nothing is left (read after the wait, a write between
+            # the two would be lost)
+            stopping = stop.is_set()
+            ready, _, _ = select.select([pipe], [], [], 0 if stopping else _POLL_S)
             if not ready:
-                if stop.is_set():
+                if stopping:
                     break
                 continue
             chunk = pipe.read(65536)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
+from pipelines import stderr_filter
 from pipelines.stderr_filter import is_noise
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -89,3 +91,28 @@ def test_a_user_error_of_a_command_that_loads_tensorflow_is_one_line(tmp_path):
     assert out.returncode == 2
     lines = out.stderr.decode().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), lines
+
+
+def test_a_line_written_while_the_copier_waits_is_copied_at_exit(monkeypatch):
+    """The copier's wait ends empty, then the block writes its last line and ends (``stop``)
+    before the copier looks at ``stop`` again: the line still reaches standard error."""
+    source, sink = os.pipe()
+    out_read, out_write = os.pipe()
+    stop = threading.Event()
+    real_select = stderr_filter.select.select
+    waits = []
+
+    def racing_select(rlist, wlist, xlist, timeout=None):
+        waits.append(timeout)
+        if len(waits) == 1:  # the wait times out; meanwhile the block writes and ends
+            os.write(sink, b"error: the last line\n")
+            os.close(sink)
+            stop.set()
+            return [], [], []
+        return real_select(rlist, wlist, xlist, timeout)
+
+    monkeypatch.setattr(stderr_filter.select, "select", racing_select)
+    stderr_filter._copy(source, out_write, stop)
+    os.close(out_write)
+    with os.fdopen(out_read, "rb") as copied:
+        assert copied.read() == b"error: the last line\n"
