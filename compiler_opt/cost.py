@@ -251,6 +251,11 @@ class CostModel:
             return 0
         transpose_a = n.attrs.get("transpose_a", False)
         k = a.shape[-2] if transpose_a and len(a.shape) >= 2 else a.shape[-1]
+        if k is None:  # the contracted dimension read from the other operand
+            b = self.graph.tensor(n.inputs[1]).shape
+            transpose_b = n.attrs.get("transpose_b", False)
+            if b is not None and len(b) >= 2:
+                k = b[-1] if transpose_b else b[-2]
         return 2 * out * (k if k is not None else self.unknown_dim)
 
     # -- groups ---------------------------------------------------------------------------

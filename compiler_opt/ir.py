@@ -284,8 +284,10 @@ class _Reader:
                 attrs["func"] = fname
             if op.type in ("MatMul", "_FusedMatMul"):
                 attrs["transpose_a"] = bool(op.get_attr("transpose_a"))
+                attrs["transpose_b"] = bool(op.get_attr("transpose_b"))
             elif op.type in ("BatchMatMul", "BatchMatMulV2", "BatchMatMulV3"):
                 attrs["transpose_a"] = bool(op.get_attr("adj_x"))
+                attrs["transpose_b"] = bool(op.get_attr("adj_y"))
             if op.type == "Const":
                 t = op.outputs[0]
                 if t.shape.num_elements() is not None and t.shape.num_elements() <= 16:

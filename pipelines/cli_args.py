@@ -383,6 +383,15 @@ def fuse(sub: Subparsers) -> None:
     e.add_argument("--max-groups", type=int, default=30, help="groups to list")
     e.add_argument("--json", default=None, help="also write the full plan to this file")
     e.add_argument("--recalibrate", action="store_true", help="measure the device again")
+    e.add_argument(
+        "--floor",
+        action="store_true",
+        help="also the floor: FLOPs and bytes per unit, the measured FMA peak and bandwidth, "
+        "the least time they allow, and each unit's measured time at --batch (runs the model)",
+    )
+    e.add_argument(
+        "--floor-calls", type=int, default=5, help="calls timed and profiled for --floor"
+    )
     e.set_defaults(handler="pipelines.fuse:cmd_explain")
 
 

@@ -2,12 +2,16 @@
 
     stitchrec fuse explain SAVED_MODEL [--batch N] [--signature NAME] [--unknown-dim D]
                            [--max-args A] [--max-groups G] [--json FILE] [--recalibrate]
+                           [--floor [--floor-calls C]]
 
 Reads the signature's graph (nested calls inlined, see ``compiler_opt.ir``), loads or measures
 the cost coefficients of this machine's device (``compiler_opt.cost``; cached under
 ``~/.cache/stitchrec/compiler_opt/``, ``$STITCHREC_CACHE`` to move it) and prints the planned
 groups (kind, ops, launches, bytes before and after, estimated time saved), the totals, and
 which elementwise loop groups have a generated C++ form (``--fuse-realization generated``).
+With ``--floor``, also the floor of the signature (``compiler_opt.floor``): per unit and in
+total the FLOPs and bytes, this CPU's measured FMA peak (cached beside the coefficients), the
+least time they allow, and each unit's measured time at ``--batch`` on dummy inputs.
 The flags are defined in ``pipelines.cli_args``.
 """
 
@@ -21,7 +25,7 @@ from typing import Any
 import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
-from compiler_opt import cost, ir, planner, realize
+from compiler_opt import cost, floor, ir, planner, realize, toolchain
 from compiler_opt.embedding_op import assets as emb_assets
 from compiler_opt.embedding_op import cuda as emb_cuda
 from compiler_opt.embedding_op import ops as emb_ops
@@ -108,7 +112,7 @@ def _check_signature(saved_model: str, signature: str) -> None:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    for flag in ("batch", "unknown_dim", "max_groups"):
+    for flag in ("batch", "unknown_dim", "max_groups", "floor_calls"):
         if getattr(args, flag) < 1:
             raise UsageError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     if args.max_args < 2:
@@ -129,7 +133,31 @@ def cmd_explain(args: argparse.Namespace) -> int:
         f"gather {c.gather_row_s * 1e9:.1f} ns/row ({c.device}, {c.created})",
         flush=True,
     )
+    report = plan.to_dict()
+    if args.floor:
+        measured = _floor(args, coefficients)
+        print(measured.to_text(max_units=args.max_groups), flush=True)
+        report["floor"] = measured.to_dict()
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(plan.to_dict(), indent=1))
+        Path(args.json).write_text(json.dumps(report, indent=1))
     return 0
+
+
+def _floor(args: argparse.Namespace, coefficients: Any) -> floor.Floor:
+    """The served signature's floor with this CPU's measured peak, each unit measured at
+    ``--batch``."""
+    try:
+        peak = floor.load_or_measure_peak(remeasure=args.recalibrate)
+    except toolchain.CompilerUnavailable as e:
+        raise UsageError(f"--floor measures the FMA peak with a generated C++ loop: {e}") from None
+    loaded = tf.saved_model.load(args.saved_model)
+    return floor.of_signature(
+        loaded.signatures[args.signature],
+        coefficients,
+        peak.flops,
+        args.batch,
+        unknown_dim=args.unknown_dim,
+        max_args=args.max_args,
+        calls=args.floor_calls,
+    )

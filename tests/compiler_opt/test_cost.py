@@ -64,6 +64,18 @@ def test_matmul_flops_and_weight_bytes(hand):
         cost.CostModel(g, cost.Coefficients("x", 1, 1, 1, 1), batch=0)
 
 
+def test_matmul_flops_read_the_contracted_dimension_from_either_operand(hand):
+    """A row input of unknown width (a concat of unknown parts, as a SavedModel's inlined
+    functions have): the contracted dimension is the weight's, transposed or not."""
+    w = tf.Variable(tf.zeros([8, 3]))
+    wt = tf.Variable(tf.zeros([3, 8]))
+    spec = tf.TensorSpec([None, None], tf.float32)
+    for fn in (lambda x: tf.matmul(x, w), lambda x: tf.matmul(x, wt, transpose_b=True)):
+        g = _graph(fn, spec)
+        node = _by_op(g, "MatMul")
+        assert cost.CostModel(g, hand, batch=5).node_cost(node).flops == 2 * 5 * 3 * 8
+
+
 def test_calibration_written_reloaded_and_redone(tmp_path, monkeypatch):
     monkeypatch.setenv("STITCHREC_CACHE", str(tmp_path / "cache"))
     assert cost.cache_dir() == tmp_path / "cache" / "compiler_opt"

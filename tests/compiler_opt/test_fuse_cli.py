@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from compiler_opt import cost
 from compiler_opt.embedding_op import layer as emb_layer
@@ -102,3 +105,39 @@ def test_explain_names_the_embedding_ops_without_a_cuda_form():
     lines = fuse._cuda_forms(graph_def, 3)
     assert lines[0].endswith("3 of 3 generated loop/row ops, 0 of 1 embedding ops")
     assert fused.kernel.forward_name in lines[1] and "int32 tables" in lines[1]
+
+
+def test_explain_floor_counts_the_models_matmuls_and_measures_each_unit(
+    tiny_saved_model, tmp_path, monkeypatch, capsys, hand
+):
+    """``--floor``: the frozen signature's FLOPs are the 2 * batch * in * out of every Dense
+    kernel of the model (the cross layer's, the tower's, the head's), read from the variables;
+    with a seeded peak the floor is the sum of the units' rooflines; every unit is timed."""
+    import tensorflow as tf
+
+    from compiler_opt import floor
+
+    _seed_cache(tmp_path, monkeypatch, hand)
+    peak = floor.Peak(cost.device_key("/CPU:0"), 5e9, 2, 256, {"fma256_flops": 5e9})
+    floor.peak_path().write_text(json.dumps(dataclasses.asdict(peak)))
+    out = tmp_path / "plan.json"
+    argv = ["fuse", "explain", str(tiny_saved_model), "--batch", "64", "--floor"]
+    assert cli.main([*argv, "--floor-calls", "2", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "floor at batch 64: peak 5.0 GFLOP/s (FP32 FMA, measured), bandwidth 1.0 GB/s" in text
+    assert "MatMul cross_0/dense" in text and "x the floor" in text
+    loaded = tf.saved_model.load(str(tiny_saved_model))
+    variables = loaded.signatures["serving_default"].variables
+    kernels = [v.shape for v in variables if v.name.endswith("kernel:0") and len(v.shape) == 2]
+    assert len(kernels) == 3
+    report = json.loads(out.read_text())["floor"]
+    assert report["flops"] == sum(2 * 64 * a * b for a, b in kernels)
+    units = report["units"]
+    assert report["floor_s"] == pytest.approx(sum(u["floor_s"] for u in units))
+    for u in units:
+        assert u["floor_s"] == pytest.approx(max(u["flops"] / 5e9, u["bytes"] / 1e9))
+        assert u["measured_s"] is not None
+    assert sum(u["kind"] == "matmul" and u["measured_s"] > 0 for u in units) == 3
+    assert report["wall_s"] > 0
+    assert cli.main([*argv, "--floor-calls", "0"]) == 2
+    assert "--floor-calls must be >= 1, got 0" in capsys.readouterr().err
