@@ -197,6 +197,7 @@ class Floor:
     units: list[Unit]
     wall_s: float | None = None
     unattributed_s: float | None = None
+    peak_source: str = "FP32 FMA, measured"
 
     @property
     def flops(self) -> int:
@@ -214,6 +215,7 @@ class Floor:
         return {
             "batch": self.batch,
             "peak_flops": self.peak_flops,
+            "peak_source": self.peak_source,
             "bandwidth": self.bandwidth,
             "flops": self.flops,
             "bytes": self.bytes,
@@ -228,8 +230,8 @@ class Floor:
         key = (lambda u: -(u.measured_s or 0.0)) if self.wall_s is not None else None
         units = sorted(self.units, key=key or (lambda u: -u.floor_s))
         lines = [
-            f"floor at batch {self.batch}: peak {self.peak_flops / 1e9:.1f} GFLOP/s (FP32 FMA, "
-            f"measured), bandwidth {self.bandwidth / 1e9:.1f} GB/s (calibrated)",
+            f"floor at batch {self.batch}: peak {self.peak_flops / 1e9:.1f} GFLOP/s "
+            f"({self.peak_source}), bandwidth {self.bandwidth / 1e9:.1f} GB/s (calibrated)",
             f"{'unit':<22} {'kind':<8} {'MFLOP':>9} {'MB':>8} {'floor ms':>9} "
             f"{'measured ms':>12} {'x floor':>8}",
         ]
@@ -264,8 +266,11 @@ class Floor:
         return "\n".join(lines)
 
 
-def units(plan: Plan, peak_flops: float, unknown_dim: int = 1) -> Floor:
-    """The plan's units and their floors at ``peak_flops`` and the plan's bandwidth."""
+def units(
+    plan: Plan, peak_flops: float, unknown_dim: int = 1, peak_source: str = "FP32 FMA, measured"
+) -> Floor:
+    """The plan's units and their floors at ``peak_flops`` (where it comes from:
+    ``peak_source``) and the plan's bandwidth."""
     model = CostModel(plan.graph, plan.coefficients, plan.batch, unknown_dim=unknown_dim)
     bandwidth = plan.coefficients.bandwidth
     out: list[Unit] = []
@@ -283,7 +288,7 @@ def units(plan: Plan, peak_flops: float, unknown_dim: int = 1) -> Floor:
         if node.op_class == "matmul":
             label = f"{node.op} {'/'.join(name.split('/')[-3:-1]) or name}"
         out.append(_unit(model, label, node.op_class, nodes, peak_flops, bandwidth))
-    return Floor(plan.batch, peak_flops, bandwidth, out)
+    return Floor(plan.batch, peak_flops, bandwidth, out, peak_source=peak_source)
 
 
 def _unit(
@@ -322,6 +327,7 @@ def of_signature(
     unknown_dim: int = 1,
     max_args: int = 64,
     calls: int = 5,
+    peak_source: str = "FP32 FMA, measured",
 ) -> Floor:
     """The floor of a SavedModel signature as served: frozen (variables as constants, calls
     inlined: every static shape but the batch is known), planned at ``batch``, cut into units,
@@ -330,7 +336,7 @@ def of_signature(
     graph = ir.from_graph_def(frozen.graph_def, outputs=frozen.outputs)
     plan = planner.plan(graph, coefficients, batch, unknown_dim=unknown_dim, max_args=max_args)
     fn = graph_io.load_graph_def(frozen.graph_def, frozen.inputs, frozen.outputs, frozen.bound)
-    floor = units(plan, peak_flops, unknown_dim=unknown_dim)
+    floor = units(plan, peak_flops, unknown_dim=unknown_dim, peak_source=peak_source)
     return measure(floor, fn, dummy_inputs(signature_fn, batch), calls=calls)
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from features.crosses.pcf_config import PCFGNNConfig
 from features.vocab_state import VocabOptions
+from ranking.config import MLP_GRADIENTS
 
 
 class ConfigError(ValueError):
@@ -34,11 +35,17 @@ class FusionConfig:
         planned group as one XLA cluster, its gradient and optimizer arithmetic included
         (``compiler_opt.realize.TrainingStep``); with ``kernels`` or ``tables`` too. Not with
         a distribution strategy.
+      activations: ``"backprop"`` (TensorFlow's gradients) or ``"forward_ad"``: the MLP
+        tower's (each task tower's) ReLU and dropout keep a boolean derivative computed in the
+        forward pass instead of the ReLU's output and the keep mask (``ranking.forward_ad``;
+        same outputs and gradients, less memory held for the backward pass with dropout; no
+        change without dropout).
     """
 
     kernels: bool = False
     tables: bool = False
     clusters: bool = False
+    activations: str = "backprop"
 
     def __post_init__(self) -> None:
         if not isinstance(self.kernels, bool):
@@ -47,6 +54,11 @@ class FusionConfig:
             raise ConfigError(f"[fusion] tables must be true or false, got {self.tables!r}")
         if not isinstance(self.clusters, bool):
             raise ConfigError(f"[fusion] clusters must be true or false, got {self.clusters!r}")
+        if self.activations not in MLP_GRADIENTS:
+            raise ConfigError(
+                f"[fusion] activations must be one of {list(MLP_GRADIENTS)}, got "
+                f"{self.activations!r}"
+            )
         if self.kernels and self.tables:
             raise ConfigError(
                 "[fusion] kernels = true and tables = true: choose one (the generated op reads "

@@ -145,19 +145,26 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def _floor(args: argparse.Namespace, coefficients: Any) -> floor.Floor:
-    """The served signature's floor with this CPU's measured peak, each unit measured at
-    ``--batch``."""
-    try:
-        peak = floor.load_or_measure_peak(remeasure=args.recalibrate)
-    except toolchain.CompilerUnavailable as e:
-        raise UsageError(f"--floor measures the FMA peak with a generated C++ loop: {e}") from None
+    """The served signature's floor, each unit measured at ``--batch``: on a CPU with its
+    measured FMA peak, on a GPU with the calibrated matmul rate (the FMA loop is CPU code)."""
+    if coefficients.device.startswith("gpu"):
+        peak_flops, source = coefficients.matmul_flops, "the GPU's calibrated matmul rate"
+    else:
+        try:
+            peak_flops = floor.load_or_measure_peak(remeasure=args.recalibrate).flops
+        except toolchain.CompilerUnavailable as e:
+            raise UsageError(
+                f"--floor measures the FMA peak with a generated C++ loop: {e}"
+            ) from None
+        source = "FP32 FMA, measured"
     loaded = tf.saved_model.load(args.saved_model)
     return floor.of_signature(
         loaded.signatures[args.signature],
         coefficients,
-        peak.flops,
+        peak_flops,
         args.batch,
         unknown_dim=args.unknown_dim,
         max_args=args.max_args,
         calls=args.floor_calls,
+        peak_source=source,
     )

@@ -25,6 +25,8 @@ import tensorflow as tf
 import tensorflow_recommenders as tfrs
 
 from embeddings.forms import Embedded, Form
+from ranking.config import MLP_GRADIENTS
+from ranking.forward_ad import dense_relu_dropout
 
 
 class _Untracked:
@@ -36,10 +38,23 @@ class _Untracked:
 
 @tf.keras.utils.register_keras_serializable(package="stitchrec")
 class MLP(tf.keras.layers.Layer):
-    """Dense layers with ReLU and optional dropout: ``[batch, k] -> [batch, units[-1]]``."""
+    """Dense layers with ReLU and optional dropout: ``[batch, k] -> [batch, units[-1]]``.
+
+    ``gradient``: ``"backprop"`` (TensorFlow's gradients) or ``"forward_ad"``: a training call
+    with dropout runs each layer as ``ranking.forward_ad.dense_relu_dropout``, which keeps a
+    boolean derivative instead of the ReLU's output and the keep mask (5 bytes per element kept
+    for the backward pass instead of 9); outputs and gradients are the same.
+    Without dropout both are plain back-propagation (``ReluGrad`` reads the output the next
+    layer keeps anyway). :meth:`with_gradient` gives the other form over the same layers.
+    """
 
     def __init__(
-        self, units: list[int], dropout: float = 0.0, seed: int | None = None, **kwargs: Any
+        self,
+        units: list[int],
+        dropout: float = 0.0,
+        seed: int | None = None,
+        gradient: str = "backprop",
+        **kwargs: Any,
     ):
         super().__init__(**kwargs)
         units = [int(u) for u in units]
@@ -47,8 +62,11 @@ class MLP(tf.keras.layers.Layer):
             raise ValueError(f"units must be a non-empty list of positive sizes, got {units}")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        if gradient not in MLP_GRADIENTS:
+            raise ValueError(f"gradient must be one of {MLP_GRADIENTS}, got {gradient!r}")
         self.units = units
         self.dropout = float(dropout)
+        self.gradient = gradient
         self._dense = [
             tf.keras.layers.Dense(u, activation="relu", name=f"dense_{i}")
             for i, u in enumerate(units)
@@ -81,20 +99,39 @@ class MLP(tf.keras.layers.Layer):
         """The Dense layers, input side first."""
         return list(self._dense)
 
+    def with_gradient(self, gradient: str) -> MLP:
+        """An MLP computing the same function with ``gradient``, over this one's Dense layers
+        and dropout counter (shared variables: a checkpoint of one restores into the other)."""
+        if gradient == self.gradient:
+            return self
+        other = MLP(self.units, self.dropout, self.seed, gradient, name=self.name)
+        other._dense, other._counter = self._dense, self._counter
+        other.built = self.built
+        return other
+
     def call(self, x: tf.Tensor, training: bool | None = None) -> tf.Tensor:
         calls, counter = None, self._counter.variable
         if counter is not None and training:
             counter.assign_add(1)
             calls = tf.identity(counter)
         for i, layer in enumerate(self._dense):
-            x = layer(x)
+            seed = None
             if calls is not None:
                 seed = tf.stack([tf.constant(self.seed + i, tf.int64), calls])
+            if seed is not None and self.gradient == "forward_ad":
+                if not layer.built:
+                    layer(x)  # builds the layer; the unused result is pruned from the graph
+                x = dense_relu_dropout(x, layer.kernel, layer.bias, self.dropout, seed)
+                continue
+            x = layer(x)
+            if seed is not None:
                 x = tf.nn.experimental.stateless_dropout(x, rate=self.dropout, seed=seed)
         return x
 
     def get_config(self) -> dict[str, Any]:
         config = {**super().get_config(), "units": self.units, "dropout": self.dropout}
+        if self.gradient != "backprop":
+            config["gradient"] = self.gradient
         return {**config, "seed": self.seed} if self.dropout else config
 
 

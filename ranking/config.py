@@ -14,6 +14,8 @@ SEQUENCE_POOLINGS = ("din", "mean", "bst", "none")
 EMBEDDING_METHOD_NAMES = ("full", "hashing", "qr", "bh", "amtl")
 MULTITASK_KINDS = ("shared_bottom", "mmoe", "ple", "esmm")
 EXPERT_LAYER_KINDS = ("mlp", "moe")
+#: how an MLP's ReLU and dropout are differentiated (``ranking.blocks.MLP``'s ``gradient``)
+MLP_GRADIENTS = ("backprop", "forward_ad")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -293,6 +293,16 @@ class TaskTowers(tf.keras.layers.Layer):
             for t, b in enumerate(self.initial_biases)
         ]
 
+    def with_gradient(self, gradient: str) -> TaskTowers:
+        """The same towers (shared layers) with each MLP's ``gradient`` (``MLP.with_gradient``)."""
+        other = TaskTowers(
+            self.num_tasks, self.units, self.dropout, self.initial_biases, name=self.name
+        )
+        other._towers = [m.with_gradient(gradient) if m else None for m in self._towers]
+        other._logits = self._logits
+        other.built = self.built
+        return other
+
     def call(self, x: tf.Tensor, training: bool | None = None) -> tf.Tensor:
         columns = []
         for t in range(self.num_tasks):

@@ -85,10 +85,13 @@ def build(
     seed: int = 0,
     lr: float = 0.01,
     model_type: str = "dcn_v2",
+    dropout: float = 0.0,
+    mlp: tuple[int, ...] = (256, 128),
 ) -> Workload:
     """DCN-v2 (``model_type``: or ``fm``, DeepFM's FM part: the pairwise term, a row
     reduction) with ``method`` embeddings on the data in ``data_dir`` and one input batch per
-    size in ``batch_sizes`` (the first rows of the training split, repeated when fewer)."""
+    size in ``batch_sizes`` (the first rows of the training split, repeated when fewer);
+    ``dropout`` after each MLP layer of sizes ``mlp``."""
     if model_type not in ("dcn_v2", "fm"):
         raise ValueError(f"model_type {model_type!r} is not one of ['dcn_v2', 'fm']")
     if method not in METHODS:
@@ -100,11 +103,12 @@ def build(
     model_cfg = ModelConfig(
         type=model_type,
         embedding_dim=16,
-        mlp=(256, 128),
+        mlp=mlp,
         cross_layers=3,
         embedding_method=method,
         # BH tables ~10x smaller than full ones for fields of >= 1,000 values (others stay full)
         embedding_compression=10.0 if method == "bh" else 1.0,
+        dropout=dropout,
     )
     cfg = PipelineConfig(
         output_dir=str(data_dir.parent / "unused"),

@@ -12,8 +12,23 @@ from pipelines.config import ConfigError, PipelineConfig
 from pipelines.run.model import make_optimizer
 from pipelines.run.paths import Log, RunPaths
 from pipelines.run.schedules import learning_rate_of
+from ranking.blocks import MLP
+from ranking.multitask_heads import TaskTowers
 
 Step = Callable[[Any], Any]
+
+
+def with_gradient(model: tf.keras.Model, gradient: str) -> tf.keras.Model:
+    """A new model over ``model``'s layers whose MLP tower (a multi-task model: task towers)
+    computes its gradient as ``gradient`` says (``ranking.blocks.MLP.with_gradient``);
+    ``model`` itself when it has no such tower."""
+    tower = getattr(model, "tower", None)
+    if isinstance(tower, MLP):
+        return model.with_blocks(tower=tower.with_gradient(gradient))
+    towers = getattr(model, "towers", None)
+    if isinstance(towers, TaskTowers):
+        return model.with_blocks(towers=towers.with_gradient(gradient))
+    return model
 
 
 def fuse_for_training(
@@ -36,6 +51,7 @@ def fuse_for_training(
       (``compiler_opt.table_fusion``, the mapping written next to the checkpoints), with a
       fresh optimizer (the plain tables it was built on are not trained); a run fused the
       other way is refused on resume;
+    * ``activations``: the MLP towers' gradients (``with_gradient``);
     * ``clusters``: the step ``build_step(model, optimizer)`` makes runs its planned groups as XLA
       clusters (``compiler_opt.realize.TrainingStep``), returned also as the third item.
 
@@ -50,6 +66,9 @@ def fuse_for_training(
         raise ConfigError("[fusion] tables = true: not supported with a distribution strategy yet")
     table_fusion.check_resume(paths.checkpoints, enabled=tables)
     model = fuse(model, FuseSpec(kernels=kernels, tables=tables))
+    if fusion is not None and fusion.activations != "backprop":
+        model = with_gradient(model, fusion.activations)
+        log(f"fusion: the MLP towers' ReLU and dropout differentiated as {fusion.activations}")
     if kernels:
         log("fusion: the embedding block runs as one generated kernel (compiler_opt.embedding_op)")
     if tables:

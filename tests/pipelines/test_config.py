@@ -110,6 +110,10 @@ train = "train"
         ('[train]\nlearning_rate = "0.1"', r"\[train\] learning_rate must be a number"),
         ("[train]\nwarm_start = 3", r"\[train\] warm_start must be a string, got 3"),
         ("[fusion]\nkernels = 1", r"\[fusion\] kernels must be true or false, got 1"),
+        (
+            '[fusion]\nactivations = "fwd"',
+            r"\[fusion\] activations must be one of \['backprop', 'forward_ad'\], got 'fwd'",
+        ),
         ("[distribute]\nstrategy = 2", r"\[distribute\] strategy must be a string, got 2"),
         ("[preranking]\ntower_mlp = 64", r"\[preranking\] tower_mlp must be a list of integers"),
         ('[preranking]\nreg_weight = "x"', r"\[preranking\] reg_weight must be a number"),
