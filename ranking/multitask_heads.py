@@ -294,7 +294,10 @@ class TaskTowers(tf.keras.layers.Layer):
         ]
 
     def with_gradient(self, gradient: str) -> TaskTowers:
-        """The same towers (shared layers) with each MLP's ``gradient`` (``MLP.with_gradient``)."""
+        """The same towers (shared layers) with each MLP's ``gradient`` (``MLP.with_gradient``);
+        this object when they have it already."""
+        if all(m is None or m.gradient == gradient for m in self._towers):
+            return self
         other = TaskTowers(
             self.num_tasks, self.units, self.dropout, self.initial_biases, name=self.name
         )

@@ -4,17 +4,12 @@ also their GPU kernels)."""
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import compiler_opt.csource as csource
 from compiler_opt.embedding_op import cpu_fields, gpu_kernels
 from compiler_opt.embedding_op.rules import TABLE_READS, id_layout
-from compiler_opt.embedding_op.spec import FieldSpec, KernelSpec, op_names
+from compiler_opt.embedding_op.spec import FieldSpec, KernelSpec, Schedule, op_names
 
-#: examples ahead whose table rows the forward op prefetches (0: none)
-PREFETCH_DISTANCE = int(os.environ.get("STITCHREC_KERNEL_PREFETCH", "4"))
-#: examples per tile of the forward op (fields are written one after the other per tile)
-TILE = int(os.environ.get("STITCHREC_KERNEL_TILE", "128"))
 
 
 _HEADER = """\
@@ -331,9 +326,18 @@ def _mask_inputs(spec: KernelSpec, lay: _Layout, base: int, m: int, f: FieldSpec
     ]
 
 
+def _scheduling(sched: Schedule) -> str:
+    """The thread pool's sharding of the batch: fixed tasks of ``grain`` examples, or (0)
+    TensorFlow's cost model over the op's estimated cost per example."""
+    pool = "::tsl::thread::ThreadPool::SchedulingParams"
+    return f"{pool}::Fixed({sched.grain})" if sched.grain else "CostPerRow()"
+
+
 def _forward_kernel(spec: KernelSpec, lay: _Layout) -> str:
-    """The forward op's CPU kernel and its registration."""
+    """The forward op's CPU kernel (walking the batch as ``spec.schedule`` says) and its
+    registration."""
     fwd_name = lay.fwd_name
+    sched = spec.schedule
     fwd = [
         f"class {fwd_name}Op : public OpKernel {{",
         " public:",
@@ -344,17 +348,17 @@ def _forward_kernel(spec: KernelSpec, lay: _Layout) -> str:
         "    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({batch, kOutDim}), &out));",
         "    float* Y = out->flat<float>().data();",
         "    auto body = [&](int64_t begin, int64_t end) {",
-        f"  for (int64_t t0 = begin; t0 < end; t0 += {max(TILE, 1)}) {{",
-        f"  const int64_t t1 = std::min<int64_t>(end, t0 + {max(TILE, 1)});",
+        f"  for (int64_t t0 = begin; t0 < end; t0 += {sched.tile}) {{",
+        f"  const int64_t t1 = std::min<int64_t>(end, t0 + {sched.tile});",
     ]
-    # tiles of TILE examples, field by field inside a tile: one table at a time is hot in the
-    # cache and the tile's output rows stay in L2 while every field writes its columns
+    # tiles of ``tile`` examples, field by field inside a tile: one table at a time is hot in
+    # the cache and the tile's output rows stay in L2 while every field writes its columns
     for f in spec.fields:
-        ahead = cpu_fields.prefetch(f, spec, lay.first_id[f.name], PREFETCH_DISTANCE)
+        ahead = cpu_fields.prefetch(f, spec, lay.first_id[f.name], sched.prefetch)
         fwd.append("  for (int64_t b = t0; b < t1; ++b) {")
         fwd.append("    float* y = Y + b * kOutDim;")
         if ahead:
-            fwd += [f"    if (b + {PREFETCH_DISTANCE} < t1) {{", ahead, "    }"]
+            fwd += [f"    if (b + {sched.prefetch} < t1) {{", ahead, "    }"]
         fwd.append(cpu_fields.field_forward(f, spec, lay.first_id[f.name], lay.mask_of.get(f.name)))
         fwd.append("  }")
     if spec.dense_dim:
@@ -367,7 +371,7 @@ def _forward_kernel(spec: KernelSpec, lay: _Layout) -> str:
         "  }",
         "    };",
         "    ctx->device()->tensorflow_cpu_worker_threads()->workers->ParallelFor(",
-        "        batch, CostPerRow(), body);",
+        f"        batch, {_scheduling(sched)}, body);",
         "  }",
         "};",
         f'REGISTER_KERNEL_BUILDER(Name("{fwd_name}").Device(::tensorflow::DEVICE_CPU), {fwd_name}Op);',

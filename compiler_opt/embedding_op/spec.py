@@ -63,6 +63,44 @@ class FieldSpec:
         return len(self.param("block_sizes")) if self.method == "bh" else 1
 
 
+#: the values :class:`Schedule` takes (``compiler_opt.tune`` searches over them)
+SCHEDULE_SPACE: dict[str, tuple[int, ...]] = {
+    "tile": (1, 8, 16, 32, 64, 128, 256, 512, 1024),
+    "prefetch": (0, 1, 2, 4, 8, 16),
+    "grain": (0, 16, 64, 256, 1024, 4096),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """How the forward op's CPU kernel walks its work (the same result for every schedule).
+
+    ``tile``: examples per tile; inside a tile the fields are written one after the other
+    (one table hot in the cache at a time), ``1``: example by example, every field per example.
+    ``prefetch``: examples ahead whose table rows are prefetched (0: none). ``grain``: examples
+    per task of the thread pool (0: TensorFlow's cost model shards the batch from the op's
+    estimated cost per example).
+    """
+
+    tile: int = 128
+    prefetch: int = 4
+    grain: int = 0
+
+    def __post_init__(self) -> None:
+        for key, values in SCHEDULE_SPACE.items():
+            if getattr(self, key) not in values:
+                raise ValueError(
+                    f"Schedule: {key} must be one of {list(values)}, got {getattr(self, key)!r}"
+                )
+
+    def key(self) -> str:
+        """``t128-p4-g0``: a name of the schedule."""
+        return f"t{self.tile}-p{self.prefetch}-g{self.grain}"
+
+
+DEFAULT_SCHEDULE = Schedule()
+
+
 @dataclasses.dataclass(frozen=True)
 class KernelSpec:
     """The fused block: tables, fields in output order, dense columns appended at the end.
@@ -75,6 +113,11 @@ class KernelSpec:
     fields: tuple[FieldSpec, ...]
     dense_dim: int = 0
     mask_rows: bool = False
+    schedule: Schedule = DEFAULT_SCHEDULE
+
+    def with_schedule(self, schedule: Schedule) -> KernelSpec:
+        """The same block under ``schedule`` (another op name unless it is the default)."""
+        return dataclasses.replace(self, schedule=schedule)
 
     @property
     def emb_dim(self) -> int:
@@ -110,6 +153,8 @@ class KernelSpec:
         d = dataclasses.asdict(self)
         if not self.mask_rows:  # the training form keeps the hash it had before the flag
             del d["mask_rows"]
+        if self.schedule == DEFAULT_SCHEDULE:  # so does the default schedule
+            del d["schedule"]
         for t in d["tables"]:  # so do float32 matrices (the fields came later)
             if t["dtype"] == "float32" and t["rank"] == 2:
                 del t["dtype"], t["rank"]
@@ -297,4 +342,5 @@ def spec_from_json(text: str) -> KernelSpec:
         FieldSpec(**{**f, "tables": tuple(f["tables"]), "index": tup(f["index"])})
         for f in raw["fields"]
     )
-    return KernelSpec(tables, fields, raw["dense_dim"], raw.get("mask_rows", False))
+    schedule = Schedule(**raw["schedule"]) if "schedule" in raw else DEFAULT_SCHEDULE
+    return KernelSpec(tables, fields, raw["dense_dim"], raw.get("mask_rows", False), schedule)

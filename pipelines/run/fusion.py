@@ -23,10 +23,10 @@ def with_gradient(model: tf.keras.Model, gradient: str) -> tf.keras.Model:
     computes its gradient as ``gradient`` says (``ranking.blocks.MLP.with_gradient``);
     ``model`` itself when it has no such tower."""
     tower = getattr(model, "tower", None)
-    if isinstance(tower, MLP):
+    if isinstance(tower, MLP) and tower.with_gradient(gradient) is not tower:
         return model.with_blocks(tower=tower.with_gradient(gradient))
     towers = getattr(model, "towers", None)
-    if isinstance(towers, TaskTowers):
+    if isinstance(towers, TaskTowers) and towers.with_gradient(gradient) is not towers:
         return model.with_blocks(towers=towers.with_gradient(gradient))
     return model
 
