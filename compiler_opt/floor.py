@@ -328,16 +328,19 @@ def of_signature(
     max_args: int = 64,
     calls: int = 5,
     peak_source: str = "FP32 FMA, measured",
+    inputs: Sequence[tf.Tensor] | None = None,
 ) -> Floor:
     """The floor of a SavedModel signature as served: frozen (variables as constants, calls
     inlined: every static shape but the batch is known), planned at ``batch``, cut into units,
-    and each unit measured on :func:`dummy_inputs` (``calls`` calls)."""
+    and each unit measured (``calls`` calls) on ``inputs`` (the signature's flat inputs, its
+    keyword arguments in sorted order, ``batch`` rows; default :func:`dummy_inputs`)."""
     frozen = realize.freeze(signature_fn)
     graph = ir.from_graph_def(frozen.graph_def, outputs=frozen.outputs)
     plan = planner.plan(graph, coefficients, batch, unknown_dim=unknown_dim, max_args=max_args)
     fn = graph_io.load_graph_def(frozen.graph_def, frozen.inputs, frozen.outputs, frozen.bound)
     floor = units(plan, peak_flops, unknown_dim=unknown_dim, peak_source=peak_source)
-    return measure(floor, fn, dummy_inputs(signature_fn, batch), calls=calls)
+    args = list(inputs) if inputs is not None else dummy_inputs(signature_fn, batch)
+    return measure(floor, fn, args, calls=calls)
 
 
 def _fetch(out: Any) -> None:

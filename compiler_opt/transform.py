@@ -18,10 +18,12 @@ The model passed in is not changed: its blocks, its call and its graph are what 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from compiler_opt.embedding_op.layer import FusedEmbeddingCollection
 from compiler_opt.embedding_op.ops import Kernel
+from compiler_opt.embedding_op.spec import KernelSpec, Schedule
 from compiler_opt.table_fusion import HorizontalEmbeddingCollection
 from embeddings.collection import EmbeddingCollection
 from embeddings.forms import Form
@@ -35,6 +37,9 @@ class FuseSpec:
 
     kernels: bool = False
     tables: bool = False
+    #: the generated op's schedule per spec (``compiler_opt.tune.recorded_schedule``); None:
+    #: the default schedule
+    schedule_for: Callable[[KernelSpec], Schedule] | None = None
 
     def __post_init__(self) -> None:
         if self.kernels and self.tables:
@@ -63,20 +68,21 @@ def fuse(model: Any, spec: FuseSpec) -> Any:
         )
     blocks: dict[str, Any] = {}
     if spec.kernels:
-        blocks.update(_kernel_blocks(model))
+        blocks.update(_kernel_blocks(model, spec.schedule_for))
     if spec.tables:
         blocks["embedding"] = HorizontalEmbeddingCollection.from_collection(emb)
     return model.with_blocks(**blocks) if blocks else model
 
 
-def _kernel_blocks(model: Any) -> dict[str, Any]:
+def _kernel_blocks(model: Any, schedule_for: Any = None) -> dict[str, Any]:
     """``{"embedding": ..., "wide": ...}``: the blocks of ``model`` whose collections become
-    FusedEmbeddingCollections returning the form their consumer declares."""
+    FusedEmbeddingCollections returning the form their consumer declares (the embedding
+    block's op under ``schedule_for``'s schedule)."""
     blocks: dict[str, Any] = {}
     emb = model.embedding
     if not isinstance(emb, FusedEmbeddingCollection):
         form = getattr(model.interaction, "input_form", Form.FIELDS)
-        blocks["embedding"] = FusedEmbeddingCollection.from_collection(emb, form)
+        blocks["embedding"] = FusedEmbeddingCollection.from_collection(emb, form, schedule_for)
     wide = getattr(model, "wide", None)
     weights = getattr(wide, "field_weights", None)
     if isinstance(weights, EmbeddingCollection) and not isinstance(

@@ -371,7 +371,7 @@ def fuse(sub: Subparsers) -> None:
     p = sub.add_parser(
         "fuse",
         help="fusion of memory-bound ops (compiler_opt): `fuse explain` prints the fusion plan "
-        "of a SavedModel signature",
+        "of a SavedModel signature, `fuse tune` searches its generated op's schedules",
     )
     fsub = p.add_subparsers(dest="fuse_command", required=True)
     e = fsub.add_parser("explain", help="print the fusion plan of a SavedModel signature")
@@ -392,7 +392,28 @@ def fuse(sub: Subparsers) -> None:
     e.add_argument(
         "--floor-calls", type=int, default=5, help="calls timed and profiled for --floor"
     )
+    e.add_argument(
+        "--data",
+        default=None,
+        help="Parquet shards of the model's schema (stitchrec convert): --floor runs the "
+        "model on their first --batch rows instead of dummy inputs",
+    )
     e.set_defaults(handler="pipelines.fuse:cmd_explain")
+    t = fsub.add_parser(
+        "tune",
+        help="search the schedules of a --fuse-kernels export's embedding op on this machine "
+        "and record the fastest (stitchrec export --fuse-kernels uses the records)",
+    )
+    t.add_argument("saved_model", help="SavedModel folder exported with --fuse-kernels")
+    t.add_argument(
+        "--batch", type=int, action="append", default=None, help="batch to tune (repeatable; 4096)"
+    )
+    t.add_argument("--trials", type=int, default=32, help="schedules measured per op and batch")
+    t.add_argument("--timeout", type=float, default=600.0, help="seconds per op and batch")
+    t.add_argument("--data", default=None, help="Parquet shards of the model's schema: real ids")
+    t.add_argument("--seed", type=int, default=0, help="seed of the random schedules")
+    t.add_argument("--json", default=None, help="also write every trial to this file")
+    t.set_defaults(handler="pipelines.fuse:cmd_tune")
 
 
 def serve(sub: Subparsers) -> None:

@@ -31,6 +31,7 @@ from tf_keras.src.saving.legacy.saved_model.utils import keras_option_scope
 
 from compiler_opt.embedding_op import assets as emb_assets
 from compiler_opt.transform import FuseSpec, fuse, fused_collections, kernels_of
+from compiler_opt.tune import recorded_schedule
 from embeddings.protocols import HasServingForm
 from embeddings.quantize import DEFAULT_MIN_ROWS, quantized_model
 from features.dataset import input_signature
@@ -135,7 +136,8 @@ def export_saved_model(
         extra = {**(extra or {}), "quantization": record}
     fused = None
     if kernels:
-        model = fuse(model, FuseSpec(kernels=True))
+        # the op under this device's tuned schedule (stitchrec fuse tune), when recorded
+        model = fuse(model, FuseSpec(kernels=True, schedule_for=recorded_schedule))
         fused = model.embedding
     out = Path(output)
     fields = list(schema.model_inputs)

@@ -22,14 +22,17 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
-from compiler_opt import cost, floor, ir, planner, realize, toolchain
+from compiler_opt import cost, floor, ir, planner, realize, registry, toolchain, tune
 from compiler_opt.embedding_op import assets as emb_assets
 from compiler_opt.embedding_op import cuda as emb_cuda
 from compiler_opt.embedding_op import ops as emb_ops
 from compiler_opt.row_op import spec as row_def
+from features.schema import load_schema
+from features.shard_reader import column_to_numpy, iter_record_batches, list_parquet
 from pipelines.errors import UsageError
 
 
@@ -167,4 +170,99 @@ def _floor(args: argparse.Namespace, coefficients: Any) -> floor.Floor:
         max_args=args.max_args,
         calls=args.floor_calls,
         peak_source=source,
+        inputs=_inputs(args.saved_model, loaded.signatures[args.signature], args.batch, args.data),
+    )
+
+
+def _inputs(saved_model: str, fn: Any, batch: int, data: str | None) -> list[tf.Tensor]:
+    """The signature's flat inputs at ``batch`` rows: the first rows of the Parquet shards
+    ``data`` (repeated when fewer), read with the export's schema; dummy ones without."""
+    if data is None:
+        return floor.dummy_inputs(fn, batch)
+    schema_file = Path(saved_model) / "assets.extra" / "schema.toml"
+    if not schema_file.is_file():
+        raise UsageError(
+            f"--data needs a StitchRec SavedModel; {saved_model!r} has no {schema_file}"
+        )
+    schema = load_schema(schema_file)
+    try:
+        files = list_parquet(data)
+    except (OSError, ValueError) as e:
+        raise UsageError(f"--data {data!r}: {e}") from None
+    if not files:
+        raise UsageError(f"--data {data!r}: no Parquet shards (*.parquet) found")
+    names = sorted(fn.structured_input_signature[1])
+    fields = [schema.field(n) for n in names]
+    columns: dict[str, list[np.ndarray]] = {n: [] for n in names}
+    rows = 0
+    for rb in iter_record_batches(schema, files, fields):
+        for f in fields:
+            columns[f.name].append(column_to_numpy(rb.column(f.name), f))
+        rows += rb.num_rows
+        if rows >= batch:
+            break
+    if rows == 0:
+        raise UsageError(f"--data {data!r}: the shards hold no rows")
+    index = np.arange(batch) % rows
+    return [tf.constant(np.concatenate(columns[n])[index]) for n in names]
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    """``stitchrec fuse tune``: the schedules of each embedding op of a ``--fuse-kernels``
+    export searched at each ``--batch`` (``compiler_opt.tune.search``, each schedule's op timed
+    alone on the export's own inputs to it), the fastest recorded for this device."""
+    batches = args.batch or [4096]
+    for name, value in (("batch", min(batches)), ("trials", args.trials)):
+        if value < (2 if name == "trials" else 1):
+            raise UsageError(f"--{name} must be >= {2 if name == 'trials' else 1}, got {value}")
+    if args.timeout <= 0:
+        raise UsageError(f"--timeout must be > 0, got {args.timeout}")
+    _check_signature(args.saved_model, "serving_default")
+    emb_assets.load_for_saved_model(args.saved_model)
+    loaded = tf.saved_model.load(args.saved_model)
+    fn = loaded.signatures["serving_default"]
+    results = []
+    for batch in batches:
+        ops = tune.export_ops(fn, _inputs(args.saved_model, fn, batch, args.data))
+        if not ops:
+            raise UsageError(
+                f"{args.saved_model!r} has no generated embedding op: export it with --fuse-kernels"
+            )
+        for bench in ops:
+            result = tune.search(
+                bench.spec,
+                bench.measure,
+                batch,
+                trials=args.trials,
+                timeout_s=args.timeout,
+                seed=args.seed,
+                progress=_progress,
+                prepare=lambda specs: registry.precompile([(s, emb_ops.EMBEDDING) for s in specs]),
+            )
+            path = tune.save_record(result)
+            print(_summary(result, path), flush=True)
+            results.append(result.to_dict())
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(results, indent=1, default=str))
+    return 0
+
+
+def _progress(trial: tune.Trial) -> None:
+    guess = "" if trial.predicted is None else f" (predicted {trial.predicted * 1e3:.3f} ms)"
+    print(
+        f"  trial {trial.index + 1:>3} {trial.schedule.key():<16} {trial.seconds * 1e3:8.3f} ms"
+        f"{guess}  [{trial.elapsed_s:.0f} s]",
+        flush=True,
+    )
+
+
+def _summary(result: tune.TuneResult, path: Path) -> str:
+    rho = "n/a" if result.rank_correlation is None else f"{result.rank_correlation:.2f}"
+    return (
+        f"{result.op} at batch {result.batch}: best {result.best.key()} "
+        f"{result.best_seconds * 1e3:.3f} ms, default {result.default_seconds * 1e3:.3f} ms "
+        f"({result.speedup:.2f}x); {len(result.trials)} trials in {result.seconds:.0f} s, "
+        f"95% of the best after {result.trials_to(0.95)}; cost model rank correlation {rho}; "
+        f"recorded in {path}"
     )

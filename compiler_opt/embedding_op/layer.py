@@ -5,7 +5,7 @@ whose covered fields run as one generated op) and the planner's choice of fields
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import tensorflow as tf
@@ -14,7 +14,7 @@ import compiler_opt.cost as cost
 import compiler_opt.ir as ir
 import compiler_opt.planner as planner
 from compiler_opt.embedding_op.ops import Kernel, gpu_fallback, load
-from compiler_opt.embedding_op.spec import BlockSpec, build_spec
+from compiler_opt.embedding_op.spec import BlockSpec, KernelSpec, Schedule, build_spec
 from compiler_opt.toolchain import CompilerUnavailable
 from embeddings.collection import EmbeddingCollection
 from embeddings.common import flat_ids
@@ -58,6 +58,8 @@ class _FusionState:
         self.uncovered: dict[str, str] = {}
         self.kernel: Kernel | None = None
         self.fallback_reason = ""
+        # the schedule of the op of a spec (compiler_opt.tune.recorded_schedule); None: default
+        self.schedule_for: Callable[[KernelSpec], Schedule] | None = None
 
 
 @tf.keras.utils.register_keras_serializable(package="stitchrec")
@@ -106,15 +108,21 @@ class FusedEmbeddingCollection(EmbeddingCollection):
 
     @classmethod
     def from_collection(
-        cls, collection: Any, output_form: str | Form = Form.CONCAT
+        cls,
+        collection: Any,
+        output_form: str | Form = Form.CONCAT,
+        schedule_for: Callable[[KernelSpec], Schedule] | None = None,
     ) -> FusedEmbeddingCollection:
-        """The fused form of ``collection``, sharing its layers."""
-        return cls(
+        """The fused form of ``collection``, sharing its layers; ``schedule_for(spec)`` picks
+        the op's schedule (``compiler_opt.tune.recorded_schedule``; None: the default one)."""
+        fused = cls(
             collection.tables,
             layers=dict(collection.layers_by_field),
             output_form=output_form,
             name=collection.name,
         )
+        fused._fusion_state.schedule_for = schedule_for
+        return fused
 
     def select(self, names: list[str]) -> FusedEmbeddingCollection:
         """The fused collection over the fields ``names``, sharing their layers; its call
@@ -143,8 +151,11 @@ class FusedEmbeddingCollection(EmbeddingCollection):
         state.uncovered = dict(block.uncovered)
         kernel = None
         if block.spec is not None:
+            spec = block.spec
+            if state.schedule_for is not None:
+                spec = spec.with_schedule(state.schedule_for(spec))
             try:
-                kernel = load(block.spec)
+                kernel = load(spec)
             except CompilerUnavailable as e:
                 if not state.fallback_reason:
                     warnings.warn(
