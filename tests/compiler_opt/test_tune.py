@@ -183,3 +183,22 @@ def _rows(schema, files):
 
     for batch in make_dataset(schema, files, batch_size=32):
         yield {f.name: batch[f.name] for f in schema.model_inputs}
+
+
+def test_confirm_measures_the_winner_again_before_it_wins():
+    coll, ids = _collection_and_ids()
+    spec = build_spec(coll, ids).spec
+    calls: dict[Schedule, int] = {}
+
+    def lucky_once(s) -> float:  # another schedule's first measurement was a fluke
+        calls[s.schedule] = calls.get(s.schedule, 0) + 1
+        if s.schedule == DEFAULT_SCHEDULE:
+            return 1e-3
+        return 1e-4 if calls[s.schedule] == 1 else 5e-3
+
+    fooled = tune.search(spec, lucky_once, 256, trials=2, initial=1)
+    assert fooled.best != DEFAULT_SCHEDULE and fooled.best_seconds == 1e-4
+    calls.clear()
+    checked = tune.search(spec, lucky_once, 256, trials=2, initial=1, confirm=3)
+    assert checked.best == DEFAULT_SCHEDULE and checked.best_seconds == 1e-3
+    assert sorted(calls.values()) == [4, 4] and checked.speedup == 1.0
