@@ -476,13 +476,19 @@ def calibration_path(device: str | None = None, directory: str | Path | None = N
     return Path(directory or cache_dir()) / f"{device_key(device)}.json"
 
 
-def save(coefficients: Coefficients, path: str | Path) -> Path:
+def write_atomically(path: str | Path, text: str) -> Path:
+    """Writes ``text`` to ``path`` through a temporary file renamed into place (a reader sees
+    the old file or the new one, never half of one); creates the folder."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_suffix(".tmp")
-    tmp.write_text(coefficients.to_json())
+    tmp.write_text(text)
     tmp.replace(p)
     return p
+
+
+def save(coefficients: Coefficients, path: str | Path) -> Path:
+    return write_atomically(path, coefficients.to_json())
 
 
 def load(path: str | Path) -> Coefficients:

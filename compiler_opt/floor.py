@@ -160,10 +160,7 @@ def load_or_measure_peak(directory: str | Path | None = None, remeasure: bool = 
         except (json.JSONDecodeError, TypeError, ValueError):
             pass  # measured again
     peak = measure_fma_peak()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(dataclasses.asdict(peak), indent=1))
-    tmp.replace(path)
+    cost.write_atomically(path, json.dumps(dataclasses.asdict(peak), indent=1))
     return peak
 
 

@@ -190,43 +190,23 @@ def search(
     def left() -> bool:
         return len(measured) < trials and time.perf_counter() - start < timeout_s
 
-    first = [DEFAULT_SCHEDULE]
-    while len(first) < min(1 + initial, trials):
-        s = _random(rng)
-        if s not in first:
-            first.append(s)
+    first = _first_schedules(rng, min(1 + initial, trials))
     if prepare is not None:
         prepare([base.with_schedule(s) for s in first])
     for s in first:
         if s is DEFAULT_SCHEDULE or left():
             run(s, None)
     while left():
-        model = _fit(base, batch, measured)
-        best = sorted(measured, key=measured.__getitem__)[:4]
-        pool = {m for s in best for m in _mutations(s)} | {_random(rng) for _ in range(64)}
-        pool = [s for s in pool if s not in measured]
-        if not pool:
+        picks = _propose(base, batch, measured, rng, per_round)
+        if not picks:
             break
-        pool.sort(key=lambda s: (s.tile, s.prefetch, s.grain))  # a stable order for the model
-        predicted = np.exp(model.predict(np.array([features(base, s, batch) for s in pool])))
-        order = np.argsort(predicted, kind="stable")[:per_round]
         if prepare is not None:
-            prepare([base.with_schedule(pool[i]) for i in order])
-        for i in order:
+            prepare([base.with_schedule(s) for s, _ in picks])
+        for schedule, predicted in picks:
             if not left():
                 break
-            run(pool[i], float(predicted[i]))
-    best = min(measured, key=measured.__getitem__)
-    default_s, best_s = measured[DEFAULT_SCHEDULE], measured[best]
-    if confirm and best != DEFAULT_SCHEDULE:  # the two again, alternating: one noisy
-        # measurement does not make a winner
-        again: dict[Schedule, list[float]] = {DEFAULT_SCHEDULE: [default_s], best: [best_s]}
-        for _ in range(confirm):
-            for s in again:
-                again[s].append(measure(base.with_schedule(s)))
-        default_s, best_s = (float(np.median(again[s])) for s in (DEFAULT_SCHEDULE, best))
-        if default_s <= best_s:
-            best, best_s = DEFAULT_SCHEDULE, default_s
+            run(schedule, predicted)
+    best, best_s, default_s = _confirmed(base, measure, measured, confirm)
     return TuneResult(
         op=base.op_name,
         batch=batch,
@@ -238,6 +218,57 @@ def search(
         rank_correlation=_rank_correlation(done),
         seconds=time.perf_counter() - start,
     )
+
+
+def _first_schedules(rng: random.Random, n: int) -> list[Schedule]:
+    """The default schedule and ``n - 1`` distinct random ones."""
+    first = [DEFAULT_SCHEDULE]
+    while len(first) < n:
+        s = _random(rng)
+        if s not in first:
+            first.append(s)
+    return first
+
+
+def _propose(
+    base: KernelSpec,
+    batch: int,
+    measured: dict[Schedule, float],
+    rng: random.Random,
+    count: int,
+) -> list[tuple[Schedule, float]]:
+    """The ``count`` unmeasured schedules (and their predicted seconds) the cost model, fitted
+    on ``measured``, predicts fastest among the best four's neighbours and 64 random ones."""
+    model = _fit(base, batch, measured)
+    best = sorted(measured, key=measured.__getitem__)[:4]
+    pool = {m for s in best for m in _mutations(s)} | {_random(rng) for _ in range(64)}
+    # a stable order for the model's ties
+    pool_list = sorted((s for s in pool if s not in measured), key=dataclasses.astuple)
+    if not pool_list:
+        return []
+    predicted = np.exp(model.predict(np.array([features(base, s, batch) for s in pool_list])))
+    order = np.argsort(predicted, kind="stable")[:count]
+    return [(pool_list[i], float(predicted[i])) for i in order]
+
+
+def _confirmed(
+    base: KernelSpec, measure: Measure, measured: dict[Schedule, float], confirm: int
+) -> tuple[Schedule, float, float]:
+    """``(best, its seconds, the default's seconds)``: with ``confirm``, the best and the
+    default measured ``confirm`` more times each, alternating (one noisy measurement does not
+    make a winner), their medians compared."""
+    best = min(measured, key=measured.__getitem__)
+    default_s, best_s = measured[DEFAULT_SCHEDULE], measured[best]
+    if not confirm or best == DEFAULT_SCHEDULE:
+        return best, best_s, default_s
+    again: dict[Schedule, list[float]] = {DEFAULT_SCHEDULE: [default_s], best: [best_s]}
+    for _ in range(confirm):
+        for s in again:
+            again[s].append(measure(base.with_schedule(s)))
+    default_s, best_s = (float(np.median(again[s])) for s in (DEFAULT_SCHEDULE, best))
+    if default_s <= best_s:
+        return DEFAULT_SCHEDULE, default_s, default_s
+    return best, best_s, default_s
 
 
 def _rank_correlation(trials: Sequence[Trial]) -> float | None:
@@ -294,11 +325,7 @@ def save_record(result: TuneResult, path: str | Path | None = None) -> Path:
         "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
     body = {"version": RECORD_VERSION, "device": result.device, "records": records}
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_suffix(".tmp")
-    tmp.write_text(json.dumps(body, indent=1, sort_keys=True))
-    tmp.replace(p)
-    return p
+    return cost.write_atomically(p, json.dumps(body, indent=1, sort_keys=True))
 
 
 def recorded_schedule(
