@@ -195,6 +195,10 @@ class Floor:
     wall_s: float | None = None
     unattributed_s: float | None = None
     peak_source: str = "FP32 FMA, measured"
+    #: the wall time per call of the signature as the server realizes it (``fusion.json``),
+    #: and what that realization is; None: not measured
+    served_s: float | None = None
+    served: str = ""
 
     @property
     def flops(self) -> int:
@@ -219,6 +223,8 @@ class Floor:
             "floor_s": self.floor_s,
             "wall_s": self.wall_s,
             "unattributed_s": self.unattributed_s,
+            "served_s": self.served_s,
+            "served": self.served,
             "units": [u.to_dict() for u in self.units],
         }
 
@@ -259,6 +265,11 @@ class Floor:
                 f"measured: {self.wall_s * 1e3:.3f} ms per call (median), "
                 f"{self.wall_s / self.floor_s:.2f}x the floor; op time not in any unit "
                 f"{(self.unattributed_s or 0.0) * 1e3:.3f} ms"
+            )
+        if self.served_s is not None:
+            lines.append(
+                f"as served ({self.served}): {self.served_s * 1e3:.3f} ms per call (median), "
+                f"{self.served_s / self.floor_s:.2f}x the floor"
             )
         return "\n".join(lines)
 

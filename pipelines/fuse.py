@@ -11,14 +11,18 @@ groups (kind, ops, launches, bytes before and after, estimated time saved), the 
 which elementwise loop groups have a generated C++ form (``--fuse-realization generated``).
 With ``--floor``, also the floor of the signature (``compiler_opt.floor``): per unit and in
 total the FLOPs and bytes, this CPU's measured FMA peak (cached beside the coefficients), the
-least time they allow, and each unit's measured time at ``--batch`` on dummy inputs.
+least time they allow, and each unit's measured time at ``--batch`` (on dummy inputs, or the
+first rows of ``--data``); an export with ``fusion.json`` is also timed as the server realizes
+it.
 The flags are defined in ``pipelines.cli_args``.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +34,7 @@ from compiler_opt import cost, floor, ir, planner, realize, registry, toolchain,
 from compiler_opt.embedding_op import assets as emb_assets
 from compiler_opt.embedding_op import cuda as emb_cuda
 from compiler_opt.embedding_op import ops as emb_ops
+from compiler_opt.fused_signature import FusedSignature, read_spec
 from compiler_opt.row_op import spec as row_def
 from features.schema import load_schema
 from features.shard_reader import column_to_numpy, iter_record_batches, list_parquet
@@ -161,8 +166,10 @@ def _floor(args: argparse.Namespace, coefficients: Any) -> floor.Floor:
             ) from None
         source = "FP32 FMA, measured"
     loaded = tf.saved_model.load(args.saved_model)
-    return floor.of_signature(
-        loaded.signatures[args.signature],
+    fn = loaded.signatures[args.signature]
+    inputs = _inputs(args.saved_model, fn, args.batch, args.data)
+    report = floor.of_signature(
+        fn,
         coefficients,
         peak_flops,
         args.batch,
@@ -170,8 +177,22 @@ def _floor(args: argparse.Namespace, coefficients: Any) -> floor.Floor:
         max_args=args.max_args,
         calls=args.floor_calls,
         peak_source=source,
-        inputs=_inputs(args.saved_model, loaded.signatures[args.signature], args.batch, args.data),
+        inputs=inputs,
     )
+    spec = read_spec(args.saved_model)
+    if spec is None or spec.signature != args.signature:
+        return report
+    # as `stitchrec serve` runs it: realized, warmed up (candidates timed), then timed
+    served = FusedSignature(fn, spec, coefficients)
+    features = dict(zip(sorted(fn.structured_input_signature[1]), inputs, strict=True))
+    served.warmup({k: v.numpy() for k, v in features.items()})
+    times = []
+    for _ in range(args.floor_calls):
+        t0 = time.perf_counter()
+        tf.nest.map_structure(lambda t: t.numpy(), served(features))
+        times.append(time.perf_counter() - t0)
+    what = served.realization + (f", {served.choice}" if served.choice else "")
+    return dataclasses.replace(report, served_s=float(np.median(times)), served=what)
 
 
 def _inputs(saved_model: str, fn: Any, batch: int, data: str | None) -> list[tf.Tensor]:

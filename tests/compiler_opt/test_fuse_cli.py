@@ -141,3 +141,29 @@ def test_explain_floor_counts_the_models_matmuls_and_measures_each_unit(
     assert report["wall_s"] > 0
     assert cli.main([*argv, "--floor-calls", "0"]) == 2
     assert "--floor-calls must be >= 1, got 0" in capsys.readouterr().err
+
+
+def test_explain_floor_times_an_export_as_the_server_realizes_it(
+    tiny_saved_model, tmp_path, monkeypatch, capsys, hand
+):
+    """An export with ``fusion.json`` (generated loop ops): ``--floor`` also times the
+    signature realized as ``stitchrec serve`` realizes it, with the candidate it chose."""
+    import shutil
+
+    from compiler_opt import floor
+    from compiler_opt.fused_signature import FusionSpec, write_spec
+    from tests.compiler_opt.conftest import need_compiler
+
+    need_compiler()
+    _seed_cache(tmp_path, monkeypatch, hand)
+    peak = floor.Peak(cost.device_key("/CPU:0"), 5e9, 2, 256, {"fma256_flops": 5e9})
+    floor.peak_path().write_text(json.dumps(dataclasses.asdict(peak)))
+    export = tmp_path / "fused"
+    shutil.copytree(tiny_saved_model, export)
+    write_spec(export, FusionSpec(realization="generated", plan_batch=64))
+    out = tmp_path / "plan.json"
+    argv = ["fuse", "explain", str(export), "--batch", "64", "--floor", "--floor-calls", "2"]
+    assert cli.main([*argv, "--json", str(out)]) == 0
+    assert "as served (generated, " in capsys.readouterr().out
+    report = json.loads(out.read_text())["floor"]
+    assert report["served"].startswith("generated") and report["served_s"] > 0
