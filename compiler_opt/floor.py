@@ -342,13 +342,42 @@ def of_signature(
     inlined: every static shape but the batch is known), planned at ``batch``, cut into units,
     and each unit measured (``calls`` calls) on ``inputs`` (the signature's flat inputs, its
     keyword arguments in sorted order, ``batch`` rows; default :func:`dummy_inputs`)."""
-    frozen = realize.freeze(signature_fn)
+    args = list(inputs) if inputs is not None else dummy_inputs(signature_fn, batch)
+    return of_function(
+        signature_fn,
+        args,
+        coefficients,
+        peak_flops,
+        batch,
+        unknown_dim=unknown_dim,
+        max_args=max_args,
+        calls=calls,
+        peak_source=peak_source,
+    )
+
+
+def of_function(
+    concrete_fn: Any,
+    args: Sequence[tf.Tensor],
+    coefficients: Coefficients,
+    peak_flops: float,
+    batch: int,
+    *,
+    keep_variables: bool = False,
+    unknown_dim: int = 1,
+    max_args: int = 64,
+    calls: int = 5,
+    peak_source: str = "FP32 FMA, measured",
+) -> Floor:
+    """The floor of any ``ConcreteFunction`` on its flat ``args`` (``batch`` rows): frozen
+    (``keep_variables``: a training step, its variables read and updated through their
+    handles), planned, cut into units and measured as :func:`of_signature` does."""
+    frozen = realize.freeze(concrete_fn, keep_variables=keep_variables)
     graph = ir.from_graph_def(frozen.graph_def, outputs=frozen.outputs)
     plan = planner.plan(graph, coefficients, batch, unknown_dim=unknown_dim, max_args=max_args)
     fn = graph_io.load_graph_def(frozen.graph_def, frozen.inputs, frozen.outputs, frozen.bound)
     floor = units(plan, peak_flops, unknown_dim=unknown_dim, peak_source=peak_source)
-    args = list(inputs) if inputs is not None else dummy_inputs(signature_fn, batch)
-    return measure(floor, fn, args, calls=calls)
+    return measure(floor, fn, list(args), calls=calls)
 
 
 def _fetch(out: Any) -> None:
@@ -357,9 +386,10 @@ def _fetch(out: Any) -> None:
 
 def measure(floor: Floor, fn: Any, args: Sequence[tf.Tensor], calls: int = 5) -> Floor:
     """``floor`` with each unit's measured op time per call (``calls`` traced calls of
-    ``fn(*args)``, the graph the floor was planned on, at the floor's batch; TensorFlow's profiler, every op's event charged to
-    the unit holding the node of its name; a fused runtime op named after one of its nodes goes
-    to that node's unit) and the median wall time of ``calls`` untraced calls."""
+    ``fn(*args)``, the graph the floor was planned on, at the floor's batch; TensorFlow's
+    profiler, every op's event charged to the unit holding the node of its name; a fused
+    runtime op named after one of its nodes goes to that node's unit) and the median wall
+    time of ``calls`` untraced calls."""
     for _ in range(2):
         _fetch(fn(*args))
     walls = []
