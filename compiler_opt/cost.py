@@ -241,22 +241,44 @@ class CostModel:
             rows //= last
         return rows
 
+    def _operand_shape(self, ref: str) -> tuple[int | None, ...] | None:
+        """A matmul operand's static shape; a variable read without one (a training step's
+        weights, read through their handles) takes the variable's shape."""
+        shape = self.graph.tensor(ref).shape
+        if shape is not None and None not in shape:
+            return shape
+        node = self.graph[split_ref(ref)[0]]
+        if node.op == "ReadVariableOp" and node.inputs:
+            handle = self.graph[split_ref(node.inputs[0])[0]]
+            return handle.attrs.get("variable_shape", shape)
+        return shape
+
     def matmul_flops(self, n: Node) -> int:
-        """2 * M * N * K of a MatMul / BatchMatMul (from the output and the contracted input)."""
+        """2 * M * N * K of a MatMul / BatchMatMul: ``M`` and ``K`` from the row operand, ``N``
+        and (where the row operand does not say) ``K`` from the other one, either read through
+        a variable's shape; an unknown ``M`` is the batch, another unknown size
+        ``unknown_dim``. BatchMatMul: its output's elements times ``K``."""
         if n.op_class != "matmul" or len(n.inputs) < 2:
             return 0
-        out = n.outputs[0].num_elements(self.batch, self.unknown_dim)
-        a = self.graph.tensor(n.inputs[0])
-        if a.shape is None or not a.shape:
+        a = self._operand_shape(n.inputs[0])
+        if a is None or not a:
             return 0
-        transpose_a = n.attrs.get("transpose_a", False)
-        k = a.shape[-2] if transpose_a and len(a.shape) >= 2 else a.shape[-1]
-        if k is None:  # the contracted dimension read from the other operand
-            b = self.graph.tensor(n.inputs[1]).shape
-            transpose_b = n.attrs.get("transpose_b", False)
-            if b is not None and len(b) >= 2:
-                k = b[-1] if transpose_b else b[-2]
-        return 2 * out * (k if k is not None else self.unknown_dim)
+        b = self._operand_shape(n.inputs[1])
+        ta, tb = n.attrs.get("transpose_a", False), n.attrs.get("transpose_b", False)
+        k = a[-2] if ta and len(a) >= 2 else a[-1]
+        if k is None and b is not None and len(b) >= 2:
+            k = b[-1] if tb else b[-2]
+        k = k if k is not None else self.unknown_dim
+        if len(a) != 2 or b is None or len(b) != 2:
+            return 2 * n.outputs[0].num_elements(self.batch, self.unknown_dim) * k
+        m = a[-1] if ta else a[-2]
+        cols = b[-2] if tb else b[-1]
+        out = n.outputs[0].shape
+        if out is not None and len(out) == 2:  # the output's static sizes where it has them
+            m, cols = m if m is not None else out[0], cols if cols is not None else out[1]
+        m = m if m is not None else self.batch
+        cols = cols if cols is not None else self.unknown_dim
+        return 2 * m * cols * k
 
     # -- groups ---------------------------------------------------------------------------
     def group_cost(self, nodes: Iterable[str]) -> GroupCost:

@@ -374,6 +374,13 @@ def of_function(
     handles), planned, cut into units and measured as :func:`of_signature` does."""
     frozen = realize.freeze(concrete_fn, keep_variables=keep_variables)
     graph = ir.from_graph_def(frozen.graph_def, outputs=frozen.outputs)
+    # a kept variable is a handle input: its shape, for the matmuls that read it
+    shapes = {id(v.handle): tuple(v.shape.as_list()) for v in concrete_fn.variables}
+    first_bound = len(frozen.inputs) - len(frozen.bound)
+    for name, handle in zip(frozen.inputs[first_bound:], frozen.bound, strict=True):
+        node = graph.nodes.get(ir.split_ref(name)[0])
+        if node is not None and id(handle) in shapes:
+            node.attrs.setdefault("variable_shape", shapes[id(handle)])
     plan = planner.plan(graph, coefficients, batch, unknown_dim=unknown_dim, max_args=max_args)
     fn = graph_io.load_graph_def(frozen.graph_def, frozen.inputs, frozen.outputs, frozen.bound)
     floor = units(plan, peak_flops, unknown_dim=unknown_dim, peak_source=peak_source)

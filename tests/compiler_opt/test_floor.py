@@ -103,3 +103,24 @@ def test_measure_charges_op_time_to_units(hand):
     text = measured.to_text()
     assert "floor at batch 4096" in text and "x floor" in text and "per call (median)" in text
     assert measured.to_dict()["flops"] == 2 * 4096 * 8 * 4
+
+
+def test_a_training_step_counts_its_weights_matmuls_through_their_handles(hand):
+    """A training step frozen with its variables kept reads the weights through handles with
+    no static shape: the matmul's sizes come from the variable (not the batch squared)."""
+    w = tf.Variable(tf.ones([8, 4]))
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.matmul(x, w))
+        w.assign_sub(0.1 * tape.gradient(loss, w))
+        return loss
+
+    x = tf.random.uniform([16, 8])
+    fl = floor.of_function(
+        step.get_concrete_function(x), [x], hand, 1e9, 16, keep_variables=True, calls=1
+    )
+    # the forward x @ W and the weight's gradient x^T @ dy: 2 * 16 * 8 * 4 each
+    assert fl.flops == 2 * (2 * 16 * 8 * 4)
+    assert fl.wall_s > 0 and w.numpy()[0, 0] < 1.0  # the step ran and updated W
