@@ -391,6 +391,16 @@ def _fetch(out: Any) -> None:
     tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, out)
 
 
+def median_wall_s(call: Any, calls: int) -> float:
+    """Median seconds of ``calls`` calls of ``call()``, results fetched."""
+    walls = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        _fetch(call())
+        walls.append(time.perf_counter() - t0)
+    return statistics.median(walls)
+
+
 def measure(floor: Floor, fn: Any, args: Sequence[tf.Tensor], calls: int = 5) -> Floor:
     """``floor`` with each unit's measured op time per call (``calls`` traced calls of
     ``fn(*args)``, the graph the floor was planned on, at the floor's batch; TensorFlow's
@@ -399,11 +409,7 @@ def measure(floor: Floor, fn: Any, args: Sequence[tf.Tensor], calls: int = 5) ->
     time of ``calls`` untraced calls."""
     for _ in range(2):
         _fetch(fn(*args))
-    walls = []
-    for _ in range(calls):
-        t0 = time.perf_counter()
-        _fetch(fn(*args))
-        walls.append(time.perf_counter() - t0)
+    wall_s = median_wall_s(lambda: fn(*args), calls)
     unit_of = {n: i for i, u in enumerate(floor.units) for n in u.nodes}
     spent = [0.0] * len(floor.units)
     other = 0.0
@@ -428,6 +434,4 @@ def measure(floor: Floor, fn: Any, args: Sequence[tf.Tensor], calls: int = 5) ->
         dataclasses.replace(u, measured_s=s / calls)
         for u, s in zip(floor.units, spent, strict=True)
     ]
-    return dataclasses.replace(
-        floor, units=units, wall_s=statistics.median(walls), unattributed_s=other / calls
-    )
+    return dataclasses.replace(floor, units=units, wall_s=wall_s, unattributed_s=other / calls)

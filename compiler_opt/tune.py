@@ -43,8 +43,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import tensorflow as tf
+from tensorflow.core.framework import graph_pb2
 
-from compiler_opt import cost
+from compiler_opt import cost, graph_io, realize
+from compiler_opt.embedding_op import ops as emb_ops
 from compiler_opt.embedding_op.spec import (
     DEFAULT_SCHEDULE,
     SCHEDULE_SPACE,
@@ -353,16 +356,19 @@ class OpBench:
     node: Any  # the op's NodeDef in the frozen graph
     inputs: list[Any]  # its input tensors, in the node's input order
     batch: int
+    # the imported one-op graph per op name (a schedule measured again reuses it)
+    _functions: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False)
 
     def measure(self, spec: KernelSpec, calls: int = 7, warmup: int = 3) -> float:
         """Median seconds of one call of ``spec``'s op (compiled and loaded first) on the
         inputs, after ``warmup`` untimed calls."""
-        from compiler_opt import graph_io
-        from compiler_opt.embedding_op import ops as emb_ops
-
-        kernel = emb_ops.load(spec)
-        graph_def, names = _op_graph(self.node, kernel.forward_name, self.inputs)
-        fn = graph_io.load_graph_def(graph_def, names, [f"{self.node.name}:0"])
+        name = emb_ops.load(spec).forward_name
+        if name not in self._functions:
+            graph_def, names = _op_graph(self.node, name, self.inputs)
+            self._functions[name] = graph_io.load_graph_def(
+                graph_def, names, [f"{self.node.name}:0"]
+            )
+        fn = self._functions[name]
         times = []
         for i in range(calls + warmup):
             t0 = time.perf_counter()
@@ -374,9 +380,6 @@ class OpBench:
 
 def _op_graph(node: Any, op: str, inputs: Sequence[Any]) -> tuple[Any, list[str]]:
     """A GraphDef of ``node`` as op ``op`` fed by one placeholder per input."""
-    import tensorflow as tf
-    from tensorflow.core.framework import graph_pb2
-
     graph_def = graph_pb2.GraphDef()
     names = []
     new = graph_def.node.add()
@@ -395,11 +398,6 @@ def _op_graph(node: Any, op: str, inputs: Sequence[Any]) -> tuple[Any, list[str]
 def export_ops(signature_fn: Any, inputs: Sequence[Any]) -> list[OpBench]:
     """The embedding ops of a signature (a ``--fuse-kernels`` export, its ops loaded), each
     with its inputs on the signature's flat ``inputs`` (one batch)."""
-    import tensorflow as tf
-
-    from compiler_opt import graph_io, realize
-    from compiler_opt.embedding_op import ops as emb_ops
-
     frozen = realize.freeze(signature_fn)
     nodes = [n for n in frozen.graph_def.node if n.op.startswith("StitchrecFusedEmb")]
     nodes = [n for n in nodes if not n.op.startswith("StitchrecFusedEmbGrad")]

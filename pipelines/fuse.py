@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -186,13 +185,9 @@ def _floor(args: argparse.Namespace, coefficients: Any) -> floor.Floor:
     served = FusedSignature(fn, spec, coefficients)
     features = dict(zip(sorted(fn.structured_input_signature[1]), inputs, strict=True))
     served.warmup({k: v.numpy() for k, v in features.items()})
-    times = []
-    for _ in range(args.floor_calls):
-        t0 = time.perf_counter()
-        tf.nest.map_structure(lambda t: t.numpy(), served(features))
-        times.append(time.perf_counter() - t0)
+    served_s = floor.median_wall_s(lambda: served(features), args.floor_calls)
     what = served.realization + (f", {served.choice}" if served.choice else "")
-    return dataclasses.replace(report, served_s=float(np.median(times)), served=what)
+    return dataclasses.replace(report, served_s=served_s, served=what)
 
 
 def _inputs(saved_model: str, fn: Any, batch: int, data: str | None) -> list[tf.Tensor]:

@@ -22,12 +22,11 @@ def with_gradient(model: tf.keras.Model, gradient: str) -> tf.keras.Model:
     """A new model over ``model``'s layers whose MLP tower (a multi-task model: task towers)
     computes its gradient as ``gradient`` says (``ranking.blocks.MLP.with_gradient``);
     ``model`` itself when it has no such tower."""
-    tower = getattr(model, "tower", None)
-    if isinstance(tower, MLP) and tower.with_gradient(gradient) is not tower:
-        return model.with_blocks(tower=tower.with_gradient(gradient))
-    towers = getattr(model, "towers", None)
-    if isinstance(towers, TaskTowers) and towers.with_gradient(gradient) is not towers:
-        return model.with_blocks(towers=towers.with_gradient(gradient))
+    for block, kind in (("tower", MLP), ("towers", TaskTowers)):
+        old = getattr(model, block, None)
+        if isinstance(old, kind):
+            new = old.with_gradient(gradient)
+            return model if new is old else model.with_blocks(**{block: new})
     return model
 
 
