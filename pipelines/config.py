@@ -64,6 +64,11 @@ LINEAR_TRAIN_DEFAULTS = {"optimizer": "ftrl", "learning_rate": 0.1, "batch_size"
 #: ``[train] epochs`` of those configs when early stopping ends the run (a validation split and
 #: ``early_stopping`` not false): an upper bound, not the usual single epoch.
 LINEAR_EPOCHS_BOUND = 60
+#: ``[train]`` values the config file of any other model type gets where it does not set them,
+#: when validation selects its checkpoint (``averaged_train_defaults``): a moving average of the
+#: weights, which lets the learning rate be three times Adam's usual 1e-3; chosen on validation
+#: rows, measured in docs/training.md#defaults.
+AVERAGED_TRAIN_DEFAULTS = {"weight_average": "ema", "learning_rate": 3e-3}
 #: ``[train] epochs`` of any other config file that does not set it, when validation ends the
 #: run (early stopping, or an ensemble's saturation): an upper bound, not the single epoch of
 #: ``TrainConfig``; measured in docs/training.md#defaults.
@@ -73,6 +78,9 @@ _SELECT_METRICS = ("auc", "logloss")
 INPUT_FORMATS = ("parquet", "tfrecord")
 #: ``[train] new_rows``: how a ``continue_from`` run starts the rows of new vocabulary values.
 NEW_ROWS = ("oov", "mean", "zeros", "init")
+#: ``[train] weight_average``: none, or an exponential moving average of the weights
+#: (``pipelines.run.averaging``).
+WEIGHT_AVERAGES = ("none", "ema")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,6 +215,14 @@ class TrainConfig:
         as one SavedModel (``pipelines.run.snapshots``; docs/ensembles.md).
       ensemble_options: the saturation and selection rules (``[train.ensemble_options]``,
         ``pipelines.run.snapshots.ENSEMBLE_OPTIONS``).
+      weight_average: ``none``, or ``ema``: an exponential moving average of the weights follows
+        the steps; validation, the best checkpoint, the test and the export read the average
+        (``pipelines.run.averaging``; docs/training.md). Needs a validation split. A config file
+        of any model type but ``lr`` whose run ends by validation gets ``ema``, and then
+        ``learning_rate = 3e-3`` where it sets neither ``optimizer`` nor ``learning_rate``
+        (``AVERAGED_TRAIN_DEFAULTS``); ``TrainConfig()`` built in code keeps ``none`` and 1e-3.
+      ema_decay: the average's long-run decay, in (0, 1); it reaches it after about
+        ``10 / (1 - ema_decay)`` steps.
     """
 
     batch_size: int = 256
@@ -231,6 +247,8 @@ class TrainConfig:
     lr_schedule_options: dict[str, Any] = dataclasses.field(default_factory=dict)
     ensemble: str = "none"
     ensemble_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    weight_average: str = "none"
+    ema_decay: float = 0.999
 
     def __post_init__(self) -> None:
         for key in ("batch_size", "epochs", "checkpoint_every", "log_every", "shuffle_buffer"):
@@ -251,6 +269,19 @@ class TrainConfig:
                 f"[train] continue_from = {self.continue_from!r} and warm_start = "
                 f"{self.warm_start!r}: set one of them (continue_from copies by value, "
                 "warm_start by position)"
+            )
+        if self.weight_average not in WEIGHT_AVERAGES:
+            raise ConfigError(
+                f"[train] weight_average {self.weight_average!r} is not one of "
+                f"{list(WEIGHT_AVERAGES)}"
+            )
+        if not 0.0 < self.ema_decay < 1.0:
+            raise ConfigError(f"[train] ema_decay must be in (0, 1), got {self.ema_decay}")
+        if self.weight_average != "none" and self.ensemble != "none":
+            raise ConfigError(
+                f"[train] weight_average = {self.weight_average!r} with ensemble = "
+                f"{self.ensemble!r}: the ensemble's members are snapshots of the trained "
+                "weights; set one of them"
             )
         self._check_selection()
 
@@ -432,6 +463,8 @@ def config_from_dict(
     train = _table(data, "train", where) or {}
     if model.get("type") == "lr":
         train = {**linear_train_defaults(train, d, "distribute" in data), **train}
+    elif "preranking" not in data:
+        train = {**averaged_train_defaults(train, d, "distribute" in data), **train}
     bounded = "epochs" not in train and "preranking" not in data  # preranking: its own stages
     if bounded and _validation_ends_run(train, d, "distribute" in data):
         train["epochs"] = EPOCHS_BOUND
@@ -468,6 +501,29 @@ def linear_train_defaults(
         return {}
     stops = _validation_ends_run(train, data, distributed)
     return {**LINEAR_TRAIN_DEFAULTS, **({"epochs": LINEAR_EPOCHS_BOUND} if stops else {})}
+
+
+def averaged_train_defaults(
+    train: Mapping[str, Any], data: Mapping[str, Any], distributed: bool
+) -> dict[str, Any]:
+    """The ``[train]`` defaults of a config of any model type but ``lr`` with these ``[train]``
+    / ``[data]`` tables (a key the file sets wins over them).
+
+    Where validation ends the run (``_validation_ends_run``) and the file asks for no ensemble:
+    ``weight_average = "ema"``, and, when the file sets neither ``optimizer`` nor
+    ``learning_rate`` and the weights are averaged, ``learning_rate = 3e-3``
+    (``AVERAGED_TRAIN_DEFAULTS``). Otherwise none: ``TrainConfig``'s own defaults (no average,
+    1e-3).
+    """
+    if train.get("ensemble", "none") != "none" or not _validation_ends_run(
+        train, data, distributed
+    ):
+        return {}
+    out = {"weight_average": AVERAGED_TRAIN_DEFAULTS["weight_average"]}
+    averaged = train.get("weight_average", out["weight_average"]) == "ema"
+    if averaged and "optimizer" not in train and "learning_rate" not in train:
+        out["learning_rate"] = AVERAGED_TRAIN_DEFAULTS["learning_rate"]
+    return out
 
 
 def _validation_ends_run(

@@ -44,6 +44,7 @@ from pipelines.config import ConfigError, PipelineConfig, VocabConfig, load_conf
 from pipelines.engines import open_runner
 from pipelines.preranking import run_preranking
 from pipelines.run.autolrs import AutoLRS, make_autolrs, validation_loss_fn
+from pipelines.run.averaging import WeightAverage
 from pipelines.run.continuation import ContinueOptions, Previous, continue_model, load_previous
 from pipelines.run.data import (
     add_configured_crosses,
@@ -128,7 +129,8 @@ def _train(cfg: PipelineConfig, log: Log) -> dict[str, Any]:
     autolrs = None
     if tc.lr_schedule == "autolrs":
         autolrs = _make_autolrs(run, model, optimizer, element_spec)
-    state = restore_state(run, model, optimizer, _selection(run), steps_per_epoch, autolrs)
+    average = WeightAverage(model, tc.ema_decay) if tc.weight_average == "ema" else None
+    state = restore_state(run, model, optimizer, _selection(run), steps_per_epoch, autolrs, average)
     snapshots = None
     if tc.ensemble == "auto":
         snapshots = SnapshotTaker(
@@ -145,11 +147,14 @@ def _train(cfg: PipelineConfig, log: Log) -> dict[str, Any]:
         )
     )
     scorer = make_scorer(model, schema)
-    loop = TrainLoop(run, state, train_step, (train_loss, train_auc), scorer, autolrs, snapshots)
+    loop = TrainLoop(
+        run, state, train_step, (train_loss, train_auc), scorer, autolrs, snapshots, average
+    )
     loop.run(steps_per_epoch, total_steps)
     selected = loop.select_and_test(model)
     report = _report(run, model, optimizer, state, loop, rows, gpus, autolrs, fused_step, log)
     report["selected"] = selected
+    report["weight_average"] = average.describe() if average is not None else None
     if snapshots is not None:  # after the single model's test: it reads the members in turn
         report["ensemble"] = snapshots.finish(run.test_files)
     paths.report.write_text(json.dumps(report, indent=1))
@@ -306,12 +311,18 @@ _NEEDS_VALIDATION = (
         "its snapshots are chosen by one process's validation predictions; set ensemble = 'none'",
         "snapshots are collected and chosen on it",
     ),
+    (
+        "weight_average",
+        "ema",
+        "the average is one process's copy of the weights; set weight_average = 'none'",
+        "the averaged weights are evaluated and kept as the best checkpoint on it",
+    ),
 )
 
 
 def _check_needs_validation(run: Run) -> None:
-    """``lr_schedule = "autolrs"`` and ``ensemble = "auto"`` need one process and a validation
-    split."""
+    """``lr_schedule = "autolrs"``, ``ensemble = "auto"`` and ``weight_average = "ema"`` need
+    one process and a validation split."""
     for key, value, one_process, reads in _NEEDS_VALIDATION:
         if getattr(run.cfg.train, key) != value:
             continue

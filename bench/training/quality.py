@@ -13,7 +13,9 @@ other key at its default (docs/training.md#defaults: batch 256, at most 20 epoch
 stopping on the validation split; ``lr``: FTRL, at most 60), and ``--epochs`` when given:
 
 - ``lr``: ``type = "lr"``;
-- ``dcn``: ``type = "dcn_v2"``;
+- ``dcn``: ``type = "dcn_v2"`` (with the defaults' weight average and learning rate 3e-3);
+- ``dcn_plain``: the same with ``weight_average = "none"`` (and so Adam's 1e-3);
+- ``fm``, ``dnn``, ``fm_plain``, ``dnn_plain``: the same for those model types;
 - ``dcn_autolrs``: the same with ``lr_schedule = "autolrs"`` (its defaults);
 - ``dcn_ensemble``: the same with ``ensemble = "auto"`` (one cyclic cycle per epoch); its row
   ``dcn_ensemble_best`` is the single best checkpoint of the same run; ``dcn x seeds`` is the
@@ -64,12 +66,15 @@ from pipelines.train import train
 
 C_GRID = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0)
 XGB_GRID = [(depth, trees) for depth in (3, 6) for trees in (100, 300)]
-METHODS = ("lr", "dcn", "dcn_autolrs", "dcn_ensemble")
+METHODS = ("lr", "dcn", "dcn_plain", "dcn_autolrs", "dcn_ensemble")
+#: ``--methods`` names of the other model types: their defaults, and ``_plain`` as for dcn
+_TYPES = {"dcn": "dcn_v2", "fm": "fm", "dnn": "dnn"}
 
 
 def method_config(method: str, data: dict, out: Path, seed: int, epochs: int) -> Any:
     """The config of one recipe's run."""
-    model: dict[str, Any] = {"type": "lr" if method == "lr" else "dcn_v2"}
+    base = method.split("_")[0]
+    model: dict[str, Any] = {"type": _TYPES.get(base, "lr")}
     tc: dict[str, Any] = {"seed": seed, "log_every": 10**6}
     if epochs:
         tc["epochs"] = epochs
@@ -77,6 +82,8 @@ def method_config(method: str, data: dict, out: Path, seed: int, epochs: int) ->
         tc["lr_schedule"] = "autolrs"
     if method == "dcn_ensemble":
         tc["ensemble"] = "auto"
+    if method.endswith("_plain"):  # no weight average, so Adam's rate 1e-3
+        tc["weight_average"] = "none"
     return config_from_dict(
         {"output_dir": str(out), "data": data, "model": model, "train": tc}, base_dir=REPO
     )

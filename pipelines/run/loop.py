@@ -5,6 +5,7 @@ checkpoint at the end)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import re
@@ -19,6 +20,7 @@ from features.dataset import make_dataset
 from features.schema import Schema
 from pipelines.config import PipelineConfig
 from pipelines.run.autolrs import AutoLRS
+from pipelines.run.averaging import WeightAverage
 from pipelines.run.model import BEST_DIR
 from pipelines.run.paths import Log, RunPaths
 from pipelines.run.scoring import evaluate_model, evaluate_tasks
@@ -91,6 +93,7 @@ def restore_state(
     selection: Selection | None,
     spe: int,
     autolrs: AutoLRS | None = None,
+    average: WeightAverage | None = None,
 ) -> RunState:
     """The run's checkpoint managers (unfinished saves removed), the latest checkpoint (the
     chief's) restored."""
@@ -102,6 +105,8 @@ def restore_state(
     extra = selection.variables() if selection else {}
     if autolrs is not None:
         extra["autolrs"] = autolrs.tracked
+    if average is not None:
+        extra["weight_average"] = average.tracked
     counters = [
         m.dropout_calls
         for m in model.submodules
@@ -168,9 +173,10 @@ class TrainLoop:
         scorer: Any,
         autolrs: AutoLRS | None = None,
         snapshots: SnapshotTaker | None = None,
+        average: WeightAverage | None = None,
     ) -> None:
         self.run_, self.state, self.train_step = run, state, train_step
-        self.autolrs, self.snapshots = autolrs, snapshots
+        self.autolrs, self.snapshots, self.average = autolrs, snapshots, average
         self.train_loss, self.train_auc = window
         self.scorer = scorer
         self.writer = tf.summary.create_file_writer(str(run.paths.tensorboard))
@@ -239,6 +245,8 @@ class TrainLoop:
             if features is None:
                 break
             self.train_step(features)
+            if self.average is not None:
+                self.average.update()
             s.step.assign_add(1)
             s.batch.assign_add(1)
             self.trained_steps += 1
@@ -301,11 +309,14 @@ class TrainLoop:
         and saves the checkpoint, then the best one; True when early stopping stops the run.
 
         The order keeps a killed run consistent: the history line is written before the
-        checkpoint (a resume drops lines after its step), the best checkpoint after it."""
+        checkpoint (a resume drops lines after its step), the best checkpoint after it. With a
+        weight average, the validation split and the best checkpoint read the averaged weights;
+        the regular checkpoint keeps the trained ones and the average."""
         r, s = self.run_, self.state
         step = int(s.step)
         t_eval = time.time()
-        m = evaluate_model(self.scorer, r.schema, r.validation_files)
+        with self._averaged():
+            m = evaluate_model(self.scorer, r.schema, r.validation_files)
         self.eval_seconds += time.time() - t_eval
         self.t_window, self.last_eval = time.time(), step
         improved = s.selection.update(m, step, epoch + 1) if s.selection else False
@@ -319,8 +330,13 @@ class TrainLoop:
             tf.summary.scalar("validation/logloss", m["logloss"])
         s.manager.save(checkpoint_number=step)
         if improved:
-            s.best.save(checkpoint_number=step)
+            with self._averaged():
+                s.best.save(checkpoint_number=step)
         return self.stopped
+
+    def _averaged(self) -> Any:
+        """A block in which the model holds the averaged weights (none: the trained ones)."""
+        return self.average.swapped() if self.average is not None else contextlib.nullcontext()
 
     def select_and_test(self, model: tf.keras.Model) -> dict[str, Any]:
         """Restores the selected checkpoint (the best validation one, else the last) into
