@@ -441,8 +441,11 @@ def test_stitchrec_train_with_fused_tables(tmp_path):
     assert len(mapping["groups"]) == 1 and len(mapping["fields"]) >= 3
     ckpt = tf.train.latest_checkpoint(str(run.checkpoints))
     assert any("fused_table_d4" in n for n, _ in tf.train.list_variables(ckpt))
+    # the selected checkpoint: the best one, which holds the weight average of the run
+    ckpt = reports[True]["selected"]["checkpoint"]
+    assert any("fused_table_d4" in n for n, _ in tf.train.list_variables(ckpt))
 
-    # the fused model in memory, restored by hand from the run's checkpoint
+    # the fused model in memory, restored by hand from the run's selected checkpoint
     from features.schema import load_schema
 
     schema = load_schema(run.schema)
