@@ -88,27 +88,21 @@ def test_config_errors_name_the_key(kw, words):
     assert words in str(e.value)
 
 
-def test_under_a_distribution_strategy_is_a_config_error():
+def _run(active: bool, validation: list[str]) -> types.SimpleNamespace:
     cfg = types.SimpleNamespace(train=TrainConfig(weight_average="ema"))
-    run = types.SimpleNamespace(
-        cfg=cfg, dist=types.SimpleNamespace(active=True), validation_files=["v.parquet"]
-    )
+    dist = types.SimpleNamespace(active=active)
+    return types.SimpleNamespace(cfg=cfg, dist=dist, validation_files=validation)
+
+
+def test_under_a_distribution_strategy_is_a_config_error():
     with pytest.raises(ConfigError, match="weight_average = 'ema': not available under a distr"):
-        _check_needs_validation(run)
+        _check_needs_validation(_run(True, ["v.parquet"]))
 
 
-def test_without_a_validation_split_is_a_config_error(tmp_path):
-    data = write_tiny_dataset(tmp_path, rows=600, train_rows=500)
-    path = write_run_config(
-        tmp_path / "c.toml",
-        data,
-        tmp_path / "r",
-        MODEL,
-        TRAIN,
-        data_extra="validation_fraction = 0",
-    )
+def test_without_a_validation_split_is_a_config_error():
     with pytest.raises(ConfigError, match="weight_average = 'ema' needs a validation split"):
-        train(load_config(path), log=lambda _: None)
+        _check_needs_validation(_run(False, []))
+    _check_needs_validation(_run(False, ["v.parquet"]))
 
 
 @pytest.fixture(scope="module")
