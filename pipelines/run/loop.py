@@ -134,7 +134,7 @@ def restore_state(
         )
         if run.dist.is_chief:
             history.keep_until(int(step))
-        _check_best(state, run.log)
+        _check_best(state, run.log, average)
     return state
 
 
@@ -142,17 +142,19 @@ def _checkpoint_step(path: str | None) -> int:
     return int(path.rsplit("-", 1)[1]) if path else 0
 
 
-def _check_best(state: RunState, log: Log) -> None:
+def _check_best(state: RunState, log: Log, average: WeightAverage | None = None) -> None:
     """After a resume: the best checkpoint on disk is the one the restored state names.
 
     The best checkpoint is saved right after the regular one; a run killed between the two
-    restores a state whose best step is the restored step itself, so its model is saved now."""
+    restores a state whose best step is the restored step itself, so its model (its weight
+    average, with one) is saved now."""
     sel, best = state.selection, state.best
     if sel is None or not sel.has_best:
         return
     if _checkpoint_step(best.latest_checkpoint) != int(sel.best_step):
         if int(state.step) == int(sel.best_step):
-            best.save(checkpoint_number=int(state.step))
+            with average.swapped() if average is not None else contextlib.nullcontext():
+                best.save(checkpoint_number=int(state.step))
         else:
             log(
                 f"warning: {best.directory} does not hold the best step {int(sel.best_step)}; "

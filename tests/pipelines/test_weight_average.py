@@ -6,6 +6,7 @@ mid-way resumes to the uninterrupted run's weights bit for bit."""
 from __future__ import annotations
 
 import json
+import shutil
 import types
 
 import numpy as np
@@ -14,7 +15,7 @@ import tensorflow as tf  # tests/conftest.py sets TF_USE_LEGACY_KERAS first
 
 from pipelines.config import ConfigError, TrainConfig, load_config
 from pipelines.run.averaging import WeightAverage
-from pipelines.run.model import load_trained_model, restore_run_model
+from pipelines.run.model import BEST_DIR, load_trained_model, restore_run_model
 from pipelines.run.paths import RunPaths
 from pipelines.run.scoring import evaluate_model, make_scorer
 from pipelines.train import _check_needs_validation, train
@@ -188,3 +189,22 @@ def test_a_stopped_run_resumes_to_the_same_average(run):
         json.loads((run["root"] / "resumed" / "train_report.json").read_text())["steps"]
         == (run["report"]["steps"])
     )
+
+
+def test_a_best_checkpoint_lost_by_a_kill_is_saved_again_with_the_average(run):
+    """A run killed between its regular and its best checkpoint (here: the best one removed)
+    saves the best one again at the resume: from the average the regular checkpoint holds."""
+    one_epoch = {**TRAIN, "epochs": 1}  # one evaluation: the best step is the last one
+    path = write_run_config(
+        run["root"] / "k.toml", run["data"], run["root"] / "k", MODEL, one_epoch
+    )
+    first = train(load_config(path), log=lambda _: None)
+    paths = RunPaths(run["root"] / "k")
+    shutil.rmtree(paths.checkpoints / BEST_DIR)
+    again = train(load_config(path), log=lambda _: None)
+    assert again["selected"]["step"] == first["selected"]["step"] == first["steps"]
+    best = load_trained_model(paths.root)[0]
+    averages = _averages(str(paths.checkpoints / f"ckpt-{first['steps']}"))
+    for b, a in zip(best.trainable_variables, averages, strict=True):
+        np.testing.assert_array_equal(b.numpy(), a)
+    assert again["test"]["auc"] == first["test"]["auc"]
