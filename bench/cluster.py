@@ -33,6 +33,7 @@ cross_layers = 3
 batch_size = {batch_size}
 epochs = 1
 learning_rate = 0.001
+weight_average = "none"
 log_every = 20
 checkpoint_every = 100000
 shuffle_buffer = {shuffle_buffer}
@@ -43,7 +44,7 @@ def dcn_v2_config(
     path: Path, data: Path, batch_size: int, shuffle_buffer: int = 262_144, extra: str = ""
 ) -> Path:
     """Writes the benchmarks' DCN-v2 training config over the synthetic set in ``data`` (one
-    epoch, Adam 1e-3) to ``path``, with ``extra`` sections appended; returns ``path``."""
+    epoch, Adam 1e-3, no weight average) to ``path``, with ``extra`` sections appended; returns ``path``."""
     text = DCN_V2_CONFIG.format(data=data, batch_size=batch_size, shuffle_buffer=shuffle_buffer)
     path.write_text(text + (f"\n{extra.strip()}\n" if extra.strip() else ""))
     return path

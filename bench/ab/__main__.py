@@ -221,6 +221,7 @@ l2 = 0.01
 batch_size = 256
 epochs = 3
 learning_rate = 0.001
+weight_average = "none"
 seed = {seed}
 log_every = 1000
 """

@@ -65,7 +65,12 @@ def train_day(
         report = json.loads((out / "train_report.json").read_text())
         wall = json.loads((out / WALL_FILE).read_text())["seconds"]
     else:
-        tc: dict[str, Any] = {"seed": seed, "log_every": 10**6, "checkpoint_every": 10**6}
+        tc: dict[str, Any] = {
+            "seed": seed,
+            "log_every": 10**6,
+            "checkpoint_every": 10**6,
+            "weight_average": "none",  # Adam at 1e-3, as docs/continuous.md measured
+        }
         if continue_from is not None:
             tc["continue_from"] = str(continue_from)
         raw = {"output_dir": str(out), "data": data, "model": model_config(args), "train": tc}
