@@ -60,6 +60,12 @@ def parse(argv: list[str] | None) -> Any:
         default=[],
         help="din: the activation unit's hidden sizes (default: the model's)",
     )
+    p.add_argument(
+        "--train-defaults",
+        action="store_true",
+        help="train with the config defaults' weight average and Adam at 3e-3 "
+        "(default: Adam at 1e-3 without it, as docs/multitask.md measured)",
+    )
     p.add_argument("--latency-calls", type=int, default=50, help="timed calls per model")
     p.add_argument("--json", default="", help="write the results here")
     args = p.parse_args(argv)

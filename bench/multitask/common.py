@@ -35,8 +35,9 @@ def train_run(name: str, data: dict, model: dict, work: Path, seed: int, args: A
             "batch_size": args.batch_size,
             "log_every": 10**6,
             "checkpoint_every": 10**6,
-            "weight_average": "none",  # Adam at 1e-3, as docs/multitask.md measured
         }
+        if not args.train_defaults:
+            tc["weight_average"] = "none"  # Adam at 1e-3, as docs/multitask.md measured
         cfg = config_from_dict(
             {"output_dir": str(out), "data": data, "model": model, "train": tc}, base_dir=REPO
         )
