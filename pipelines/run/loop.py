@@ -142,6 +142,12 @@ def _checkpoint_step(path: str | None) -> int:
     return int(path.rsplit("-", 1)[1]) if path else 0
 
 
+def _averaged(average: WeightAverage | None) -> Any:
+    """A block in which the model holds the averaged weights (without an average: the trained
+    ones)."""
+    return average.swapped() if average is not None else contextlib.nullcontext()
+
+
 def _check_best(state: RunState, log: Log, average: WeightAverage | None = None) -> None:
     """After a resume: the best checkpoint on disk is the one the restored state names.
 
@@ -153,7 +159,7 @@ def _check_best(state: RunState, log: Log, average: WeightAverage | None = None)
         return
     if _checkpoint_step(best.latest_checkpoint) != int(sel.best_step):
         if int(state.step) == int(sel.best_step):
-            with average.swapped() if average is not None else contextlib.nullcontext():
+            with _averaged(average):
                 best.save(checkpoint_number=int(state.step))
         else:
             log(
@@ -317,7 +323,7 @@ class TrainLoop:
         r, s = self.run_, self.state
         step = int(s.step)
         t_eval = time.time()
-        with self._averaged():
+        with _averaged(self.average):
             m = evaluate_model(self.scorer, r.schema, r.validation_files)
         self.eval_seconds += time.time() - t_eval
         self.t_window, self.last_eval = time.time(), step
@@ -332,13 +338,9 @@ class TrainLoop:
             tf.summary.scalar("validation/logloss", m["logloss"])
         s.manager.save(checkpoint_number=step)
         if improved:
-            with self._averaged():
+            with _averaged(self.average):
                 s.best.save(checkpoint_number=step)
         return self.stopped
-
-    def _averaged(self) -> Any:
-        """A block in which the model holds the averaged weights (none: the trained ones)."""
-        return self.average.swapped() if self.average is not None else contextlib.nullcontext()
 
     def select_and_test(self, model: tf.keras.Model) -> dict[str, Any]:
         """Restores the selected checkpoint (the best validation one, else the last) into
