@@ -12,6 +12,15 @@ MODEL_TYPES = ("lr", "fm", "dnn", "dcn_v2")
 #: ignores them)
 SEQUENCE_POOLINGS = ("din", "mean", "bst", "none")
 EMBEDDING_METHOD_NAMES = ("full", "hashing", "qr", "bh", "amtl")
+#: the keys ``ModelConfig.embedding_options`` takes per method: the layer's own arguments
+#: (``embeddings/``; every layer takes its table's ``initializer``) and bh's ``codes``
+EMBEDDING_OPTION_NAMES = {
+    "full": ("initializer",),
+    "hashing": ("buckets", "seed", "open_vocabulary", "initializer"),
+    "qr": ("collisions", "operation", "remainder_initializer", "initializer"),
+    "bh": ("block_bits", "code_bits", "split", "fusion", "codes", "initializer"),
+    "amtl": ("hidden", "temperature", "length_bias", "length_penalty", "initializer"),
+}
 MULTITASK_KINDS = ("shared_bottom", "mmoe", "ple", "esmm")
 EXPERT_LAYER_KINDS = ("mlp", "moe")
 #: how an MLP's ReLU and dropout are differentiated (``ranking.blocks.MLP``'s ``gradient``)
@@ -236,6 +245,17 @@ class ModelConfig:
                 f"embedding_options names unknown methods {unknown}; "
                 f"methods: {list(EMBEDDING_METHOD_NAMES)}"
             )
+        for method, options in self.embedding_options.items():
+            if not isinstance(options, Mapping):
+                raise ValueError(
+                    f"embedding_options.{method} must be a table of options, got {options!r}"
+                )
+            bad = sorted(set(options) - set(EMBEDDING_OPTION_NAMES[method]))
+            if bad:
+                raise ValueError(
+                    f"embedding_options.{method} has unknown options {bad}; "
+                    f"{method} takes {list(EMBEDDING_OPTION_NAMES[method])}"
+                )
         codes = self.embedding_options.get("bh", {}).get("codes", "vocabulary")
         if codes not in ("vocabulary", "fingerprint"):
             raise ValueError(

@@ -18,11 +18,11 @@ def _sized_options(
     config: ModelConfig, method: str, num_rows: int, dim: int
 ) -> dict[str, Any] | None:
     """The layer options of ``method`` for one field, or None to keep the field full."""
+    explicit = {k: v for k, v in config.embedding_options.get(method, {}).items() if k != "codes"}
     if method == "full":
-        return {}
+        return explicit
     if num_rows < config.compress_min_rows:
         return None  # a small field: a full table costs little and loses nothing
-    explicit = {k: v for k, v in config.embedding_options.get(method, {}).items() if k != "codes"}
     cls = EMBEDDING_METHODS[method]
     if not isinstance(cls, RatioSized):
         return explicit

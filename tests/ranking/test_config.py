@@ -14,6 +14,19 @@ def test_model_config_validation():
         ModelConfig(cross_rank=-1)
 
 
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"full": {"initalizer": "zeros"}}, r"embedding_options.full has unknown options \['init"),
+        ({"hashing": {"bucket": 10}}, r"hashing takes \['buckets', 'seed'"),
+        ({"qr": 4}, "embedding_options.qr must be a table of options, got 4"),
+    ],
+)
+def test_embedding_options_are_checked_by_name(options, match):
+    with pytest.raises(ValueError, match=match):
+        ModelConfig(embedding_options=options)
+
+
 def test_defaults_are_valid_and_importing_needs_no_tensorflow():
     assert ModelConfig().type == "dcn_v2"
     assert ModelConfig(mlp=[4, 2]).mlp == (4, 2)

@@ -101,3 +101,29 @@ def test_wide_weight_penalty_is_in_the_model_losses(setup):
     plain = build_model(ModelConfig(type="lr"), build_preprocessor(schema, stats), "label")
     plain(batch)
     assert not plain.losses
+
+
+def test_full_tables_take_their_embedding_options(setup):
+    schema, stats, data = setup
+    config = ModelConfig(
+        type="dnn", embedding_dim=4, mlp=(8,), embedding_options={"full": {"initializer": "ones"}}
+    )
+    model = build_model(config, build_preprocessor(schema, stats), "label")
+    model(next(iter(make_dataset(schema, data["test"], batch_size=8))))
+    tables = [w for w in model.embedding.weights if "table" in w.name]
+    assert tables and all(np.all(w.numpy() == 1.0) for w in tables)
+
+
+def test_embedding_option_names_are_the_layers_arguments():
+    import inspect
+
+    from embeddings.base import EmbeddingLayer
+    from embeddings.collection import EMBEDDING_METHODS
+    from ranking.config import EMBEDDING_OPTION_NAMES
+
+    set_by_the_model = {"self", "num_rows", "dim", "combiner", "l2", "counts", "kwargs"}
+    base = set(inspect.signature(EmbeddingLayer.__init__).parameters) - set_by_the_model
+    for method, cls in EMBEDDING_METHODS.items():
+        own = set(inspect.signature(cls.__init__).parameters) - set_by_the_model
+        extra = {"codes"} if method == "bh" else set()
+        assert set(EMBEDDING_OPTION_NAMES[method]) == own | base | extra, method
