@@ -172,6 +172,8 @@ def prerank_model_config(cfg: PipelineConfig) -> PipelineConfig:
             f"[preranking] method = 'fscd' needs [model] type dnn or dcn_v2 (an interaction-"
             f"focused model), got {model.type!r}"
         )
+    if pr.method == "fscd" and model.wide:
+        raise ConfigError("[preranking] method = 'fscd' needs a model without a wide term")
     if pr.mlp:
         model = dataclasses.replace(model, mlp=pr.mlp)
     return dataclasses.replace(cfg, model=model)

@@ -133,6 +133,9 @@ class ModelConfig:
         mean loss: scikit-learn's ``LogisticRegression(C=...)`` on ``N`` training rows is
         ``l2_wide = 1 / (2 * C * N)``. Default 0 (none).
       l1_wide: L1 penalty ``l1_wide * sum(|w|)`` over the same weights. Default 0 (none).
+      wide: ``dnn`` and ``dcn_v2`` only: add the wide term of ``lr`` (one weight per id and
+        per numeric feature) to the deep model's logit, trained jointly (Wide & Deep, Cheng et
+        al., DLRS 2016). ``lr`` and ``fm`` always have it. Not with ``tasks``.
       embedding_method: the embeddings/ method of every categorical field: ``full``,
         ``hashing``, ``qr``, ``bh`` (binary-code hash) or ``amtl``. Bucketized numeric fields
         always use ``full`` tables (they have a handful of rows).
@@ -185,6 +188,7 @@ class ModelConfig:
     l2: float = 0.0
     l2_wide: float = 0.0
     l1_wide: float = 0.0
+    wide: bool = False
     embedding_method: str = "full"
     embedding_methods: dict[str, str] = dataclasses.field(default_factory=dict)
     embedding_options: dict[str, dict] = dataclasses.field(default_factory=dict)
@@ -224,6 +228,12 @@ class ModelConfig:
         object.__setattr__(self, "mlp", tuple(int(u) for u in self.mlp))
         if self.type in ("dnn", "dcn_v2") and not self.mlp:
             raise ValueError(f"model type {self.type!r} needs a non-empty mlp")
+        if self.wide and (self.type not in ("dnn", "dcn_v2") or self.tasks):
+            raise ValueError(
+                "wide = true adds a wide term to a single-task dnn or dcn_v2 model "
+                f"(lr and fm always have one), not to {self.type!r}"
+                + (" with tasks" if self.tasks else "")
+            )
         if self.cross_layers < 1:
             raise ValueError(f"cross_layers must be >= 1, got {self.cross_layers}")
         if self.cross_rank < 0:

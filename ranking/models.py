@@ -18,6 +18,7 @@ standard models from a ``ModelConfig``:
 * ``fm``: wide term + FM pairwise term.
 * ``dnn``: embeddings -> concat -> MLP -> logit.
 * ``dcn_v2``: embeddings -> concat -> cross network -> MLP -> logit (DCN-v2 "stacked").
+* ``dnn`` / ``dcn_v2`` with ``wide = true``: the same, plus ``lr``'s wide term (Wide & Deep).
 """
 
 from __future__ import annotations
@@ -360,6 +361,7 @@ def _single_task_model(
         embedding=EmbeddingCollection(tables, counts=counts, name="embedding"),
         interaction=interaction,
         tower=tower,
+        wide=wide if config.wide else None,
         sequences=sequences,
         sequence_tables=sequence_tables,
         name=config.type,

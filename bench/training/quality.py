@@ -16,6 +16,8 @@ stopping on the validation split; ``lr``: FTRL, at most 60), and ``--epochs`` wh
 - ``dcn``: ``type = "dcn_v2"`` (with the defaults' weight average and learning rate 3e-3);
 - ``dcn_plain``: the same with ``weight_average = "none"`` (and so Adam's 1e-3);
 - ``fm``, ``dnn``, ``fm_plain``, ``dnn_plain``: the same for those model types;
+- ``dcn_wide``, ``dnn_wide``: ``dcn`` / ``dnn`` with ``wide = true`` (the wide term of ``lr``
+  added to the logit);
 - ``dcn_autolrs``: the same with ``lr_schedule = "autolrs"`` (its defaults);
 - ``dcn_ensemble``: the same with ``ensemble = "auto"`` (one cyclic cycle per epoch); its row
   ``dcn_ensemble_best`` is the single best checkpoint of the same run; ``dcn x seeds`` is the
@@ -84,6 +86,8 @@ def method_config(method: str, data: dict, out: Path, seed: int, epochs: int) ->
         tc["ensemble"] = "auto"
     if method.endswith("_plain"):  # no weight average, so Adam's rate 1e-3
         tc["weight_average"] = "none"
+    if method.endswith("_wide"):
+        model["wide"] = True
     return config_from_dict(
         {"output_dir": str(out), "data": data, "model": model, "train": tc}, base_dir=REPO
     )

@@ -127,3 +127,33 @@ def test_embedding_option_names_are_the_layers_arguments():
         own = set(inspect.signature(cls.__init__).parameters) - set_by_the_model
         extra = {"codes"} if method == "bh" else set()
         assert set(EMBEDDING_OPTION_NAMES[method]) == own | base | extra, method
+
+
+def test_deep_models_take_a_wide_term(setup):
+    schema, stats, data = setup
+    preprocessor = build_preprocessor(schema, stats)
+    config = ModelConfig(type="dcn_v2", embedding_dim=4, mlp=(8,), cross_layers=1, wide=True)
+    model = build_model(config, preprocessor, "label")
+    test, scores = _train(model, schema, data, epochs=1)
+    assert model.wide is not None and model.interaction is not None
+    assert build_model(ModelConfig(type="dcn_v2"), preprocessor, "label").wide is None
+    # the logit is the deep part plus the wide term
+    ids, dense = model.preprocessor(test)
+    deep = model.with_blocks(wide=None)(test, training=False)
+    np.testing.assert_allclose(
+        model(test, training=False), deep + model.wide(ids, dense), rtol=1e-5, atol=1e-6
+    )
+    assert float(tf.reduce_max(tf.abs(model.wide(ids, dense)))) > 0
+    clone = RankingModel.from_config(model.get_config())
+    clone(test)
+    clone.set_weights(model.get_weights())
+    np.testing.assert_allclose(clone.score(test).numpy(), scores, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"type": "lr"}, {"type": "fm"}, {"type": "dnn", "tasks": [{"name": "c", "label": "c"}]}],
+)
+def test_wide_is_refused_where_it_means_nothing(options):
+    with pytest.raises(ValueError, match="wide = true adds a wide term"):
+        ModelConfig(wide=True, **options)
