@@ -11,7 +11,9 @@ The job, for inputs cut into chunks (``features.partitions``):
    ``max_bad_rows`` budget, so the error and the counts are those of reading the inputs
    front to back, whichever chunk a worker read first;
 3. the driver numbers the good rows in input order; row ``r`` goes to test, validation or train
-   by ``split_mask`` / ``validation_mask`` of ``(seed, r)`` (``features.shards``), and each
+   by ``split_mask`` / ``validation_mask`` of ``(seed, r)`` (``features.shards``; with
+   ``validation_split = "recent"`` the validation rows are the non-test rows of the last
+   ``validation_fraction`` of the input), and each
    split's rows, in order, fill shards ``part-00000.parquet``, ... of ``rows_per_shard`` rows
    in row groups of ``ROW_GROUP_ROWS``; one task writes each shard.
 
@@ -39,7 +41,7 @@ from features.cells import arrow_schema
 from features.read_report import BadRowBudget, ReadReport
 from features.readers import list_files
 from features.schema import Schema
-from features.shards import split_codes, write_parquet_file
+from features.shards import VALIDATION_SPLITS, recent_start, split_codes, write_parquet_file
 from features.tasks import TaskRunner, atomic_path, runner_or_local
 
 SPLITS = ("train", "validation", "test")
@@ -81,7 +83,7 @@ class _WriteTask:
     split: int
     pieces: tuple[_Piece, ...]
     out: str
-    split_args: tuple[int, float, float]  # seed, test_fraction, validation_fraction
+    split_args: tuple[int, float, float, int]  # seed, test, validation fractions, recent_from
 
 
 def write_shard(task: _WriteTask) -> str:
@@ -89,8 +91,7 @@ def write_shard(task: _WriteTask) -> str:
 
     def batches() -> Any:
         for p in task.pieces:
-            seed, test, validation = task.split_args
-            codes = split_codes(seed, p.offset, p.rows, test, validation)
+            codes = split_codes(task.split_args[0], p.offset, p.rows, *task.split_args[1:])
             rows = np.flatnonzero(codes == task.split)[p.take[0] : p.take[1]]
             if not rows.size:
                 continue
@@ -104,14 +105,15 @@ def write_shard(task: _WriteTask) -> str:
     return str(out)
 
 
-def _split_counts(rows: Sequence[int], seed: int, test: float, validation: float) -> np.ndarray:
+def _split_counts(rows: Sequence[int], split_args: tuple[int, float, float, int]) -> np.ndarray:
     """``[chunks, 3]``: each chunk's good rows in train, validation and test."""
     out = np.zeros((len(rows), 3), np.int64)
     offset = 0
+    seed, rest = split_args[0], split_args[1:]
     for i, n in enumerate(rows):
         for lo in range(0, n, _CODE_BLOCK):
             m = min(_CODE_BLOCK, n - lo)
-            out[i] += np.bincount(split_codes(seed, offset + lo, m, test, validation), minlength=3)
+            out[i] += np.bincount(split_codes(seed, offset + lo, m, *rest), minlength=3)
         offset += n
     return out
 
@@ -122,7 +124,7 @@ def _plan_writes(
     chunk_files: Sequence[str],
     out: Path,
     rows_per_shard: int,
-    split_args: tuple[int, float, float],
+    split_args: tuple[int, float, float, int],
 ) -> list[_WriteTask]:
     """One task per shard of every split: its rows' pieces of the chunks, in input order."""
     offsets = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
@@ -143,7 +145,11 @@ def _plan_writes(
     return tasks
 
 
-def _check_fractions(test_fraction: float, validation_fraction: float) -> None:
+def _check_fractions(test_fraction: float, validation_fraction: float, split: str) -> None:
+    if split not in VALIDATION_SPLITS:
+        raise ValueError(
+            f"validation_split must be one of {list(VALIDATION_SPLITS)}, got {split!r}"
+        )
     if not 0.0 <= test_fraction < 1.0:
         raise ValueError(f"test_fraction must be in [0, 1), got {test_fraction!r}")
     if not 0.0 <= validation_fraction < 1.0:
@@ -172,6 +178,7 @@ def convert(
     *,
     test_fraction: float = 0.0,
     validation_fraction: float = 0.0,
+    validation_split: str = "hash",
     seed: int = 0,
     rows_per_shard: int = 1_000_000,
     batch_rows: int = 65536,
@@ -186,13 +193,15 @@ def convert(
     Good row ``r`` (0-based, input order) goes to ``out_dir/test/`` with probability
     ``test_fraction`` (``split_mask`` of ``seed`` and ``r``), to ``out_dir/validation/`` with
     probability ``validation_fraction`` of the other rows (``validation_mask``), else to
-    ``out_dir/train/``. Bad rows raise DataError, or are skipped and counted in ``report`` while
+    ``out_dir/train/``. ``validation_split = "recent"``: the validation rows are instead the
+    non-test rows among the last ``validation_fraction`` of the good rows in input order (files
+    in the order given), for logs written in time order. Bad rows raise DataError, or are skipped and counted in ``report`` while
     there are at most ``max_bad_rows`` of them. The tasks run on ``runner`` (default: this
     process); the shards are the same whichever runs them. Returns ``{"train": [shard paths],
     "validation": [...], "test": [...]}``; read them back with
     ``read_batches(schema.as_parquet(), out_dir / "train")``.
     """
-    _check_fractions(test_fraction, validation_fraction)
+    _check_fractions(test_fraction, validation_fraction, validation_split)
     if not isinstance(rows_per_shard, int) or rows_per_shard < 1:
         raise ValueError(f"rows_per_shard must be an integer >= 1, got {rows_per_shard!r}")
     if not isinstance(max_bad_rows, int) or max_bad_rows < 0:
@@ -213,8 +222,10 @@ def convert(
         rows = [r.rows for r in results]
         fractions = {"train": 1.0, "validation": validation_fraction, "test": test_fraction}
         written = _prepare_folders(out, fractions)
-        split_args = (seed, test_fraction, validation_fraction)
-        counts = _split_counts(rows, *split_args)
+        recent = validation_split == "recent" and validation_fraction > 0
+        recent_from = recent_start(sum(rows), validation_fraction) if recent else -1
+        split_args = (seed, test_fraction, validation_fraction, recent_from)
+        counts = _split_counts(rows, split_args)
         chunk_files = [str(work / f"chunk-{i:06d}.arrow") for i in range(len(chunks))]
         tasks = _plan_writes(rows, counts, chunk_files, out, rows_per_shard, split_args)
         paths = runner.map(write_shard, tasks, label="convert: write shards")

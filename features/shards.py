@@ -152,18 +152,40 @@ def validation_mask(
     return (u >= test_fraction) & (u < test_fraction + validation_fraction * (1 - test_fraction))
 
 
+#: how ``split_codes`` picks the validation rows: ``hash`` (a row-hash sample, like the test
+#: rows) or ``recent`` (the last rows of the input, for logs in time order)
+VALIDATION_SPLITS = ("hash", "recent")
+
+
 def split_codes(
-    seed: int, start: int, n: int, test_fraction: float, validation_fraction: float
+    seed: int,
+    start: int,
+    n: int,
+    test_fraction: float,
+    validation_fraction: float,
+    recent_from: int = -1,
 ) -> np.ndarray:
     """int8[n]: the split of rows ``start .. start+n-1``: 0 train, 1 validation
-    (``validation_mask``), 2 test (``split_mask``)."""
+    (``validation_mask``), 2 test (``split_mask``).
+
+    ``recent_from`` >= 0: the validation rows are instead every row from that global index on
+    that is not a test row (``validation_fraction`` is then not read)."""
     u = row_uniform(seed, start, n)
     codes = np.zeros(n, np.int8)
-    codes[
-        (u >= test_fraction) & (u < test_fraction + validation_fraction * (1 - test_fraction))
-    ] = 1
+    if recent_from >= 0:
+        codes[np.arange(start, start + n) >= recent_from] = 1
+    else:
+        codes[
+            (u >= test_fraction) & (u < test_fraction + validation_fraction * (1 - test_fraction))
+        ] = 1
     codes[u < test_fraction] = 2
     return codes
+
+
+def recent_start(total_rows: int, validation_fraction: float) -> int:
+    """The global index from which the last ``validation_fraction`` of ``total_rows`` rows
+    start (``split_codes``' ``recent_from``): ``total_rows - round(fraction * total_rows)``."""
+    return total_rows - round(validation_fraction * total_rows)
 
 
 def write_parquet_file(batches: Iterable[pa.RecordBatch], path: str | Path) -> int:

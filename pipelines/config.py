@@ -53,6 +53,7 @@ from pipelines.config_sections import (
     PairStatsConfig,
     VocabConfig,
 )
+from features.shards import VALIDATION_SPLITS
 from pipelines.config_types import type_error
 from ranking.config import ModelConfig, PrerankConfig
 
@@ -97,8 +98,12 @@ class DataConfig:
       validation: the validation files or shards (raw or Parquet, like ``train``/``test``); when
         given, ``validation_fraction`` is not used.
       validation_fraction: the fraction of the training rows held out as the validation split
-        (by row hash and ``split_seed``, like the test split, never a test row); model selection
-        and early stopping read it, never the test set. 0: no validation split.
+        (never a test row); model selection and early stopping read it, never the test set.
+        0: no validation split.
+      validation_split: which training rows the fraction takes: ``hash`` (a sample by row
+        hash and ``split_seed``, like the test split) or ``recent`` (the last rows in input
+        order, files in the order given: for logs in time order whose test rows come later,
+        so that selection reads the rows closest to them).
       max_bad_rows: bad raw rows to skip and count before failing (0: fail on the first).
         With ``train`` Parquet shards read as they are, a value above 0 reads them through the
         conversion into the run's ``data/`` folder instead, where bad rows are skipped and
@@ -126,6 +131,7 @@ class DataConfig:
     validation: tuple[str, ...] = ()
     test_fraction: float = 0.2
     validation_fraction: float = 0.1
+    validation_split: str = "hash"
     split_seed: int = 0
     max_bad_rows: int = 0
     crosses: str = ""
@@ -168,6 +174,16 @@ class DataConfig:
             )
         if self.max_bad_rows < 0:
             raise ConfigError(f"[data] max_bad_rows must be >= 0, got {self.max_bad_rows}")
+        if self.validation_split not in VALIDATION_SPLITS:
+            raise ConfigError(
+                f"[data] validation_split {self.validation_split!r} is not one of "
+                f"{list(VALIDATION_SPLITS)}"
+            )
+        if self.validation_split != "hash" and self.validation:
+            raise ConfigError(
+                f"[data] validation_split = {self.validation_split!r} splits the training rows, "
+                "but validation files are given: set one or the other"
+            )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -34,7 +34,8 @@ the row prints the mean difference and how many seeds' 95% intervals exclude 0 o
 model's (median of 50 calls on 512 test rows, same process).
 
 Datasets (``--datasets``): ``movielens`` (random 80/20 split), ``movielens_time`` (the last 20%
-of ratings by timestamp as test), ``open_bandit`` (20,000 impressions, about 100 clicks;
+of ratings by timestamp as test; ``--recent-validation F``: the most recent fraction F of the
+training period is the validation split instead of a random tenth), ``open_bandit`` (20,000 impressions, about 100 clicks;
 its AUCs are noisy), ``synthetic`` (``--rows`` rows, Criteo layout).
 
     python -m bench.training.quality --data-root ../shared/data --seeds 3
@@ -93,8 +94,14 @@ def method_config(method: str, data: dict, out: Path, seed: int, epochs: int) ->
     )
 
 
-def time_split(data_root: Path, work: Path) -> dict[str, Any] | None:
-    """MovieLens ratings split by time: the last 20% by timestamp is the test file."""
+def time_split(
+    data_root: Path, work: Path, recent_validation: float = 0.0
+) -> dict[str, Any] | None:
+    """MovieLens ratings split by time: the last 20% by timestamp is the test file.
+
+    ``recent_validation`` > 0: that fraction of the training period's ratings, the most recent
+    ones, is the validation split (``[data] validation_split = "recent"``); 0: the run's
+    default validation split, a random tenth of the training ratings."""
     ratings = data_root / "movielens-latest-small" / "ratings.csv"
     if not ratings.exists():
         print(f"movielens_time: skipped, {ratings} does not exist")
@@ -114,11 +121,14 @@ def time_split(data_root: Path, work: Path) -> dict[str, Any] | None:
             w = csv.writer(f)
             w.writerow(header)
             w.writerows(part)
-    return {
+    data: dict[str, Any] = {
         "schema": "movielens",
         "train": [str(out / "train.csv")],
         "test": [str(out / "test.csv")],
     }
+    if recent_validation:
+        data |= {"validation_split": "recent", "validation_fraction": recent_validation}
+    return data
 
 
 def test_scores(run_dir: Path, files: list[str], members: list[str] | None = None) -> np.ndarray:
@@ -238,7 +248,7 @@ def independent_ensemble(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def bench_dataset(name: str, args: Any, work: Path) -> dict[str, Any] | None:
     if name == "movielens_time":
-        data = time_split(Path(args.data_root), work)
+        data = time_split(Path(args.data_root), work, args.recent_validation)
     else:
         data = dataset_configs(name, Path(args.data_root), work, args.rows)
     if data is None:
@@ -344,6 +354,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument("--latency", action="store_true", help="time the ensemble's export")
     p.add_argument("--no-xgboost", action="store_true", help="the LR baseline only")
+    p.add_argument(
+        "--recent-validation",
+        type=float,
+        default=0.0,
+        help="movielens_time: validate on this fraction of the most recent training ratings "
+        "(0: a random tenth of them)",
+    )
     p.add_argument("--json", default="", help="write the summary here")
     args = p.parse_args(argv)
     args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]

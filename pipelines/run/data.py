@@ -131,18 +131,22 @@ def _convert(
     report = read_report.ReadReport()
     t0 = time.time()
     split = {"validation_fraction": fraction, "seed": d.split_seed}
+    split |= {"validation_split": d.validation_split}
     split |= {"max_bad_rows": d.max_bad_rows, "report": report, "runner": runner}
+    held = f"validation_fraction={fraction}" + (
+        f", validation_split={d.validation_split}" if fraction else ""
+    )
     if d.raw:
         log(
             f"converting {len(d.raw)} raw input(s) to Parquet (test_fraction={d.test_fraction}, "
-            f"validation_fraction={fraction})"
+            f"{held})"
         )
         convert.convert(schema, list(d.raw), paths.data, test_fraction=d.test_fraction, **split)
     else:
         what = "Parquet" if schema.source.format == "parquet" else "raw"
         log(
             f"converting {len(d.train)} {what} training input(s) to the run's Parquet shards "
-            f"(validation_fraction={fraction})"
+            f"({held})"
         )
         convert.convert(schema, list(d.train), paths.data, **split)
         if d.test and not direct:

@@ -79,3 +79,24 @@ def test_a_shard_is_written_in_row_groups_of_65536_rows(tmp_path):
     sizes = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
     assert sizes == [ROW_GROUP_ROWS, 69_993 - ROW_GROUP_ROWS]
     assert pq.read_table(tmp_path / "s.parquet").column("x").to_pylist() == list(range(69_993))
+
+
+def _x(files: list[Path]) -> list[float]:
+    return [v for f in files for v in pq.read_table(f).column("x").to_pylist()]
+
+
+def test_recent_validation_takes_the_last_training_rows_in_input_order(tmp_path):
+    a = _write(tmp_path / "a.csv", 1_000)  # row i has x = i / 2
+    kw = {"test_fraction": 0.2, "validation_fraction": 0.25, "seed": 3}
+    hashed = convert(SCHEMA, [a], tmp_path / "hash", **kw)
+    for i, chunk in enumerate((1 << 30, 2_000)):
+        out = convert(
+            SCHEMA, [a], tmp_path / f"r{i}", validation_split="recent", chunk_bytes=chunk, **kw
+        )
+        test = set(_x(out["test"]))
+        assert _x(out["test"]) == _x(hashed["test"])  # the test rows are the same either way
+        # rows 750 .. 999 (the last quarter of the input) that are not test rows
+        assert _x(out["validation"]) == [g / 2 for g in range(750, 1_000) if g / 2 not in test]
+        assert _x(out["train"]) == [g / 2 for g in range(750) if g / 2 not in test]
+    with pytest.raises(ValueError, match=r"validation_split must be one of \['hash', 'recent'\]"):
+        convert(SCHEMA, [a], tmp_path / "bad", validation_split="last", **kw)

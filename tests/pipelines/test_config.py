@@ -153,6 +153,22 @@ def test_data_values_of_the_wrong_type_are_config_errors(tmp_path, data, match):
         load_config(tmp_path / "c.toml")
 
 
+@pytest.mark.parametrize(
+    ("data", "match"),
+    [
+        ("train = 't'\nvalidation_split = 'last'", r"validation_split 'last' is not one of"),
+        (
+            "train = 't'\nvalidation = 'v'\nvalidation_split = 'recent'",
+            r"validation_split = 'recent' splits the training rows, but validation files",
+        ),
+    ],
+)
+def test_validation_split_errors(tmp_path, data, match):
+    (tmp_path / "c.toml").write_text(f'output_dir = "r"\n[data]\nschema = "s.toml"\n{data}\n')
+    with pytest.raises(ConfigError, match=match):
+        load_config(tmp_path / "c.toml")
+
+
 def test_right_types_are_kept_and_integers_count_as_numbers(tmp_path):
     (tmp_path / "c.toml").write_text(
         _TYPED + "[train]\nlearning_rate = 1\ndeterministic = false\n[model]\nmlp = [64]\n"

@@ -74,11 +74,13 @@ def test_per_field_method_in_every_model(tiny_data, model):
             embedding_methods={"user": "bh", "item": "qr", "tags": "hashing"},
             embedding_compression=2.0,
             compress_min_rows=2,
+            wide=model == "dnn",  # dnn with lr's wide term (dcn_v2 without)
         ),
     )
     report = train(cfg, log=lambda _: None)
     assert report["test"]["auc"] > 0.6
     trained, _, _ = load_trained_model(cfg.output_dir)
+    assert (trained.wide is not None) == (model != "dcn_v2")
     if trained.embedding is not None:
         methods = {t.name: t.method for t in trained.embedding.tables}
         assert methods == {"user": "bh", "item": "qr", "tags": "hashing", "age": "full"}
