@@ -30,7 +30,9 @@ Each StitchRec row is over ``--seeds`` seeds (mean ± standard deviation of test
 paired bootstrap (``pipelines.evaluation.compare.compare_scores``, the engine of ``stitchrec
 ab``, 1,000 resamples of the test rows) compares every seed's test scores with ``sk_lr``'s, and
 the row prints the mean difference and how many seeds' 95% intervals exclude 0 on either side.
-``--latency`` also times the exported ensemble's ``serving_default`` against the single
+``--continue-over-validation`` adds a second table per dataset: every run continued for one
+epoch over its validation rows, against scikit-learn's LR refit on the training and validation
+rows (``bench.training.continued``). ``--latency`` also times the exported ensemble's ``serving_default`` against the single
 model's (median of 50 calls on 512 test rows, same process).
 
 Datasets (``--datasets``): ``movielens`` (random 80/20 split), ``movielens_time`` (the last 20%
@@ -57,6 +59,7 @@ import tensorflow as tf
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
 
+from bench.training.continued import continued
 from bench.training.lr_baseline import REPO, bench_parser, converted, dataset_configs, encode
 from features.dataset import field_tf_dtype, iter_batches, list_parquet
 from features.schema import load_schema
@@ -205,14 +208,9 @@ def latency(single: Path, ensemble: Path, data: dict[str, Any]) -> dict[str, flo
     return out
 
 
-def run_method(method: str, data: dict, work: Path, seed: int, args: Any) -> dict[str, Any]:
-    out = work / f"{method}_seed{seed}"
-    if (out / "train_report.json").exists():  # finished by an earlier call: read back
-        report = json.loads((out / "train_report.json").read_text())
-    else:
-        report = train(method_config(method, data, out, seed, args.epochs), lambda _line: None)
-    test_files = converted(out, data)["test"]  # the run's own test shards when it converted
-    row = {
+def run_row(out: Path, report: dict, seed: int, test_files: list[str]) -> dict[str, Any]:
+    """One run's row of a table: its steps, seconds, test AUC and test scores."""
+    return {
         "seed": seed,
         "steps": report["steps"],
         "seconds": report["train_seconds"] + report["eval_seconds"],
@@ -220,6 +218,16 @@ def run_method(method: str, data: dict, work: Path, seed: int, args: Any) -> dic
         "scores": test_scores(out, test_files),
         "dir": out,
     }
+
+
+def run_method(method: str, data: dict, work: Path, seed: int, args: Any) -> dict[str, Any]:
+    out = work / f"{method}_seed{seed}"
+    if (out / "train_report.json").exists():  # finished by an earlier call: read back
+        report = json.loads((out / "train_report.json").read_text())
+    else:
+        report = train(method_config(method, data, out, seed, args.epochs), lambda _line: None)
+    test_files = converted(out, data)["test"]  # the run's own test shards when it converted
+    row = run_row(out, report, seed, test_files)
     ens = report.get("ensemble")
     if ens:
         row["ensemble"] = {
@@ -265,6 +273,8 @@ def bench_dataset(name: str, args: Any, work: Path) -> dict[str, Any] | None:
             rows.setdefault(method, []).append(run_method(method, shards, work, seed, args))
             print(f"  {name} {method} seed {seed}: {rows[method][-1]['test_auc']:.4f}", flush=True)
     result = {"name": name, "baselines": base, "rows": rows, "latency": None}
+    if args.continue_over_validation:
+        result["continued"] = continued(result, shards, work, run_row, C_GRID)
     ens_rows = rows.get("dcn_ensemble")
     singles = rows.get("dcn", [])
     if len(singles) > 1:  # the seeds' runs as one ensemble: the same cost as len(singles) runs
@@ -355,6 +365,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--latency", action="store_true", help="time the ensemble's export")
     p.add_argument("--no-xgboost", action="store_true", help="the LR baseline only")
     p.add_argument(
+        "--continue-over-validation",
+        action="store_true",
+        help="also continue every run over its validation rows for one epoch and compare it "
+        "with scikit-learn's LR refit on the training and validation rows "
+        "(bench.training.continued)",
+    )
+    p.add_argument(
         "--recent-validation",
         type=float,
         default=0.0,
@@ -375,6 +392,8 @@ def main(argv: list[str] | None = None) -> None:
             result = bench_dataset(name.strip(), args, work)
             if result is not None:
                 summaries.append(report(result))
+            if result is not None and "continued" in result:
+                summaries.append(report(result["continued"]))
     if args.json:
         Path(args.json).write_text(json.dumps(summaries, indent=1, default=float))
 
