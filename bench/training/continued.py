@@ -15,6 +15,7 @@ it over those rows, so that the model also learns from the most recent period.
 from __future__ import annotations
 
 import json
+import tomllib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,7 @@ def continue_run(run: Path, shards: dict[str, Any], seed: int) -> tuple[Path, di
     out = run.with_name(run.name + SUFFIX)
     if (out / "train_report.json").exists():  # finished by an earlier call: read back
         return out, json.loads((out / "train_report.json").read_text())
-    model_type = json.loads((run / "train_report.json").read_text())["model"]
+    model = tomllib.loads((run / "config.toml").read_text())["model"]  # the run's own
     config = {
         "output_dir": str(out),
         "data": {
@@ -46,7 +47,7 @@ def continue_run(run: Path, shards: dict[str, Any], seed: int) -> tuple[Path, di
             "test": shards["test"],
             "validation_fraction": 0,
         },
-        "model": {"type": model_type},
+        "model": model,
         "train": {"seed": seed, "continue_from": str(run), "epochs": 1, "log_every": 10**6},
     }
     return out, train(config_from_dict(config, base_dir=REPO), lambda _line: None)
