@@ -45,6 +45,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from features.shards import VALIDATION_SPLITS
 from pipelines.config_sections import (
     ConfigError,
     DistributeConfig,
@@ -53,7 +54,6 @@ from pipelines.config_sections import (
     PairStatsConfig,
     VocabConfig,
 )
-from features.shards import VALIDATION_SPLITS
 from pipelines.config_types import type_error
 from ranking.config import ModelConfig, PrerankConfig
 

@@ -301,3 +301,13 @@ def test_tasks_are_checked_against_the_schema_labels(tmp_path):
     for tasks, match in cases:
         with pytest.raises(ConfigError, match=match):
             check_tasks(ModelConfig(tasks=tasks), schema)
+
+
+def test_fscd_refuses_a_model_with_a_wide_term(tmp_path):
+    from pipelines.preranking import prerank_model_config
+
+    (tmp_path / "c.toml").write_text(
+        _TYPED + '[model]\ntype = "dnn"\nwide = true\n[preranking]\nmethod = "fscd"\n'
+    )
+    with pytest.raises(ConfigError, match="'fscd' needs a model without a wide term"):
+        prerank_model_config(load_config(tmp_path / "c.toml"))
