@@ -211,6 +211,9 @@ class TrainConfig:
         restored, dense weights copied, embedding rows and their optimizer slots gathered by
         vocabulary value (the vocabularies may differ), the optimizer's step count carried
         over. Not together with ``warm_start``.
+      continue_epochs: the ``epochs`` of a ``continue_from`` run (0: ``epochs``), so that one
+        config trains a first window to early stopping and continues later windows for a
+        smaller budget (``stitchrec daily``; docs/continuous.md measures one epoch).
       new_rows: how a ``continue_from`` run initialises the rows of values the previous run's
         vocabulary lacks: ``oov`` (the previous OOV row), ``mean`` (the mean of the previous
         vocabulary rows), ``zeros``, or ``init`` (the new model's own initial rows).
@@ -253,6 +256,7 @@ class TrainConfig:
     deterministic: bool = False
     warm_start: str = ""
     continue_from: str = ""
+    continue_epochs: int = 0
     new_rows: str = "oov"
     eval_every: int = 0
     early_stopping: bool | None = None
@@ -270,8 +274,9 @@ class TrainConfig:
         for key in ("batch_size", "epochs", "checkpoint_every", "log_every", "shuffle_buffer"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"[train] {key} must be >= 1, got {getattr(self, key)}")
-        if self.max_steps < 0:
-            raise ConfigError(f"[train] max_steps must be >= 0, got {self.max_steps}")
+        for key in ("max_steps", "continue_epochs"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"[train] {key} must be >= 0, got {getattr(self, key)}")
         if not self.learning_rate > 0:
             raise ConfigError(f"[train] learning_rate must be > 0, got {self.learning_rate}")
         if self.optimizer not in _OPTIMIZERS:
@@ -300,6 +305,13 @@ class TrainConfig:
                 "weights; set one of them"
             )
         self._check_selection()
+
+    def run_epochs(self) -> TrainConfig:
+        """This config with the epochs its run trains: ``continue_epochs`` where it continues
+        a run (``continue_from``) and sets them, else itself."""
+        if self.continue_from and self.continue_epochs:
+            return dataclasses.replace(self, epochs=self.continue_epochs)
+        return self
 
     def _check_selection(self) -> None:
         """The validation-driven keys: eval_every, early_stopping, select_metric, patience,

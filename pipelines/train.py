@@ -32,6 +32,7 @@ one stops. The loop itself is ``pipelines.run.loop``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,7 @@ def train(cfg: PipelineConfig, log: Log = print) -> dict[str, Any]:
 
 
 def _train(cfg: PipelineConfig, log: Log) -> dict[str, Any]:
+    cfg = dataclasses.replace(cfg, train=cfg.train.run_epochs())
     dist = distribute.setup(cfg.distribute, log)  # first: it starts the cluster's servers
     if dist.serves_only:  # a parameter_server worker or ps task: serve until the chief is done
         return dist.serve(cfg.output_dir)

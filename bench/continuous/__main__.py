@@ -60,6 +60,12 @@ def parse(argv: list[str] | None) -> Any:
         "--item-max-vocab", type=int, default=0, help="continuous_evict (0: day 0's item vocab)"
     )
     p.add_argument("--embedding-dim", type=int, default=8)
+    p.add_argument(
+        "--continue-epochs",
+        type=int,
+        default=0,
+        help="the continuous arms' [train] continue_epochs (0: early stopping, at most 20)",
+    )
     p.add_argument("--json", default="", help="write the results here")
     args = p.parse_args(argv)
     args.datasets = [d.strip() for d in args.datasets.split(",") if d.strip()]
@@ -68,6 +74,8 @@ def parse(argv: list[str] | None) -> Any:
         p.error(f"--datasets: unknown {unknown}; expected some of {sorted(WINDOW_SOURCES)}")
     if args.days < 3:
         p.error(f"--days {args.days}: expected at least 3 (day 0, a trained day, its next day)")
+    if args.continue_epochs < 0:
+        p.error(f"--continue-epochs {args.continue_epochs}: expected at least 0")
     for flag in ("seeds", "window", "evict_after"):
         if getattr(args, flag) < 1:
             p.error(f"--{flag.replace('_', '-')} {getattr(args, flag)}: expected at least 1")
@@ -80,7 +88,7 @@ def bench_dataset(name: str, work: Path, args: Any) -> list[dict[str, Any]]:
     for seed in range(args.first_seed, args.first_seed + args.seeds):
         windows = WINDOW_SOURCES[name](work, seed, args)
         runs = run_arms(windows, seed, work, args)
-        seeds.append(seed_figures(windows, runs))
+        seeds.append(seed_figures(windows, runs, args.evict_after))
     return seeds
 
 

@@ -73,6 +73,7 @@ def train_day(
         }
         if continue_from is not None:
             tc["continue_from"] = str(continue_from)
+            tc["continue_epochs"] = args.continue_epochs
         raw = {"output_dir": str(out), "data": data, "model": model_config(args), "train": tc}
         if vocab:
             raw["vocab"] = vocab

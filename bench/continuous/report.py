@@ -1,17 +1,21 @@
 """The bench's figures from the arms' runs: next-day AUCs scored by the exports, paired
 intervals (``pipelines.evaluation.compare.compare_scores`` through ``bench.multitask.common``),
-training seconds, vocabulary sizes and export bytes; and their markdown tables."""
+training seconds, vocabulary sizes (and, for the eviction arm, their ratio to the values active
+in the eviction horizon) and export bytes; and their markdown tables."""
 
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 from typing import Any
 
+import pyarrow.compute as pc
 from sklearn.metrics import roc_auc_score
 
 from bench.continuous.arms import ARMS, DayRun
 from bench.continuous.windows import Windows
 from bench.multitask.common import mean_sd, pair_text, paired, score_export
+from features.vocab_state import VocabState
 
 #: (name, treatment, control) of the paired next-day AUC differences.
 PAIRS = (
@@ -23,9 +27,24 @@ PAIRS = (
 TRAINED = ("sliding", "continuous", "continuous_evict")
 
 
-def seed_figures(windows: Windows, runs: dict[str, dict[int, DayRun]]) -> dict[str, Any]:
+def horizon_active(run_dir: Path, evict_after: int) -> dict[str, int]:
+    """Per vocabulary field, how many values a run's vocabulary state saw in the eviction
+    horizon: its last ``evict_after + 1`` windows (``last_seen >= window - evict_after``). Read
+    from a run that never evicts, whose state holds every value it has counted."""
+    state = VocabState.load(run_dir / "stats")
+    first = state.window - evict_after
+    return {
+        name: int(pc.sum(pc.greater_equal(t.column("last_seen"), first)).as_py() or 0)
+        for name, t in state.tables.items()
+    }
+
+
+def seed_figures(
+    windows: Windows, runs: dict[str, dict[int, DayRun]], evict_after: int
+) -> dict[str, Any]:
     """One seed's figures per day ``d >= 1``: each arm's AUC on day ``d + 1``'s test rows,
-    the paired differences, seconds, vocabulary sizes and export bytes."""
+    the paired differences, seconds, vocabulary sizes, the values active in the eviction
+    horizon (``horizon_active`` of the ``continuous`` arm) and export bytes."""
     days = sorted(d for d in runs["continuous"] if d >= 1)
     out: dict[str, Any] = {"auc": {a: [] for a in ARMS}, "pairs": {p[0]: [] for p in PAIRS}}
     for d in days:
@@ -43,6 +62,7 @@ def seed_figures(windows: Windows, runs: dict[str, dict[int, DayRun]]) -> dict[s
     out["train_seconds"] = {a: [runs[a][d].report["train_seconds"] for d in days] for a in TRAINED}
     out["wall_seconds"] = {a: [round(runs[a][d].wall_seconds, 2) for d in days] for a in TRAINED}
     out["vocab"] = {a: [runs[a][d].vocab for d in days] for a in TRAINED}
+    out["active"] = [horizon_active(runs["continuous"][d].dir, evict_after) for d in days]
     out["export_bytes"] = {a: [runs[a][d].export_bytes for d in days] for a in ARMS}
     return out
 
@@ -90,9 +110,24 @@ def print_tables(name: str, seeds: list[dict[str, Any]]) -> None:
             total = _mean([sum(s["vocab"][a][i].values()) for s in seeds])
             cells.append(f"{item:,.0f} / {total:,.0f}")
         print(f"| {d} | " + " | ".join(cells) + " |")
+    _print_horizon(name, seeds)
     print(f"\n== {name}: export bytes per day (MB)")
     print("| day | " + " | ".join(ARMS) + " |")
     print("|---" * (len(ARMS) + 1) + "|")
     for i, d in enumerate(days):
         cells = [f"{_mean([s['export_bytes'][a][i] for s in seeds]) / 1e6:.2f}" for a in ARMS]
+        print(f"| {d} | " + " | ".join(cells) + " |")
+
+
+def _print_horizon(name: str, seeds: list[dict[str, Any]]) -> None:
+    """The eviction arm's vocabulary sizes against the values active in its horizon."""
+    print(f"\n== {name}: continuous_evict vocabulary / values active in the eviction horizon")
+    print("| day | item field | all vocabulary fields |")
+    print("|---|---|---|")
+    for i, d in enumerate(seeds[0]["days"]):
+        cells = []
+        for pick in (lambda v, s: v[s["item"]], lambda v, _s: sum(v.values())):
+            size = _mean([pick(s["vocab"]["continuous_evict"][i], s) for s in seeds])
+            active = _mean([pick(s["active"][i], s) for s in seeds])
+            cells.append(f"{size:,.0f} / {active:,.0f} = {size / active:.2f}x")
         print(f"| {d} | " + " | ".join(cells) + " |")

@@ -2,7 +2,12 @@
 
 ``Windows`` is what every arm reads; ``WINDOW_SOURCES`` maps a ``--datasets`` name to the
 function writing (or reading back) that dataset's windows for one seed. ``synthetic`` is
-``features.synthetic_days`` (its ``days.json`` adds each day's oracle AUC).
+``features.synthetic_days`` (its ``days.json`` adds each day's oracle AUC). ``movielens`` is
+MovieLens ml-latest-small under ``--data-root``: its ratings cut by year (``stitchrec windows
+--by year --min-rows 5000``: 12 windows, 1996 to 2018), each window's ratings split into train
+and test shards (a fifth of the rows by hash of the seed and row, ``features.convert``) with the
+shipped ``movielens`` schema; a "day" of the bench is one of those windows (the first
+``--days``).
 """
 
 from __future__ import annotations
@@ -13,10 +18,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from features.schema import load_schema
+from features.convert import convert
+from features.schema import load_schema, shipped_schemas
 from features.synthetic_config import SyntheticConfig
 from features.synthetic_days import write_days
 from features.synthetic_days_config import ITEM, DaysConfig, day_name
+from features.windows import WindowSpec, cut_windows
+
+#: ``movielens``: windows under this many ratings merge into the next (``WindowSpec.min_rows``)
+MOVIELENS_MIN_ROWS = 5_000
 
 
 class Windows(NamedTuple):
@@ -74,8 +84,45 @@ def synthetic_windows(work: Path, seed: int, args: Any) -> Windows:
     )
 
 
+def movielens_windows(work: Path, seed: int, args: Any) -> Windows:
+    """MovieLens ratings by year (the module docstring), written once under ``work``: the cut
+    shared by every seed, each seed's train / test shards apart."""
+    ratings = Path(args.data_root) / "movielens-latest-small" / "ratings.csv"
+    if not ratings.exists():
+        raise FileNotFoundError(f"movielens: {ratings} does not exist (--data-root)")
+    cut = work / "movielens_by_year"
+    if not (cut / "windows.json").exists():
+        cut_windows(ratings, cut, WindowSpec(by="year", min_rows=MOVIELENS_MIN_ROWS))
+    found = json.loads((cut / "windows.json").read_text())["windows"][: args.days]
+    out = work / f"movielens_windows_seed{seed}"
+    schema = load_schema(shipped_schemas()["movielens"])
+    if not (out / "schema.toml").exists():
+        for d, window in enumerate(found):
+            folder = cut / window["folder"]
+            movies = folder / "movies.csv"  # the schema joins movies.csv beside each ratings file
+            if not movies.exists():
+                movies.symlink_to(ratings.parent / "movies.csv")
+            convert(
+                schema, folder / "part-00000.csv", out / day_name(d), test_fraction=0.2, seed=seed
+            )
+        schema.as_parquet().save(out / "schema.toml")  # last: the windows are complete
+    folders = [out / day_name(d) for d in range(len(found))]
+    return Windows(
+        name="movielens",
+        schema=out / "schema.toml",
+        train=[f / "train" for f in folders],
+        test=[f / "test" for f in folders],
+        label="label",
+        item="movieId",
+        oracle_auc=[None] * len(folders),
+    )
+
+
 #: ``--datasets`` name -> the function giving that dataset's windows for one seed.
-WINDOW_SOURCES: dict[str, Callable[[Path, int, Any], Windows]] = {"synthetic": synthetic_windows}
+WINDOW_SOURCES: dict[str, Callable[[Path, int, Any], Windows]] = {
+    "synthetic": synthetic_windows,
+    "movielens": movielens_windows,
+}
 
 
 def capped_schema(windows: Windows, field: str, max_vocab: int, out: Path) -> Path:

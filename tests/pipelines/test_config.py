@@ -53,6 +53,7 @@ def test_to_toml_round_trip(tmp_path):
     [
         (("epochs = 2", "epochs = 0"), r"\[train\] epochs must be >= 1"),
         (("epochs = 2", "epoch = 2"), r"unknown keys \['epoch'\]"),
+        (("epochs = 2", "continue_epochs = -1"), r"\[train\] continue_epochs must be >= 0"),
         (('type = "dnn"', 'type = "gbdt"'), "model type 'gbdt'"),
         (('train = ["train"]', ""), "either `raw` files or `train`"),
         (("[train]", "[trian]"), r"unknown top-level keys \['trian'\]"),
@@ -311,3 +312,11 @@ def test_fscd_refuses_a_model_with_a_wide_term(tmp_path):
     )
     with pytest.raises(ConfigError, match="'fscd' needs a model without a wide term"):
         prerank_model_config(load_config(tmp_path / "c.toml"))
+
+
+def test_run_epochs_are_continue_epochs_only_where_a_run_continues():
+    first = TrainConfig(epochs=20, continue_epochs=1)
+    assert first.run_epochs().epochs == 20
+    continued = TrainConfig(epochs=20, continue_epochs=1, continue_from="runs/day1")
+    assert continued.run_epochs().epochs == 1
+    assert TrainConfig(epochs=20, continue_from="runs/day1").run_epochs().epochs == 20

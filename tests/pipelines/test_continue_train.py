@@ -86,12 +86,13 @@ def days(tmp_path_factory) -> dict[str, Path]:
 
 
 def _on_day2(days: dict, out: Path, distribute: str = "", **keys) -> Path:
-    """The config of a run on day 2 into ``out`` continuing the day 1 run: 2 steps at a
-    learning rate too small to move anything (the rows it starts from stay)."""
+    """The config of a run on day 2 into ``out`` continuing the day 1 run: 2 steps (unless
+    ``keys`` say otherwise) at a learning rate too small to move anything (the rows it starts
+    from stay)."""
     keys = {**_KEYS, "continue_from": str(days["first"]), "learning_rate": 1e-12, **keys}
     extra = _METHODS + distribute
     return write_run_config(
-        out.with_suffix(".toml"), days["day2"], out, _GROWN_MODEL, keys | {"max_steps": 2}, extra,
+        out.with_suffix(".toml"), days["day2"], out, _GROWN_MODEL, {"max_steps": 2} | keys, extra,
         NO_VALIDATION,
     )  # fmt: skip
 
@@ -134,6 +135,16 @@ def test_a_bigger_vocabulary_continues_by_value_where_warm_start_fails(
     lines.clear()
     assert train(cfg, lines.append)["steps_this_run"] == 0
     assert any("resuming this run's own checkpoint instead" in line for line in lines)
+
+
+def test_continue_epochs_bounds_a_continued_run_only(days, tmp_path):
+    """``epochs = 3, continue_epochs = 1``: the continued run trains one epoch of day 2 (1,000
+    rows of 128: 8 steps), not three."""
+    keys = {"epochs": 3, "continue_epochs": 1, "max_steps": 0, "learning_rate": 0.01}
+    report = train(load_config(_on_day2(days, tmp_path / "second", **keys)), lambda _: None)
+    assert report["steps_this_run"] == 8
+    ckpt = tf.train.latest_checkpoint(str(tmp_path / "second" / "checkpoints"))
+    assert tf.train.load_variable(ckpt, ITERATIONS) == 8 + 8
 
 
 # ---------------------------------------------------------------- exactness
