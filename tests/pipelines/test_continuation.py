@@ -45,7 +45,12 @@ def _model(
 ) -> tuple[tf.keras.Model, tf.keras.optimizers.Optimizer]:
     model = _Tiny(tables)
     model({t["name"]: tf.constant([0], tf.int64) for t in tables})
-    opt = {"adam": tf.keras.optimizers.Adam, "adagrad": tf.keras.optimizers.Adagrad}[optimizer](0.1)
+    kinds = {
+        "adam": tf.keras.optimizers.Adam,
+        "adagrad": tf.keras.optimizers.Adagrad,
+        "ftrl": tf.keras.optimizers.Ftrl,
+    }
+    opt = kinds[optimizer](0.1)
     opt.build(model.trainable_variables)
     return model, opt
 
@@ -148,6 +153,20 @@ def test_adagrad_accumulators_of_new_rows_start_at_the_initial_value():
     np.testing.assert_allclose(
         acc.numpy()[:, 0], [5.0, 8.0, 0.1, 6.0, 0.1], rtol=1e-6
     )  # Keras' initial 0.1
+
+
+def test_ftrl_accumulators_and_linears_follow_the_values():
+    old, old_opt = _model([{"name": "f", "num_rows": 4, "dim": 1}], "ftrl")
+    i = old_opt._index_dict[old_opt._var_key(old.embedding.layers_by_field["f"].table)]
+    old_opt._accumulators[i].assign([[5.0], [6.0], [7.0], [8.0]])
+    old_opt._linears[i].assign([[-1.0], [-2.0], [-3.0], [-4.0]])
+    new, opt = _model([{"name": "f", "num_rows": 5, "dim": 1}], "ftrl")
+    previous = _previous(old, old_opt, _stats(f=OLD))
+    continue_model(new, opt, previous, _stats(f=NEW), ContinueOptions(), lambda _: None)
+    j = opt._index_dict[opt._var_key(new.embedding.layers_by_field["f"].table)]
+    # rows: OOV <- OOV; c <- old 3; d (new); a <- old 1; e (new): Keras' initial 0.1 and 0
+    np.testing.assert_allclose(opt._accumulators[j].numpy()[:, 0], [5, 8, 0.1, 6, 0.1], rtol=1e-6)
+    np.testing.assert_array_equal(opt._linears[j].numpy()[:, 0], [-1, -4, 0, -2, 0])
 
 
 def test_amtl_rows_and_counts_follow_the_values():
