@@ -132,6 +132,7 @@ def test_make_dataset_element_spec_and_errors(tiny_data, tmp_path):
     assert spec["user"].dtype == tf.string and spec["item"].dtype == tf.int64
     assert spec["label"].dtype == tf.float32
     assert sum(int(b["label"].shape[0]) for b in ds) == count_rows(tiny_data["train"]) == 4000
+    assert ds.options().autotune.enabled is False  # dropping an iterator never waits on it
     with pytest.raises(FileNotFoundError, match="no Parquet files"):
         make_dataset(schema, tmp_path / "nope", batch_size=4)
     pq.write_table(pa.table({"user": ["a"]}), tmp_path / "bad.parquet")
