@@ -20,16 +20,22 @@ frozen), each seed's from ``pipelines.evaluation.compare.compare_scores``, the e
 ``stitchrec ab`` (1,000 bootstrap resamples of the test rows, 95%; a cell "d [lo, hi] b/w" is
 the mean difference over the seeds, the widest interval of any seed, and how many seeds'
 intervals lie above / below 0); training seconds per day of the trained arms (the training
-loop, and in parentheses the whole ``train`` call: data split, statistics, model, loop, test);
-vocabulary sizes per day (the item field and the sum over all vocabulary fields); SavedModel
-bytes per day. Every arm has the same model (dnn, embedding_dim ``--embedding-dim``, mlp [64,
-32]) and the config defaults' training: Adam 1e-3, batch 256, a 10% validation split and early
-stopping (patience 2, at most 20 epochs). Runs live under ``--work`` (a temporary folder by
+loop, and in parentheses the whole ``train`` call: data split, statistics, model, loop, test;
+then the steps trained), with the continued run's share of the retrain's loop seconds and
+steps; vocabulary sizes per day (the item field and the sum over all vocabulary fields); the
+eviction arm's vocabulary against the values seen in its horizon; SavedModel bytes per day.
+Every arm has the same model (dnn, embedding_dim ``--embedding-dim``, mlp [64, 32]) and the
+config defaults' training: Adam 1e-3, batch 256, a 10% validation split and early stopping
+(patience 2, at most 20 epochs; continued runs at most ``--continue-epochs``, the ``[train]
+continue_epochs`` key, where it is not 0). ``--datasets movielens`` reads MovieLens under
+``--data-root`` (``bench.continuous.windows``). Runs live under ``--work`` (a temporary folder by
 default); a run folder holding a finished run is read back, not trained again, so seeds run as
 separate processes on one ``--work`` (``--first-seed``) are tabled together by a last call
 with all the seeds.
 
-    python -m bench.continuous --seeds 3 --days 8 --rows 20000 --json /tmp/continuous.json
+    python -m bench.continuous --seeds 3 --days 8 --continue-epochs 1 --json /tmp/continuous.json
+    python -m bench.continuous --datasets movielens --days 12 --continue-epochs 1 \
+        --item-max-vocab 3000
 """
 
 from __future__ import annotations

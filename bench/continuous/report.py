@@ -61,6 +61,7 @@ def seed_figures(
     out["oracle_auc"] = [windows.oracle_auc[d + 1] for d in days]
     out["train_seconds"] = {a: [runs[a][d].report["train_seconds"] for d in days] for a in TRAINED}
     out["wall_seconds"] = {a: [round(runs[a][d].wall_seconds, 2) for d in days] for a in TRAINED}
+    out["steps"] = {a: [runs[a][d].report["steps_this_run"] for d in days] for a in TRAINED}
     out["vocab"] = {a: [runs[a][d].vocab for d in days] for a in TRAINED}
     out["active"] = [horizon_active(runs["continuous"][d].dir, evict_after) for d in days]
     out["export_bytes"] = {a: [runs[a][d].export_bytes for d in days] for a in ARMS}
@@ -90,15 +91,22 @@ def print_tables(name: str, seeds: list[dict[str, Any]]) -> None:
     for i, d in enumerate(days):
         cells = [pair_text([s["pairs"][p[0]][i] for s in seeds]) for p in PAIRS]
         print(f"| {d} | " + " | ".join(cells) + " |")
-    print(f"\n== {name}: training seconds per day (training loop; whole train call)")
-    print("| day | " + " | ".join(TRAINED) + " |")
-    print("|---" * (len(TRAINED) + 1) + "|")
+    print(f"\n== {name}: training seconds per day (training loop; whole train call; steps)")
+    print("| day | " + " | ".join(TRAINED) + " | continuous / sliding: loop s, steps |")
+    print("|---" * (len(TRAINED) + 2) + "|")
     for i, d in enumerate(days):
+        mean = {
+            (k, a): _mean([s[k][a][i] for s in seeds])
+            for k in ("train_seconds", "wall_seconds", "steps")
+            for a in TRAINED
+        }
         cells = [
-            f"{_mean([s['train_seconds'][a][i] for s in seeds]):.1f} "
-            f"({_mean([s['wall_seconds'][a][i] for s in seeds]):.1f})"
+            f"{mean['train_seconds', a]:.1f} ({mean['wall_seconds', a]:.1f}; "
+            f"{mean['steps', a]:,.0f})"
             for a in TRAINED
         ]
+        ratio = [mean[k, "continuous"] / mean[k, "sliding"] for k in ("train_seconds", "steps")]
+        cells.append(f"{ratio[0]:.0%}, {ratio[1]:.0%}")
         print(f"| {d} | " + " | ".join(cells) + " |")
     print(f"\n== {name}: vocabulary size per day (item field / all vocabulary fields)")
     print("| day | " + " | ".join(TRAINED) + " |")
