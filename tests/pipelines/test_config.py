@@ -4,6 +4,7 @@ import pytest
 
 from features.schema import load_schema
 from pipelines.config import EPOCHS_BOUND, ConfigError, TrainConfig, load_config, parse_override
+from pipelines.preranking import prerank_model_config
 from pipelines.run.model import check_tasks, make_optimizer
 from ranking.config import ModelConfig, TaskConfig
 
@@ -305,8 +306,6 @@ def test_tasks_are_checked_against_the_schema_labels(tmp_path):
 
 
 def test_fscd_refuses_a_model_with_a_wide_term(tmp_path):
-    from pipelines.preranking import prerank_model_config
-
     (tmp_path / "c.toml").write_text(
         _TYPED + '[model]\ntype = "dnn"\nwide = true\n[preranking]\nmethod = "fscd"\n'
     )
