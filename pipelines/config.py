@@ -45,6 +45,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from features.schema import _toml_value
 from features.shards import VALIDATION_SPLITS
 from pipelines.config_sections import (
     ConfigError,
@@ -350,8 +351,6 @@ class PipelineConfig:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
 
     def to_toml(self) -> str:
-        from features.schema import _toml_value
-
         d = self.to_dict()
         lines = [f"output_dir = {_toml_value(d.pop('output_dir'))}"]
         for section, values in d.items():
