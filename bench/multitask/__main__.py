@@ -40,7 +40,7 @@ from typing import Any
 from bench.multitask.data import movielens, synthetic
 from bench.multitask.moe import bench_moe
 from bench.multitask.multitask import bench_export, bench_multitask
-from bench.multitask.sequences import BASELINE, POOLINGS, bench_sequences
+from bench.multitask.sequences import BASELINE, DEFAULT_POOLINGS, POOLINGS, bench_sequences
 from bench.training.lr_baseline import bench_parser, run_bench
 
 SECTIONS = ("sequences", "multitask", "moe", "export")
@@ -52,7 +52,12 @@ def parse(argv: list[str] | None) -> Any:
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=512)
     p.add_argument("--embedding-dim", type=int, default=8)
-    p.add_argument("--poolings", default=",".join(POOLINGS), help="sequences: with mean")
+    p.add_argument(
+        "--poolings",
+        default=",".join(DEFAULT_POOLINGS),
+        help=f"sequences: some of {','.join(POOLINGS)}, with mean (din_paper: DIN's activation "
+        "unit on the raw vectors, sequence_options normalize = false)",
+    )
     p.add_argument(
         "--din-hidden",
         type=int,

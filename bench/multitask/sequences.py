@@ -23,8 +23,11 @@ from bench.multitask.common import (
 )
 from ranking.metrics import gauc
 
-POOLINGS = ("din", "mean", "none")
+POOLINGS = ("din", "din_paper", "mean", "none")
+DEFAULT_POOLINGS = ("din", "mean", "none")
 BASELINE = "mean"
+# din_paper: DIN with the paper's activation unit, on the raw vectors (normalize = false)
+POOLING_MODELS = {"din_paper": ("din", {"normalize": False})}
 
 
 def base_model(args: Any) -> dict[str, Any]:
@@ -33,9 +36,13 @@ def base_model(args: Any) -> dict[str, Any]:
 
 
 def seq_model(pooling: str, args: Any) -> dict[str, Any]:
-    model = {**base_model(args), "sequence_pooling": pooling}
-    if pooling == "din" and args.din_hidden:
-        model["sequence_options"] = {"hidden": list(args.din_hidden)}
+    kind, options = POOLING_MODELS.get(pooling, (pooling, {}))
+    options = dict(options)
+    if kind == "din" and args.din_hidden:
+        options["hidden"] = list(args.din_hidden)
+    model = {**base_model(args), "sequence_pooling": kind}
+    if options:
+        model["sequence_options"] = options
     return model
 
 

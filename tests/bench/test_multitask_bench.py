@@ -6,6 +6,9 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
+
+from bench.multitask.sequences import seq_model
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -40,3 +43,12 @@ def test_unknown_section_is_a_usage_error():
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert "--sections: unknown ['nope']" in proc.stderr
+
+
+def test_din_paper_is_din_on_the_raw_vectors():
+    args = SimpleNamespace(embedding_dim=8, din_hidden=[32])
+    paper = seq_model("din_paper", args)
+    assert paper["sequence_pooling"] == "din"
+    assert paper["sequence_options"] == {"normalize": False, "hidden": [32]}
+    assert seq_model("din", args)["sequence_options"] == {"hidden": [32]}
+    assert "sequence_options" not in seq_model("mean", args)

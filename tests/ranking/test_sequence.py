@@ -76,10 +76,17 @@ def test_masked_softmax_masks_padding_and_empty_rows():
     assert np.isfinite(tape.gradient(total, scores).numpy()).all()
 
 
+def _unit(v: np.ndarray) -> np.ndarray:
+    """``v / |v|`` along the last axis, 0 for a zero vector."""
+    n = np.linalg.norm(v, axis=-1, keepdims=True)
+    return np.divide(v, n, out=np.zeros_like(v), where=n > 0)
+
+
 def _din_reference(din: DINAttention, history, mask, target) -> np.ndarray:
     """DIN's output from its weights, in numpy (sigmoid activation unit)."""
-    t = np.broadcast_to(target[:, None], history.shape)
-    x = np.concatenate([history, t, history - t, history * t], axis=-1)
+    h, t = (_unit(history), _unit(target)) if din.normalize else (history, target)
+    t = np.broadcast_to(t[:, None], h.shape)
+    x = np.concatenate([h, t, h - t, h * t], axis=-1)
     for dense in din.dense_layers[:-1]:
         x = 1.0 / (1.0 + np.exp(-(x @ dense.kernel.numpy() + dense.bias.numpy())))
     score = din.dense_layers[-1]
@@ -92,9 +99,10 @@ def _din_reference(din: DINAttention, history, mask, target) -> np.ndarray:
     return np.sum((w * mask)[:, :, None] * history, axis=1)
 
 
+@pytest.mark.parametrize("normalize", [True, False])
 @pytest.mark.parametrize("softmax", [False, True])
-def test_din_with_known_weights(softmax: bool):
-    din = DINAttention(hidden=(3,), softmax=softmax)
+def test_din_with_known_weights(softmax: bool, normalize: bool):
+    din = DINAttention(hidden=(3,), softmax=softmax, normalize=normalize)
     _call(din)
     dense, score = din.dense_layers
     dense.kernel.assign(np.linspace(-1, 1, 16 * 3, dtype=np.float32).reshape(16, 3))
@@ -109,6 +117,29 @@ def test_din_with_known_weights(softmax: bool):
     if softmax:
         np.testing.assert_allclose(w.sum(axis=1), [1, 0, 1], rtol=1e-6)
     np.testing.assert_allclose(_call(din, _repadded(HISTORY, MASK)), out, rtol=1e-6)
+
+
+def test_normalized_din_weights_do_not_depend_on_the_embeddings_scale():
+    din, raw = DINAttention(hidden=(3,)), DINAttention(hidden=(3,), normalize=False)
+    _call(din), _call(raw)
+    raw.set_weights(din.get_weights())
+
+    def weights(block, scale: float) -> np.ndarray:
+        h, t = tf.constant(scale * HISTORY), tf.constant(scale * TARGET)
+        return block.scores(h, tf.constant(MASK), t).numpy()
+
+    np.testing.assert_allclose(weights(din, 0.01), weights(din, 1.0), rtol=1e-5)
+    assert not np.allclose(weights(raw, 0.01), weights(raw, 1.0), rtol=1e-3)
+    # the output still sums the raw history vectors
+    np.testing.assert_allclose(
+        _call(din, 0.01 * HISTORY, MASK, 0.01 * TARGET), 0.01 * _call(din), rtol=1e-4
+    )
+    zeros = tf.zeros_like(HISTORY)  # an empty history: zero vectors at every position
+    with tf.GradientTape() as tape:
+        tape.watch(zeros)
+        out = din(zeros, tf.zeros_like(MASK), tf.constant(TARGET))
+    np.testing.assert_array_equal(out.numpy(), 0.0)
+    assert np.isfinite(tape.gradient(out, zeros).numpy()).all()
 
 
 def test_dice_by_hand_with_masked_batch_statistics():
@@ -161,6 +192,8 @@ def test_argument_errors_name_argument_and_value():
         DINAttention(activation="relu")
     with pytest.raises(ValueError, match="hidden must be"):
         DINAttention(hidden=())
+    with pytest.raises(ValueError, match="normalize must be True or False, got 'yes'"):
+        DINAttention(normalize="yes")
     with pytest.raises(ValueError, match="max_len must be an int >= 1, got 0"):
         SelfAttentionEncoder(0)
     with pytest.raises(ValueError, match="dropout must be in"):
@@ -246,8 +279,8 @@ def test_din_position_bias_adds_a_vector_per_position():
     bias = np.arange(12, dtype=np.float32).reshape(4, 3) / 10.0
     din.position_bias.assign(bias)
     dense, score = din.dense_layers
-    x = din_features(tf.constant(HISTORY), tf.constant(TARGET)).numpy() @ dense.kernel.numpy()
-    x = 1.0 / (1.0 + np.exp(-(x + dense.bias.numpy() + bias[None])))
+    features = din_features(tf.constant(_unit(HISTORY)), tf.constant(_unit(TARGET))).numpy()
+    x = 1.0 / (1.0 + np.exp(-(features @ dense.kernel.numpy() + dense.bias.numpy() + bias[None])))
     w = (x @ score.kernel.numpy())[..., 0] + score.bias.numpy()[0]
     got = din.scores(tf.constant(HISTORY), tf.constant(MASK), tf.constant(TARGET)).numpy()
     np.testing.assert_allclose(got, w * MASK, rtol=1e-5, atol=1e-6)
