@@ -487,6 +487,13 @@ def serve(sub: Subparsers) -> None:
         help="share of traces recorded (0 to 1) for calls that do not continue a client's trace",
     )
     p.add_argument(
+        "--trace-detail",
+        choices=("stages", "call"),
+        default="stages",
+        help="stages: a span per stage of a call (decode, queue_wait, batch, inference); call: "
+        "one span per call with the stages' milliseconds as attributes (cheaper)",
+    )
+    p.add_argument(
         "--no-fusion",
         action="store_true",
         help="serve exports made with `stitchrec export --fuse` unfused",

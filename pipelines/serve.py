@@ -9,7 +9,7 @@
                     [--max-message-mb M] [--grace-seconds G] [--access-log] [--log-level L]
                     [--no-fusion] [--max-inflight N] [--max-queued-rows R]
                     [--retry-after-ms MS] [--drain-seconds D]
-                    [--otlp-endpoint HOST:PORT [--trace-sample-rate R]]
+                    [--otlp-endpoint HOST:PORT [--trace-sample-rate R] [--trace-detail D]]
                     [--log-dir DIR [--log-rate [MODEL=]R]... [--log-flush-seconds S]]
 
 With ``--workers N > 1`` the command reserves the port (and the HTTP port), starts N server
@@ -115,6 +115,7 @@ def _checked_options(args: argparse.Namespace) -> ServerOptions:
         drain_s=args.drain_seconds,
         otlp_endpoint=args.otlp_endpoint,
         trace_sample_rate=args.trace_sample_rate,
+        trace_detail=args.trace_detail,
         log_dir=args.log_dir,
         log_rates=log_rates,
         log_default_rate=log_default_rate,
@@ -241,6 +242,7 @@ def _worker_argv(args: argparse.Namespace, port: int) -> list[str]:
         "tls_client_ca",
         "otlp_endpoint",
         "trace_sample_rate",
+        "trace_detail",
         "http_port",
         "http_host",
     ):

@@ -14,6 +14,9 @@ import enum
 import re
 from collections.abc import Iterable
 
+# serving.tracing's forms: a span per stage of a call, or one span per call with the stages' times
+TRACE_DETAILS = ("stages", "call")
+
 
 class VersionState(enum.StrEnum):
     """The state of a model version: TF Serving's ``ModelVersionStatus.State`` names, which
@@ -178,7 +181,8 @@ class ServerOptions:
     otlp_endpoint: an OpenTelemetry collector's OTLP/gRPC address (``HOST:PORT``, or
     ``http://`` / ``https://HOST:PORT``): spans of every inference call are exported there
     (``serving.tracing``; None: tracing off). trace_sample_rate: the share of traces recorded
-    for calls that do not continue a client's trace (0 to 1).
+    for calls that do not continue a client's trace (0 to 1). trace_detail: ``stages`` (a span
+    per stage of a call) or ``call`` (one span per call, the stages' times as its attributes).
     log_dir: the prediction log folder (``serving.prediction_log``; None: no log).
     log_rates: ``((model, rate), ...)``: the share of a model's calls logged, in [0, 1].
     log_default_rate: the share logged of the other models' calls.
@@ -209,6 +213,7 @@ class ServerOptions:
     drain_s: float = 0.0
     otlp_endpoint: str | None = None
     trace_sample_rate: float = 1.0
+    trace_detail: str = "stages"
     log_dir: str | None = None
     log_rates: tuple[tuple[str, float], ...] = ()
     log_default_rate: float = 1.0
@@ -221,6 +226,10 @@ class ServerOptions:
         rate = self.trace_sample_rate
         if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate <= 1:
             raise ValueError(f"trace_sample_rate must be a number in [0, 1], got {rate!r}")
+        if self.trace_detail not in TRACE_DETAILS:
+            raise ValueError(
+                f"trace_detail must be one of {TRACE_DETAILS}, got {self.trace_detail!r}"
+            )
         self._check_log()
         port = self.http_port
         if port is not None and (

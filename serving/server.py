@@ -275,7 +275,11 @@ async def create_server(
     options = options or ServerOptions()
     traced = options.otlp_endpoint is not None
     if traced:
-        tracing.install(tracing.otlp_exporter(options.otlp_endpoint), options.trace_sample_rate)
+        tracing.install(
+            tracing.otlp_exporter(options.otlp_endpoint),
+            options.trace_sample_rate,
+            options.trace_detail,
+        )
     try:
         return await _start(address, repo, options, traced)
     except BaseException:

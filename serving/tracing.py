@@ -13,6 +13,13 @@ run on the batcher's own task: each queued request carries its trace context (``
 ``record_batch`` writes one ``queue_wait`` / ``batch`` / ``inference`` trio per request of the
 batch, parented to that request's ``stitchrec.call``.
 
+Detail ``call`` (``install(..., detail="call")``, ``stitchrec serve --trace-detail call``) records
+the same stages on the one ``stitchrec.call`` span instead, as attributes in milliseconds:
+``stitchrec.decode_ms``, ``stitchrec.queue_wait_ms``, ``stitchrec.batch_ms`` and
+``stitchrec.inference_ms`` (with ``stitchrec.batch.rows`` and ``stitchrec.batch.requests``). A
+span costs the server its creation, processing and export; one span per call instead of five is
+the cheaper form for servers that trace every call.
+
 Propagation is W3C trace context: ``traceparent`` / ``tracestate`` read from gRPC invocation
 metadata or HTTP headers (``call_span``'s ``carrier``), so a client's trace continues on the
 server; ``response_headers`` gives the ``traceparent`` of the server's call span for the answer.
@@ -45,6 +52,7 @@ from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from serving.calls import current_call
+from serving.config import TRACE_DETAILS as DETAILS
 
 SERVICE_NAME = "stitchrec"
 CALL_SPAN = "stitchrec.call"
@@ -58,6 +66,7 @@ _propagator = TraceContextTextMapPropagator()
 class _State:
     provider: TracerProvider | None = None
     tracer: trace.Tracer | None = None
+    detail: str = "stages"
 
 
 _state = _State()
@@ -82,14 +91,20 @@ OFF = _Off()  # the no-op context manager (``with OFF as span``: span is INVALID
 # setup
 
 
-def install(exporter: SpanExporter, sample_rate: float = 1.0) -> TracerProvider:
+def install(
+    exporter: SpanExporter, sample_rate: float = 1.0, detail: str = "stages"
+) -> TracerProvider:
     """Turns tracing on: an SDK ``TracerProvider`` exporting through ``exporter`` in batches.
 
     ``sample_rate``: the share of root traces recorded (a call that continues a client's trace
-    follows the client's sampled flag). Replaces (and shuts down) a provider installed before.
+    follows the client's sampled flag). ``detail``: ``stages`` (a span per stage) or ``call``
+    (one span per call, the stages as its attributes; module docstring). Replaces (and shuts
+    down) a provider installed before.
     """
     if not 0.0 <= sample_rate <= 1.0:
         raise ValueError(f"trace sample rate must be in [0, 1], got {sample_rate}")
+    if detail not in DETAILS:
+        raise ValueError(f"trace detail must be one of {DETAILS}, got {detail!r}")
     shutdown()
     provider = TracerProvider(
         resource=Resource.create({"service.name": SERVICE_NAME}),
@@ -100,6 +115,7 @@ def install(exporter: SpanExporter, sample_rate: float = 1.0) -> TracerProvider:
     )
     _state.provider = provider
     _state.tracer = provider.get_tracer("stitchrec.serving")
+    _state.detail = detail
     return provider
 
 
@@ -224,10 +240,24 @@ def log_fields(request_id_fallback: str | bytes | None = None) -> dict[str, str]
 
 
 def span(name: str, **attributes: Any) -> contextlib.AbstractContextManager[Span]:
-    """A child span of the current span (e.g. ``inference``), current while the block runs."""
+    """A child span of the current span (e.g. ``inference``), current while the block runs;
+    with detail ``call``, the block's time as the current span's ``stitchrec.<name>_ms``."""
     if _state.tracer is None:
         return OFF
+    if _state.detail == "call":
+        return _timed(name)
     return _state.tracer.start_as_current_span(name, attributes=attributes or None)
+
+
+@contextlib.contextmanager
+def _timed(name: str) -> Iterator[Span]:
+    current = trace.get_current_span()
+    started = time.perf_counter()
+    try:
+        yield current
+    finally:
+        if current.is_recording():
+            current.set_attribute(f"stitchrec.{name}_ms", (time.perf_counter() - started) * 1e3)
 
 
 def decoded(model: str, version: int, signature: str, rows: int) -> None:
@@ -248,6 +278,9 @@ def decoded(model: str, version: int, signature: str, rows: int) -> None:
         }
     )
     started_ns = getattr(current, "start_time", None) or time.time_ns()
+    if _state.detail == "call":
+        current.set_attribute("stitchrec.decode_ms", (time.time_ns() - started_ns) / 1e6)
+        return
     _state.tracer.start_span("decode", start_time=started_ns, attributes={"rows": rows}).end()
 
 
@@ -282,6 +315,9 @@ def record_batch(
     tracer = _state.tracer
     if tracer is None or not any(c is not None for c in contexts):
         return
+    if _state.detail == "call":
+        _batch_attributes(contexts, enqueued, rows, times, error)
+        return
     # monotonic seconds -> epoch nanoseconds, the clock spans are stamped with
     offset = time.time_ns() - int(time.monotonic() * 1e9)
 
@@ -308,3 +344,26 @@ def record_batch(
                 s.set_status(Status(StatusCode.ERROR, type(error).__name__))
         model.end(ns(times.model_end))
         batch.end(ns(times.end))
+
+
+def _batch_attributes(
+    contexts: Sequence[otel_context.Context | None],
+    enqueued: Sequence[float],
+    rows: Sequence[int],
+    times: BatchTimes,
+    error: BaseException | None,
+) -> None:
+    """``record_batch`` for detail ``call``: the stages' milliseconds on each call span."""
+    shared = {
+        "stitchrec.batch.rows": sum(rows),
+        "stitchrec.batch.requests": len(rows),
+        "stitchrec.batch_ms": (times.end - times.start) * 1e3,
+        "stitchrec.inference_ms": (times.model_end - times.model_start) * 1e3,
+    }
+    for ctx, t_in in zip(contexts, enqueued, strict=True):
+        call = trace.get_current_span(ctx) if ctx is not None else INVALID_SPAN
+        if not call.is_recording():
+            continue
+        call.set_attributes({**shared, "stitchrec.queue_wait_ms": (times.start - t_in) * 1e3})
+        if error is not None:
+            call.record_exception(error)

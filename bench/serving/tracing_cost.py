@@ -4,10 +4,12 @@
 
 Times the tracing calls one call makes (``call_span`` with a client ``traceparent``,
 ``decoded``, ``capture``, ``record_batch``, ``set_status``, ``response_headers``,
-``log_fields``) in three states: off (no tracer provider, the default), on with every trace
-recorded (5 spans per call, exported to OpenTelemetry's in-memory exporter), and on with a sample
-rate of 0 and no client trace (nothing recorded). Prints one JSON line of CPU microseconds per
-call (the best of 5 repeats) and the load average.
+``log_fields``) in four states: off (no tracer provider, the default); on with every trace
+recorded, at detail ``stages`` (5 spans per call) and at detail ``call`` (one span per call);
+and on with a sample rate of 0 and no client trace (nothing recorded). Recorded spans go through
+the server's batch span processor to an exporter that encodes them as an OTLP export request and
+drops the bytes: the CPU an OTLP exporter spends, without the network. Prints one JSON line of
+CPU microseconds per call (the best of 5 repeats), the stages / call ratio and the load average.
 """
 
 from __future__ import annotations
@@ -17,13 +19,33 @@ import json
 import os
 import time
 import timeit
+from collections.abc import Sequence
 
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from serving import tracing
 from serving.calls import start_call
 
+RECORDED_CALLS = 400  # calls per repeat when every call is recorded
 CLIENT = (("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),)
+
+
+class EncodingExporter(SpanExporter):
+    """Encodes each batch of spans as OTLP's protobuf export request and drops it."""
+
+    def __init__(self) -> None:
+        self.spans = 0
+        self.bytes = 0
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.spans += len(spans)
+        self.bytes += len(encode_spans(spans).SerializeToString())
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        return None
 
 
 def one_call(metadata: tuple[tuple[str, str], ...]) -> None:
@@ -47,6 +69,20 @@ def per_call_us(metadata: tuple[tuple[str, str], ...], calls: int) -> float:
     return 1e6 * min(runs) / calls
 
 
+def recorded_us(metadata: tuple[tuple[str, str], ...], calls: int) -> float:
+    """``per_call_us`` with the spans' export in the timed region: each repeat makes ``calls``
+    calls and flushes the batch span processor. ``calls`` is at most ``RECORDED_CALLS``, so that
+    five spans a call fit the processor's queue (2,048 spans) and none is dropped uncounted."""
+    runs = []
+    for _ in range(5):
+        t0 = time.process_time()
+        for _ in range(calls):
+            one_call(metadata)
+        tracing.flush()
+        runs.append(time.process_time() - t0)
+    return 1e6 * min(runs) / calls
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--calls", type=int, default=20_000, help="calls per repeat when off")
@@ -54,12 +90,17 @@ def main(argv: list[str] | None = None) -> int:
     start_call("grpc", "bench")  # the call's request id, made before tracing starts
     tracing.shutdown()
     out = {"off_us": per_call_us(CLIENT, args.calls)}
-    spans = InMemorySpanExporter()
-    tracing.install(spans)
-    out["sampled_us"] = per_call_us(CLIENT, max(1, args.calls // 20))
-    tracing.install(spans, sample_rate=0.0)
+    recorded = min(RECORDED_CALLS, max(1, args.calls // 20))
+    for detail in tracing.DETAILS:
+        exporter = EncodingExporter()
+        tracing.install(exporter, detail=detail)
+        out[f"sampled_{detail}_us"] = recorded_us(CLIENT, recorded)
+        tracing.shutdown()
+        out[f"spans_per_call_{detail}"] = exporter.spans / (5 * recorded)
+    tracing.install(EncodingExporter(), sample_rate=0.0)
     out["not_sampled_us"] = per_call_us((), max(1, args.calls // 20))
     tracing.shutdown()
+    out["stages_over_call"] = out["sampled_stages_us"] / out["sampled_call_us"]
     print(json.dumps({k: round(v, 2) for k, v in out.items()} | {"load": os.getloadavg()[0]}))
     return 0
 

@@ -143,6 +143,10 @@ def test_serve_two_workers_exported_model(exported_repo):
             ["--otlp-endpoint", "collector"],
             "error: otlp endpoint 'collector': expected HOST:PORT",
         ),
+        (
+            ["--trace-detail", "spans"],
+            "error: argument --trace-detail: invalid choice: 'spans'",
+        ),
     ],
 )
 def test_serve_rejects_bad_flags_with_one_error_line(tmp_path, flags, message):

@@ -16,6 +16,8 @@ import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from pipelines import serve
+from pipelines.cli import build_parser
 from protos import ranking_service_pb2_grpc as rank_grpc
 from serving import tracing
 from serving.calls import start_call
@@ -144,6 +146,58 @@ def test_a_signature_outside_the_batcher_has_decode_and_inference(server, export
     assert spans["inference"][0].parent.span_id == root.context.span_id
 
 
+@pytest.fixture
+def call_exporter():
+    spans = InMemorySpanExporter()
+    tracing.install(spans, detail="call")
+    yield spans
+    tracing.shutdown()
+
+
+def test_call_detail_is_one_span_per_call_with_the_stages_as_attributes(server, call_exporter):
+    traces = ["3" * 32, "4" * 32]
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        calls = [
+            pool.submit(_rank, server, [("traceparent", f"00-{t}-{CLIENT_SPAN}-01")])
+            for t in traces
+        ]
+        for c in calls:
+            assert len(c.result()[0].scores) == 3
+    assert tracing.flush()
+    finished = call_exporter.get_finished_spans()
+    assert len(finished) == 2 and {s.name for s in finished} == {"stitchrec.call"}
+    for t in traces:
+        (root,) = _by_name(finished, int(t, 16))["stitchrec.call"]
+        a = dict(root.attributes)
+        assert a["stitchrec.model"] == "lin" and a["stitchrec.status_code"] == "OK"
+        assert a["stitchrec.batch.requests"] == 2 and a["stitchrec.batch.rows"] == 6
+        call_ms = (root.end_time - root.start_time) / 1e6
+        assert 0 <= a["stitchrec.decode_ms"] < call_ms
+        assert a["stitchrec.queue_wait_ms"] >= 40  # waited out the 50 ms window
+        assert 0 < a["stitchrec.inference_ms"] <= a["stitchrec.batch_ms"]
+        stages = a["stitchrec.queue_wait_ms"] + a["stitchrec.batch_ms"]
+        assert stages <= call_ms
+
+
+def test_call_detail_times_a_signature_outside_the_batcher(server, call_exporter):
+    stub = rank_grpc.RankingServiceStub(grpc.insecure_channel(server.target))
+    req = make_request("cascade", {"user": "u1"}, {"item": [1, 3], "price": [0.0, 1.0]})
+    stub.Rank(req, timeout=10, metadata=[("traceparent", f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01")])
+    assert tracing.flush()
+    (root,) = call_exporter.get_finished_spans()
+    assert root.attributes["stitchrec.signature"] == "rank_request"
+    assert root.attributes["stitchrec.inference_ms"] > 0
+    assert "stitchrec.queue_wait_ms" not in root.attributes
+
+
+def test_an_unknown_trace_detail_is_refused():
+    with pytest.raises(ValueError, match=r"trace detail must be one of \('stages', 'call'\)"):
+        tracing.install(InMemorySpanExporter(), detail="spans")
+    assert not tracing.enabled()
+    with pytest.raises(ValueError, match="trace_detail must be one of"):
+        ServerOptions(trace_detail="all")
+
+
 def test_an_error_call_span_is_marked_error(server, exporter):
     stub = rank_grpc.RankingServiceStub(grpc.insecure_channel(server.target))
     with pytest.raises(grpc.RpcError) as e:
@@ -247,3 +301,19 @@ def test_bad_otlp_endpoint_is_refused_naming_it(endpoint):
     check_otlp_endpoint("https://[::1]:4317")
     with pytest.raises(ValueError, match=r"trace_sample_rate must be a number in \[0, 1\]"):
         ServerOptions(trace_sample_rate=1.5)
+
+
+def test_trace_flags_reach_the_options_and_the_workers():
+    argv = ["serve", "--repo", "models", "--otlp-endpoint", "127.0.0.1:4317", "--workers", "2"]
+    args = build_parser().parse_args(
+        [*argv, "--trace-sample-rate", "0.5", "--trace-detail", "call"]
+    )
+    opts = serve._options(args)
+    assert (opts.otlp_endpoint, opts.trace_sample_rate, opts.trace_detail) == (
+        "127.0.0.1:4317",
+        0.5,
+        "call",
+    )
+    worker = serve._worker_argv(args, 8500)
+    assert worker[worker.index("--trace-detail") + 1] == "call"
+    assert serve._options(build_parser().parse_args(argv)).trace_detail == "stages"

@@ -1,0 +1,21 @@
+"""bench.serving.tracing_cost with few calls: the JSON line and the spans each detail makes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench.serving.tracing_cost import main
+from serving import tracing
+
+
+def test_stages_make_five_spans_per_call_and_call_one(capsys):
+    assert main(["--calls", "200"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["spans_per_call_stages"] == 5.0 and out["spans_per_call_call"] == 1.0
+    for key in ("off_us", "sampled_stages_us", "sampled_call_us", "not_sampled_us"):
+        assert out[key] > 0
+    ratio = out["sampled_stages_us"] / out["sampled_call_us"]
+    assert out["stages_over_call"] == pytest.approx(ratio, rel=0.05)
+    assert not tracing.enabled()
