@@ -16,10 +16,11 @@ measured in the same run, with the load average beside every cell:
 2. ``triton``: Triton Inference Server (nvidia-pytriton 0.7.0 in its own venv under
    ``--cache``) on the same SavedModel, its HTTP KServe v2 ``/v2/models/{m}/infer`` JSON, against
    ours at the same N (``--no-triton`` skips it).
-3. ``overheads``: gRPC Rank at the largest N against four servers loaded at once: ``base``,
-   ``log-10%`` (``--log-dir D --log-rate 0.1``), ``trace-1.0`` and ``trace-0.1``
-   (``--otlp-endpoint`` to an OTLP/gRPC receiver in this process, ``bench.serving.otlp_sink``,
-   that counts the spans; ``--trace-sample-rate``). Repeats interleave the servers (order
+3. ``overheads``: gRPC Rank at the largest N against five servers loaded at once: ``base``,
+   ``log-10%`` (``--log-dir D --log-rate 0.1``), ``trace-1.0``, ``trace-1.0-call`` (the same
+   with ``--trace-detail call``) and ``trace-0.1`` (``--otlp-endpoint`` to an OTLP/gRPC
+   receiver in this process, ``bench.serving.otlp_sink``, that counts the spans;
+   ``--trace-sample-rate``). Repeats interleave the servers (order
    reversed every other repeat); each variant's p99 and req/s are divided by the base's of the
    same repeat.
 4. ``shadow``: versions 2 (the model) and 1 (``http_bodies.build_slow_model``: the same scores
@@ -203,7 +204,7 @@ def interleaved(b: Bench, servers: dict[str, tuple[Proc, int]], section: str,
     return rows
 
 
-OVERHEADS = ("base", "log-10%", "trace-1.0", "trace-0.1")
+OVERHEADS = ("base", "log-10%", "trace-1.0", "trace-1.0-call", "trace-0.1")
 SHADOW = ("no-shadow", "shadow")
 
 
@@ -219,6 +220,7 @@ def server_specs(b: Bench, sink: OtlpSink, slow: Path) -> dict[str, tuple[Path, 
         "base": (plain, []),
         "log-10%": (plain, ["--log-dir", str(b.out / "prediction-log"), "--log-rate", "0.1"]),
         "trace-1.0": (plain, [*trace, "1.0"]),
+        "trace-1.0-call": (plain, [*trace, "1.0", "--trace-detail", "call"]),
         "trace-0.1": (plain, [*trace, "0.1"]),
         "no-shadow": (repo_with(b, "repo-no-shadow", versions), ["--version-policy", "all"]),
         "shadow": (repo_with(b, "repo-shadow", versions, traffic), ["--version-policy", "all"]),

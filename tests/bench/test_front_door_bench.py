@@ -30,14 +30,16 @@ def test_quick_run_answers_every_cell(tmp_path):
     cells = {(r["section"], r["server"], r["protocol"], r["driver"]) for r in rows}
     assert {("protocols", "stitchrec", f, d) for f in FORMS for d in ("h2load", "loadgen")} <= cells
     servers = {r["server"] for r in rows if r["section"] in ("overheads", "shadow")}
-    assert servers == {"base", "log-10%", "trace-1.0", "trace-0.1", "no-shadow", "shadow"}
+    assert servers == {
+        "base", "log-10%", "trace-1.0", "trace-1.0-call", "trace-0.1", "no-shadow", "shadow"
+    }  # fmt: skip
     for r in rows:
         ok = r["requests"] if r["driver"] == "loadgen" else r["answers"].get("OK", 0)
         assert ok > 0 and r["failures"] == 0, r
         assert r["load"] and r["candidates"] == 1
     ratios = result["aggregated"]["ratios"]
     assert {r["what"] for r in ratios["protocols"]} == FORMS - {"grpc"}
-    assert set(ratios["overheads"]) == {"log-10%", "trace-1.0", "trace-0.1"}
+    assert set(ratios["overheads"]) == {"log-10%", "trace-1.0", "trace-1.0-call", "trace-0.1"}
     assert ratios["overheads"]["trace-1.0"]["p99_ratio"]["values"]
     assert set(ratios["shadow"]) == {"shadow"}
     assert result["extra"]["spans_received"]["spans"] > 0
