@@ -59,6 +59,17 @@ def _rank(server, metadata=()):
     return stub.Rank.with_call(REQUEST, timeout=10, metadata=metadata)
 
 
+def _rank_together(server, traces: list[str]) -> None:
+    """One Rank call per client trace id, sent at once (they share a batch)."""
+    with concurrent.futures.ThreadPoolExecutor(len(traces)) as pool:
+        calls = [
+            pool.submit(_rank, server, [("traceparent", f"00-{t}-{CLIENT_SPAN}-01")])
+            for t in traces
+        ]
+        for c in calls:
+            assert len(c.result()[0].scores) == 3
+
+
 def _by_name(spans, trace_id: int) -> dict[str, list]:
     out: dict[str, list] = {}
     for s in spans:
@@ -115,13 +126,7 @@ def test_client_trace_continues_into_call_span_and_children(server, exporter, ca
 
 def test_two_calls_in_one_batch_get_batch_spans_under_their_own_call(server, exporter):
     traces = ["1" * 32, "2" * 32]
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        calls = [
-            pool.submit(_rank, server, [("traceparent", f"00-{t}-{CLIENT_SPAN}-01")])
-            for t in traces
-        ]
-        for c in calls:
-            c.result()
+    _rank_together(server, traces)
     assert tracing.flush()
     finished = exporter.get_finished_spans()
     for t in traces:
@@ -156,13 +161,7 @@ def call_exporter():
 
 def test_call_detail_is_one_span_per_call_with_the_stages_as_attributes(server, call_exporter):
     traces = ["3" * 32, "4" * 32]
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        calls = [
-            pool.submit(_rank, server, [("traceparent", f"00-{t}-{CLIENT_SPAN}-01")])
-            for t in traces
-        ]
-        for c in calls:
-            assert len(c.result()[0].scores) == 3
+    _rank_together(server, traces)
     assert tracing.flush()
     finished = call_exporter.get_finished_spans()
     assert len(finished) == 2 and {s.name for s in finished} == {"stitchrec.call"}
