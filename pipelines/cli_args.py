@@ -494,6 +494,11 @@ def serve(sub: Subparsers) -> None:
         "one span per call with the stages' milliseconds as attributes (cheaper)",
     )
     p.add_argument(
+        "--no-heap-freeze",
+        action="store_true",
+        help="do not freeze the heap after model-version changes (docs/serving.md)",
+    )
+    p.add_argument(
         "--no-fusion",
         action="store_true",
         help="serve exports made with `stitchrec export --fuse` unfused",

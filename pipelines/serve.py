@@ -7,7 +7,7 @@
                     [--preferred-batch-sizes 256,1024] [--max-queue-size Q] [--no-batching]
                     [--token T]... [--tls-cert F --tls-key F [--tls-client-ca F]]
                     [--max-message-mb M] [--grace-seconds G] [--access-log] [--log-level L]
-                    [--no-fusion] [--max-inflight N] [--max-queued-rows R]
+                    [--no-fusion] [--no-heap-freeze] [--max-inflight N] [--max-queued-rows R]
                     [--retry-after-ms MS] [--drain-seconds D]
                     [--otlp-endpoint HOST:PORT [--trace-sample-rate R] [--trace-detail D]]
                     [--log-dir DIR [--log-rate [MODEL=]R]... [--log-flush-seconds S]]
@@ -116,6 +116,7 @@ def _checked_options(args: argparse.Namespace) -> ServerOptions:
         otlp_endpoint=args.otlp_endpoint,
         trace_sample_rate=args.trace_sample_rate,
         trace_detail=args.trace_detail,
+        freeze_heap=not args.no_heap_freeze,
         log_dir=args.log_dir,
         log_rates=log_rates,
         log_default_rate=log_default_rate,
@@ -249,7 +250,7 @@ def _worker_argv(args: argparse.Namespace, port: int) -> list[str]:
         value = getattr(args, flag)
         if value is not None:
             out += ["--" + flag.replace("_", "-"), str(value)]
-    for flag in ("no_batching", "access_log", "no_fusion"):
+    for flag in ("no_batching", "access_log", "no_fusion", "no_heap_freeze"):
         if getattr(args, flag):
             out.append("--" + flag.replace("_", "-"))
     return out

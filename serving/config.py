@@ -187,6 +187,8 @@ class ServerOptions:
     log_rates: ``((model, rate), ...)``: the share of a model's calls logged, in [0, 1].
     log_default_rate: the share logged of the other models' calls.
     log_flush_s: seconds between the log's flushes (at most this much is lost to a SIGKILL).
+    freeze_heap: after every model-version change, collect garbage and freeze the heap
+    (``serving.repository``), so the collector's full passes skip the models' objects.
     http_port / http_host: the HTTP port (TF Serving REST, KServe v2 REST, ``/v1/rank``) served
     by the same process and event loop as gRPC (None: off; 0: any free port), and its address.
     """
@@ -220,6 +222,7 @@ class ServerOptions:
     log_flush_s: float = 5.0
     http_port: int | None = None
     http_host: str = "127.0.0.1"
+    freeze_heap: bool = True
 
     def __post_init__(self) -> None:
         check_otlp_endpoint(self.otlp_endpoint)

@@ -179,6 +179,7 @@ def _repository(
         warmup_sizes=options.warmup_sizes,
         devices=list(options.devices) if options.devices else None,
         fusion=options.fusion,
+        freeze=options.freeze_heap,
         on_batch=metrics.record_batch,
         on_change=metrics.record_state,
     )

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import itertools
 import shutil
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import grpc
@@ -224,3 +226,32 @@ def test_failed_version_is_retried_when_a_file_under_it_changes(tmp_path, built)
         assert "Read less bytes than requested" in status.error
         data.write_bytes(full)  # rewritten in place: the folder and variables/ keep their mtimes
         wait_until(lambda: s.server.repository.live_versions("m") == [1])
+
+
+def test_loaded_versions_are_frozen_and_an_unloaded_one_is_collected(tmp_path, built):
+    model = tmp_path / "lin"
+    model.mkdir()
+    copy_version(built[0], model, 1)
+
+    async def main() -> tuple[bool, bool, int]:
+        repo = ModelRepository(tmp_path)
+        await repo.start()
+        first = repo.get("lin", 1)
+        # frozen objects are outside the generations the collector scans
+        first_frozen = not any(o is first for o in gc.get_objects())
+        ref = weakref.ref(first.instances[0])
+        del first
+        shutil.rmtree(model / "1")
+        copy_version(built[1], model, 2)
+        await repo.poll()
+        assert repo.live_versions("lin") == [2]
+        second_frozen = not any(o is repo.get("lin", 2) for o in gc.get_objects())
+        await repo.close()
+        return first_frozen and second_frozen, ref() is None, gc.get_freeze_count()
+
+    try:
+        frozen, collected, count = asyncio.run(main())
+    finally:
+        gc.unfreeze()
+    assert frozen and count > 0
+    assert collected  # the unloaded version's objects were unfrozen, then collected
