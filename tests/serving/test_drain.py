@@ -168,3 +168,12 @@ def test_serve_flags_reach_the_options_and_the_workers():
         assert flag in worker
     defaults = serve._options(build_parser().parse_args(["serve", "--repo", "models"]))
     assert (defaults.max_inflight, defaults.drain_s) == (256, 5.0)
+
+
+def test_no_heap_freeze_reaches_the_options_and_the_workers():
+    args = build_parser().parse_args(["serve", "--repo", "models", "--workers", "2"])
+    assert serve._options(args).freeze_heap is True
+    assert "--no-heap-freeze" not in serve._worker_argv(args, 8500)
+    args = build_parser().parse_args(["serve", "--repo", "models", "--no-heap-freeze"])
+    assert serve._options(args).freeze_heap is False
+    assert "--no-heap-freeze" in serve._worker_argv(args, 8500)
