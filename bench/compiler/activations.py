@@ -35,6 +35,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 VARIANTS = ("backprop", "forward_ad", "recompute")
+#: the children's environment: the BFC allocator on the CPU, whose byte counters the memory
+#: figures read
+CHILD_ENV = {**os.environ, "TF_CPU_ALLOCATOR_USE_BFC": "true"}
 
 
 def _recomputed(mlp: Any) -> Any:
@@ -229,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         cmd += ["--steps", str(args.steps), "--rounds", str(args.rounds)]
         cmd += ["--mlp", *map(str, args.mlp), "--batches"]
         cmd += [str(b) for b in args.batches]
-        subprocess.run(cmd, check=True, cwd=ROOT)
+        subprocess.run(cmd, check=True, cwd=ROOT, env=CHILD_ENV)
         procs.append(json.loads((out / f"seed-{seed}.json").read_text()))
     table = summarize(procs, args.batches)
     info = {

@@ -3,6 +3,12 @@ element; less memory held for the backward pass; the MLP's ``gradient`` option."
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -12,6 +18,7 @@ from ranking.forward_ad import dense_relu_dropout
 from ranking.multitask_heads import TaskTowers
 
 SEED = tf.constant([3, 11], tf.int64)
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _plain(x: tf.Tensor, kernel: tf.Tensor, bias: tf.Tensor, rate: float) -> tf.Tensor:
@@ -62,12 +69,14 @@ def _held_after_forward(forward) -> int:
     return min(held[1:])
 
 
-def test_the_backward_pass_keeps_less():
-    """Three layers of 512 units at batch 8192, the loss a sum of the last: plain
-    back-propagation keeps the ReLU's output and the keep mask of each layer and the dropout's
-    output of the first two (the next matmul's input); the forward-mode form a boolean per
-    layer and those two outputs. Measured: 7.0 against 3.7-4.7 bytes per element (ReLU
-    alone, no dropout: 4.0-5.0)."""
+def backward_pass_bytes() -> dict[str, int]:
+    """Bytes held for the backward pass by three layers of 512 units at batch 8192, the loss a
+    sum of the last: ReLU alone, ReLU + dropout as plain ops, and the forward-mode form.
+
+    Reads the CPU allocator's byte counters, which TensorFlow keeps only with its BFC allocator
+    on the CPU (``TF_CPU_ALLOCATOR_USE_BFC=true`` before it loads) or once something in the
+    process has switched them on; ``test_the_backward_pass_keeps_less`` runs it in a child
+    process with the former."""
     x = tf.random.stateless_normal([8192, 64], seed=[0, 1])
     ws = [tf.Variable(tf.random.stateless_normal([64, 512], seed=[0, 2]) * 0.1)]
     ws += [tf.Variable(tf.random.stateless_normal([512, 512], seed=[0, i]) * 0.05) for i in (3, 4)]
@@ -83,13 +92,33 @@ def test_the_backward_pass_keeps_less():
 
         return run
 
-    relu_only = _held_after_forward(forward(lambda h, w: tf.nn.relu(tf.matmul(h, w))))
-    plain = _held_after_forward(forward(lambda h, w: _plain(h, w, b, 0.2)))
-    ours = _held_after_forward(forward(lambda h, w: dense_relu_dropout(h, w, b, 0.2, SEED)))
+    return {
+        "relu_only": _held_after_forward(forward(lambda h, w: tf.nn.relu(tf.matmul(h, w)))),
+        "plain": _held_after_forward(forward(lambda h, w: _plain(h, w, b, 0.2))),
+        "ours": _held_after_forward(forward(lambda h, w: dense_relu_dropout(h, w, b, 0.2, SEED))),
+    }
+
+
+def test_the_backward_pass_keeps_less():
+    """Plain back-propagation keeps the ReLU's output and the keep mask of each layer and the
+    dropout's output of the first two (the next matmul's input); the forward-mode form a
+    boolean per layer and those two outputs. Measured: 7.0 against 3.7-4.7 bytes per element
+    (ReLU alone, no dropout: 4.0-5.0)."""
+    code = (
+        "import json; from tests.ranking.test_forward_ad import backward_pass_bytes; "
+        "print(json.dumps(backward_pass_bytes()))"
+    )
+    env = {**os.environ, "TF_CPU_ALLOCATOR_USE_BFC": "true"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    held = json.loads(out.stdout.strip().splitlines()[-1])
     elements = 3 * 8192 * 512
     # beyond the outputs ReLU alone keeps: plain ~5 bytes per element, ours ~1
-    assert relu_only >= 4 * elements  # at least each layer's output, as float32
-    assert plain - ours >= 2 * elements and plain >= 1.3 * ours
+    assert held["relu_only"] >= 4 * elements  # at least each layer's output, as float32
+    assert held["plain"] - held["ours"] >= 2 * elements
+    assert held["plain"] >= 1.3 * held["ours"]
 
 
 def _mlp_step(mlp: MLP, x: tf.Tensor, upstream: tf.Tensor) -> tuple[tf.Tensor, list]:
