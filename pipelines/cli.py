@@ -10,6 +10,7 @@
     stitchrec add-history --input F --output F [--user C] [--item C] [--time C] [--length N] ...
     stitchrec windows   --input F --output DIR --by day|week|month|year|rows:N [--count C]... ...
     stitchrec train     --config FILE [--set KEY=VALUE]... [--output DIR] [--max-bad-rows N]
+    stitchrec refit     --run DIR [--output DIR] [--epochs N] [--seed S] [--learning-rate LR]
     stitchrec tune      --config FILE --trials N [--timeout S] [--output DIR] [--space FILE] ...
     stitchrec export    --run DIR [--output DIR] [--cascade-rank RUN --keep M] [--fuse ...]
     stitchrec evaluate  --model DIR --data F... [--schema S] [--max-bad-rows N]
@@ -70,6 +71,7 @@ COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     cli_args_data.add_history,
     cli_args_data.windows,
     cli_args.train,
+    cli_args_daily.refit,
     cli_args.tune,
     cli_args.export,
     cli_args.evaluate,

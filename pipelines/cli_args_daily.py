@@ -1,9 +1,9 @@
-"""The flags of ``stitchrec daily`` (``pipelines.cli_args`` describes how a command's flags and
-handler are declared)."""
+"""The flags of the commands that continue a finished run: ``stitchrec daily`` and ``stitchrec
+refit`` (``pipelines.cli_args`` describes how a command's flags and handler are declared)."""
 
 from __future__ import annotations
 
-from pipelines.cli_args import Subparsers, add_set_option
+from pipelines.cli_args import Subparsers, add_set_option, positive
 
 DAILY_DESCRIPTION = (
     "One day of continuous training (docs/continuous.md): trains the run "
@@ -44,3 +44,34 @@ def daily(sub: Subparsers) -> None:
     d.add_argument("--seed", type=int, default=0, help="seed of the bootstrap")
     add_set_option(d, "override a config value, e.g. --set train.epochs=3")
     d.set_defaults(handler="pipelines.daily:cmd_daily")
+
+
+REFIT_DESCRIPTION = (
+    "Continue a finished run over its own validation rows (docs/training.md): a new run in "
+    "--output (default RUN-refit) that continues RUN by value for --epochs epochs over the rows "
+    "RUN selected its checkpoint on, with RUN's model and training settings (a constant "
+    "learning rate, no weight average, ensemble or early stopping), and scores its last "
+    "checkpoint once on RUN's test rows. For logs whose test period comes later, validated on "
+    'the most recent rows ([data] validation_split = "recent"). Running the same command '
+    "again resumes a killed refit."
+)
+
+
+def refit(sub: Subparsers) -> None:
+    r = sub.add_parser(
+        "refit",
+        help="continue a finished run over its validation rows, then score it on its test rows",
+        description=REFIT_DESCRIPTION,
+    )
+    r.add_argument("--run", required=True, help="the finished training run to continue")
+    r.add_argument("--output", help="the refit's run folder (default: RUN-refit beside RUN)")
+    r.add_argument(
+        "--epochs", type=positive, default=1, help="epochs over the validation rows (default 1)"
+    )
+    r.add_argument("--seed", type=int, help="the refit's seed (default: RUN's [train] seed)")
+    r.add_argument(
+        "--learning-rate",
+        type=float,
+        help="the refit's constant learning rate (default: RUN's [train] learning_rate)",
+    )
+    r.set_defaults(handler="pipelines.refit:cmd_refit")

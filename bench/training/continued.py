@@ -2,10 +2,10 @@
 --continue-over-validation``): after a run has been selected on its validation rows, continue
 it over those rows, so that the model also learns from the most recent period.
 
-- Each finished run of the table is continued by ``stitchrec train``'s ``continue_from``
-  (``pipelines.run.continuation``: vocabularies merged by value, so ids first seen in the
-  validation rows get rows of their own) for one epoch over the validation rows, with no
-  validation split; the continued model is scored once on the test rows.
+- Each finished run of the table is continued as ``stitchrec refit --run RUN`` continues it
+  (``pipelines.refit``: ``continue_from``, vocabularies merged by value, so ids first seen in
+  the validation rows get rows of their own; one epoch over the validation rows at the run's
+  learning rate, no validation split); the continued model is scored once on the test rows.
 - The baseline is refit the same way: scikit-learn's ``LogisticRegression`` on one-hot features
   of the vocabulary of every training row (the continued ``lr`` run's preprocessor), ``C``
   chosen by training on the training rows and scoring the validation rows, then refit with that
@@ -15,7 +15,6 @@ it over those rows, so that the model also learns from the most recent period.
 from __future__ import annotations
 
 import json
-import tomllib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,32 +24,21 @@ import scipy.sparse as sp
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
 
-from bench.training.lr_baseline import REPO, encode
-from pipelines.config import config_from_dict
+from bench.training.lr_baseline import encode
+from pipelines.refit import refit_config
 from pipelines.run.model import load_trained_model
 from pipelines.train import train
 
 SUFFIX = "_continued"
 
 
-def continue_run(run: Path, shards: dict[str, Any], seed: int) -> tuple[Path, dict[str, Any]]:
-    """``run`` continued for one epoch over the validation shards; its folder and report."""
+def continue_run(run: Path, seed: int) -> tuple[Path, dict[str, Any]]:
+    """``run`` continued for one epoch over its validation rows by ``stitchrec refit``'s
+    config (``pipelines.refit``); its folder and report."""
     out = run.with_name(run.name + SUFFIX)
     if (out / "train_report.json").exists():  # finished by an earlier call: read back
         return out, json.loads((out / "train_report.json").read_text())
-    model = tomllib.loads((run / "config.toml").read_text())["model"]  # the run's own
-    config = {
-        "output_dir": str(out),
-        "data": {
-            "schema": shards["schema"],
-            "train": shards["validation"],
-            "test": shards["test"],
-            "validation_fraction": 0,
-        },
-        "model": model,
-        "train": {"seed": seed, "continue_from": str(run), "epochs": 1, "log_every": 10**6},
-    }
-    return out, train(config_from_dict(config, base_dir=REPO), lambda _line: None)
+    return out, train(refit_config(run, out, epochs=1, seed=seed), lambda _line: None)
 
 
 def refit_baseline(work: Path, shards: dict[str, Any], c_grid: tuple[float, ...]) -> dict:
@@ -92,7 +80,7 @@ def continued(
         for r in runs:
             if r["dir"] is None:  # an ensemble of runs, not a run
                 continue
-            out, report = continue_run(r["dir"], shards, r["seed"])
+            out, report = continue_run(r["dir"], r["seed"])
             rows.setdefault(method + " continued", []).append(
                 run_row(out, report, r["seed"], shards["test"])
             )

@@ -1,0 +1,124 @@
+"""``stitchrec refit``: a finished run continued over its own validation rows.
+
+    stitchrec refit --run RUN [--output DIR] [--epochs N] [--seed S] [--learning-rate LR]
+
+A run selects its epoch (and its early stop) on validation rows it never trains on. Where the
+logs drift and the validation rows are the most recent ones (``[data] validation_split =
+"recent"``, docs/training.md), those rows are the most informative the model could learn from.
+``refit`` trains on them after the selection: a new run in DIR (default ``RUN-refit``) that
+continues RUN by value (``[train] continue_from``, docs/continuous.md: vocabularies merged by
+value, so ids first seen in the validation rows get rows of their own) for ``--epochs`` epochs
+(default 1) over RUN's validation rows, with no validation split of its own, and scores its
+last checkpoint once on RUN's test rows. The schema RUN read its shards with is written beside
+the refit's config as ``refit_schema.toml``. A killed refit resumes when the same command is run
+again.
+
+RUN's [model] and [train] settings carry over, but for what needs validation rows or a run's
+whole length: the refit trains at a constant learning rate (RUN's, or ``--learning-rate``), with
+no weight average, no snapshot ensemble and no early stopping (it has no validation rows to
+choose on), for ``--epochs``, with RUN's seed unless ``--seed``. RUN itself is not changed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+from pathlib import Path
+
+from pipelines.config import DataConfig, PipelineConfig, load_config
+from pipelines.errors import UsageError
+from pipelines.run.data import prepare_data
+from pipelines.run.paths import RunPaths
+from pipelines.train import train
+
+_print = functools.partial(print, flush=True)
+#: the default output folder: RUN's path with this suffix
+SUFFIX = "-refit"
+#: the schema of RUN's shards, written into the refit's folder
+SCHEMA_FILE = "refit_schema.toml"
+
+
+def refit_config(
+    run: Path,
+    output: Path | None = None,
+    epochs: int = 1,
+    seed: int | None = None,
+    learning_rate: float | None = None,
+) -> PipelineConfig:
+    """The config of RUN's refit (module docstring): RUN's config with [data] its validation
+    rows to train on and its test rows, and [train] continuing RUN for ``epochs`` at a constant
+    ``learning_rate`` (default RUN's).
+
+    Raises:
+      UsageError: RUN is not a finished run, has no validation rows, ``epochs`` < 1 or
+        ``learning_rate`` <= 0.
+    """
+    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+        raise UsageError(f"--epochs must be an integer >= 1, got {epochs!r}")
+    if learning_rate is not None and not learning_rate > 0:
+        raise UsageError(f"--learning-rate must be > 0, got {learning_rate!r}")
+    paths = RunPaths(run)
+    if not paths.report.exists() or not paths.config.exists():
+        raise UsageError(
+            f"--run {str(run)!r}: not a finished training run (no train_report.json and "
+            f"config.toml in it)"
+        )
+    cfg = load_config(paths.config)
+    if cfg.preranking is not None or cfg.distribute is not None:
+        section = "[preranking]" if cfg.preranking is not None else "[distribute]"
+        raise UsageError(f"--run {str(run)!r}: a run with {section} cannot be refit")
+    shards = prepare_data(cfg, paths, log=lambda _line: None)  # the run's own, not converted again
+    if not shards.validation:
+        raise UsageError(
+            f"--run {str(run)!r}: the run has no validation rows to refit on ([data] "
+            f"validation_fraction = 0 and no validation files)"
+        )
+    out = (output if output is not None else run.with_name(run.name + SUFFIX)).resolve()
+    schema = out / SCHEMA_FILE  # the schema RUN read its shards with (columns named by field)
+    out.mkdir(parents=True, exist_ok=True)
+    shards.schema.save(schema)
+    data = DataConfig(
+        schema=str(schema),
+        train=tuple(str(f) for f in shards.validation),
+        test=tuple(str(f) for f in shards.test),
+        validation_fraction=0.0,
+        crosses=cfg.data.crosses,
+        cross_top_n=cfg.data.cross_top_n,
+        cross_hash_buckets=cfg.data.cross_hash_buckets,
+        cap_hash_buckets=cfg.data.cap_hash_buckets,
+        input_format=cfg.data.input_format,
+    )
+    tc = dataclasses.replace(
+        cfg.train,
+        continue_from=str(run.resolve()),
+        epochs=epochs,
+        continue_epochs=0,
+        max_steps=0,
+        eval_every=0,
+        early_stopping=None,
+        lr_schedule="constant",
+        lr_schedule_options={},
+        learning_rate=cfg.train.learning_rate if learning_rate is None else learning_rate,
+        ensemble="none",
+        ensemble_options={},
+        weight_average="none",
+        seed=cfg.train.seed if seed is None else seed,
+    )
+    return dataclasses.replace(cfg, output_dir=str(out), data=data, train=tc)
+
+
+def cmd_refit(args: argparse.Namespace) -> int:
+    run = Path(args.run)
+    output = Path(args.output) if args.output else None
+    cfg = refit_config(run, output, args.epochs, args.seed, args.learning_rate)
+    _print(
+        f"refit: {run} continued over its {len(cfg.data.train)} validation shard(s) for "
+        f"{cfg.train.epochs} epoch(s) into {cfg.output_dir}"
+    )
+    report = train(cfg, log=_print)
+    test = report.get("test")
+    if test:
+        _print(f"test auc {test['auc']:.4f} logloss {test['logloss']:.4f} on {test['rows']:,} rows")
+    _print(f"run: {cfg.output_dir}")
+    return 0
