@@ -13,6 +13,8 @@ each export prints:
 * ``RSS MB``: VmRSS of a fresh process after it loaded the SavedModel and scored one batch of
   1,024 test rows, and ``+RSS MB`` that minus the VmRSS the same process had before the load
   (medians over ``--repeats`` processes);
+* ``+load MB``: what a fresh process gains by the load alone, before any call, and ``graph
+  MB`` the same load without restoring the variables (the loaded functions' share; medians);
 * the test AUC and log loss (``pipelines.evaluate`` on the run's test split) and their deltas.
 
 Ratios are fp32 / quantized (bytes) and quantized - fp32 (quality), all in the same run.
@@ -30,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import pipelines  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow loads)
-from bench.rss import serving_rss_kb
+from bench.rss import load_rss_kb, serving_rss_kb
 from embeddings.quantize import quantized_form
 from features import synthetic, synthetic_config
 from features.dataset import list_parquet
@@ -54,6 +56,14 @@ def rss_mb(model_dir: Path, test_dir: Path, repeats: int) -> tuple[float, float]
         base, rss = serving_rss_kb(model_dir, test_dir)
         found.append((rss / 1024, (rss - base) / 1024))
     return statistics.median(f[0] for f in found), statistics.median(f[1] for f in found)
+
+
+def load_mb(model_dir: Path, repeats: int) -> tuple[float, float]:
+    """Medians over ``repeats`` fresh processes of the VmRSS gained by loading ``model_dir``
+    with its variables and without them, in MB."""
+    full = [load_rss_kb(model_dir) / 1024 for _ in range(repeats)]
+    graph = [load_rss_kb(model_dir, variables=False) / 1024 for _ in range(repeats)]
+    return statistics.median(full), statistics.median(graph)
 
 
 def data_config(args: argparse.Namespace, work: Path) -> DataConfig:
@@ -101,6 +111,7 @@ def measure(run: Path, test: Path, min_rows: int, repeats: int) -> list[dict[str
         else:
             table = meta["quantization"]["bytes"]
         rss, added = rss_mb(out, test, repeats)
+        loaded, graph = load_mb(out, repeats)
         quality = evaluate(out, list_parquet([test]))
         rows.append(
             {
@@ -109,6 +120,8 @@ def measure(run: Path, test: Path, min_rows: int, repeats: int) -> list[dict[str
                 "variables_bytes": saved_model_bytes(out)["variables"],
                 "rss_mb": round(rss, 1),
                 "rss_added_mb": round(added, 1),
+                "load_mb": round(loaded, 1),
+                "graph_mb": round(graph, 1),
                 "auc": quality["auc"],
                 "logloss": quality["logloss"],
                 "rows": quality["rows"],
@@ -121,7 +134,8 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     base = rows[0]
     print(
         f"{'mode':5s} {'table B':>11s} {'x':>6s} {'variables B':>12s} {'x':>6s} "
-        f"{'RSS MB':>7s} {'+RSS MB':>8s} {'x':>6s} {'AUC':>8s} {'dAUC':>9s} "
+        f"{'RSS MB':>7s} {'+RSS MB':>8s} {'x':>6s} {'+load MB':>9s} {'graph MB':>9s} "
+        f"{'AUC':>8s} {'dAUC':>9s} "
         f"{'logloss':>8s} {'dlogloss':>9s}"
     )
     for r in rows:
@@ -130,6 +144,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             f"{base['table_bytes'] / r['table_bytes']:>6.2f} {r['variables_bytes']:>12,d} "
             f"{base['variables_bytes'] / r['variables_bytes']:>6.2f} {r['rss_mb']:>7.1f} "
             f"{r['rss_added_mb']:>8.1f} {base['rss_added_mb'] / r['rss_added_mb']:>6.2f} "
+            f"{r['load_mb']:>9.1f} {r['graph_mb']:>9.1f} "
             f"{r['auc']:>8.5f} {r['auc'] - base['auc']:>+9.6f} {r['logloss']:>8.5f} "
             f"{r['logloss'] - base['logloss']:>+9.6f}"
         )
