@@ -117,8 +117,9 @@ def time_split(
     out = work / "movielens_time"
     out.mkdir(parents=True, exist_ok=True)
     side = out / "movies.csv"  # the schema joins movies.csv from beside the ratings file
-    if not side.exists():
-        side.symlink_to(ratings.parent / "movies.csv")
+    if not side.exists():  # a link left dangling by an earlier call is replaced
+        side.unlink(missing_ok=True)
+        side.symlink_to((ratings.parent / "movies.csv").resolve())
     for name, part in (("train.csv", rows[:cut]), ("test.csv", rows[cut:])):
         with (out / name).open("w", newline="") as f:
             w = csv.writer(f)
