@@ -30,7 +30,7 @@ from pipelines.config import DataConfig, PipelineConfig, load_config
 from pipelines.errors import UsageError
 from pipelines.run.data import prepare_data
 from pipelines.run.paths import RunPaths
-from pipelines.train import train
+from pipelines.run_commands import train_and_report
 
 _print = functools.partial(print, flush=True)
 #: the default output folder: RUN's path with this suffix
@@ -116,9 +116,4 @@ def cmd_refit(args: argparse.Namespace) -> int:
         f"refit: {run} continued over its {len(cfg.data.train)} validation shard(s) for "
         f"{cfg.train.epochs} epoch(s) into {cfg.output_dir}"
     )
-    report = train(cfg, log=_print)
-    test = report.get("test")
-    if test:
-        _print(f"test auc {test['auc']:.4f} logloss {test['logloss']:.4f} on {test['rows']:,} rows")
-    _print(f"run: {cfg.output_dir}")
-    return 0
+    return train_and_report(cfg)

@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 
 from compiler_opt.fused_signature import FUSION_FILE, FusionSpec, write_spec
-from pipelines.config import load_config
+from pipelines.config import PipelineConfig, load_config
 from pipelines.config_sections import EngineConfig
 from pipelines.engines import engine_config
 from pipelines.errors import UsageError
@@ -52,6 +52,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     engine = engine_config(args, cfg.engine)
     if engine != (cfg.engine or EngineConfig()):
         cfg = dataclasses.replace(cfg, engine=engine)
+    return train_and_report(cfg)
+
+
+def train_and_report(cfg: PipelineConfig) -> int:
+    """Trains ``cfg`` with its log on standard output, then prints the test score and the run
+    folder; the command's exit status."""
     report = train(cfg, log=_print)
     test = report.get("test")
     if test:
