@@ -63,6 +63,9 @@ META_TYPES = {
     "shadow": pa.bool_(),
 }
 SUFFIX = ".parquet"
+#: the NumPy dtype each metadata value is gathered in before Arrow converts it
+_META_NUMPY = {"timestamp": np.float64, "version": np.int64, "shadow": bool}
+_META_NUMPY |= {c: object for c in META_COLUMNS if c not in _META_NUMPY}
 
 
 def file_name(unix_ms: int, pid: int, sequence: int) -> str:
@@ -72,48 +75,105 @@ def file_name(unix_ms: int, pid: int, sequence: int) -> str:
 
 def feature_array(values: np.ndarray) -> pa.Array:
     """A feature's values ``[rows]`` as its log column (strings: ``binary``)."""
-    flat = np.asarray(values).reshape(len(values), -1)[:, 0] if np.ndim(values) > 1 else values
-    if flat.dtype == object or flat.dtype.kind in "SU":
-        return pa.array(
-            [v if isinstance(v, bytes) else str(v).encode() for v in flat], type=pa.binary()
-        )
-    return pa.array(np.asarray(flat))
+    flat = np.asarray(values)
+    if flat.ndim > 1:  # the first value of each row
+        flat = flat.reshape(len(flat), _width(flat))[:, 0]
+    if flat.dtype.kind == "U":
+        return pa.array(flat).cast(pa.binary())
+    if flat.dtype == object or flat.dtype.kind == "S":
+        try:  # bytes and str objects convert in Arrow's C code
+            return pa.array(flat, type=pa.binary())
+        except (pa.ArrowTypeError, pa.ArrowInvalid):  # other objects: by their str()
+            return pa.array(
+                [v if isinstance(v, bytes) else str(v).encode() for v in flat], type=pa.binary()
+            )
+    return pa.array(flat)
 
 
 def output_array(values: np.ndarray) -> pa.Array:
     """An output's values ``[rows, ...]`` as its log column (``float32`` or ``list<float32>``)."""
     arr = np.asarray(values, dtype=np.float32)
     rows = arr.shape[0] if arr.ndim else 1
-    flat = arr.reshape(rows, -1)
+    flat = arr.reshape(rows, _width(arr))
     if flat.shape[1] == 1:
         return pa.array(flat[:, 0], type=pa.float32())
-    return pa.array(list(flat), type=pa.list_(pa.float32()))
+    offsets = np.arange(0, flat.size + 1, flat.shape[1], dtype=np.int32)
+    return pa.ListArray.from_arrays(offsets, pa.array(flat.reshape(-1), type=pa.float32()))
+
+
+def _width(arr: np.ndarray) -> int:
+    """Values per row of an array ``[rows, ...]`` (1 for ``[rows]`` or a scalar)."""
+    return int(np.prod(arr.shape[1:], dtype=np.int64))
+
+
+def _checked_rows(call: ScoredCall) -> int:
+    """The rows of ``call``: every feature's and output's first dimension. Raises ValueError
+    when they differ."""
+    rows = {len(np.asarray(v)) for v in call.features.values()}
+    rows |= {np.asarray(v).shape[0] if np.ndim(v) else 1 for v in call.outputs.values()}
+    if len(rows) != 1:
+        raise ValueError(f"call {call.request_id!r}: features and outputs differ in rows: {rows}")
+    return rows.pop()
 
 
 def call_table(call: ScoredCall) -> pa.Table:
     """The log rows of one scored call: the metadata columns, then its features and outputs in
     name order. Raises ValueError when the features and outputs differ in rows."""
-    rows = {len(np.asarray(v)) for v in call.features.values()}
-    rows |= {np.asarray(v).shape[0] if np.ndim(v) else 1 for v in call.outputs.values()}
-    if len(rows) != 1:
-        raise ValueError(f"call {call.request_id!r}: features and outputs differ in rows: {rows}")
-    n = rows.pop()
-    meta = {
-        "request_id": [call.request_id] * n,
-        "row": np.arange(n, dtype=np.int32),
-        "timestamp": [call.timestamp] * n,
-        "protocol": [call.protocol] * n,
-        "model": [call.model] * n,
-        "version": [call.version] * n,
-        "signature": [call.signature] * n,
-        "arm": [call.arm] * n,
-        "shadow": [call.shadow] * n,
+    return calls_table([call])
+
+
+def calls_table(calls: list[ScoredCall]) -> pa.Table:
+    """The log rows of ``calls``, in order: the rows of ``call_table`` of each, concatenated.
+    Each run of consecutive calls with the same inputs and outputs (names, dtypes, widths) is
+    converted together, a column in one piece, so the cost per row stays in Arrow's and NumPy's
+    C code. Raises ValueError when a call's features and outputs differ in rows (and TypeError
+    or an Arrow error for values a log column cannot hold)."""
+    if not calls:
+        raise ValueError("no calls to log")
+    runs: list[list[ScoredCall]] = []
+    last = None
+    for c in calls:
+        layout = _layout(c)
+        if layout != last:
+            runs.append([])
+            last = layout
+        runs[-1].append(c)
+    tables = [_group_table(run) for run in runs]
+    return tables[0] if len(tables) == 1 else pa.concat_tables(tables, promote_options="permissive")
+
+
+def _layout(call: ScoredCall) -> tuple:
+    """What decides a call's columns: its features' names and dtypes, its outputs' names and
+    widths."""
+    features = tuple((n, np.asarray(call.features[n]).dtype.str) for n in sorted(call.features))
+    outputs = tuple((n, _width(np.asarray(call.outputs[n]))) for n in sorted(call.outputs))
+    return features, outputs
+
+
+def _group_table(calls: list[ScoredCall]) -> pa.Table:
+    """``calls_table`` of calls of one layout."""
+    counts = np.array([_checked_rows(c) for c in calls], dtype=np.int64)
+    total = int(counts.sum())
+    starts = np.cumsum(counts) - counts
+
+    columns = {
+        c: pa.array(
+            np.repeat(np.array([getattr(k, c) for k in calls], _META_NUMPY[c]), counts),
+            type=META_TYPES[c],
+        )
+        for c in META_COLUMNS
+        if c != "row"
     }
-    columns = {c: pa.array(v, type=META_TYPES[c]) for c, v in meta.items()}
-    for name in sorted(call.features):
-        columns[FEATURE_PREFIX + name] = feature_array(call.features[name])
-    for name in sorted(call.outputs):
-        columns[OUTPUT_PREFIX + name] = output_array(call.outputs[name])
+    columns["row"] = pa.array(np.arange(total) - np.repeat(starts, counts), type=pa.int32())
+    columns = {c: columns[c] for c in META_COLUMNS}
+    first = calls[0]
+    for name in sorted(first.features):
+        parts = [np.asarray(c.features[name]) for c in calls]
+        columns[FEATURE_PREFIX + name] = feature_array(np.concatenate(parts))
+    for name in sorted(first.outputs):
+        parts = [np.asarray(c.outputs[name], dtype=np.float32) for c in calls]
+        parts = [p.reshape(n, _width(p)) for p, n in zip(parts, counts, strict=True)]
+        columns[OUTPUT_PREFIX + name] = output_array(np.concatenate(parts))
     return pa.table(columns)
 
 

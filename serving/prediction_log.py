@@ -198,17 +198,12 @@ class PredictionLogger:
             return written
 
     def _write(self, model: str, calls: list[ScoredCall]) -> Path | None:
-        tables = []
-        for c in calls:
-            try:
-                tables.append(log_format.call_table(c))
-            except (ValueError, TypeError, pa.ArrowException) as e:
-                log.error(json.dumps({"event": "log_row_error", "model": model, "error": str(e)}))
-                with self._lock:
-                    self._count_dropped(model, call_rows(c))
-        if not tables:
+        try:  # every call at once, a column in one piece
+            table = log_format.calls_table(calls)
+        except (ValueError, TypeError, pa.ArrowException):
+            table = self._table_call_by_call(model, calls)
+        if table is None:
             return None
-        table = pa.concat_tables(tables, promote_options="permissive")
         name = log_format.file_name(int(time.time() * 1000), os.getpid(), next(_SEQUENCE))
         try:
             path = log_format.write_file(self.folder / model / name, table)
@@ -219,6 +214,19 @@ class PredictionLogger:
             return None
         self._count_written(model, table.num_rows)
         return path
+
+    def _table_call_by_call(self, model: str, calls: list[ScoredCall]) -> pa.Table | None:
+        """The log rows of the calls that can be logged, each converted alone; the others are
+        logged as errors and counted as dropped."""
+        tables = []
+        for c in calls:
+            try:
+                tables.append(log_format.call_table(c))
+            except (ValueError, TypeError, pa.ArrowException) as e:
+                log.error(json.dumps({"event": "log_row_error", "model": model, "error": str(e)}))
+                with self._lock:
+                    self._count_dropped(model, call_rows(c))
+        return pa.concat_tables(tables, promote_options="permissive") if tables else None
 
     def close(self, timeout: float | None = 60.0) -> None:
         """Writes what is buffered and stops the writer thread; later calls are dropped."""

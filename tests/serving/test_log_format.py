@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -11,6 +13,7 @@ from serving.calls import ScoredCall
 from serving.log_format import (
     META_COLUMNS,
     call_table,
+    calls_table,
     features_of,
     file_name,
     log_files,
@@ -80,3 +83,37 @@ def test_files_are_atomic_and_read_back_in_order(tmp_path):
     pq.write_table(pa.table({"x": [1]}), tmp_path / "lin" / "part-9.parquet")
     with pytest.raises(ValueError, match="not a prediction log file"):
         read_logs([tmp_path / "lin"])
+
+
+def _varied(i: int) -> ScoredCall:
+    """Calls of three layouts and odd values: str, bytes and numpy string features, a 2-D
+    feature, a scalar and a wide output, an empty call."""
+    rows = i % 4
+    kinds = [
+        {"user": np.array([b"u", "v", b"w"][:rows] + [b"x"] * (rows - 3), dtype=object)},
+        {"user": np.array(["a"] * rows, "U1"), "n": np.arange(rows * 2).reshape(rows, 2)},
+        {"user": np.array([b"q"] * rows, "S1"), "f": np.ones(rows, np.float64)},
+    ]
+    outputs = {"score": np.full((rows, 1), i, np.float32), "emb": np.ones((rows, 3), np.float32)}
+    return ScoredCall(
+        f"r{i}", 1.5 + i, "grpc", "m", i, "sig", f"arm{i}", i % 2 == 0, kinds[(i // 2) % 3], outputs
+    )
+
+
+def test_many_calls_make_the_rows_of_each_call_in_order():
+    calls = [_varied(i) for i in range(14)]
+    one_by_one = pa.concat_tables([call_table(c) for c in calls], promote_options="permissive")
+    together = calls_table(calls)
+    assert together.equals(one_by_one)
+    assert together.num_rows == sum(i % 4 for i in range(14))
+    assert together.column("request_id").to_pylist()[:3] == ["r1", "r2", "r2"]
+    assert together.column("row").to_pylist()[:3] == [0, 0, 1]
+    assert together.column("feature.user").to_pylist()[:3] == [b"u", b"a", b"a"]
+    assert together.column("feature.n").to_pylist()[:3] == [None, 0, 2]  # a 2-D feature's first
+    assert together.column("output.emb").to_pylist()[0] == [1.0, 1.0, 1.0]
+    assert together.column("output.score").to_pylist()[:2] == [1.0, 2.0]
+    # values that are neither bytes nor str are logged by their str()
+    odd = dataclasses.replace(_call(), features={"user": np.array([7, 8, 9], dtype=object)})
+    assert calls_table([odd]).column("feature.user").to_pylist() == [b"7", b"8", b"9"]
+    with pytest.raises(ValueError, match="no calls"):
+        calls_table([])

@@ -3,6 +3,7 @@ a full buffer drops and counts, a SIGKILLed server leaves only readable files, f
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -127,6 +128,18 @@ def test_full_buffer_drops_calls_and_counts_them(tmp_path):
     assert read_logs([tmp_path]).column("request_id").to_pylist() == ["r0", "r0", "r1", "r1"]
     logger(_call("late"))  # after close: dropped, never written
     assert logger.rows_dropped == {"lin": 6}
+
+
+def test_a_call_that_cannot_be_logged_is_dropped_and_the_rest_written(tmp_path):
+    metrics = Metrics()
+    logger = PredictionLogger(tmp_path, default_rate=1.0, flush_s=600, metrics=metrics)
+    bad = dataclasses.replace(_call("bad", rows=3), outputs={"score": np.zeros(2, np.float32)})
+    for call in (_call("r0"), bad, _call("r1", rows=1)):
+        logger(call)
+    logger.close()
+    assert read_logs([tmp_path]).column("request_id").to_pylist() == ["r0", "r0", "r1"]
+    assert logger.rows_written == {"lin": 3} and logger.rows_dropped == {"lin": 2}
+    assert metrics.registry.get_sample_value("stitchrec_log_dropped_total", {"model": "lin"}) == 2
 
 
 def test_flush_rows_starts_a_flush_without_waiting(tmp_path):

@@ -1,0 +1,95 @@
+"""What the prediction log's writer spends turning scored calls into log rows
+(``serving.log_format``), without a server or a model.
+
+    .venv/bin/python -m bench.serving.log_cost [--calls N] [--sizes 1,100]
+
+Calls shaped like the bench model's (26 string and 13 numeric features, one score) of each
+``--sizes`` rows are converted two ways in the same process: all of a flush together
+(``calls_table``, what the writer does) and one call at a time, then concatenated
+(``call_table`` per call, the writer's fallback when a call cannot be logged). The two tables
+are checked equal. Prints one JSON line: CPU microseconds per call of each way (the best of 5
+repeats), their ratio per size, and the load average. The writer runs in a thread of the
+server's process, so its CPU time is time the event loop may wait for the interpreter lock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import numpy as np
+import pyarrow as pa
+
+from serving.calls import ScoredCall
+from serving.log_format import call_table, calls_table
+
+REPEATS = 5
+
+
+def scored_calls(count: int, rows: int, seed: int = 0) -> list[ScoredCall]:
+    """``count`` calls of ``rows`` rows: 26 string features (8 hex digits), 13 float32 ones."""
+    rng = np.random.default_rng(seed)
+    calls = []
+    for i in range(count):
+        ids = rng.integers(0, 1 << 30, (26, rows))
+        features = {f"C{j}": np.array([b"%08x" % v for v in ids[j]], object) for j in range(26)}
+        features |= {f"I{j}": rng.random(rows).astype(np.float32) for j in range(13)}
+        score = {"score": rng.random((rows, 1)).astype(np.float32)}
+        calls.append(
+            ScoredCall(
+                f"{i:032x}",
+                1.7e9 + i,
+                "grpc",
+                "bench",
+                1,
+                "serving_default",
+                "",
+                False,
+                features,
+                score,
+            )
+        )
+    return calls
+
+
+def cpu_us_per_call(convert, calls: list[ScoredCall]) -> tuple[float, pa.Table]:
+    """The least CPU microseconds per call of ``REPEATS`` conversions, and the last table."""
+    best = float("inf")
+    for _ in range(REPEATS):
+        t = time.process_time()
+        table = convert(calls)
+        best = min(best, time.process_time() - t)
+    return best / len(calls) * 1e6, table
+
+
+def one_at_a_time(calls: list[ScoredCall]) -> pa.Table:
+    return pa.concat_tables([call_table(c) for c in calls], promote_options="permissive")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--calls", type=int, default=200, help="calls per flush")
+    p.add_argument("--sizes", default="1,100", help="rows per call, comma-separated")
+    args = p.parse_args(argv)
+    out: dict[str, object] = {"calls": args.calls}
+    for rows in (int(s) for s in args.sizes.split(",")):
+        calls = scored_calls(args.calls, rows)
+        together, a = cpu_us_per_call(calls_table, calls)
+        alone, b = cpu_us_per_call(one_at_a_time, calls)
+        if not a.equals(b):
+            raise AssertionError(f"the two conversions differ at {rows} rows a call")
+        out[f"rows_{rows}"] = {
+            "together_us": round(together, 1),
+            "one_at_a_time_us": round(alone, 1),
+            "ratio": round(alone / together, 2),
+            "table_rows": a.num_rows,
+        }
+    out["load_average"] = [round(x, 2) for x in os.getloadavg()]
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
