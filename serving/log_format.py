@@ -65,7 +65,7 @@ META_TYPES = {
 SUFFIX = ".parquet"
 #: the NumPy dtype each metadata value is gathered in before Arrow converts it
 _META_NUMPY = {"timestamp": np.float64, "version": np.int64, "shadow": bool}
-_META_NUMPY |= {c: object for c in META_COLUMNS if c not in _META_NUMPY}
+_META_NUMPY |= {c: object for c in ("request_id", "protocol", "model", "signature", "arm")}
 
 
 def file_name(unix_ms: int, pid: int, sequence: int) -> str:
@@ -156,16 +156,13 @@ def _group_table(calls: list[ScoredCall]) -> pa.Table:
     total = int(counts.sum())
     starts = np.cumsum(counts) - counts
 
-    columns = {
-        c: pa.array(
-            np.repeat(np.array([getattr(k, c) for k in calls], _META_NUMPY[c]), counts),
-            type=META_TYPES[c],
-        )
-        for c in META_COLUMNS
-        if c != "row"
-    }
-    columns["row"] = pa.array(np.arange(total) - np.repeat(starts, counts), type=pa.int32())
-    columns = {c: columns[c] for c in META_COLUMNS}
+    columns = {}
+    for c in META_COLUMNS:  # a call's value on each of its rows; "row": the row's position
+        if c == "row":
+            values = np.arange(total) - np.repeat(starts, counts)
+        else:
+            values = np.repeat(np.array([getattr(k, c) for k in calls], _META_NUMPY[c]), counts)
+        columns[c] = pa.array(values, type=META_TYPES[c])
     first = calls[0]
     for name in sorted(first.features):
         parts = [np.asarray(c.features[name]) for c in calls]
