@@ -76,11 +76,12 @@ class Proc:
 
 def launch_ours(repo: Path, out: Path, tag: str, extra: list[str], workers: int = 1) -> Proc:
     """Starts ``stitchrec serve`` on a free port with metrics on free ports without waiting for
-    it (``wait_ours`` waits); several servers load at once this way."""
+    it (``wait_ours`` waits); several servers load at once this way. No drain period on stop
+    (no load balancer reads a bench server's health); ``extra`` may set one."""
     cmd = [
         sys.executable, "-m", "pipelines.cli", "serve", "--repo", str(repo), "--host", "127.0.0.1",
         "--port", "0", "--workers", str(workers), "--log-level", "WARNING",
-        "--metrics-port", "0", *extra,
+        "--metrics-port", "0", "--drain-seconds", "0", *extra,
     ]  # fmt: skip
     return Proc(cmd, out / f"server-{tag}.log")
 

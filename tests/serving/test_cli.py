@@ -71,7 +71,7 @@ def test_serve_two_workers_exported_model(exported_repo):
     cmd = [
         sys.executable, "-m", "pipelines.cli", "serve", "--repo", str(exported_repo),
         "--host", "127.0.0.1", "--port", "0", "--workers", "2", "--metrics-port", "0",
-        "--poll-seconds", "0", "--log-level", "WARNING", "--http-port", "0",
+        "--poll-seconds", "0", "--log-level", "WARNING", "--http-port", "0", "--drain-seconds", "0",
     ]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
     env["PYTHONPATH"] = str(ROOT)

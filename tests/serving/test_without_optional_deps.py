@@ -79,6 +79,7 @@ def test_train_export_serve_without_optional_packages(tmp_path: Path) -> None:
     cmd = [
         sys.executable, "-m", "pipelines.cli", "serve", "--repo", str(repo), "--host",
         "127.0.0.1", "--port", "0", "--poll-seconds", "0", "--log-level", "WARNING",
+        "--drain-seconds", "0",
     ]  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
     try:
