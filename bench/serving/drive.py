@@ -36,8 +36,10 @@ def uptime() -> str:
 
 
 def loadgen(port: int, method: str, requests: Path, plan: Plan, *, seconds: float | None = None,
-            concurrency: int | None = None, rank_versions: bool = False) -> dict:  # fmt: skip
-    """The recording generator (its own process): OK req/s, latency per status code."""
+            concurrency: int | None = None, rank_versions: bool = False,
+            rate: float | None = None) -> dict:  # fmt: skip
+    """The recording generator (its own process): OK req/s, latency per status code. ``rate``:
+    open loop at that many requests/s (``concurrency`` then caps the calls in flight)."""
     cmd = [
         sys.executable, "-m", "bench.serving.loadgen", "--target", f"127.0.0.1:{port}",
         "--method", method, "--requests", str(requests),
@@ -47,6 +49,8 @@ def loadgen(port: int, method: str, requests: Path, plan: Plan, *, seconds: floa
     ]  # fmt: skip
     if rank_versions:
         cmd.append("--rank-versions")
+    if rate is not None:
+        cmd += ["--rate", f"{rate:g}"]
     p = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=600)
     if p.returncode != 0:
         raise RuntimeError(f"load generator failed: {p.stderr[-2000:]}")

@@ -31,7 +31,10 @@ measured in the same run, with the load average beside every cell:
 
 ``--repeats`` (default 3; ``--quick``: 1) runs of every protocols / Triton cell and
 ``--paired-repeats`` (default 6; ``--quick``: 1) of every overheads / shadow cell, each of
-``--seconds`` (default 3; ``--quick``: 1) after ``--warmup`` (default 1; ``--quick``: 0.5). Writes ``results.json`` under ``--out`` and prints the
+``--seconds`` (default 3; ``--quick``: 1) after ``--warmup`` (default 1; ``--quick``: 0.5).
+The overheads' and shadow's cells keep ``--concurrency`` streams busy (closed loop: at
+saturation) unless ``--rate R`` sends them R requests/s (open loop, ``bench.serving.loadgen
+--rate``: p99 at a fixed load below saturation). Writes ``results.json`` under ``--out`` and prints the
 tables (``--report results.json`` prints an earlier run's). The clients share the machine's
 cores with the servers.
 """
@@ -80,6 +83,7 @@ class Bench:
     bodies: dict[int, dict]
     first: dict[tuple[str, int], Path]
     paired_repeats: int = 1
+    rate: float | None = None  # open-loop requests/s of the overheads' and shadow's cells
 
 
 def prepare(args: argparse.Namespace, plan: Plan, out: Path, cache: Path, h2: str) -> Bench:
@@ -99,7 +103,7 @@ def prepare(args: argparse.Namespace, plan: Plan, out: Path, cache: Path, h2: st
         for form in http_bodies.FORMS
     }
     paired = args.paired_repeats or (1 if args.quick else 6)
-    return Bench(saved, out, plan, h2, reqs, frames, bodies, first, paired)
+    return Bench(saved, out, plan, h2, reqs, frames, bodies, first, paired, args.rate)
 
 
 def repo_with(b: Bench, name: str, versions: dict[int, Path], traffic: str | None = None) -> Path:
@@ -196,7 +200,9 @@ def interleaved(b: Bench, servers: dict[str, tuple[Proc, int]], section: str,
             port = servers[name][1]
             hook = (after or {}).get(name)
             before = hook(None) if hook else None
-            r = drive.loadgen(port, RANK, reqs, b.plan, rank_versions=section == "shadow")
+            r = drive.loadgen(
+                port, RANK, reqs, b.plan, rank_versions=section == "shadow", rate=b.rate
+            )
             if hook:
                 r.update(hook(before))
             rows += tag([r], section=section, server=name, protocol="grpc", candidates=n,
@@ -281,7 +287,8 @@ def run_all(b: Bench, args: argparse.Namespace, cache: Path, notes: list[str]) -
             proc.stop()
         time.sleep(1.0)  # the exporters' last batches
         extra = {"spans_received": sink.counts(), "log_rows": log_rows(b.out / "prediction-log"),
-                 "slow_matmuls": args.slow_matmuls, "shadow_version": 1, "primary_version": 2}  # fmt: skip
+                 "slow_matmuls": args.slow_matmuls, "shadow_version": 1, "primary_version": 2,
+                 "paired_rate": b.rate}  # fmt: skip
         sink.stop()
     return rows, extra
 
@@ -303,13 +310,18 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--paired-repeats", type=int, default=None,
                    help="interleaved runs of the overheads' and shadow's servers (default 6)")  # fmt: skip
     p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--rate", type=float, default=None,
+                   help="open-loop req/s of the overheads' and shadow's cells (default: closed)")  # fmt: skip
     p.add_argument("--sizes", default="1,100", help="candidates per request, comma-separated")
     p.add_argument("--model", choices=("bench", "linear"), default="bench")
     p.add_argument("--rows", type=int, default=20_000, help="synthetic rows of the bench model")
     p.add_argument("--slow-matmuls", type=int, default=24, help="extra layers of the shadow")
     p.add_argument("--no-triton", action="store_true", help="skip Triton")
     p.add_argument("--report", metavar="RESULTS", help="print a results.json's tables; no load")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.rate is not None and not args.rate > 0:
+        p.error(f"--rate must be > 0 requests per second, got {args.rate:g}")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:

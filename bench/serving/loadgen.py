@@ -1,11 +1,16 @@
-"""A closed-loop gRPC load generator (grpc.aio), run as its own process.
+"""A gRPC load generator (grpc.aio), closed or open loop, run as its own process.
 
     python -m bench.serving.loadgen --target 127.0.0.1:8500 --method /pkg.Svc/Method \\
         --requests reqs.bin --concurrency 64 --channels 4 --warmup 1 --seconds 5 [--rank-versions]
+        [--rate R]
 
 ``--requests``: a file of pre-serialized request messages (each preceded by a 4-byte
 little-endian length) sent round robin as raw bytes, so the generator spends no time encoding.
-``concurrency`` streams each send a request, wait for the answer, and send the next one. Prints
+``concurrency`` streams each send a request, wait for the answer, and send the next one (closed
+loop: the load follows the server's speed). With ``--rate R`` the load is open: request ``i`` is
+due ``i / R`` seconds after the start whatever the answers, and its latency counts from that due
+time, so a request that waits for a free stream (at most ``concurrency`` in flight) or for the
+generator itself is charged the wait (no coordinated omission). Prints
 one JSON object: requests/s of OK answers (goodput), their p50/p90/p99/max latency (ms) over
 the measured window, failures by status code, ``by_code``: the count, share and p50/p99 latency
 of every status code (OK included), and (with ``--rank-versions``) how many answers each model
@@ -87,8 +92,65 @@ def summarize(
     }
 
 
+class _Load:
+    """One run's calls, clock and tallies."""
+
+    def __init__(self, args: argparse.Namespace, calls: list, decode) -> None:
+        self.args, self.calls, self.decode = args, calls, decode
+        self.requests = read_requests(args.requests)
+        self.start = time.perf_counter()
+        self.measure_from = self.start + args.warmup
+        self.end = self.measure_from + args.seconds
+        self.latencies: list[float] = []
+        self.failures: Counter = Counter()
+        self.failure_latencies: dict[str, list[float]] = {}
+        self.versions: Counter = Counter()
+
+    async def one(self, k: int, t0: float, call) -> None:
+        """Request ``k`` (round robin over the messages) on ``call``, timed from ``t0``."""
+        try:
+            resp = await call(self.requests[k % len(self.requests)], timeout=self.args.timeout)
+            t1 = time.perf_counter()
+            if self.decode is not None:
+                self.versions[self.decode(resp).model_version] += 1
+            if t0 >= self.measure_from:
+                self.latencies.append(t1 - t0)
+        except grpc.aio.AioRpcError as e:
+            if t0 >= self.measure_from or self.args.rank_versions:
+                code = e.code().name
+                self.failures[code] += 1
+                self.failure_latencies.setdefault(code, []).append(time.perf_counter() - t0)
+
+    async def closed_loop(self) -> None:
+        async def stream(i: int) -> None:
+            k, call = i, self.calls[i % len(self.calls)]
+            while (t0 := time.perf_counter()) < self.end:
+                await self.one(k, t0, call)
+                k += 1
+
+        await asyncio.gather(*[stream(i) for i in range(self.args.concurrency)])
+
+    async def open_loop(self) -> None:
+        free = asyncio.Semaphore(self.args.concurrency)
+        tasks: set[asyncio.Task] = set()
+
+        async def due(k: int, t0: float) -> None:
+            async with free:  # the wait for a stream is charged to the request
+                await self.one(k, t0, self.calls[k % len(self.calls)])
+
+        k = 0
+        while (t0 := self.start + k / self.args.rate) < self.end:
+            delay = t0 - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            task = asyncio.create_task(due(k, t0))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+            k += 1
+        await asyncio.gather(*tasks)
+
+
 async def run(args: argparse.Namespace) -> dict:
-    requests = read_requests(args.requests)
     opts = [
         ("grpc.max_receive_message_length", 64 << 20),
         ("grpc.max_send_message_length", 64 << 20),
@@ -98,58 +160,31 @@ async def run(args: argparse.Namespace) -> dict:
         grpc.aio.insecure_channel(args.target, options=[*opts, ("stitchrec.bench.channel", i)])
         for i in range(args.channels)
     ]
-    calls = [ch.unary_unary(args.method) for ch in channels]
     decode = None
     if args.rank_versions:
         from protos import ranking_service_pb2
 
         decode = ranking_service_pb2.RankResponse.FromString
-    loop_start = time.perf_counter()
-    measure_from = loop_start + args.warmup
-    end = measure_from + args.seconds
-    latencies: list[float] = []
-    failures: Counter = Counter()
-    failure_latencies: dict[str, list[float]] = {}
-    versions: Counter = Counter()
-
-    async def stream(i: int) -> None:
-        call = calls[i % len(calls)]
-        k = i
-        while True:
-            t0 = time.perf_counter()
-            if t0 >= end:
-                return
-            msg = requests[k % len(requests)]
-            k += 1
-            try:
-                resp = await call(msg, timeout=args.timeout)
-                t1 = time.perf_counter()
-                if decode is not None:
-                    versions[decode(resp).model_version] += 1
-                if t0 >= measure_from:
-                    latencies.append(t1 - t0)
-            except grpc.aio.AioRpcError as e:
-                if t0 >= measure_from or args.rank_versions:
-                    failures[e.code().name] += 1
-                    failure_latencies.setdefault(e.code().name, []).append(time.perf_counter() - t0)
-
-    await asyncio.gather(*[stream(i) for i in range(args.concurrency)])
+    load = _Load(args, [ch.unary_unary(args.method) for ch in channels], decode)
+    await (load.closed_loop() if args.rate is None else load.open_loop())
     for ch in channels:
         await ch.close()
     # requests started in the measured window, over the window's length
     if args.record:
         record = {
-            "latencies_s": latencies,
+            "latencies_s": load.latencies,
             "seconds": args.seconds,
-            "failures_by_code": dict(failures),
-            "failure_latencies_s": failure_latencies,
+            "failures_by_code": dict(load.failures),
+            "failure_latencies_s": load.failure_latencies,
         }
         with open(args.record, "w") as f:
             json.dump(record, f)
-    out = summarize(latencies, args.seconds, failures, failure_latencies)
+    out = summarize(load.latencies, args.seconds, load.failures, load.failure_latencies)
     out["concurrency"] = args.concurrency
+    if args.rate is not None:
+        out["rate"] = args.rate
     if decode is not None:
-        out["versions"] = {str(k): v for k, v in sorted(versions.items())}
+        out["versions"] = {str(k): v for k, v in sorted(load.versions.items())}
     return out
 
 
@@ -176,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=5.0)
     p.add_argument("--timeout", type=float, default=10.0)
     p.add_argument("--rank-versions", action="store_true")
+    p.add_argument("--rate", type=float, help="open loop: requests per second (default: closed)")
     p.add_argument("--record", help="also write the measured latencies and failures (JSON)")
     p.add_argument("--summarize", metavar="RECORD", help="summarise a --record file; no load")
     p.add_argument("--list-requests", action="store_true", help="print --requests (hex); no load")
@@ -190,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
         missing = [f"--{k}" for k in ("target", "method", "requests") if not getattr(args, k)]
         if missing:
             p.error(f"the load needs {', '.join(missing)}")
+        if args.rate is not None and not args.rate > 0:
+            p.error(f"--rate must be > 0 requests per second, got {args.rate:g}")
         out = asyncio.run(run(args))
     print(json.dumps(out), flush=True)
     return 0

@@ -20,7 +20,7 @@ def test_quick_run_answers_every_cell(tmp_path):
     cmd = [
         sys.executable, "-m", "bench.serving.front_door", "--quick", "--no-triton",
         "--model", "linear", "--sizes", "1", "--seconds", "0.5", "--warmup", "0.2",
-        "--concurrency", "4", "--slow-matmuls", "4",
+        "--concurrency", "4", "--slow-matmuls", "4", "--rate", "50",
         "--cache", str(tmp_path / "cache"), "--out", str(tmp_path / "out"),
     ]  # fmt: skip
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -43,6 +43,7 @@ def test_quick_run_answers_every_cell(tmp_path):
     assert ratios["overheads"]["trace-1.0"]["p99_ratio"]["values"]
     assert set(ratios["shadow"]) == {"shadow"}
     assert result["extra"]["spans_received"]["spans"] > 0
+    assert result["extra"]["paired_rate"] == 50.0  # the overheads' and shadow's open loop
     shadow = [r["shadow"] for r in rows if r["server"] == "shadow"]
     assert shadow and sum(s.get("scored", 0) for s in shadow) > 0
     versions = {v for r in rows if r["section"] == "shadow" for v in r["versions"]}
