@@ -29,7 +29,7 @@ output.<o>    float32 or  output ``o``: ``float32`` when it has one value per ro
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -66,6 +66,10 @@ SUFFIX = ".parquet"
 #: the NumPy dtype each metadata value is gathered in before Arrow converts it
 _META_NUMPY = {"timestamp": np.float64, "version": np.int64, "shadow": bool}
 _META_NUMPY |= {c: object for c in ("request_id", "protocol", "model", "signature", "arm")}
+#: with ``pause``: the most rows converted in one piece (a column of a piece: well under 1 ms)
+PIECE_ROWS = 4096
+#: with ``pause``: calls whose layout is read between two pauses
+PIECE_CALLS = 16
 
 
 def file_name(unix_ms: int, pid: int, sequence: int) -> str:
@@ -122,24 +126,70 @@ def call_table(call: ScoredCall) -> pa.Table:
     return calls_table([call])
 
 
-def calls_table(calls: list[ScoredCall]) -> pa.Table:
+def calls_table(calls: list[ScoredCall], pause: Callable[[], None] | None = None) -> pa.Table:
     """The log rows of ``calls``, in order: the rows of ``call_table`` of each, concatenated.
     Each run of consecutive calls with the same inputs and outputs (names, dtypes, widths) is
     converted together, a column in one piece, so the cost per row stays in Arrow's and NumPy's
     C code. Raises ValueError when a call's features and outputs differ in rows (and TypeError
-    or an Arrow error for values a log column cannot hold)."""
+    or an Arrow error for values a log column cannot hold).
+
+    ``pause``: called between short steps (every ``PIECE_CALLS`` calls' layouts, every column
+    of every piece of at most ``PIECE_ROWS`` rows). A converting thread passes a function that
+    lets other threads have the interpreter lock (``time.sleep``), so that they wait for it
+    about one step rather than Python's switch interval or a whole long conversion."""
     if not calls:
         raise ValueError("no calls to log")
-    runs: list[list[ScoredCall]] = []
+    runs: list[list[tuple[ScoredCall, int]]] = []
     last = None
-    for c in calls:
+    for i, c in enumerate(calls):
+        if pause is not None and i % PIECE_CALLS == PIECE_CALLS - 1:
+            pause()
         layout = _layout(c)
         if layout != last:
             runs.append([])
             last = layout
-        runs[-1].append(c)
-    tables = [_group_table(run) for run in runs]
+        runs[-1].append((c, _checked_rows(c)))
+    tables = [_group_table(part, pause) for run in runs for part in _pieces(run, pause)]
     return tables[0] if len(tables) == 1 else pa.concat_tables(tables, promote_options="permissive")
+
+
+def _pieces(
+    run: list[tuple[ScoredCall, int]], pause: Callable[[], None] | None
+) -> list[list[tuple[ScoredCall, int]]]:
+    """``run`` (calls and their rows) whole without ``pause``; else cut into consecutive
+    pieces of at most ``PIECE_ROWS`` rows (a longer call alone)."""
+    if pause is None:
+        return [run]
+    pieces: list[list[tuple[ScoredCall, int]]] = [[]]
+    rows = 0
+    for c, n in run:
+        if pieces[-1] and rows + n > PIECE_ROWS:
+            pieces.append([])
+            rows = 0
+        pieces[-1].append((c, n))
+        rows += n
+    return pieces
+
+
+def warm_up() -> None:
+    """Converts and writes (to memory) a one-row call of every column kind once: what Arrow
+    loads on its first such conversion and write (pandas, when installed) is then loaded, so a
+    writer thread's first flush under traffic does not import it while holding the
+    interpreter lock."""
+    call = ScoredCall(
+        request_id="warm-up",
+        timestamp=0.0,
+        protocol="grpc",
+        model="m",
+        version=1,
+        signature="serving_default",
+        arm="",
+        shadow=False,
+        features={"b": np.array([b"x"], object), "s": np.array(["x"]), "f": np.zeros(1)},
+        outputs={"score": np.zeros(1, np.float32), "v": np.zeros((1, 2), np.float32)},
+    )
+    table = pa.concat_tables([calls_table([call]), calls_table([call], pause=lambda: None)])
+    pq.write_table(table, pa.BufferOutputStream())
 
 
 def _layout(call: ScoredCall) -> tuple:
@@ -150,9 +200,13 @@ def _layout(call: ScoredCall) -> tuple:
     return features, outputs
 
 
-def _group_table(calls: list[ScoredCall]) -> pa.Table:
-    """``calls_table`` of calls of one layout."""
-    counts = np.array([_checked_rows(c) for c in calls], dtype=np.int64)
+def _group_table(
+    run: list[tuple[ScoredCall, int]], pause: Callable[[], None] | None = None
+) -> pa.Table:
+    """``calls_table`` of calls of one layout, each with its rows (``pause`` after each
+    column)."""
+    calls = [c for c, _ in run]
+    counts = np.array([n for _, n in run], dtype=np.int64)
     total = int(counts.sum())
     starts = np.cumsum(counts) - counts
 
@@ -163,14 +217,20 @@ def _group_table(calls: list[ScoredCall]) -> pa.Table:
         else:
             values = np.repeat(np.array([getattr(k, c) for k in calls], _META_NUMPY[c]), counts)
         columns[c] = pa.array(values, type=META_TYPES[c])
+        if pause is not None:
+            pause()
     first = calls[0]
     for name in sorted(first.features):
         parts = [np.asarray(c.features[name]) for c in calls]
         columns[FEATURE_PREFIX + name] = feature_array(np.concatenate(parts))
-    for name in sorted(first.outputs):
-        parts = [np.asarray(c.outputs[name], dtype=np.float32) for c in calls]
-        parts = [p.reshape(n, _width(p)) for p, n in zip(parts, counts, strict=True)]
-        columns[OUTPUT_PREFIX + name] = output_array(np.concatenate(parts))
+        if pause is not None:
+            pause()
+    for name in sorted(first.outputs):  # one width per run (its layout): reshaped once
+        width = _width(np.asarray(first.outputs[name]))
+        parts = [np.asarray(c.outputs[name], dtype=np.float32).reshape(-1) for c in calls]
+        columns[OUTPUT_PREFIX + name] = output_array(np.concatenate(parts).reshape(total, width))
+        if pause is not None:
+            pause()
     return pa.table(columns)
 
 

@@ -53,6 +53,12 @@ _SEQUENCE = itertools.count()
 _HASH_SCALE = float(2**64)
 
 
+def writer_pause() -> None:
+    """The writer's pause between two conversion steps (``log_format.calls_table``): a sleep
+    releases the interpreter lock, which a thread waiting for it (the event loop) then takes."""
+    time.sleep(0)
+
+
 def sample_fraction(request_id: str) -> float:
     """``u`` in [0, 1): the first 8 bytes of BLAKE2b(request id) over 2**64."""
     digest = hashlib.blake2b(request_id.encode("utf-8", "replace"), digest_size=8).digest()
@@ -127,6 +133,7 @@ class PredictionLogger:
         self._wake = threading.Event()
         self._closed = False
         self.__name__ = "prediction_log"  # the name CallObservers logs if it raises
+        log_format.warm_up()  # before any traffic: the first flush imports nothing
         self._thread = threading.Thread(
             target=self._run, name="stitchrec-prediction-log", daemon=True
         )
@@ -198,8 +205,8 @@ class PredictionLogger:
             return written
 
     def _write(self, model: str, calls: list[ScoredCall]) -> Path | None:
-        try:  # every call at once, a column in one piece
-            table = log_format.calls_table(calls)
+        try:  # every call at once, in short steps that leave the event loop the lock
+            table = log_format.calls_table(calls, pause=writer_pause)
         except (ValueError, TypeError, pa.ArrowException):
             table = self._table_call_by_call(model, calls)
         if table is None:

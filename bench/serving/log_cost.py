@@ -4,12 +4,18 @@
     .venv/bin/python -m bench.serving.log_cost [--calls N] [--sizes 1,100]
 
 Calls shaped like the bench model's (26 string and 13 numeric features, one score) of each
-``--sizes`` rows are converted two ways in the same process: all of a flush together
-(``calls_table``, what the writer does) and one call at a time, then concatenated
-(``call_table`` per call, the writer's fallback when a call cannot be logged). The two tables
-are checked equal. Prints one JSON line: CPU microseconds per call of each way (the best of 5
-repeats), their ratio per size, and the load average. The writer runs in a thread of the
-server's process, so its CPU time is time the event loop may wait for the interpreter lock.
+``--sizes`` rows are converted three ways in the same process: all of a flush together in one
+go (``calls_table``), together in short steps with the writer's pause between them
+(``calls_table(calls, pause=...)``, what the writer does) and one call at a time, then
+concatenated (``call_table`` per call, the writer's fallback when a call cannot be logged). The
+tables are checked equal. Prints one JSON line: CPU microseconds per call of each way (the best
+of 5 repeats), the one-at-a-time / together ratio per size, and the load average.
+
+The writer runs in a thread of the server's process, where the event loop waits for the
+interpreter lock while the writer holds it. ``lock_wait_ms`` measures that wait: a thread
+converts the flush while the main thread sleeps 1 ms at a time, as an idle event loop does; each
+wake-up's lateness is how long it waited for the lock (max and p99 over the conversion; the
+least of 3 repeats), in one go and with the writer's pauses.
 """
 
 from __future__ import annotations
@@ -17,13 +23,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import threading
 import time
 
 import numpy as np
 import pyarrow as pa
 
 from serving.calls import ScoredCall
-from serving.log_format import call_table, calls_table
+from serving.log_format import call_table, calls_table, warm_up
+from serving.prediction_log import writer_pause
 
 REPEATS = 5
 
@@ -68,23 +76,62 @@ def one_at_a_time(calls: list[ScoredCall]) -> pa.Table:
     return pa.concat_tables([call_table(c) for c in calls], promote_options="permissive")
 
 
+def paused(calls: list[ScoredCall]) -> pa.Table:
+    return calls_table(calls, pause=writer_pause)
+
+
+def lock_wait_ms(convert, calls: list[ScoredCall]) -> dict[str, float]:
+    """How late a thread that sleeps 1 ms at a time wakes while another converts ``calls``:
+    max and p99 (ms), the least of 3 repeats."""
+    best = {"max": float("inf"), "p99": float("inf")}
+    for _ in range(3):
+        done = threading.Event()
+
+        def work(done: threading.Event = done) -> None:
+            try:
+                convert(calls)
+            finally:
+                done.set()
+
+        worker = threading.Thread(target=work)
+        late = []
+        last = time.perf_counter()
+        worker.start()
+        while not done.is_set():
+            time.sleep(0.001)
+            now = time.perf_counter()
+            late.append(now - last - 0.001)
+            last = now
+        worker.join()
+        ms = np.array(late) * 1e3
+        best = {"max": min(best["max"], ms.max()), "p99": min(best["p99"], np.percentile(ms, 99))}
+    return {k: round(float(v), 2) for k, v in best.items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--calls", type=int, default=200, help="calls per flush")
     p.add_argument("--sizes", default="1,100", help="rows per call, comma-separated")
     args = p.parse_args(argv)
     out: dict[str, object] = {"calls": args.calls}
+    warm_up()  # as the writer does before any traffic
     for rows in (int(s) for s in args.sizes.split(",")):
         calls = scored_calls(args.calls, rows)
         together, a = cpu_us_per_call(calls_table, calls)
-        alone, b = cpu_us_per_call(one_at_a_time, calls)
-        if not a.equals(b):
-            raise AssertionError(f"the two conversions differ at {rows} rows a call")
+        steps, b = cpu_us_per_call(paused, calls)
+        alone, c = cpu_us_per_call(one_at_a_time, calls)
+        if not (a.equals(b) and a.equals(c)):
+            raise AssertionError(f"the conversions differ at {rows} rows a call")
         out[f"rows_{rows}"] = {
             "together_us": round(together, 1),
+            "paused_us": round(steps, 1),
             "one_at_a_time_us": round(alone, 1),
             "ratio": round(alone / together, 2),
             "table_rows": a.num_rows,
+            "lock_wait_ms": {
+                "together": lock_wait_ms(calls_table, calls),
+                "paused": lock_wait_ms(paused, calls),
+            },
         }
     out["load_average"] = [round(x, 2) for x in os.getloadavg()]
     print(json.dumps(out))

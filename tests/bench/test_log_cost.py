@@ -1,5 +1,5 @@
-"""bench.serving.log_cost with few calls: both conversions made equal tables, and the JSON line
-has their CPU per call (no timing assertions)."""
+"""bench.serving.log_cost with few calls: the conversions made equal tables, and the JSON line
+has their CPU per call and the lock waits (no timing assertions)."""
 
 from __future__ import annotations
 
@@ -14,4 +14,7 @@ def test_quick_run_compares_the_two_conversions(capsys):
     for rows in (1, 5):
         cell = out[f"rows_{rows}"]
         assert cell["table_rows"] == 20 * rows
-        assert cell["together_us"] > 0 and cell["one_at_a_time_us"] > 0
+        assert cell["together_us"] > 0 and cell["one_at_a_time_us"] > 0 and cell["paused_us"] > 0
+        for way in ("together", "paused"):
+            waits = cell["lock_wait_ms"][way]
+            assert 0 <= waits["p99"] <= waits["max"]

@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from serving import log_format
 from serving.calls import ScoredCall
 from serving.log_format import (
     META_COLUMNS,
@@ -117,3 +118,21 @@ def test_many_calls_make_the_rows_of_each_call_in_order():
     assert calls_table([odd]).column("feature.user").to_pylist() == [b"7", b"8", b"9"]
     with pytest.raises(ValueError, match="no calls"):
         calls_table([])
+
+
+def test_a_paused_conversion_steps_over_pieces_and_equals_the_whole(monkeypatch):
+    """With ``pause``: every column of every piece of at most PIECE_ROWS rows is one step
+    between two pauses, and the table equals the one converted in one go."""
+    monkeypatch.setattr(log_format, "PIECE_ROWS", 4)
+    monkeypatch.setattr(log_format, "PIECE_CALLS", 3)
+    calls = [_call(f"r{i}", rows=rows) for i, rows in enumerate([1, 2, 3, 5, 1, 1])]
+    pauses: list[int] = []
+    paused = calls_table(calls, pause=lambda: pauses.append(1))
+    whole = calls_table(calls)
+    assert paused.equals(whole) and paused.num_rows == 13
+    # pieces by rows: [1, 2] [3] [5] [1, 1]: every column in 4 chunks, a call never split
+    for name in paused.column_names:
+        assert [len(c) for c in paused.column(name).chunks] == [3, 3, 5, 2]
+    columns = len(META_COLUMNS) + 3 + 2  # metadata, the features, the outputs
+    assert len(pauses) == 6 // 3 + 4 * columns  # each 3 calls' layouts, each piece's columns
+    assert [len(c) for c in whole.column("row").chunks] == [13]  # no pause: one piece

@@ -153,6 +153,35 @@ def test_flush_rows_starts_a_flush_without_waiting(tmp_path):
     logger.close()
 
 
+_FIRST_FLUSH = """
+import sys
+import numpy as np
+from serving.calls import ScoredCall
+from serving.prediction_log import PredictionLogger
+logger = PredictionLogger(sys.argv[1], flush_s=600)
+before = set(sys.modules)
+logger(ScoredCall("r1", 0.0, "grpc", "lin", 1, "serving_default", "", False,
+                  {"user": np.array([b"u1", b"u2"], object), "price": np.zeros(2, np.float32)},
+                  {"score": np.zeros((2, 1), np.float32)}))
+assert logger.flush(), "nothing written"
+print(sorted(set(sys.modules) - before))
+"""
+
+
+def test_the_first_flush_imports_nothing(tmp_path):
+    """A writer started by ``PredictionLogger`` has loaded what Arrow loads on its first
+    conversion and write (pandas among it), so the first flush under traffic does not spend
+    the interpreter lock importing it (a fresh process: nothing imported by other tests)."""
+    p = subprocess.run(
+        [sys.executable, "-c", _FIRST_FLUSH, str(tmp_path)],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.strip().splitlines()[-1] == "[]"
+    assert read_logs([tmp_path]).num_rows == 2
+
+
 @pytest.mark.parametrize(
     "kwargs,message",
     [
