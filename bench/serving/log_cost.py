@@ -12,10 +12,10 @@ tables are checked equal. Prints one JSON line: CPU microseconds per call of eac
 of 5 repeats), the one-at-a-time / together ratio per size, and the load average.
 
 The writer runs in a thread of the server's process, where the event loop waits for the
-interpreter lock while the writer holds it. ``lock_wait_ms`` measures that wait: a thread
-converts the flush while the main thread sleeps 1 ms at a time, as an idle event loop does; each
-wake-up's lateness is how long it waited for the lock (max and p99 over the conversion; the
-least of 3 repeats), in one go and with the writer's pauses.
+interpreter lock while the writer holds it. ``lock_wait_ms`` (``bench.serving.lock_wait``)
+measures that wait: a thread converts the flush while the main thread sleeps 1 ms at a time, as
+an idle event loop does; each wake-up's lateness is how long it waited for the lock (max and p99
+over the conversion; the least of 3 repeats), in one go and with the writer's pauses.
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import threading
 import time
 
 import numpy as np
 import pyarrow as pa
 
+from bench.serving.lock_wait import lock_wait_ms
 from serving.calls import ScoredCall
 from serving.log_format import call_table, calls_table, warm_up
 from serving.prediction_log import writer_pause
@@ -80,34 +80,6 @@ def paused(calls: list[ScoredCall]) -> pa.Table:
     return calls_table(calls, pause=writer_pause)
 
 
-def lock_wait_ms(convert, calls: list[ScoredCall]) -> dict[str, float]:
-    """How late a thread that sleeps 1 ms at a time wakes while another converts ``calls``:
-    max and p99 (ms), the least of 3 repeats."""
-    best = {"max": float("inf"), "p99": float("inf")}
-    for _ in range(3):
-        done = threading.Event()
-
-        def work(done: threading.Event = done) -> None:
-            try:
-                convert(calls)
-            finally:
-                done.set()
-
-        worker = threading.Thread(target=work)
-        late = []
-        last = time.perf_counter()
-        worker.start()
-        while not done.is_set():
-            time.sleep(0.001)
-            now = time.perf_counter()
-            late.append(now - last - 0.001)
-            last = now
-        worker.join()
-        ms = np.array(late) * 1e3
-        best = {"max": min(best["max"], ms.max()), "p99": min(best["p99"], np.percentile(ms, 99))}
-    return {k: round(float(v), 2) for k, v in best.items()}
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--calls", type=int, default=200, help="calls per flush")
@@ -129,8 +101,8 @@ def main(argv: list[str] | None = None) -> int:
             "ratio": round(alone / together, 2),
             "table_rows": a.num_rows,
             "lock_wait_ms": {
-                "together": lock_wait_ms(calls_table, calls),
-                "paused": lock_wait_ms(paused, calls),
+                "together": lock_wait_ms(lambda c=calls: calls_table(c)),
+                "paused": lock_wait_ms(lambda c=calls: paused(c)),
             },
         }
     out["load_average"] = [round(x, 2) for x in os.getloadavg()]

@@ -10,6 +10,13 @@ and on with a sample rate of 0 and no client trace (nothing recorded). Recorded 
 the server's batch span processor to an exporter that encodes them as an OTLP export request and
 drops the bytes: the CPU an OTLP exporter spends, without the network. Prints one JSON line of
 CPU microseconds per call (the best of 5 repeats), the stages / call ratio and the load average.
+
+``export_lock_wait_ms``: the span export runs in the processor's thread of the server's process
+and holds the interpreter lock while it encodes a batch; sending it releases the lock. The
+spans of ``RECORDED_CALLS`` recorded calls are encoded in batches of the SDK's default size
+(512) and of the server's (``serving.tracing.EXPORT_BATCH_SPANS``), each batch followed by a
+``time.sleep(0)`` in place of the send, while ``bench.serving.lock_wait`` measures how late a
+1 ms sleeper (an idle event loop) wakes: max and p99 (ms) per batch size.
 """
 
 from __future__ import annotations
@@ -25,11 +32,29 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+from bench.serving.lock_wait import lock_wait_ms
 from serving import tracing
 from serving.calls import start_call
 
 RECORDED_CALLS = 400  # calls per repeat when every call is recorded
 CLIENT = (("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),)
+
+
+SDK_EXPORT_BATCH_SPANS = 512  # BatchSpanProcessor's default max_export_batch_size
+
+
+class KeepingExporter(SpanExporter):
+    """Keeps every exported span."""
+
+    def __init__(self) -> None:
+        self.kept: list[ReadableSpan] = []
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.kept.extend(spans)
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        return None
 
 
 class EncodingExporter(SpanExporter):
@@ -83,6 +108,29 @@ def recorded_us(metadata: tuple[tuple[str, str], ...], calls: int) -> float:
     return 1e6 * min(runs) / calls
 
 
+def export_in_batches(spans: Sequence[ReadableSpan], batch: int) -> None:
+    """Encodes ``spans`` as OTLP export requests of ``batch`` spans, releasing the interpreter
+    lock after each as a network send does."""
+    for i in range(0, len(spans), batch):
+        encode_spans(spans[i : i + batch]).SerializeToString()
+        time.sleep(0)
+
+
+def export_lock_wait(calls: int) -> dict[str, dict[str, float]]:
+    """``lock_wait_ms`` while the spans of ``calls`` recorded calls (detail ``stages``) are
+    encoded in batches of the SDK's default size and of the server's."""
+    keeping = KeepingExporter()
+    tracing.install(keeping)
+    for _ in range(calls):
+        one_call(CLIENT)
+    tracing.shutdown()
+    spans = keeping.kept
+    return {
+        f"batch_{n}": lock_wait_ms(lambda n=n: export_in_batches(spans, n))
+        for n in (SDK_EXPORT_BATCH_SPANS, tracing.EXPORT_BATCH_SPANS)
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--calls", type=int, default=20_000, help="calls per repeat when off")
@@ -101,7 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     out["not_sampled_us"] = per_call_us((), max(1, args.calls // 20))
     tracing.shutdown()
     out["stages_over_call"] = out["sampled_stages_us"] / out["sampled_call_us"]
-    print(json.dumps({k: round(v, 2) for k, v in out.items()} | {"load": os.getloadavg()[0]}))
+    waits = export_lock_wait(recorded)
+    out = {k: round(v, 2) for k, v in out.items()}
+    print(json.dumps(out | {"export_lock_wait_ms": waits, "load": os.getloadavg()[0]}))
     return 0
 
 

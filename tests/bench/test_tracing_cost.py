@@ -18,4 +18,7 @@ def test_stages_make_five_spans_per_call_and_call_one(capsys):
         assert out[key] > 0
     ratio = out["sampled_stages_us"] / out["sampled_call_us"]
     assert out["stages_over_call"] == pytest.approx(ratio, rel=0.05)
+    waits = out["export_lock_wait_ms"]
+    assert set(waits) == {"batch_512", f"batch_{tracing.EXPORT_BATCH_SPANS}"}
+    assert all(w["max"] >= w["p99"] >= 0 for w in waits.values())
     assert not tracing.enabled()
