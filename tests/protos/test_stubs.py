@@ -1,10 +1,13 @@
-"""The committed protobuf modules are what grpcio-tools generates from the ``.proto`` files, and
-importing ``protos`` writes nothing (regenerate with ``make protos``)."""
+"""The committed protobuf modules are what grpcio-tools generates from the ``.proto`` files (the
+generator's version stamps aside: a newer grpcio-tools writes the same code with its own
+version), the grpcio they require is what pyproject.toml asks for, and importing ``protos``
+writes nothing (regenerate with ``make protos``)."""
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -17,6 +20,23 @@ import protos
 
 ROOT = Path(__file__).resolve().parents[2]
 PROTOS = ROOT / "protos"
+
+
+# the lines where generated code names the versions of grpcio-tools and protobuf that wrote it
+VERSION_STAMPS = (
+    (re.compile(r"^GRPC_GENERATED_VERSION = '[^']*'$", re.M), "GRPC_GENERATED_VERSION = ''"),
+    (re.compile(r"^# Protobuf Python Version: .*$", re.M), "# Protobuf Python Version:"),
+    (
+        re.compile(r"(ValidateProtobufRuntimeVersion\(\n\s*[\w.]+,)\n\s*\d+,\n\s*\d+,\n\s*\d+,"),
+        r"\1",
+    ),
+)
+
+
+def _unstamped(code: str) -> str:
+    for pattern, replacement in VERSION_STAMPS:
+        code = pattern.sub(replacement, code)
+    return code
 
 
 def _generated(proto: str) -> list[str]:
@@ -47,10 +67,35 @@ def test_committed_modules_equal_freshly_generated(tmp_path: Path) -> None:
         )
         assert p.returncode == 0, f"protoc failed on protos/{proto}: {p.stderr[-2000:]}"
         for name in _generated(proto):
-            fresh = (tmp_path / "protos" / name).read_text()
-            assert fresh == (PROTOS / name).read_text(), (
+            fresh = _unstamped((tmp_path / "protos" / name).read_text())
+            assert fresh == _unstamped((PROTOS / name).read_text()), (
                 f"protos/{name} differs from what protos/{proto} generates; run `make protos`"
             )
+
+
+def test_version_stamps_are_the_only_lines_left_out() -> None:
+    code = (PROTOS / "ranking_service_pb2.py").read_text()
+    assert _unstamped(code) != code
+    assert "ValidateProtobufRuntimeVersion(\n    _runtime_version.Domain.PUBLIC,\n    '',\n" in (
+        _unstamped(code)
+    )
+    edited = code.replace("RankRequest", "RankQuery")
+    assert _unstamped(edited) != _unstamped(code)
+
+
+def test_the_required_grpcio_is_at_least_the_generated_version() -> None:
+    """The stubs refuse to import under a grpcio older than the grpcio-tools that wrote them."""
+    (generated,) = re.findall(
+        r"^GRPC_GENERATED_VERSION = '([^']*)'$",
+        (PROTOS / "ranking_service_pb2_grpc.py").read_text(),
+        re.M,
+    )
+    (required,) = re.findall(r'"grpcio>=([\d.]+),', (ROOT / "pyproject.toml").read_text())
+
+    def parts(version: str) -> tuple[int, ...]:
+        return tuple(int(x) for x in version.split("."))
+
+    assert parts(required) >= parts(generated), (required, generated)
 
 
 def test_every_proto_has_committed_modules() -> None:
