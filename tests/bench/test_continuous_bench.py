@@ -3,27 +3,23 @@ and its count of the values active in the eviction horizon from a saved vocabula
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pyarrow as pa
+import pytest
 
+from bench.continuous.__main__ import parse
 from bench.continuous.report import horizon_active
 from features.vocab_state import VocabOptions, VocabState
 
-ROOT = Path(__file__).resolve().parents[2]
 
-
-def test_unknown_dataset_and_too_few_days_are_usage_errors():
+def test_unknown_dataset_and_too_few_days_are_usage_errors(capsys):
     for flags, message in (
         (["--datasets", "synthetic,nope"], "--datasets: unknown ['nope']"),
         (["--days", "2"], "--days 2: expected at least 3"),
     ):
-        cmd = [sys.executable, "-m", "bench.continuous", *flags]
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
-        assert proc.returncode == 2, proc.stderr[-2000:]
-        assert message in proc.stderr
+        with pytest.raises(SystemExit) as exit_:
+            parse(flags)
+        assert exit_.value.code == 2
+        assert message in capsys.readouterr().err
 
 
 def test_values_active_in_the_horizon_are_those_seen_in_its_last_windows(tmp_path):
