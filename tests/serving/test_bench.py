@@ -122,21 +122,30 @@ def test_aggregate_and_table_ratios_against_triton(tmp_path):
     )
 
 
-def test_load_generator_against_a_real_server(tmp_path):
+def _loadgen(tmp_path, models: list[str], *flags: str) -> dict:
+    """``bench.serving.loadgen`` against a served linear model ``lin``: one Rank request per
+    entry of ``models`` (the model each names; item ``i`` for the i-th), sent round robin."""
     write_linear_model(tmp_path / "repo" / "lin" / "1", bias=0.0)
     reqs = [
-        make_request("lin", {"user": "u1"}, {"item": [i], "price": [0.5]}).SerializeToString()
-        for i in range(4)
-    ] + [make_request("nope", {"user": "u1"}, {"item": [1], "price": [0.5]}).SerializeToString()]
+        make_request(m, {"user": "u1"}, {"item": [i], "price": [0.5]}).SerializeToString()
+        for i, m in enumerate(models)
+    ]
     write_requests(tmp_path / "r.bin", reqs)
     with ServerThread(tmp_path / "repo") as s:
         p = _bench(
             "bench.serving.loadgen", "--target", s.target,
-            "--method", "/stitchrec.serving.RankingService/Rank", "--requests",
-            str(tmp_path / "r.bin"), "--concurrency", "5", "--channels", "1", "--warmup", "0",
-            "--seconds", "1", "--rank-versions", "--record", str(tmp_path / "rec.json"),
+            "--method", "/stitchrec.serving.RankingService/Rank",
+            "--requests", str(tmp_path / "r.bin"), *flags,
         )  # fmt: skip
-    out = _last_json(p)
+    return _last_json(p)
+
+
+def test_load_generator_against_a_real_server(tmp_path):
+    out = _loadgen(
+        tmp_path, ["lin"] * 4 + ["nope"],
+        "--concurrency", "5", "--channels", "1", "--warmup", "0", "--seconds", "1",
+        "--rank-versions", "--record", str(tmp_path / "rec.json"),
+    )  # fmt: skip
     # stream i sends requests i, i+1, ...: one in five is for the unknown model, so each of the
     # five streams is off the 4:1 ratio by at most 4 (where its last cycle stopped)
     assert out["requests"] > 10 and out["failures"] > 0
@@ -153,20 +162,11 @@ def test_load_generator_against_a_real_server(tmp_path):
 def test_open_loop_sends_at_its_rate_whatever_the_answers(tmp_path):
     """``--rate``: request i is due at i / rate seconds; the requests of the measured window
     are its share of them (not as many as the streams could send), spread over the messages."""
-    write_linear_model(tmp_path / "repo" / "lin" / "1", bias=0.0)
-    reqs = [
-        make_request(m, {"user": "u1"}, {"item": [1], "price": [0.5]}).SerializeToString()
-        for m in ("lin", "lin", "lin", "nope")
-    ]
-    write_requests(tmp_path / "r.bin", reqs)
-    with ServerThread(tmp_path / "repo") as s:
-        p = _bench(
-            "bench.serving.loadgen", "--target", s.target,
-            "--method", "/stitchrec.serving.RankingService/Rank", "--requests",
-            str(tmp_path / "r.bin"), "--concurrency", "8", "--channels", "2", "--warmup", "0.5",
-            "--seconds", "1.5", "--rate", "40",
-        )  # fmt: skip
-    out = _last_json(p)
+    out = _loadgen(
+        tmp_path, ["lin", "lin", "lin", "nope"],
+        "--concurrency", "8", "--channels", "2", "--warmup", "0.5", "--seconds", "1.5",
+        "--rate", "40",
+    )  # fmt: skip
     assert out["rate"] == 40.0
     sent = out["requests"] + out["failures"]
     assert 55 <= sent <= 62  # 60 due in the 1.5 s window (a closed loop sends hundreds)
