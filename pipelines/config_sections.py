@@ -160,12 +160,17 @@ class EngineConfig:
         cluster of ``workers`` processes started for the command.
       workers: processes of that local cluster (0: one per CPU core).
       retries: times a task that raised is run again before the job fails.
+      no_workers_seconds: how long a job waits while the cluster has no worker at all (all
+        lost, or none started yet) before it fails; a cluster that scales up may need minutes.
     """
 
     name: str = "local"
     address: str = ""
     workers: int = dataclasses.field(default=0, metadata={"expected": "an integer >= 0"})
     retries: int = dataclasses.field(default=2, metadata={"expected": "an integer >= 0"})
+    no_workers_seconds: float = dataclasses.field(
+        default=600.0, metadata={"expected": "a number of seconds > 0"}
+    )
 
     def __post_init__(self) -> None:
         if self.name not in ENGINES:
@@ -179,6 +184,11 @@ class EngineConfig:
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ConfigError(f"[engine] {key} must be an integer >= 0, got {v!r}")
+        v = self.no_workers_seconds
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+            raise ConfigError(
+                f"[engine] no_workers_seconds must be a number of seconds > 0, got {v!r}"
+            )
 
 
 _PAIR_SOURCES = ("pcf_gnn", "table")

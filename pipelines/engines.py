@@ -9,7 +9,9 @@ distributed, in its local mode or on a cluster.
   Each task is retried ``retries`` times when it raises, and the scheduler moves the tasks of a
   worker that dies to the others (a task whose workers died ``distributed.scheduler.allowed-
   failures`` times, 3 by default, fails); a task that fails for good ends the job with one
-  ``JobError`` naming the job, the task and the cause. The log names the dashboard, where the
+  ``JobError`` naming the job, the task and the cause. A job also fails when the cluster has
+  had no worker at all for ``no_workers_seconds`` (every worker lost and none back, or none
+  started): Dask would keep its tasks waiting for one. The log names the dashboard, where the
   job's progress shows.
 
 Workers read the inputs and write the outputs by path: on a cluster they need the same files
@@ -23,6 +25,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
@@ -34,6 +37,7 @@ from pipelines.errors import UsageError
 
 R = TypeVar("R")
 Log = Callable[[str], None]
+POLL_S = 1.0  # how often a job waiting on a result checks that the cluster has workers
 
 
 class DaskRunner:
@@ -41,10 +45,11 @@ class DaskRunner:
 
     name = "dask"
 
-    def __init__(self, client: Any, retries: int, where: str) -> None:
+    def __init__(self, client: Any, retries: int, where: str, no_workers_s: float = 600.0) -> None:
         self.client = client
         self.retries = retries
         self.where = where
+        self.no_workers_s = no_workers_s
 
     def _submit(
         self, fn: Callable[..., Any], items: Sequence[Any], shared: Any, name: str
@@ -119,7 +124,7 @@ class DaskRunner:
     def _result(self, future: Any, label: str, what: str) -> Any:
         distributed = _distributed()
         try:
-            return future.result()
+            return self._wait(future, label, what)
         except distributed.KilledWorker as e:
             raise JobError(
                 f"{label}: {what} failed: the workers running it died ({e}); see the workers' "
@@ -129,6 +134,27 @@ class DaskRunner:
             raise JobError(
                 f"{label}: {what}: the connection to {self.where} was lost ({e})"
             ) from None
+
+    def _wait(self, future: Any, label: str, what: str) -> Any:
+        """``future.result()``, checking every ``POLL_S`` that the cluster has a worker: after
+        ``no_workers_s`` without any, a ``JobError``."""
+        alone_since = None
+        while True:
+            try:
+                return future.result(timeout=POLL_S)
+            except TimeoutError:
+                pass
+            if self.client.scheduler_info().get("workers"):
+                alone_since = None
+                continue
+            now = time.monotonic()
+            alone_since = alone_since or now
+            if now - alone_since >= self.no_workers_s:
+                raise JobError(
+                    f"{label}: {what} could not run: {self.where} has had no workers for "
+                    f"{self.no_workers_s:g} s; start workers (`dask worker ADDRESS`) or see "
+                    f"their logs ([engine] no_workers_seconds)"
+                )
 
     def describe(self) -> str:
         info = self.client.scheduler_info()
@@ -202,13 +228,14 @@ def _connect(config: EngineConfig, stack: contextlib.ExitStack) -> DaskRunner:
                 f"the address of a running `dask scheduler`, e.g. tcp://HOST:8786"
             ) from None
         stack.callback(client.close)
-        return DaskRunner(client, config.retries, config.address)
+        return DaskRunner(client, config.retries, config.address, config.no_workers_seconds)
     workers = config.workers or os.cpu_count() or 1
     cluster = _local_cluster(distributed, workers)
     stack.callback(cluster.close)
     client = distributed.Client(cluster, set_as_default=False)
     stack.callback(client.close)
-    return DaskRunner(client, config.retries, f"a local cluster of {workers} process(es)")
+    where = f"a local cluster of {workers} process(es)"
+    return DaskRunner(client, config.retries, where, config.no_workers_seconds)
 
 
 #: Dask's nannies set ``MALLOC_TRIM_THRESHOLD_`` in their workers (against memory

@@ -15,6 +15,7 @@ from pathlib import Path
 from distributed import Client, get_worker
 
 ROOT = Path(__file__).resolve().parents[1]
+STOP_WAIT_S = 5.0
 
 
 @dataclass
@@ -30,13 +31,17 @@ class DaskCluster:
             return sorted(client.run(os.getpid).values())
 
     def stop(self) -> None:
+        """SIGTERM to every process, SIGKILL to those still running 5 s later (a nanny that
+        is starting a worker again does not stop on SIGTERM)."""
         for p in reversed(self.processes):
             p.terminate()
+        deadline = time.monotonic() + STOP_WAIT_S
         for p in self.processes:
             try:
-                p.wait(timeout=20)
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 p.kill()
+                p.wait()
 
 
 def start_cluster(folder: Path, workers: int = 2, allowed_failures: int = 3) -> DaskCluster:
@@ -96,8 +101,15 @@ def _address(scheduler_file: Path, timeout: float = 60.0) -> str:
     raise TimeoutError(f"the Dask scheduler wrote no {scheduler_file} in {timeout:g}s")
 
 
+EXIT_AFTER_S = 1.0
+
+
 def exit_process(_: object) -> None:
-    """A task that kills the worker process running it (a crash no retry gets past)."""
+    """A task that kills the worker process running it (a crash no retry gets past), after
+    ``EXIT_AFTER_S``: a worker registers with the scheduler (and gets tasks) just before its
+    nanny has finished starting it, and a nanny whose worker dies in that gap gives up instead
+    of starting it again, leaving the cluster without workers."""
+    time.sleep(EXIT_AFTER_S)
     os._exit(1)
 
 

@@ -28,7 +28,7 @@ from features.stats_job import raw_stats, shard_stats
 from features.tasks import JobError, LocalRunner
 from features.tfrecord.convert import parquet_to_tfrecord
 from pipelines import cli
-from pipelines.config_sections import EngineConfig
+from pipelines.config_sections import ConfigError, EngineConfig
 from pipelines.engines import open_runner
 from serving.testing import SCHEMA, reference_score, write_linear_model
 from tests.dask_cluster import ROOT, exit_process, logged_merge, logged_task, start_cluster
@@ -256,6 +256,31 @@ def test_a_task_whose_workers_keep_dying_is_one_job_error(tmp_path):
             runner.map(exit_process, [None], label="dying")
     finally:
         c.stop()
+
+
+def test_a_job_on_a_cluster_without_workers_fails_after_the_wait(tmp_path):
+    c = start_cluster(tmp_path / "dask", workers=1)
+    try:
+        workers = c.worker_pids()
+        c.processes[1].kill()  # the nanny, then its worker: nothing starts it again
+        for pid in workers:
+            os.kill(pid, signal.SIGKILL)
+        config = EngineConfig("dask", address=c.address, no_workers_seconds=2)
+        t0 = time.monotonic()
+        with (
+            open_runner(config, lambda _: None) as runner,
+            pytest.raises(JobError, match=r"^lonely: task 1 of 1 could not run: .* has had no "),
+        ):
+            runner.map(str, [1], label="lonely")
+        assert 2 <= time.monotonic() - t0 < 60
+    finally:
+        c.stop()
+
+
+@pytest.mark.parametrize("value", [0, -1.5, "60", True])
+def test_no_workers_seconds_must_be_a_positive_number(value):
+    with pytest.raises(ConfigError, match=r"\[engine\] no_workers_seconds must be a number of "):
+        EngineConfig("dask", no_workers_seconds=value)
 
 
 def test_map_reduce_on_a_cluster_frees_what_it_merged(cluster, tmp_path):
