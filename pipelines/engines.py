@@ -45,7 +45,7 @@ class DaskRunner:
 
     name = "dask"
 
-    def __init__(self, client: Any, retries: int, where: str, no_workers_s: float = 600.0) -> None:
+    def __init__(self, client: Any, retries: int, where: str, no_workers_s: float) -> None:
         self.client = client
         self.retries = retries
         self.where = where

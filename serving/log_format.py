@@ -188,8 +188,7 @@ def warm_up() -> None:
         features={"b": np.array([b"x"], object), "s": np.array(["x"]), "f": np.zeros(1)},
         outputs={"score": np.zeros(1, np.float32), "v": np.zeros((1, 2), np.float32)},
     )
-    table = pa.concat_tables([calls_table([call]), calls_table([call], pause=lambda: None)])
-    pq.write_table(table, pa.BufferOutputStream())
+    pq.write_table(calls_table([call]), pa.BufferOutputStream())
 
 
 def _layout(call: ScoredCall) -> tuple:

@@ -37,8 +37,10 @@ non-recording spans (about 20 us). Child spans (``span``) are made only under a 
 The processor exports at most ``EXPORT_BATCH_SPANS`` spans at a time: encoding a batch holds the
 interpreter lock that the server's event loop needs (about 22 us per span), and sending it
 releases the lock, so small batches keep each hold near a millisecond instead of the SDK's
-default 512 spans (about 11 ms). The provider is the module's own (not OpenTelemetry's global one), so a process can install
-and shut down tracing more than once; it is one per process (a second ``install`` replaces the
+default 512 spans (about 11 ms).
+
+The provider is the module's own (not OpenTelemetry's global one), so a process can install and
+shut down tracing more than once; it is one per process (a second ``install`` replaces the
 first).
 """
 
