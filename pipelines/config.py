@@ -58,7 +58,10 @@ from pipelines.config_sections import (
 from pipelines.config_types import type_error
 from ranking.config import ModelConfig, PrerankConfig
 
-_OPTIMIZERS = ("adam", "adagrad", "ftrl", "sgd")
+_OPTIMIZERS = ("adam", "adagrad", "ftrl", "sgd", "lbfgs")
+#: ``[train] lbfgs_c``'s default: scikit-learn's ``C`` values the L-BFGS path fits
+#: (``pipelines.run.lbfgs``).
+LBFGS_C_PATH = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
 #: ``[train]`` values a ``type = "lr"`` model gets when its config file sets neither
 #: ``optimizer`` nor ``learning_rate`` (each only where the file does not set it); measured in
 #: docs/training.md#the-logistic-regression-baseline.
@@ -198,7 +201,11 @@ class TrainConfig:
       optimizer: ``adam``, ``adagrad``, ``ftrl`` or ``sgd``. In a config file with ``[model]
         type = "lr"`` that sets neither ``optimizer`` nor ``learning_rate``, they (and
         ``batch_size``, ``epochs`` where not set) are ``linear_train_defaults``'s (``ftrl`` at
-        0.1, batch 256, at most 60 epochs with early stopping; docs/training.md).
+        0.1, batch 256, at most 60 epochs with early stopping; docs/training.md). ``lbfgs``
+        (``type = "lr"`` only, one process): the exact minimizer of the log loss plus scikit-
+        learn's L2 penalty for each ``C`` of ``lbfgs_c``, the best chosen on validation
+        (``pipelines.run.lbfgs``); ``batch_size``, ``epochs`` and ``learning_rate`` do not
+        apply.
       seed: model initialization and data order.
       checkpoint_every: steps between checkpoints (and at every epoch end).
       log_every: steps between progress lines and TensorBoard scalars.
@@ -243,6 +250,9 @@ class TrainConfig:
         (``AVERAGED_TRAIN_DEFAULTS``); ``TrainConfig()`` built in code keeps ``none`` and 1e-3.
       ema_decay: the average's long-run decay, in (0, 1); it reaches it after about
         ``10 / (1 - ema_decay)`` steps.
+      lbfgs_c: the ``C`` values (scikit-learn's inverse L2 strength; ``l2_wide = 1 / (2 * C *
+        rows)``) that ``optimizer = "lbfgs"`` fits, smallest first, each from the previous fit.
+      lbfgs_max_iterations: L-BFGS iterations per value of ``lbfgs_c`` at most.
     """
 
     batch_size: int = 256
@@ -270,6 +280,8 @@ class TrainConfig:
     ensemble_options: dict[str, Any] = dataclasses.field(default_factory=dict)
     weight_average: str = "none"
     ema_decay: float = 0.999
+    lbfgs_c: tuple[float, ...] = LBFGS_C_PATH
+    lbfgs_max_iterations: int = 1_000
 
     def __post_init__(self) -> None:
         for key in ("batch_size", "epochs", "checkpoint_every", "log_every", "shuffle_buffer"):
@@ -306,6 +318,36 @@ class TrainConfig:
                 "weights; set one of them"
             )
         self._check_selection()
+        self._check_lbfgs()
+
+    def _check_lbfgs(self) -> None:
+        """``lbfgs_c`` (positive, distinct; kept as floats) and what ``optimizer = "lbfgs"``
+        cannot be combined with."""
+        path = tuple(self.lbfgs_c)
+        if not path or not all(isinstance(c, int | float) and c > 0 for c in path):
+            raise ConfigError(f"[train] lbfgs_c must be a list of values > 0, got {list(path)}")
+        if len(set(path)) != len(path):
+            raise ConfigError(f"[train] lbfgs_c has a value twice: {list(path)}")
+        object.__setattr__(self, "lbfgs_c", tuple(float(c) for c in path))
+        if self.lbfgs_max_iterations < 1:
+            raise ConfigError(
+                f"[train] lbfgs_max_iterations must be >= 1, got {self.lbfgs_max_iterations}"
+            )
+        if self.optimizer != "lbfgs":
+            return
+        others = {
+            "lr_schedule": ("constant", self.lr_schedule),
+            "ensemble": ("none", self.ensemble),
+            "weight_average": ("none", self.weight_average),
+            "warm_start": ("", self.warm_start),
+            "continue_from": ("", self.continue_from),
+        }
+        for key, (expected, value) in others.items():
+            if value != expected:
+                raise ConfigError(
+                    f"[train] optimizer = 'lbfgs' with {key} = {value!r}: L-BFGS fits each "
+                    f"value of lbfgs_c exactly from the previous fit; set {key} = {expected!r}"
+                )
 
     def run_epochs(self) -> TrainConfig:
         """This config with the epochs its run trains: ``continue_epochs`` where it continues
@@ -488,6 +530,11 @@ def config_from_dict(
     if "mlp" in model:
         model["mlp"] = tuple(model["mlp"])
     train = _table(data, "train", where) or {}
+    if train.get("optimizer") == "lbfgs" and model.get("type") != "lr":
+        raise ConfigError(
+            f"{where} [train] optimizer = 'lbfgs' fits a logistic regression exactly: it needs "
+            f"[model] type = 'lr', got {model.get('type', 'dcn_v2')!r}"
+        )
     if model.get("type") == "lr":
         train = {**linear_train_defaults(train, d, "distribute" in data), **train}
     elif "preranking" not in data:

@@ -44,6 +44,7 @@ from pipelines import distribute
 from pipelines.config import ConfigError, PipelineConfig, VocabConfig, load_config
 from pipelines.engines import open_runner
 from pipelines.preranking import run_preranking
+from pipelines.run import lbfgs
 from pipelines.run.autolrs import AutoLRS, make_autolrs, validation_loss_fn
 from pipelines.run.averaging import WeightAverage
 from pipelines.run.continuation import ContinueOptions, Previous, continue_model, load_previous
@@ -57,7 +58,7 @@ from pipelines.run.data import (
 )
 from pipelines.run.fusion import fuse_for_training
 from pipelines.run.loop import Run, TrainLoop, restore_state
-from pipelines.run.model import build_run_model, make_optimizer, warm_start
+from pipelines.run.model import build_on_sample, build_run_model, make_optimizer, warm_start
 from pipelines.run.paths import Log, RunPaths
 from pipelines.run.schedules import check_lr_schedule, run_learning_rate
 from pipelines.run.scoring import make_scorer
@@ -100,6 +101,8 @@ def _train(cfg: PipelineConfig, log: Log) -> dict[str, Any]:
     tc, paths, schema = cfg.train, run.paths, run.schema
     _check_needs_validation(run)
     rows = count_rows(run.train_files)
+    if tc.optimizer == "lbfgs":
+        return _train_lbfgs(run, stats, gpus, rows)
     steps_per_epoch, total_steps = _steps(dist, tc, rows)
     run.schedule = run_schedule(tc, steps_per_epoch, total_steps)
     lr = run_learning_rate(run.schedule[0], tc.learning_rate, total_steps, run.schedule[1])
@@ -164,6 +167,45 @@ def _train(cfg: PipelineConfig, log: Log) -> dict[str, Any]:
     return report
 
 
+def _train_lbfgs(run: Run, stats: Any, gpus: list, rows: int) -> dict[str, Any]:
+    """``[train] optimizer = "lbfgs"``: the regularization path of ``pipelines.run.lbfgs`` as
+    the run's epochs, the selected fit tested and reported like any run."""
+    cfg, paths, dist, log = run.cfg, run.paths, run.dist, run.log
+    if dist.active:
+        raise ConfigError(
+            "[train] optimizer = 'lbfgs': not available under a distribution strategy (it fits "
+            "over every training row in one process)"
+        )
+    if cfg.fusion is not None:
+        raise ConfigError("[train] optimizer = 'lbfgs' trains no fused step; remove [fusion]")
+    if len(cfg.train.lbfgs_c) > 1 and not run.validation_files:
+        raise ConfigError(
+            f"[train] lbfgs_c = {list(cfg.train.lbfgs_c)} is chosen on a validation split: set "
+            "[data] validation_fraction > 0, give [data] validation files, or give one value"
+        )
+    model = build_run_model(cfg, run.schema, stats)
+    build_on_sample(model, run.schema, run.train_files)
+    try:
+        lbfgs.check_linear(model)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    paths.model_json.write_text(json.dumps(tf.keras.layers.serialize(model)))
+    state = restore_state(run, model, None, _selection(run), 1)
+    batches = lbfgs.preprocess(model, run.train_reader(), run.schema.label.name)
+    objective = lbfgs.Objective(model, batches)
+    log(
+        f"training {model.name} by L-BFGS on {rows:,} rows: C in {list(cfg.train.lbfgs_c)}, "
+        f"{model.count_params():,} parameters"
+    )
+    loop = lbfgs.LbfgsLoop(run, state, make_scorer(model, run.schema), objective)
+    loop.run()
+    selected = loop.select_and_test(model)
+    report = _report(run, model, None, state, loop, rows, gpus, None, None, log)
+    report.update(selected=selected, weight_average=None, lbfgs=loop.describe())
+    paths.report.write_text(json.dumps(report, indent=1))
+    return report
+
+
 def _previous_run(cfg: PipelineConfig, log: Log) -> Previous | None:
     """The ``[train] continue_from`` run restored (``load_previous``), or None: without it, or
     when this run resumes its own checkpoint (the continuation is in that checkpoint).
@@ -217,7 +259,9 @@ def _report(
         "selection": state.selection.describe() if state.selection else None,
         "epochs": state.history.entries(),
         "checkpoint": state.manager.latest_checkpoint,
-        "learning_rate": {
+        "learning_rate": None
+        if optimizer is None  # L-BFGS: no learning rate
+        else {
             "schedule": run.schedule[0],
             "base": tc.learning_rate,
             "options": dict(run.schedule[1]),

@@ -12,7 +12,8 @@ StitchRec recipes (``--methods``): a config of ``[data]`` and ``[model] type`` o
 other key at its default (docs/training.md#defaults: batch 256, at most 20 epochs ended by early
 stopping on the validation split; ``lr``: FTRL, at most 60), and ``--epochs`` when given:
 
-- ``lr``: ``type = "lr"``;
+- ``lr``: ``type = "lr"``; ``lr_lbfgs``: the same with ``optimizer = "lbfgs"`` (its default
+  ``lbfgs_c`` path);
 - ``dcn``: ``type = "dcn_v2"`` (with the defaults' weight average and learning rate 3e-3);
 - ``dcn_plain``: the same with ``weight_average = "none"`` (and so Adam's 1e-3);
 - ``fm``, ``dnn``, ``fm_plain``, ``dnn_plain``: the same for those model types;
@@ -92,6 +93,8 @@ def method_config(method: str, data: dict, out: Path, seed: int, epochs: int) ->
         tc["weight_average"] = "none"
     if method.endswith("_wide"):
         model["wide"] = True
+    if method == "lr_lbfgs":  # the exact fit along the C path, chosen on validation
+        tc["optimizer"] = "lbfgs"
     return config_from_dict(
         {"output_dir": str(out), "data": data, "model": model, "train": tc}, base_dir=REPO
     )

@@ -114,9 +114,9 @@ def restore_state(
     ]
     if counters:  # the MLPs' dropout masks follow them
         extra["dropout_calls"] = counters
-    ckpt = tf.train.Checkpoint(
-        model=model, optimizer=optimizer, step=step, epoch=epoch, batch=batch, **extra
-    )
+    if optimizer is not None:  # None: a run without a Keras optimizer (``run.lbfgs``)
+        extra["optimizer"] = optimizer
+    ckpt = tf.train.Checkpoint(model=model, step=step, epoch=epoch, batch=batch, **extra)
     manager = tf.train.CheckpointManager(ckpt, run.paths.checkpoints, max_to_keep=3)
     best = None
     if selection is not None:
@@ -312,9 +312,10 @@ class TrainLoop:
         self.train_auc.reset_state()
         self.t_window, self.examples_window = time.time(), 0
 
-    def _validate(self, epoch: int) -> bool:
-        """Evaluates the validation split at this step, records it (selection state, history)
-        and saves the checkpoint, then the best one; True when early stopping stops the run.
+    def _validate(self, epoch: int, extra: dict[str, Any] | None = None) -> bool:
+        """Evaluates the validation split at this step, records it (selection state, history,
+        with ``extra``'s keys) and saves the checkpoint, then the best one; True when early
+        stopping stops the run.
 
         The order keeps a killed run consistent: the history line is written before the
         checkpoint (a resume drops lines after its step), the best checkpoint after it. With a
@@ -328,7 +329,7 @@ class TrainLoop:
         self.eval_seconds += time.time() - t_eval
         self.t_window, self.last_eval = time.time(), step
         improved = s.selection.update(m, step, epoch + 1) if s.selection else False
-        s.history.append({"epoch": epoch + 1, "step": step, **m, "best": improved})
+        s.history.append({"epoch": epoch + 1, "step": step, **(extra or {}), **m, "best": improved})
         r.log(
             f"epoch {epoch + 1} step {step} validation auc {m['auc']:.4f} "
             f"logloss {m['logloss']:.4f}" + (" (best so far)" if improved else "")

@@ -1,0 +1,223 @@
+"""``[train] optimizer = "lbfgs"``: logistic regression (``[model] type = "lr"``) fitted exactly,
+along a regularization path chosen on the validation split.
+
+For each ``C`` of ``[train] lbfgs_c`` (scikit-learn's inverse regularization strength), from
+the smallest (the strongest penalty) up, the run minimizes over every training row at once::
+
+    J(w, b) = mean_i BCE(y_i, b + w . x_i) + l2 * ||w||^2,   l2 = 1 / (2 * C * N)
+
+(``N`` training rows; the bias ``b`` is not penalized), which is the objective of
+``sklearn.linear_model.LogisticRegression(C=C)`` on the same one-hot ids and standardized
+numeric features. The minimizer is SciPy's L-BFGS-B (``scipy.optimize.minimize``) on the
+float64 flat vector of the model's weights; value and gradient are summed over the training
+rows in batches of ``BATCH_ROWS`` by TensorFlow (the logits in the model's float32, the
+losses and their sums in float64, so that the line search sees differences far below the
+float32 resolution of a mean loss). Each fit starts from the previous one's
+weights (a warm-started path, as scikit-learn's and glmnet's are).
+
+Each point of the path is one "epoch" of the run: the fit is evaluated on the validation split,
+recorded in ``history.jsonl`` (with its ``c``, ``l2`` and L-BFGS ``iterations``), checkpointed,
+and kept as ``checkpoints/best/`` when it is the best so far; early stopping (``patience``)
+ends the path after that many points without improvement. The run's step counts L-BFGS
+iterations. A killed run resumes at the first point it had not finished, from the weights of
+the last finished one, and ends where an uninterrupted run ends.
+
+The training rows are preprocessed once (vocabulary lookups, standardization) and held in
+memory as ids and floats: about ``8 * (fields + numeric features)`` bytes a row.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import scipy.optimize
+import tensorflow as tf
+
+from pipelines.run.loop import TrainLoop
+
+#: training rows per TensorFlow call of the objective
+BATCH_ROWS = 16_384
+#: L-BFGS-B's stopping rule per fit: at most this many iterations, or a projected gradient
+#: below ``GRADIENT_TOLERANCE``, or a relative decrease of J below ``VALUE_TOLERANCE``.
+MAX_ITERATIONS = 1_000
+GRADIENT_TOLERANCE = 1e-6
+VALUE_TOLERANCE = 1e-12
+#: A fit whose line search ends on the float32 weights' resolution (SciPy's ``ABNORMAL``) with
+#: every gradient component below this has converged as far as float32 weights can.
+FLOAT32_GRADIENT = 1e-5
+
+
+def l2_of(c: float, rows: int) -> float:
+    """The ``l2`` of ``J`` equal to scikit-learn's ``C`` on ``rows`` training rows."""
+    return 1.0 / (2.0 * c * rows)
+
+
+class Objective:
+    """``J`` of one linear model over cached preprocessed training batches.
+
+    Args:
+      model: a ``RankingModel`` whose trainable weights are its wide term's and its bias.
+      batches: ``(ids, dense, labels)`` of every training row (``preprocess``).
+    """
+
+    def __init__(self, model: tf.keras.Model, batches: list[tuple[Any, Any, tf.Tensor]]):
+        self.model, self.batches = model, batches
+        self.variables = list(model.trainable_variables)
+        penalized = {id(v) for v in model.wide.trainable_variables}
+        self.rows = sum(int(y.shape[0]) for _, _, y in batches)
+        self._sizes = [int(np.prod(v.shape)) for v in self.variables]
+        self._mask = np.concatenate(
+            [
+                np.full(n, id(v) in penalized, dtype=bool)
+                for v, n in zip(self.variables, self._sizes, strict=True)
+            ]
+        )
+        self._sum = tf.function(self._batch_sum, reduce_retracing=True)
+
+    def _batch_sum(self, ids: Any, dense: Any, labels: tf.Tensor) -> tuple[tf.Tensor, list]:
+        with tf.GradientTape() as tape:
+            logits = tf.cast(self.model.logits_from(ids, dense, training=False), tf.float64)
+            y = tf.cast(tf.reshape(labels, tf.shape(logits)), tf.float64)
+            loss = tf.reduce_sum(tf.nn.sigmoid_cross_entropy_with_logits(y, logits))
+        grads = tape.gradient(loss, self.variables)
+        return loss, [tf.convert_to_tensor(g) for g in grads]
+
+    def weights(self) -> np.ndarray:
+        """The model's weights as one float64 vector."""
+        return np.concatenate([v.numpy().reshape(-1) for v in self.variables]).astype(np.float64)
+
+    def assign(self, x: np.ndarray) -> None:
+        """Sets the model's weights from the vector ``x``."""
+        offset = 0
+        for v, n in zip(self.variables, self._sizes, strict=True):
+            v.assign(x[offset : offset + n].reshape(v.shape).astype(np.float32))
+            offset += n
+
+    def value_and_gradient(self, x: np.ndarray, l2: float) -> tuple[float, np.ndarray]:
+        """``J(x)`` and its gradient (float64) at penalty ``l2``."""
+        self.assign(x)
+        total, grad = 0.0, np.zeros_like(x)
+        for ids, dense, labels in self.batches:
+            loss, grads = self._sum(ids, dense, labels)
+            total += float(loss)
+            grad += np.concatenate([g.numpy().reshape(-1) for g in grads])
+        w = np.where(self._mask, x, 0.0)
+        value = total / self.rows + l2 * float(w @ w)
+        return value, grad / self.rows + 2.0 * l2 * w
+
+    def fit(self, l2: float, max_iterations: int = MAX_ITERATIONS) -> dict[str, Any]:
+        """Minimizes ``J`` at ``l2`` from the model's current weights; leaves the minimizer in
+        the model and returns the fit's iterations, value, gradient norm and SciPy's message."""
+        result = scipy.optimize.minimize(
+            self.value_and_gradient,
+            self.weights(),
+            args=(l2,),
+            jac=True,
+            method="L-BFGS-B",
+            options={
+                "maxiter": max_iterations,
+                "gtol": GRADIENT_TOLERANCE,
+                "ftol": VALUE_TOLERANCE,
+            },
+        )
+        self.assign(result.x)
+        gradient = float(np.max(np.abs(result.jac)))
+        return {
+            "iterations": int(result.nit),
+            "evaluations": int(result.nfev),
+            "objective": float(result.fun),
+            "gradient_norm": gradient,
+            "converged": bool(result.success) or gradient <= FLOAT32_GRADIENT,
+            "message": str(result.message),
+        }
+
+
+def preprocess(model: tf.keras.Model, make: Any, label: str) -> list[tuple[Any, Any, tf.Tensor]]:
+    """``(ids, dense, labels)`` of every training row, in batches of ``BATCH_ROWS``: the
+    model's preprocessor (and dense blocks) applied once. ``make`` is the run's reader."""
+    out = []
+    for features in make(batch_size=BATCH_ROWS, shuffle=False):
+        ids, dense = model.preprocessor(features)
+        if model.dense_blocks:
+            extra = [block(features) for block in model.dense_blocks]
+            dense = tf.concat(([dense] if dense is not None else []) + extra, axis=1)
+        out.append((ids, dense, model.labels_of(features)))
+    return out
+
+
+def check_linear(model: tf.keras.Model) -> None:
+    """Raises ValueError unless ``model``'s trainable weights are its wide term's and its bias,
+    with no penalty of its own (L-BFGS fits ``J``, whose only penalty is the path's)."""
+    wide = getattr(model, "wide", None)
+    if wide is None or getattr(model, "interaction", None) is not None:
+        raise ValueError(f"optimizer 'lbfgs' fits [model] type = 'lr' only, got {model.name!r}")
+    allowed = {id(v) for v in wide.trainable_variables} | {id(model.bias)}
+    others = [v.name for v in model.trainable_variables if id(v) not in allowed]
+    if others or getattr(model, "residual", None) is not None:
+        raise ValueError(
+            f"optimizer 'lbfgs' fits the wide term and the bias; the model also trains {others}"
+        )
+    if wide.l2 or wide.l1:
+        raise ValueError(
+            f"optimizer 'lbfgs' sets the L2 penalty by [train] lbfgs_c; got [model] l2_wide = "
+            f"{wide.l2} and l1_wide = {wide.l1}, expected 0 (L-BFGS needs a smooth objective)"
+        )
+
+
+class LbfgsLoop(TrainLoop):
+    """The regularization path of a linear model as a run's epochs (module docstring)."""
+
+    def __init__(self, run: Any, state: Any, scorer: Any, objective: Objective) -> None:
+        metrics = (tf.keras.metrics.Mean(), tf.keras.metrics.AUC())
+        super().__init__(run, state, None, metrics, scorer)
+        self.objective = objective
+        self.path = sorted(run.cfg.train.lbfgs_c)
+        self.fits: list[dict[str, Any]] = []
+
+    def run(self, steps_per_epoch: int = 0, total_steps: int = 0) -> None:
+        r, s, obj = self.run_, self.state, self.objective
+        t_start = time.time()
+        while int(s.epoch) < len(self.path) and not self.stopped:
+            epoch = int(s.epoch)
+            c = self.path[epoch]
+            l2 = l2_of(c, obj.rows)
+            fit = {"c": c, "l2": l2, **obj.fit(l2, r.cfg.train.lbfgs_max_iterations)}
+            self.fits.append(fit)
+            s.step.assign_add(max(fit["iterations"], 1))
+            self.trained_steps += fit["iterations"]
+            self.examples += obj.rows * fit["evaluations"]
+            s.epoch.assign_add(1)
+            r.log(
+                f"lbfgs C={c:g} (l2 {l2:.3g}): {fit['iterations']} iterations, objective "
+                f"{fit['objective']:.6f}, max |gradient| {fit['gradient_norm']:.2g}"
+                + ("" if fit["converged"] else f" (not converged: {fit['message']})")
+            )
+            keys = ("c", "l2", "iterations", "converged")
+            extra = {k: fit[k] for k in keys}
+            if r.validation_files:
+                self._validate(epoch, extra)
+            else:
+                s.manager.save(checkpoint_number=int(s.step))
+        if self.stopped:
+            sel = s.selection
+            r.log(
+                f"early stopping after C={self.path[int(s.epoch) - 1]:g}: {sel.patience} "
+                f"value(s) of C without improving validation {sel.metric}"
+            )
+        self.writer.flush()
+        self.train_seconds = time.time() - t_start - self.eval_seconds
+
+    def describe(self) -> dict[str, Any]:
+        """The path's report: the C values, each fit of this process, the selected C."""
+        chosen = None
+        sel = self.state.selection
+        if sel is not None and sel.has_best and int(sel.best_epoch) >= 1:
+            chosen = self.path[int(sel.best_epoch) - 1]
+        return {
+            "c_path": self.path,
+            "rows": self.objective.rows,
+            "fits": self.fits,
+            "selected_c": chosen,
+        }

@@ -1,0 +1,206 @@
+"""``[train] optimizer = "lbfgs"``: the exact logistic regression, its regularization path chosen
+on validation, its resume, and the configs it refuses."""
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import tensorflow as tf
+from sklearn.linear_model import LogisticRegression
+from sklearn.preprocessing import OneHotEncoder
+
+from pipelines.cli import main
+from pipelines.config import ConfigError, load_config
+from pipelines.export import export_run
+from pipelines.run import lbfgs
+from pipelines.run.loop import Run
+from pipelines.run.model import load_trained_model
+from pipelines.run.scoring import evaluate_model, make_scorer
+from pipelines.train import train
+from tests.testdata import NO_VALIDATION, write_run_config
+
+
+def _categorical_problem(root: Path, rows: int = 5000, seed: int = 5) -> dict[str, Path]:
+    """Two categorical fields (one with rare values) and a planted linear logit."""
+    rng = np.random.default_rng(seed)
+    a = rng.integers(0, 40, rows)
+    b = np.minimum(rng.geometric(0.15, rows), 25)
+    wa, wb = rng.normal(0, 0.9, 40), rng.normal(0, 0.6, 26)
+    logit = -0.6 + wa[a] + wb[b]
+    label = (rng.random(rows) < 1 / (1 + np.exp(-logit))).astype(np.float32)
+    table = pa.table(
+        {
+            "a": pa.array([f"a{v}" for v in a]),
+            "b": pa.array([f"b{v}" for v in b]),
+            "label": pa.array(label),
+        }
+    )
+    (root / "train").mkdir(parents=True)
+    (root / "test").mkdir()
+    n_train = rows * 4 // 5
+    pq.write_table(table.slice(0, n_train), root / "train" / "p.parquet")
+    pq.write_table(table.slice(n_train), root / "test" / "p.parquet")
+    (root / "schema.toml").write_text(
+        'name = "cats"\n[source]\nformat = "parquet"\n'
+        '[[fields]]\nname = "a"\nkind = "categorical"\n'
+        '[[fields]]\nname = "b"\nkind = "categorical"\n'
+        '[[fields]]\nname = "label"\nkind = "label"\n'
+    )
+    return {
+        "root": root,
+        "schema": root / "schema.toml",
+        "train": root / "train",
+        "test": root / "test",
+    }
+
+
+def _config(data, out, data_extra=NO_VALIDATION, model=None, **train_keys):
+    keys = {"optimizer": "lbfgs", "deterministic": True, **train_keys}
+    path = data["root"] / f"{Path(out).name}.toml"
+    model = {"type": "lr", **(model or {})}
+    return write_run_config(path, data, out, model, keys, data_extra=data_extra)
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+def test_one_c_fits_scikit_learns_logistic_regression(tmp_path):
+    # the same objective on the same one-hot ids: the test probabilities agree to 1e-4
+    data = _categorical_problem(tmp_path)
+    report = train(load_config(_config(data, tmp_path / "run", lbfgs_c=[0.05])), log=_quiet)
+    tr, te = (pq.read_table(data[k]).to_pandas() for k in ("train", "test"))
+    enc = OneHotEncoder(handle_unknown="ignore").fit(tr[["a", "b"]])
+    sk = LogisticRegression(C=0.05, tol=1e-10, max_iter=10_000)
+    sk.fit(enc.transform(tr[["a", "b"]]), tr["label"])
+    expected = sk.predict_proba(enc.transform(te[["a", "b"]]))[:, 1]
+    serve = tf.saved_model.load(str(export_run(tmp_path / "run"))).signatures["serving_default"]
+    got = serve(**{k: tf.constant(te[k].to_numpy().astype(str)) for k in ("a", "b")})["score"]
+    np.testing.assert_allclose(got.numpy(), expected, atol=1e-4)
+    fit = report["lbfgs"]["fits"][0]
+    assert fit["converged"] and fit["c"] == 0.05 and fit["l2"] == pytest.approx(1 / (0.1 * 4000))
+    assert report["learning_rate"] is None and report["steps"] == fit["iterations"]
+
+
+def test_the_gradient_is_the_objectives_with_a_numeric_feature(tiny_data):
+    # tiny_data has categorical and numeric fields: central differences along random directions
+    cfg = load_config(_config(tiny_data, tiny_data["root"] / "g", lbfgs_c=[1.0]))
+    train(cfg, log=_quiet)
+    model, schema, _ = load_trained_model(tiny_data["root"] / "g")
+    run = Run(cfg, None, None, schema, [tiny_data["train"]], [], [], _quiet)
+    obj = lbfgs.Objective(model, lbfgs.preprocess(model, run.train_reader(), "label"))
+    assert model.wide._dense is not None  # the numeric weights are in the vector
+    rng = np.random.default_rng(0)
+    x = obj.weights() + rng.normal(0, 0.1, obj.weights().size)
+    l2 = 0.01
+    _, grad = obj.value_and_gradient(x, l2)
+    for _ in range(3):
+        d = rng.normal(size=x.size)
+        d /= np.linalg.norm(d)
+        h = 1e-2
+        up, _ = obj.value_and_gradient(x + h * d, l2)
+        down, _ = obj.value_and_gradient(x - h * d, l2)
+        assert (up - down) / (2 * h) == pytest.approx(grad @ d, rel=2e-3, abs=1e-5)
+
+
+def test_the_path_is_chosen_on_validation_and_the_best_fit_is_exported(tmp_path):
+    data = _categorical_problem(tmp_path)
+    path = [0.001, 0.01, 0.1, 1.0, 10.0]
+    cfg = load_config(
+        _config(
+            data,
+            tmp_path / "run",
+            data_extra="validation_fraction = 0.2",
+            lbfgs_c=path,
+            early_stopping=False,
+        )
+    )
+    logs = []
+    report = train(cfg, log=logs.append)
+    history = [
+        json.loads(line)
+        for line in (tmp_path / "run" / "history.jsonl").read_text().split("\n")
+        if line
+    ]
+    assert [h["c"] for h in history] == path
+    best = max(history, key=lambda h: h["auc"])
+    assert report["lbfgs"]["selected_c"] == best["c"]
+    assert (
+        report["selected"]["step"] == best["step"]
+        and report["selection"]["best"]["auc"] == best["auc"]
+    )
+    assert len({h["auc"] for h in history}) == len(path)  # the penalty changes the fit
+    assert sum("test auc" in line for line in logs) == 1  # the test is scored once
+    # the exported model is the best fit: its validation AUC is the best one
+    model, schema, _ = load_trained_model(tmp_path / "run")
+    val = sorted((tmp_path / "run" / "data" / "validation").glob("*.parquet"))
+    assert evaluate_model(make_scorer(model, schema), schema, val)["auc"] == pytest.approx(
+        best["auc"], abs=1e-6
+    )
+
+
+def test_early_stopping_ends_the_path(tmp_path):
+    data = _categorical_problem(tmp_path)
+    cfg = load_config(
+        _config(
+            data,
+            tmp_path / "run",
+            data_extra="validation_fraction = 0.2",
+            lbfgs_c=[0.001, 0.01, 0.1, 1.0, 10.0, 100.0, 1000.0],
+            patience=1,
+        )
+    )
+    report = train(cfg, log=_quiet)
+    fitted = [f["c"] for f in report["lbfgs"]["fits"]]
+    assert report["selection"]["stopped_early"] and len(fitted) < 7
+    best = report["lbfgs"]["selected_c"]
+    assert fitted[-1] == 10 * best  # one value past the best (patience 1)
+
+
+def test_a_resumed_path_ends_where_an_uninterrupted_one_ends(tmp_path):
+    data = _categorical_problem(tmp_path)
+    common = {"data_extra": "validation_fraction = 0.2", "early_stopping": False}
+    full = [0.01, 0.1, 1.0]
+    straight = train(load_config(_config(data, tmp_path / "s", lbfgs_c=full, **common)), _quiet)
+    first_cfg = load_config(_config(data, tmp_path / "r", lbfgs_c=full[:2], **common))
+    train(first_cfg, _quiet)
+    resumed = train(
+        dataclasses.replace(first_cfg, train=dataclasses.replace(first_cfg.train, lbfgs_c=full)),
+        _quiet,
+    )
+    assert [f["c"] for f in resumed["lbfgs"]["fits"]] == [1.0]  # only the point not yet fitted
+    a, _, _ = load_trained_model(tmp_path / "s")
+    b, _, _ = load_trained_model(tmp_path / "r")
+    for x, y in zip(a.weights, b.weights, strict=True):
+        np.testing.assert_array_equal(x.numpy(), y.numpy())
+    assert resumed["test"] == straight["test"]
+    assert resumed["steps"] == straight["steps"]
+
+
+def test_configs_lbfgs_cannot_fit_are_refused(tiny_data, tmp_path):
+    root = tiny_data["root"]
+    with pytest.raises(ConfigError, match=r"needs \[model\] type = 'lr', got 'dnn'"):
+        load_config(_config(tiny_data, root / "a", model={"type": "dnn"}))
+    with pytest.raises(ConfigError, match=r"lbfgs_c must be a list of values > 0"):
+        load_config(_config(tiny_data, root / "b", lbfgs_c=[0.1, 0.0]))
+    with pytest.raises(ConfigError, match=r"lbfgs_c has a value twice"):
+        load_config(_config(tiny_data, root / "c", lbfgs_c=[0.1, 0.1]))
+    with pytest.raises(ConfigError, match=r"with lr_schedule = 'cosine'"):
+        load_config(_config(tiny_data, root / "d", lr_schedule="cosine"))
+    with pytest.raises(ConfigError, match=r"is chosen on a validation split"):
+        train(load_config(_config(tiny_data, root / "e")), _quiet)  # 7 values, no validation
+    with pytest.raises(ConfigError, match=r"l2_wide = 0.01 and l1_wide = 0.0, expected 0"):
+        cfg = _config(tiny_data, root / "f", model={"l2_wide": 0.01}, lbfgs_c=[1.0])
+        train(load_config(cfg), _quiet)
+    assert load_config(_config(tiny_data, root / "g", lbfgs_c=[1, 3])).train.lbfgs_c == (1.0, 3.0)
+
+
+def test_the_cli_reports_a_refused_lbfgs_run_in_one_line(tiny_data, capsys):
+    cfg = _config(tiny_data, tiny_data["root"] / "cli", model={"l2_wide": 0.01}, lbfgs_c=[1.0])
+    assert main(["train", "--config", str(cfg)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "l2_wide = 0.01" in err[0]
