@@ -52,8 +52,9 @@ REFIT_DESCRIPTION = (
     "RUN selected its checkpoint on, with RUN's model and training settings (a constant "
     "learning rate, no weight average, ensemble or early stopping), and scores its last "
     "checkpoint once on RUN's test rows. For logs whose test period comes later, validated on "
-    'the most recent rows ([data] validation_split = "recent"). Running the same command '
-    "again resumes a killed refit."
+    'the most recent rows ([data] validation_split = "recent"). A run fitted by L-BFGS '
+    '([train] optimizer = "lbfgs") is refit at its selected C on its training and validation '
+    "rows together. Running the same command again resumes a killed refit."
 )
 
 

@@ -13,8 +13,13 @@ last checkpoint once on RUN's test rows. The schema RUN read its shards with is 
 the refit's config as ``refit_schema.toml``. A killed refit resumes when the same command is run
 again.
 
-RUN's [model] and [train] settings carry over, but for what needs validation rows or a run's
-whole length: the refit trains at a constant learning rate (RUN's, or ``--learning-rate``), with
+A run fitted exactly (``[train] optimizer = "lbfgs"``, docs/training.md) is refit the way
+scikit-learn refits a chosen ``C``: a new L-BFGS run with RUN's selected ``C`` alone, over RUN's
+training and validation rows together (the vocabularies computed on both), scored on RUN's test
+rows; ``--epochs`` and ``--learning-rate`` do not apply to it.
+
+Otherwise, RUN's [model] and [train] settings carry over, but for what needs validation rows or
+a run's whole length: the refit trains at a constant learning rate (RUN's, or ``--learning-rate``), with
 no weight average, no snapshot ensemble and no early stopping (it has no validation rows to
 choose on), for ``--epochs``, with RUN's seed unless ``--seed``. RUN itself is not changed.
 """
@@ -24,6 +29,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import json
 from pathlib import Path
 
 from pipelines.config import DataConfig, PipelineConfig, load_config
@@ -74,13 +80,19 @@ def refit_config(
             f"--run {str(run)!r}: the run has no validation rows to refit on ([data] "
             f"validation_fraction = 0 and no validation files)"
         )
+    exact = cfg.train.optimizer == "lbfgs"
+    if exact and learning_rate is not None:
+        raise UsageError(
+            f"--run {str(run)!r} was fitted by L-BFGS (no learning rate): leave out --learning-rate"
+        )
     out = (output if output is not None else run.with_name(run.name + SUFFIX)).resolve()
     schema = out / SCHEMA_FILE  # the schema RUN read its shards with (columns named by field)
     out.mkdir(parents=True, exist_ok=True)
     shards.schema.save(schema)
+    rows = [*shards.train, *shards.validation] if exact else shards.validation
     data = DataConfig(
         schema=str(schema),
-        train=tuple(str(f) for f in shards.validation),
+        train=tuple(str(f) for f in rows),
         test=tuple(str(f) for f in shards.test),
         validation_fraction=0.0,
         crosses=cfg.data.crosses,
@@ -89,6 +101,14 @@ def refit_config(
         cap_hash_buckets=cfg.data.cap_hash_buckets,
         input_format=cfg.data.input_format,
     )
+    if exact:
+        tc = dataclasses.replace(
+            cfg.train,
+            lbfgs_c=(_selected_c(run, paths),),
+            early_stopping=None,
+            seed=cfg.train.seed if seed is None else seed,
+        )
+        return dataclasses.replace(cfg, output_dir=str(out), data=data, train=tc)
     tc = dataclasses.replace(
         cfg.train,
         continue_from=str(run.resolve()),
@@ -108,12 +128,33 @@ def refit_config(
     return dataclasses.replace(cfg, output_dir=str(out), data=data, train=tc)
 
 
+def _selected_c(run: Path, paths: RunPaths) -> float:
+    """The ``C`` an L-BFGS run selected (its report's ``lbfgs.selected_c``; a run of one ``C``:
+    that one)."""
+    report = json.loads(paths.report.read_text())
+    block = report.get("lbfgs") or {}
+    chosen = block.get("selected_c")
+    if chosen is None and len(block.get("c_path", [])) == 1:
+        chosen = block["c_path"][0]
+    if chosen is None:
+        raise UsageError(
+            f"--run {str(run)!r}: its train_report.json names no selected C (lbfgs.selected_c)"
+        )
+    return float(chosen)
+
+
 def cmd_refit(args: argparse.Namespace) -> int:
     run = Path(args.run)
     output = Path(args.output) if args.output else None
     cfg = refit_config(run, output, args.epochs, args.seed, args.learning_rate)
-    _print(
-        f"refit: {run} continued over its {len(cfg.data.train)} validation shard(s) for "
-        f"{cfg.train.epochs} epoch(s) into {cfg.output_dir}"
-    )
+    if cfg.train.optimizer == "lbfgs":
+        _print(
+            f"refit: {run}'s C = {cfg.train.lbfgs_c[0]:g} fitted by L-BFGS on its "
+            f"{len(cfg.data.train)} training and validation shard(s) into {cfg.output_dir}"
+        )
+    else:
+        _print(
+            f"refit: {run} continued over its {len(cfg.data.train)} validation shard(s) for "
+            f"{cfg.train.epochs} epoch(s) into {cfg.output_dir}"
+        )
     return train_and_report(cfg)

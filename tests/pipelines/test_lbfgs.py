@@ -204,3 +204,36 @@ def test_the_cli_reports_a_refused_lbfgs_run_in_one_line(tiny_data, capsys):
     assert main(["train", "--config", str(cfg)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and "l2_wide = 0.01" in err[0]
+
+
+def _sklearn_scores(train_dirs: list[Path], test_dir: Path, c: float) -> np.ndarray:
+    """scikit-learn's LogisticRegression(C=c) on one-hot a, b of ``train_dirs``' rows: the test
+    rows' probabilities."""
+    tr = pa.concat_tables([pq.read_table(d) for d in train_dirs]).to_pandas()
+    te = pq.read_table(test_dir).to_pandas()
+    enc = OneHotEncoder(handle_unknown="ignore").fit(tr[["a", "b"]])
+    sk = LogisticRegression(C=c, tol=1e-10, max_iter=10_000)
+    sk.fit(enc.transform(tr[["a", "b"]]), tr["label"])
+    return sk.predict_proba(enc.transform(te[["a", "b"]]))[:, 1]
+
+
+def test_refit_fits_the_selected_c_on_training_and_validation_rows(tmp_path, capsys):
+    data = _categorical_problem(tmp_path)
+    cfg = _config(
+        data, tmp_path / "run", data_extra="validation_fraction = 0.2", lbfgs_c=[0.01, 0.1, 1.0]
+    )
+    chosen = train(load_config(cfg), _quiet)["lbfgs"]["selected_c"]
+    assert main(["refit", "--run", str(tmp_path / "run"), "--learning-rate", "0.1"]) == 2
+    assert "leave out --learning-rate" in capsys.readouterr().err  # no learning rate to set
+    assert main(["refit", "--run", str(tmp_path / "run")]) == 0
+    assert f"C = {chosen:g} fitted by L-BFGS" in capsys.readouterr().out
+    refit = tmp_path / "run-refit"
+    report = json.loads((refit / "train_report.json").read_text())
+    run_data = tmp_path / "run" / "data"
+    assert report["lbfgs"]["c_path"] == [chosen]
+    assert report["train_rows"] == 4000 and report["validation_rows"] == 0
+    expected = _sklearn_scores([run_data / "train", run_data / "validation"], data["test"], chosen)
+    serve = tf.saved_model.load(str(export_run(refit))).signatures["serving_default"]
+    te = pq.read_table(data["test"]).to_pandas()
+    got = serve(**{k: tf.constant(te[k].to_numpy().astype(str)) for k in ("a", "b")})["score"]
+    np.testing.assert_allclose(got.numpy(), expected, atol=1e-4)
