@@ -32,7 +32,7 @@ import functools
 import json
 from pathlib import Path
 
-from pipelines.config import DataConfig, PipelineConfig, load_config
+from pipelines.config import DataConfig, PipelineConfig, TrainConfig, load_config
 from pipelines.errors import UsageError
 from pipelines.run.data import prepare_data
 from pipelines.run.paths import RunPaths
@@ -101,16 +101,22 @@ def refit_config(
         cap_hash_buckets=cfg.data.cap_hash_buckets,
         input_format=cfg.data.input_format,
     )
+    seed = cfg.train.seed if seed is None else seed
     if exact:
         tc = dataclasses.replace(
-            cfg.train,
-            lbfgs_c=(_selected_c(run, paths),),
-            early_stopping=None,
-            seed=cfg.train.seed if seed is None else seed,
+            cfg.train, lbfgs_c=(_selected_c(run, paths),), early_stopping=None, seed=seed
         )
-        return dataclasses.replace(cfg, output_dir=str(out), data=data, train=tc)
-    tc = dataclasses.replace(
-        cfg.train,
+    else:
+        tc = _continued(cfg.train, run, epochs, seed, learning_rate)
+    return dataclasses.replace(cfg, output_dir=str(out), data=data, train=tc)
+
+
+def _continued(
+    tc: TrainConfig, run: Path, epochs: int, seed: int, learning_rate: float | None
+) -> TrainConfig:
+    """The ``[train]`` of a refit that continues ``run`` by value (module docstring)."""
+    return dataclasses.replace(
+        tc,
         continue_from=str(run.resolve()),
         epochs=epochs,
         continue_epochs=0,
@@ -119,13 +125,12 @@ def refit_config(
         early_stopping=None,
         lr_schedule="constant",
         lr_schedule_options={},
-        learning_rate=cfg.train.learning_rate if learning_rate is None else learning_rate,
+        learning_rate=tc.learning_rate if learning_rate is None else learning_rate,
         ensemble="none",
         ensemble_options={},
         weight_average="none",
-        seed=cfg.train.seed if seed is None else seed,
+        seed=seed,
     )
-    return dataclasses.replace(cfg, output_dir=str(out), data=data, train=tc)
 
 
 def _selected_c(run: Path, paths: RunPaths) -> float:

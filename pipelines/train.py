@@ -192,10 +192,10 @@ def _train_lbfgs(run: Run, stats: Any, gpus: list, rows: int) -> dict[str, Any]:
     paths.model_json.write_text(json.dumps(tf.keras.layers.serialize(model)))
     state = restore_state(run, model, None, _selection(run), 1)
     batches = lbfgs.preprocess(model, run.train_reader(), run.schema.label.name)
-    objective = lbfgs.Objective(model, batches)
+    objective = lbfgs.make_objective(model, batches)
     log(
         f"training {model.name} by L-BFGS on {rows:,} rows: C in {list(cfg.train.lbfgs_c)}, "
-        f"{model.count_params():,} parameters"
+        f"{model.count_params():,} parameters, {objective.FORM} form"
     )
     loop = lbfgs.LbfgsLoop(run, state, make_scorer(model, run.schema), objective)
     loop.run()

@@ -9,10 +9,11 @@ the smallest (the strongest penalty) up, the run minimizes over every training r
 (``N`` training rows; the bias ``b`` is not penalized), which is the objective of
 ``sklearn.linear_model.LogisticRegression(C=C)`` on the same one-hot ids and standardized
 numeric features. The minimizer is SciPy's L-BFGS-B (``scipy.optimize.minimize``) on the
-float64 flat vector of the model's weights; value and gradient are summed over the training
-rows in batches of ``BATCH_ROWS`` by TensorFlow (the logits in the model's float32, the
-losses and their sums in float64, so that the line search sees differences far below the
-float32 resolution of a mean loss). Each fit starts from the previous one's
+float64 flat vector of the model's weights. Value and gradient come from one of two forms of
+the same function: where every wide table reads one row per id (``full`` and ``hashing``
+tables, the default), a float64 sparse design matrix of the training rows (``SparseObjective``);
+otherwise the model's own forward and backward pass in batches of ``BATCH_ROWS``
+(``GraphObjective``: logits in float32, losses summed in float64). Each fit starts from the previous one's
 weights (a warm-started path, as scikit-learn's and glmnet's are).
 
 Each point of the path is one "epoch" of the run: the fit is evaluated on the validation split,
@@ -23,7 +24,8 @@ iterations. A killed run resumes at the first point it had not finished, from th
 the last finished one, and ends where an uninterrupted run ends.
 
 The training rows are preprocessed once (vocabulary lookups, standardization) and held in
-memory as ids and floats: about ``8 * (fields + numeric features)`` bytes a row.
+memory: as the design matrix, about 12 bytes per id and numeric value of a row; in the graph
+form, as ids and floats, about 8.
 """
 
 from __future__ import annotations
@@ -33,9 +35,16 @@ from typing import Any
 
 import numpy as np
 import scipy.optimize
+import scipy.sparse
+import scipy.special
 import tensorflow as tf
 
+from embeddings.full import FullEmbedding
+from embeddings.hashing import HashingEmbedding
 from pipelines.run.loop import TrainLoop
+
+#: embedding layers that read one table row per id (``row_index``): a linear map of the table
+GATHER_TABLES = (FullEmbedding, HashingEmbedding)
 
 #: training rows per TensorFlow call of the objective
 BATCH_ROWS = 16_384
@@ -55,7 +64,7 @@ def l2_of(c: float, rows: int) -> float:
 
 
 class Objective:
-    """``J`` of one linear model over cached preprocessed training batches.
+    """``J`` of one linear model over its preprocessed training rows (base of the two forms).
 
     Args:
       model: a ``RankingModel`` whose trainable weights are its wide term's and its bias.
@@ -68,21 +77,19 @@ class Objective:
         penalized = {id(v) for v in model.wide.trainable_variables}
         self.rows = sum(int(y.shape[0]) for _, _, y in batches)
         self._sizes = [int(np.prod(v.shape)) for v in self.variables]
+        self.offsets = dict(
+            zip(
+                (id(v) for v in self.variables),
+                np.cumsum([0, *self._sizes])[:-1].tolist(),
+                strict=True,
+            )
+        )
         self._mask = np.concatenate(
             [
                 np.full(n, id(v) in penalized, dtype=bool)
                 for v, n in zip(self.variables, self._sizes, strict=True)
             ]
         )
-        self._sum = tf.function(self._batch_sum, reduce_retracing=True)
-
-    def _batch_sum(self, ids: Any, dense: Any, labels: tf.Tensor) -> tuple[tf.Tensor, list]:
-        with tf.GradientTape() as tape:
-            logits = tf.cast(self.model.logits_from(ids, dense, training=False), tf.float64)
-            y = tf.cast(tf.reshape(labels, tf.shape(logits)), tf.float64)
-            loss = tf.reduce_sum(tf.nn.sigmoid_cross_entropy_with_logits(y, logits))
-        grads = tape.gradient(loss, self.variables)
-        return loss, [tf.convert_to_tensor(g) for g in grads]
 
     def weights(self) -> np.ndarray:
         """The model's weights as one float64 vector."""
@@ -95,14 +102,13 @@ class Objective:
             v.assign(x[offset : offset + n].reshape(v.shape).astype(np.float32))
             offset += n
 
+    def loss_and_gradient(self, x: np.ndarray) -> tuple[float, np.ndarray]:
+        """The summed log loss over the training rows at ``x`` and its gradient (float64)."""
+        raise NotImplementedError
+
     def value_and_gradient(self, x: np.ndarray, l2: float) -> tuple[float, np.ndarray]:
         """``J(x)`` and its gradient (float64) at penalty ``l2``."""
-        self.assign(x)
-        total, grad = 0.0, np.zeros_like(x)
-        for ids, dense, labels in self.batches:
-            loss, grads = self._sum(ids, dense, labels)
-            total += float(loss)
-            grad += np.concatenate([g.numpy().reshape(-1) for g in grads])
+        total, grad = self.loss_and_gradient(x)
         w = np.where(self._mask, x, 0.0)
         value = total / self.rows + l2 * float(w @ w)
         return value, grad / self.rows + 2.0 * l2 * w
@@ -132,6 +138,111 @@ class Objective:
             "converged": bool(result.success) or gradient <= FLOAT32_GRADIENT,
             "message": str(result.message),
         }
+
+
+class GraphObjective(Objective):
+    """``J`` by the model's own forward and backward pass, one TensorFlow call per batch: any
+    wide term (every embedding method)."""
+
+    FORM = "graph"
+
+    def __init__(self, model: tf.keras.Model, batches: list[tuple[Any, Any, tf.Tensor]]):
+        super().__init__(model, batches)
+        self._sum = tf.function(self._batch_sum, reduce_retracing=True)
+
+    def _batch_sum(self, ids: Any, dense: Any, labels: tf.Tensor) -> tuple[tf.Tensor, list]:
+        with tf.GradientTape() as tape:
+            logits = tf.cast(self.model.logits_from(ids, dense, training=False), tf.float64)
+            y = tf.cast(tf.reshape(labels, tf.shape(logits)), tf.float64)
+            loss = tf.reduce_sum(tf.nn.sigmoid_cross_entropy_with_logits(y, logits))
+        grads = tape.gradient(loss, self.variables)
+        return loss, [tf.convert_to_tensor(g) for g in grads]
+
+    def loss_and_gradient(self, x: np.ndarray) -> tuple[float, np.ndarray]:
+        self.assign(x)
+        total, grad = 0.0, np.zeros_like(x)
+        for ids, dense, labels in self.batches:
+            loss, grads = self._sum(ids, dense, labels)
+            total += float(loss)
+            grad += np.concatenate([g.numpy().reshape(-1) for g in grads])
+        return total, grad
+
+
+class SparseObjective(Objective):
+    """``J`` on the design matrix of the training rows (float64, SciPy CSR): a column per
+    weight, one entry per id looked up (1, or 1/n for a ``mean`` field of n ids), the numeric
+    features' values and a column of ones for the bias, so ``logits = X @ x``. For wide terms
+    whose tables read one row per id (``full`` and ``hashing``); several times faster than the
+    graph form and exact in float64. Holds about 12 bytes per id and numeric value of every
+    training row."""
+
+    FORM = "sparse"
+
+    def __init__(self, model: tf.keras.Model, batches: list[tuple[Any, Any, tf.Tensor]]):
+        super().__init__(model, batches)
+        blocks = [self._design(ids, dense) for ids, dense, _ in batches]
+        self.x = scipy.sparse.vstack(blocks, format="csr")
+        self.y = np.concatenate([y.numpy().reshape(-1) for _, _, y in batches]).astype(np.float64)
+        self.batches = []  # the matrix holds them
+
+    @staticmethod
+    def applies(model: tf.keras.Model) -> bool:
+        """Whether every wide weight is a table read one row per id, the numeric weights or
+        the bias (else ``GraphObjective``)."""
+        wide = model.wide
+        tables = wide.field_weights.layers_by_field.values() if wide.field_weights else []
+        if not all(type(t) in GATHER_TABLES and t.combiner in ("sum", "mean") for t in tables):
+            return False
+        known = {id(t.table) for t in tables} | {id(model.bias)}
+        if wide._dense is not None:
+            known.add(id(wide._dense.kernel))
+        return all(id(v) in known for v in model.trainable_variables)
+
+    def _design(self, ids: dict[str, Any], dense: Any) -> scipy.sparse.csr_matrix:
+        """The rows of one batch of the design matrix."""
+        wide, n = self.model.wide, None
+        rows, cols, vals = [], [], []
+        tables = wide.field_weights.layers_by_field if wide.field_weights else {}
+        for name, table in tables.items():
+            x = ids[name]
+            if isinstance(x, tf.RaggedTensor):
+                r = x.value_rowids().numpy()
+                flat = x.flat_values
+                lengths = x.row_lengths().numpy()
+                v = (1.0 / lengths[r]) if table.combiner == "mean" else np.ones(r.size)
+            else:
+                flat = tf.reshape(x, [-1])
+                r = np.arange(int(flat.shape[0]))
+                v = np.ones(r.size)
+            n = int(x.nrows()) if isinstance(x, tf.RaggedTensor) else r.size
+            rows.append(r)
+            cols.append(self.offsets[id(table.table)] + table.row_index(flat).numpy())
+            vals.append(v)
+        if wide._dense is not None and dense is not None:
+            d = dense.numpy().astype(np.float64)
+            n = d.shape[0]
+            rows.append(np.repeat(np.arange(n), d.shape[1]))
+            cols.append(np.tile(self.offsets[id(wide._dense.kernel)] + np.arange(d.shape[1]), n))
+            vals.append(d.reshape(-1))
+        rows.append(np.arange(n))
+        cols.append(np.full(n, self.offsets[id(self.model.bias)]))
+        vals.append(np.ones(n))
+        return scipy.sparse.csr_matrix(
+            (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
+            shape=(n, len(self._mask)),
+        )
+
+    def loss_and_gradient(self, x: np.ndarray) -> tuple[float, np.ndarray]:
+        z = self.x @ x
+        loss = float(np.sum(np.logaddexp(0.0, z) - self.y * z))
+        return loss, self.x.T @ (scipy.special.expit(z) - self.y)
+
+
+def make_objective(model: tf.keras.Model, batches: list[tuple[Any, Any, tf.Tensor]]) -> Objective:
+    """``SparseObjective`` where it applies, else ``GraphObjective``."""
+    if SparseObjective.applies(model):
+        return SparseObjective(model, batches)
+    return GraphObjective(model, batches)
 
 
 def preprocess(model: tf.keras.Model, make: Any, label: str) -> list[tuple[Any, Any, tf.Tensor]]:
@@ -218,6 +329,7 @@ class LbfgsLoop(TrainLoop):
         return {
             "c_path": self.path,
             "rows": self.objective.rows,
+            "form": self.objective.FORM,
             "fits": self.fits,
             "selected_c": chosen,
         }

@@ -86,25 +86,48 @@ def test_one_c_fits_scikit_learns_logistic_regression(tmp_path):
     assert report["learning_rate"] is None and report["steps"] == fit["iterations"]
 
 
-def test_the_gradient_is_the_objectives_with_a_numeric_feature(tiny_data):
-    # tiny_data has categorical and numeric fields: central differences along random directions
-    cfg = load_config(_config(tiny_data, tiny_data["root"] / "g", lbfgs_c=[1.0]))
+def _objectives(cfg, data):
+    """Both forms of J over the trained model of ``cfg``'s run."""
     train(cfg, log=_quiet)
-    model, schema, _ = load_trained_model(tiny_data["root"] / "g")
-    run = Run(cfg, None, None, schema, [tiny_data["train"]], [], [], _quiet)
-    obj = lbfgs.Objective(model, lbfgs.preprocess(model, run.train_reader(), "label"))
+    model, schema, _ = load_trained_model(cfg.output_dir)
+    run = Run(cfg, None, None, schema, [data["train"]], [], [], _quiet)
+    batches = lbfgs.preprocess(model, run.train_reader(), "label")
+    return model, lbfgs.GraphObjective(model, batches), lbfgs.SparseObjective(model, batches)
+
+
+def test_both_forms_compute_the_objective_and_its_gradient(tiny_data):
+    # tiny_data has categorical, multi-valued and numeric fields: the two forms agree, and the
+    # gradient is J's (central differences along random directions)
+    cfg = load_config(_config(tiny_data, tiny_data["root"] / "g", lbfgs_c=[1.0]))
+    model, graph, sparse = _objectives(cfg, tiny_data)
     assert model.wide._dense is not None  # the numeric weights are in the vector
+    assert lbfgs.SparseObjective.applies(model)
     rng = np.random.default_rng(0)
-    x = obj.weights() + rng.normal(0, 0.1, obj.weights().size)
+    x = graph.weights() + rng.normal(0, 0.1, graph.weights().size)
     l2 = 0.01
-    _, grad = obj.value_and_gradient(x, l2)
+    value, grad = sparse.value_and_gradient(x, l2)
+    g_value, g_grad = graph.value_and_gradient(x, l2)
+    assert g_value == pytest.approx(value, rel=1e-6)
+    np.testing.assert_allclose(g_grad, grad, rtol=1e-4, atol=1e-7)
     for _ in range(3):
         d = rng.normal(size=x.size)
         d /= np.linalg.norm(d)
-        h = 1e-2
-        up, _ = obj.value_and_gradient(x + h * d, l2)
-        down, _ = obj.value_and_gradient(x - h * d, l2)
-        assert (up - down) / (2 * h) == pytest.approx(grad @ d, rel=2e-3, abs=1e-5)
+        h = 1e-3
+        up, _ = sparse.value_and_gradient(x + h * d, l2)
+        down, _ = sparse.value_and_gradient(x - h * d, l2)
+        assert (up - down) / (2 * h) == pytest.approx(grad @ d, rel=1e-6, abs=1e-9)
+
+
+def test_a_compressed_wide_table_is_fitted_by_the_graph_form(tmp_path):
+    # a QR table is not one row per id: the graph form fits it, to a converged fit
+    data = _categorical_problem(tmp_path)
+    model = {"embedding_method": "qr", "compress_min_rows": 1, "embedding_compression": 2.0}
+    cfg = load_config(_config(data, tmp_path / "qr", model=model, lbfgs_c=[0.05]))
+    report = train(cfg, log=_quiet)
+    assert report["lbfgs"]["form"] == "graph"
+    assert report["lbfgs"]["fits"][0]["converged"]
+    plain = train(load_config(_config(data, tmp_path / "full", lbfgs_c=[0.05])), log=_quiet)
+    assert plain["lbfgs"]["form"] == "sparse"
 
 
 def test_the_path_is_chosen_on_validation_and_the_best_fit_is_exported(tmp_path):
