@@ -181,6 +181,12 @@ def run_daily(opts: DailyOptions, log: Log = print) -> dict[str, Any]:
     if repo.exists() and not repo.is_dir():
         raise UsageError(f"daily --repo {str(repo)!r} is a file: expected a model folder")
     base = day_config(opts, None, None)  # the config and overrides checked before any write
+    if base.train.optimizer == "lbfgs":
+        raise UsageError(
+            f"daily --config {opts.config}: [train] optimizer = 'lbfgs' fits each run exactly "
+            "and cannot continue the day before; choose a stochastic optimizer (ftrl for "
+            "type = 'lr'), or train each window on its own with stitchrec train"
+        )
     runs = Path(opts.runs).resolve() if opts.runs else Path(base.output_dir)
     run_dir = runs / run_name(window)
     call = {"window": str(window), "repo": str(repo), "rule": opts.rule, "metric": opts.metric}

@@ -233,6 +233,7 @@ def test_bad_arguments_print_one_error_line_and_exit_2(days, tmp_path, capsys):
     shutil.copytree(Path(window) / "train", no_test / "train")
     base = ["daily", "--config", str(root / "daily.toml"), "--repo", str(days["repo"])]
     runs = ["--runs", str(root / "runs")]
+    lbfgs = ["--set", 'model.type="lr"', "--set", 'train.optimizer="lbfgs"']
     cases = [
         (["--window", window, "--rule", "best", *runs], "--rule 'best': expected one of"),
         (["--window", window, "--metric", "ndcg", *runs], "--metric 'ndcg': expected one of"),
@@ -240,6 +241,10 @@ def test_bad_arguments_print_one_error_line_and_exit_2(days, tmp_path, capsys):
         (["--window", str(tmp_path / "none"), *runs], "expected a folder of one window"),
         (["--window", str(tmp_path / "empty"), *runs], "': no files (a window holds"),
         (["--window", str(no_test), *runs], "no Parquet shards in test/"),
+        (
+            ["--window", window, *lbfgs, *runs],
+            "'lbfgs' fits each run exactly and cannot continue the day before",
+        ),
         # day d1 of these runs was decided under the rule not_worse
         (["--window", window, "--rule", "always", *runs], "holds the day of --rule not_worse"),
     ]
