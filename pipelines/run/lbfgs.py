@@ -324,8 +324,9 @@ class LbfgsLoop(TrainLoop):
         """The path's report: the C values, each fit of this process, the selected C."""
         chosen = None
         sel = self.state.selection
-        if sel is not None and sel.has_best and int(sel.best_epoch) >= 1:
-            chosen = self.path[int(sel.best_epoch) - 1]
+        if sel is not None and sel.has_best:  # the C recorded with the best evaluation
+            best = [e for e in self.state.history.entries() if e["step"] == int(sel.best_step)]
+            chosen = best[-1].get("c") if best else None
         return {
             "c_path": self.path,
             "rows": self.objective.rows,
