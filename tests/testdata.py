@@ -169,3 +169,23 @@ def write_small_csv(path: Path, rows: int, bad: dict[int, str] | None = None) ->
         lines[line - 1] = text
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def write_split_problem(
+    root: Path, table: pa.Table, kinds: dict[str, str], train_rows: int
+) -> dict[str, Path]:
+    """A Parquet dataset of ``table`` (a pyarrow table): its first ``train_rows`` rows in
+    ``train/``, the rest in ``test/``, and a schema of the fields ``kinds`` (name -> kind) in
+    ``schema.toml``; returns ``root``, ``schema``, ``train`` and ``test``."""
+    (root / "train").mkdir(parents=True)
+    (root / "test").mkdir()
+    pq.write_table(table.slice(0, train_rows), root / "train" / "p.parquet")
+    pq.write_table(table.slice(train_rows), root / "test" / "p.parquet")
+    fields = "".join(f'[[fields]]\nname = "{n}"\nkind = "{k}"\n' for n, k in kinds.items())
+    (root / "schema.toml").write_text(f'name = "split"\n[source]\nformat = "parquet"\n{fields}')
+    return {
+        "root": root,
+        "schema": root / "schema.toml",
+        "train": root / "train",
+        "test": root / "test",
+    }

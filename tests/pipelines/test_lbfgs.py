@@ -21,7 +21,7 @@ from pipelines.run.loop import Run
 from pipelines.run.model import load_trained_model
 from pipelines.run.scoring import evaluate_model, make_scorer
 from pipelines.train import train
-from tests.testdata import NO_VALIDATION, write_run_config
+from tests.testdata import NO_VALIDATION, write_run_config, write_split_problem
 
 
 def _categorical_problem(root: Path, rows: int = 5000, seed: int = 5) -> dict[str, Path]:
@@ -39,23 +39,8 @@ def _categorical_problem(root: Path, rows: int = 5000, seed: int = 5) -> dict[st
             "label": pa.array(label),
         }
     )
-    (root / "train").mkdir(parents=True)
-    (root / "test").mkdir()
-    n_train = rows * 4 // 5
-    pq.write_table(table.slice(0, n_train), root / "train" / "p.parquet")
-    pq.write_table(table.slice(n_train), root / "test" / "p.parquet")
-    (root / "schema.toml").write_text(
-        'name = "cats"\n[source]\nformat = "parquet"\n'
-        '[[fields]]\nname = "a"\nkind = "categorical"\n'
-        '[[fields]]\nname = "b"\nkind = "categorical"\n'
-        '[[fields]]\nname = "label"\nkind = "label"\n'
-    )
-    return {
-        "root": root,
-        "schema": root / "schema.toml",
-        "train": root / "train",
-        "test": root / "test",
-    }
+    kinds = {"a": "categorical", "b": "categorical", "label": "label"}
+    return write_split_problem(root, table, kinds, rows * 4 // 5)
 
 
 def _config(data, out, data_extra=NO_VALIDATION, model=None, **train_keys):

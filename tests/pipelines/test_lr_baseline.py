@@ -22,7 +22,7 @@ from pipelines.config import (
 )
 from pipelines.run.model import load_trained_model, make_optimizer
 from pipelines.train import train
-from tests.testdata import NO_VALIDATION, write_run_config
+from tests.testdata import NO_VALIDATION, write_run_config, write_split_problem
 
 
 def _lr_config(data, out, data_extra=NO_VALIDATION, **train_keys):
@@ -134,24 +134,8 @@ def _linear_problem(root: Path, rows: int = 6000, seed: int = 3) -> dict[str, Pa
             "label": pa.array(label),
         }
     )
-    (root / "train").mkdir(parents=True)
-    (root / "test").mkdir()
-    n_train = rows * 3 // 4
-    pq.write_table(table.slice(0, n_train), root / "train" / "p.parquet")
-    pq.write_table(table.slice(n_train), root / "test" / "p.parquet")
-    (root / "schema.toml").write_text(
-        'name = "linear"\n[source]\nformat = "parquet"\n'
-        '[[fields]]\nname = "a"\nkind = "categorical"\n'
-        '[[fields]]\nname = "b"\nkind = "categorical"\n'
-        '[[fields]]\nname = "x"\nkind = "numeric"\n'
-        '[[fields]]\nname = "label"\nkind = "label"\n'
-    )
-    return {
-        "root": root,
-        "schema": root / "schema.toml",
-        "train": root / "train",
-        "test": root / "test",
-    }
+    kinds = {"a": "categorical", "b": "categorical", "x": "numeric", "label": "label"}
+    return write_split_problem(root, table, kinds, rows * 3 // 4)
 
 
 def _sklearn_auc(data: dict[str, Path]) -> float:
