@@ -131,6 +131,11 @@ def load_tuning(
         raise ConfigError(
             f"{where}: stitchrec tune searches ranking runs; [preranking] is not supported"
         )
+    if base.train.optimizer == "lbfgs":
+        raise ConfigError(
+            f"{where} [train] optimizer = 'lbfgs' chooses its C on the validation split itself "
+            "and has no learning rate, batch or epochs to search: train it with stitchrec train"
+        )
     if base.data.validation_fraction == 0 and not base.data.validation:
         raise ConfigError(
             f"{where} [data]: stitchrec tune compares trials on a validation split: set "

@@ -282,3 +282,11 @@ def test_the_tuner_does_not_load_tensorflow():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
     ).stdout
     assert out.strip() == "False"
+
+
+def test_an_lbfgs_run_is_not_tuned(tmp_path, capsys):
+    config = _config(tmp_path)
+    lbfgs = ["--set", 'model.type="lr"', "--set", 'train.optimizer="lbfgs"']
+    rc, _, err = _tune(capsys, "--config", str(config), "--trials", "1", *lbfgs)
+    assert rc == 2 and "chooses its C on the validation split itself" in err, err
+    assert not (tmp_path / "run-tune").exists()
