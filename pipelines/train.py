@@ -191,7 +191,7 @@ def _train_lbfgs(run: Run, stats: Any, gpus: list, rows: int) -> dict[str, Any]:
         raise ConfigError(str(e)) from None
     paths.model_json.write_text(json.dumps(tf.keras.layers.serialize(model)))
     state = restore_state(run, model, None, _selection(run), 1)
-    batches = lbfgs.preprocess(model, run.train_reader(), run.schema.label.name)
+    batches = lbfgs.preprocess(model, run.train_reader())
     objective = lbfgs.make_objective(model, batches)
     log(
         f"training {model.name} by L-BFGS on {rows:,} rows: C in {list(cfg.train.lbfgs_c)}, "

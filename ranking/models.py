@@ -159,14 +159,20 @@ class RankingModel(ClickModel):
 
     def call(self, features: dict[str, tf.Tensor], training: bool | None = None) -> tf.Tensor:
         """Raw features ``{field: [batch]}`` -> logits ``[batch]``."""
-        ids, dense = self.preprocessor(features)
-        if self.dense_blocks:
-            extra = [block(features) for block in self.dense_blocks]
-            dense = tf.concat(([dense] if dense is not None else []) + extra, axis=1)
+        ids, dense = self.preprocessed(features)
         logit = self.logits_from(ids, dense, training)
         if self.residual is not None:
             logit = logit + self.residual(features, training=training)
         return logit
+
+    def preprocessed(self, features: dict[str, tf.Tensor]) -> tuple[dict[str, tf.Tensor], Any]:
+        """Raw features -> ``(ids, dense)``: the preprocessor's outputs, the dense blocks'
+        outputs appended to the dense matrix (``logits_from``'s inputs)."""
+        ids, dense = self.preprocessor(features)
+        if self.dense_blocks:
+            extra = [block(features) for block in self.dense_blocks]
+            dense = tf.concat(([dense] if dense is not None else []) + extra, axis=1)
+        return ids, dense
 
     def logits_from(
         self, ids: dict[str, tf.Tensor], dense: tf.Tensor | None, training: bool | None = None

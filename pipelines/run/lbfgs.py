@@ -180,7 +180,7 @@ class SparseObjective(Objective):
 
     def __init__(self, model: tf.keras.Model, batches: list[tuple[Any, Any, tf.Tensor]]):
         super().__init__(model, batches)
-        blocks = [self._design(ids, dense) for ids, dense, _ in batches]
+        blocks = [self._design(ids, dense, int(y.shape[0])) for ids, dense, y in batches]
         self.x = scipy.sparse.vstack(blocks, format="csr")
         self.y = np.concatenate([y.numpy().reshape(-1) for _, _, y in batches]).astype(np.float64)
         self.batches = []  # the matrix holds them
@@ -198,9 +198,9 @@ class SparseObjective(Objective):
             known.add(id(wide._dense.kernel))
         return all(id(v) in known for v in model.trainable_variables)
 
-    def _design(self, ids: dict[str, Any], dense: Any) -> scipy.sparse.csr_matrix:
-        """The rows of one batch of the design matrix."""
-        wide, n = self.model.wide, None
+    def _design(self, ids: dict[str, Any], dense: Any, n: int) -> scipy.sparse.csr_matrix:
+        """The ``n`` rows of one batch of the design matrix."""
+        wide = self.model.wide
         rows, cols, vals = [], [], []
         tables = wide.field_weights.layers_by_field if wide.field_weights else {}
         for name, table in tables.items():
@@ -214,13 +214,11 @@ class SparseObjective(Objective):
                 flat = tf.reshape(x, [-1])
                 r = np.arange(int(flat.shape[0]))
                 v = np.ones(r.size)
-            n = int(x.nrows()) if isinstance(x, tf.RaggedTensor) else r.size
             rows.append(r)
             cols.append(self.offsets[id(table.table)] + table.row_index(flat).numpy())
             vals.append(v)
         if wide._dense is not None and dense is not None:
             d = dense.numpy().astype(np.float64)
-            n = d.shape[0]
             rows.append(np.repeat(np.arange(n), d.shape[1]))
             cols.append(np.tile(self.offsets[id(wide._dense.kernel)] + np.arange(d.shape[1]), n))
             vals.append(d.reshape(-1))
@@ -245,17 +243,14 @@ def make_objective(model: tf.keras.Model, batches: list[tuple[Any, Any, tf.Tenso
     return GraphObjective(model, batches)
 
 
-def preprocess(model: tf.keras.Model, make: Any, label: str) -> list[tuple[Any, Any, tf.Tensor]]:
+def preprocess(model: tf.keras.Model, make: Any) -> list[tuple[Any, Any, tf.Tensor]]:
     """``(ids, dense, labels)`` of every training row, in batches of ``BATCH_ROWS``: the
-    model's preprocessor (and dense blocks) applied once. ``make`` is the run's reader."""
-    out = []
-    for features in make(batch_size=BATCH_ROWS, shuffle=False):
-        ids, dense = model.preprocessor(features)
-        if model.dense_blocks:
-            extra = [block(features) for block in model.dense_blocks]
-            dense = tf.concat(([dense] if dense is not None else []) + extra, axis=1)
-        out.append((ids, dense, model.labels_of(features)))
-    return out
+    model's preprocessing (``RankingModel.preprocessed``) applied once. ``make`` is the run's
+    reader."""
+    return [
+        (*model.preprocessed(features), model.labels_of(features))
+        for features in make(batch_size=BATCH_ROWS, shuffle=False)
+    ]
 
 
 def check_linear(model: tf.keras.Model) -> None:

@@ -76,7 +76,7 @@ def _objectives(cfg, data):
     train(cfg, log=_quiet)
     model, schema, _ = load_trained_model(cfg.output_dir)
     run = Run(cfg, None, None, schema, [data["train"]], [], [], _quiet)
-    batches = lbfgs.preprocess(model, run.train_reader(), "label")
+    batches = lbfgs.preprocess(model, run.train_reader())
     return model, lbfgs.GraphObjective(model, batches), lbfgs.SparseObjective(model, batches)
 
 
