@@ -171,7 +171,7 @@ class PairStatsGNN(_PairStatsBase):
         **kwargs: Any,
     ):
         super().__init__(pairs, separators, prior, output, **kwargs)
-        self.vocabularies = {f: [str(v) for v in vals] for f, vals in vocabularies.items()}
+        self._keep_vocabularies(vocabularies)
         for f in self.input_names:
             if f not in self.vocabularies:
                 raise ValueError(f"field {f!r} of the pairs has no node vocabulary")
@@ -192,13 +192,19 @@ class PairStatsGNN(_PairStatsBase):
         self.num_nodes = n
         self._lookups = {
             f: tf.keras.layers.StringLookup(
-                vocabulary=self.vocabularies[f],
+                vocabulary=tuple(self.vocabularies[f]),  # a tuple: not tracked
                 num_oov_indices=1,
                 mask_token=None,
                 name=f"nodes_{_safe(f)}",
             )
             for f in self.fields
         }
+
+    @tf.__internal__.tracking.no_automatic_dependency_tracking
+    def _keep_vocabularies(self, vocabularies: dict[str, Sequence[Any]]) -> None:
+        """``{field: [value, ...]}`` as plain data, outside Keras's tracking of lists and dicts
+        (which every ``trainable_variables`` call would walk word by word)."""
+        self.vocabularies = {f: [str(v) for v in vals] for f, vals in vocabularies.items()}
 
     def build(self, input_shape: Any) -> None:
         frozen = {"trainable": False, "initializer": "zeros"}

@@ -35,6 +35,7 @@ _ARROW = {FLOAT: pa.float32(), BYTES: pa.string(), INT64: pa.int64()}
 _READ_BUFFER = 1 << 20
 _OPTIONS = tf.data.Options()
 _OPTIONS.autotune.enabled = False  # AUTOTUNE then means a fixed share of the cores
+_OPTIONS.experimental_warm_start = True  # the first window is parsed from the iterator's creation
 
 
 def _pack(windows: list[Window]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], int]:
@@ -129,11 +130,11 @@ def _functions(
     features = {n: tf.io.FixedLenFeature([block_rows], _DTYPES[k]) for n, k in layout}
     batch_spec = {n: tf.TensorSpec([batch_size], _DTYPES[k]) for n, k in layout}
 
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string), _META_SPEC])
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string), _META_SPEC], autograph=False)
     def window(serialized: tf.Tensor, meta: dict[str, tf.Tensor]) -> Any:
         return _window_batches(serialized, meta, features, batch_size, shuffle)
 
-    @tf.function(input_signature=[batch_spec, tf.TensorSpec([], tf.int64)])
+    @tf.function(input_signature=[batch_spec, tf.TensorSpec([], tf.int64)], autograph=False)
     def trim(batch: dict[str, tf.Tensor], rows: tf.Tensor) -> dict[str, tf.Tensor]:
         """The batch's first ``rows`` rows (a whole batch but the last: no copy then)."""
         return {k: v[:rows] for k, v in batch.items()}

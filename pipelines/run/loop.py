@@ -246,6 +246,7 @@ class TrainLoop:
         )
         done = int(s.batch)
         batches = iter(r.dist.batches(make, label, tc.batch_size, done, s.steps_per_epoch))
+        self._trace_step()
         while True:
             if self.autolrs is not None and self.autolrs.stage_due(int(s.step)):
                 batches = self._search(batches)
@@ -277,6 +278,13 @@ class TrainLoop:
             if step >= total_steps or (self.snapshots is not None and self.snapshots.stops_run):
                 return True
         return False
+
+    def _trace_step(self) -> None:
+        """Traces a training step that has an input signature before its first batch, while
+        the epoch's input, started by ``iter``, reads its first window on TensorFlow's threads
+        (a cached trace after the first epoch)."""
+        if getattr(self.train_step, "input_signature", None) is not None:
+            self.train_step.get_concrete_function()
 
     def _search(self, batches: Any) -> Any:
         """AutoLRS: the next stage's learning rate searched at this step (on the stage's first

@@ -30,6 +30,7 @@ def make_scorer(model: ClickModel, schema: Schema) -> Callable[[dict], tf.Tensor
     return tf.function(
         lambda features: model.primary(model.score(features)),
         input_signature=[input_signature(schema.model_inputs)],
+        autograph=False,
     )
 
 
@@ -39,6 +40,7 @@ def make_logit_scorer(model: ClickModel, schema: Schema) -> Callable[[dict], tf.
     return tf.function(
         lambda features: model.primary(model(features, training=False)),
         input_signature=[input_signature(schema.model_inputs)],
+        autograph=False,
     )
 
 
@@ -70,7 +72,9 @@ def make_task_scorer(model: MultiTaskModel, schema: Schema) -> Callable[[dict], 
     def score(features: dict) -> dict[str, tf.Tensor]:
         return {f"score_{k}": tf.sigmoid(v) for k, v in task_logits(model, features).items()}
 
-    return tf.function(score, input_signature=[input_signature(schema.model_inputs)])
+    return tf.function(
+        score, input_signature=[input_signature(schema.model_inputs)], autograph=False
+    )
 
 
 def evaluate_tasks(

@@ -107,10 +107,10 @@ def make_train_step(
 
     if strategy is None:
         signature = None if element_spec is None else [element_spec]
-        return tf.function(whole_batch, input_signature=signature)
+        return tf.function(whole_batch, input_signature=signature, autograph=False)
     if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
 
-        @tf.function(reduce_retracing=True)
+        @tf.function(reduce_retracing=True, autograph=False)
         def worker_step(features: dict[str, tf.Tensor]) -> Any:
             return strategy.run(whole_batch, args=(features,))
 
@@ -132,7 +132,7 @@ def make_train_step(
         update_metrics(tf.math.divide_no_nan(loss, share), y, logits, sample_weight=n)
         return loss
 
-    @tf.function
+    @tf.function(autograph=False)
     def step(element: tuple[dict[str, tf.Tensor], tf.Tensor]) -> tf.Tensor:
         per_replica = strategy.run(replica_step, args=element)
         return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)

@@ -14,6 +14,7 @@ import tensorflow as tf
 from ranking.config import ModelConfig
 from ranking.models import RankingModel, build_model
 from ranking.pair_stats import PairStatsGNN, PairStatsTable, pair_keys
+from tests.keras_tracking import tracked_leaves
 
 PRIOR = 0.25
 
@@ -73,6 +74,16 @@ def test_gnn_layer_by_hand() -> None:
     np.testing.assert_allclose(swapped(FEATURES).numpy()[:, 0], out[:, 1], rtol=1e-6)
     with pytest.raises(ValueError, match="not in the artifact"):
         PairStatsGNN.from_artifact(art, pairs=[("item", "tag")])
+
+
+def test_gnn_vocabularies_are_not_tracked_by_keras() -> None:
+    """Keras walked every tracked node value on each ``trainable_variables`` call."""
+    art = _artifact()
+    layer = PairStatsGNN.from_artifact(art)
+    layer(FEATURES)
+    words = {v for vals in art.vocab.values() for v in vals}
+    assert not words & {x for x in tracked_leaves(layer) if isinstance(x, str)}
+    assert layer.get_config()["vocabularies"] == {f: art.vocab[f] for f in layer.fields}
 
 
 def _table(output: str = "ctr") -> PairStatsTable:
