@@ -20,6 +20,7 @@ from features.preprocessing import build_preprocessor
 from features.schema import FeatureKind, FeatureSpec, Schema, load_schema
 from features.stats import DatasetStats
 from pipelines.config import ConfigError, PipelineConfig
+from pipelines.run.adam import FusedAdam
 from pipelines.run.paths import Log, RunPaths
 from ranking.config import ModelConfig
 from ranking.models import ClickModel, RankingModel, build_model, planned_method
@@ -27,12 +28,13 @@ from ranking.multitask import MultiTaskModel
 from ranking.pair_stats import PairStatsGNN, PairStatsTable
 from ranking.sequence_features import SequenceOptionsError
 
-#: ``[train] optimizer`` names and the Keras optimizers they make. ``ftrl`` (FTRL-proximal,
+#: ``[train] optimizer`` names and the Keras optimizers they make (``adam``: Keras's Adam with
+#: the fused update kernel, ``pipelines.run.adam``). ``ftrl`` (FTRL-proximal,
 #: learning-rate power -0.5) and ``adagrad`` keep one accumulator per weight, so a rare id's
 #: weight keeps a large step while a frequent one's shrinks: they suit the sparse wide weights of
 #: a linear model (``type = "lr"``).
 OPTIMIZERS = {
-    "adam": tf.keras.optimizers.Adam,
+    "adam": FusedAdam,
     "adagrad": tf.keras.optimizers.Adagrad,
     "ftrl": tf.keras.optimizers.Ftrl,
     "sgd": tf.keras.optimizers.SGD,
