@@ -93,7 +93,8 @@ def _export_killed_midway(out: Path, scratch: Path) -> int:
 
 def _rank(target: str):
     with RankingClient(target) as c:
-        return c.rank("m", {"user": "u1"}, {"item": [3], "price": [1.0]})
+        # the first call after a load warms the model up: 10 s was too short beside a busy test
+        return c.rank("m", {"user": "u1"}, {"item": [3], "price": [1.0]}, timeout=60)
 
 
 def test_killed_export_never_serves_and_the_next_export_cleans_up(tmp_path):
