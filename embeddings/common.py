@@ -60,7 +60,12 @@ def check_choice(name: str, value: Any, choices: Sequence[str]) -> str:
 
 def flat_ids(ids: tf.Tensor | tf.RaggedTensor) -> tf.Tensor:
     """The ids as one int64 vector: the flat values of a ragged tensor, a dense one flattened."""
-    values = ids.flat_values if isinstance(ids, tf.RaggedTensor) else tf.reshape(ids, [-1])
+    if isinstance(ids, tf.RaggedTensor):
+        values = ids.flat_values
+    elif ids.shape.rank == 1:
+        values = ids
+    else:
+        values = tf.reshape(ids, [-1])
     return tf.cast(values, tf.int64)
 
 
@@ -90,6 +95,8 @@ def pool_and_regularize(
         if layer.combiner == "mean":
             lengths = tf.cast(tf.maximum(ids.row_lengths(), 1), out.dtype)
             out = out / lengths[:, None]
+    elif ids.shape.rank == 1:
+        out = vectors
     else:
         shape = tf.concat([tf.shape(ids, out_type=tf.int32), tf.shape(vectors)[-1:]], axis=0)
         out = tf.reshape(vectors, shape)

@@ -21,34 +21,82 @@ keep Keras's update. On the bench DCN-v2 at batch 4096 the step is 11% faster an
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import tensorflow as tf
 
 
 @tf.keras.utils.register_keras_serializable(package="stitchrec")
 class FusedAdam(tf.keras.optimizers.Adam):
     """``tf.keras.optimizers.Adam`` (same arguments and slots) updating each variable with
-    ``ResourceApplyAdam`` (module docstring)."""
+    ``ResourceApplyAdam`` (module docstring).
 
-    def update_step(self, gradient: tf.Tensor | tf.IndexedSlices, variable: tf.Variable) -> None:
-        if self.amsgrad or self.adaptive_epsilon:
-            super().update_step(gradient, variable)
-            return
-        dtype = variable.dtype
+    The step's scalars (``beta_1^t``, ``beta_2^t``, the learning rate, ``epsilon``) are built
+    once per ``apply_gradients`` and dtype, not once per variable, and a sparse gradient goes
+    straight to ``unsorted_segment_sum`` (Keras's Adam first merges its repeated ids with
+    ``tf.unique``, which the sum makes redundant): on a model with dozens of tables both keep
+    the step's graph small."""
+
+    _coefficients: dict[tf.DType, dict[str, tf.Tensor]] | None = None
+
+    def _fused(self) -> bool:
+        return not (self.amsgrad or self.adaptive_epsilon)
+
+    def _deduplicate_sparse_grad(self, grads: Sequence[Any]) -> list[Any]:
+        if self._fused():
+            return list(grads)
+        return super()._deduplicate_sparse_grad(grads)
+
+    def _distributed_apply_gradients_fn(
+        self, distribution: tf.distribute.Strategy, grads_and_vars: list[Any], **kwargs: Any
+    ) -> Any:
+        if self._fused():
+            dtypes = {var.dtype for _, var in grads_and_vars}
+            self._keep_coefficients({dtype: self._step_coefficients(dtype) for dtype in dtypes})
+        try:
+            return super()._distributed_apply_gradients_fn(distribution, grads_and_vars, **kwargs)
+        finally:
+            self._keep_coefficients(None)
+
+    @tf.__internal__.tracking.no_automatic_dependency_tracking
+    def _keep_coefficients(self, coefficients: dict[tf.DType, dict[str, tf.Tensor]] | None) -> None:
+        """Holds one step's scalars as plain data: a checkpoint never sees them."""
+        self._coefficients = coefficients
+
+    def _step_coefficients(self, dtype: tf.DType) -> dict[str, tf.Tensor]:
+        """``ResourceApplyAdam``'s scalar arguments at this step, in ``dtype``."""
         step = tf.cast(self.iterations + 1, dtype)
         beta_1, beta_2 = tf.cast(self.beta_1, dtype), tf.cast(self.beta_2, dtype)
+        return {
+            "beta1_power": tf.pow(beta_1, step),
+            "beta2_power": tf.pow(beta_2, step),
+            "lr": tf.cast(self.learning_rate, dtype),
+            "beta1": beta_1,
+            "beta2": beta_2,
+            "epsilon": tf.cast(self.epsilon, dtype),
+        }
+
+    def update_step(self, gradient: tf.Tensor | tf.IndexedSlices, variable: tf.Variable) -> None:
+        if not self._fused():
+            super().update_step(gradient, variable)
+            return
+        shared = self._coefficients
+        coefficients = (
+            shared[variable.dtype]
+            if shared is not None and variable.dtype in shared
+            else self._step_coefficients(variable.dtype)
+        )
         index = self._index_dict[self._var_key(variable)]
         if isinstance(gradient, tf.IndexedSlices):
-            rows = tf.shape(variable, out_type=gradient.indices.dtype)[0]
+            rows = variable.shape[0]
+            if rows is None:
+                rows = tf.shape(variable, out_type=gradient.indices.dtype)[0]
             gradient = tf.math.unsorted_segment_sum(gradient.values, gradient.indices, rows)
         tf.raw_ops.ResourceApplyAdam(
             var=variable.handle,
             m=self._momentums[index].handle,
             v=self._velocities[index].handle,
-            beta1_power=tf.pow(beta_1, step),
-            beta2_power=tf.pow(beta_2, step),
-            lr=tf.cast(self.learning_rate, dtype),
-            beta1=beta_1,
-            beta2=beta_2,
-            epsilon=tf.cast(self.epsilon, dtype),
             grad=gradient,
+            **coefficients,
         )

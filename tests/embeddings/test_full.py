@@ -22,6 +22,16 @@ def test_lookup_and_oov_path():
     np.testing.assert_array_equal(out[2:], table[[0, 0, 0]])
 
 
+def test_a_batch_of_ids_is_one_gather_and_deeper_ids_keep_their_shape():
+    layer = _layer()
+    graph = tf.function(layer).get_concrete_function(tf.TensorSpec([None], tf.int64)).graph
+    assert "Reshape" not in [op.type for op in graph.get_operations()]
+    table = np.arange(15, dtype=np.float32).reshape(5, 3)
+    out = layer(tf.constant([[1, 4, 7], [2, 0, 3]], tf.int64)).numpy()
+    assert out.shape == (2, 3, 3)
+    np.testing.assert_array_equal(out, table[[[1, 4, 0], [2, 0, 3]]])
+
+
 def test_ragged_pooling_mean_sum_and_empty_rows():
     ids = tf.ragged.constant([[1, 2], [4], []], dtype=tf.int64)
     table = np.arange(15, dtype=np.float32).reshape(5, 3)

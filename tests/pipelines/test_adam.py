@@ -113,3 +113,33 @@ def test_one_fused_op_per_variable():
     fused, keras = op_types(FusedAdam(0.1)), op_types(tf.keras.optimizers.Adam(0.1))
     assert fused.count("ResourceApplyAdam") == 1 and "ResourceApplyAdam" not in keras
     assert len(fused) < len(keras)
+
+
+def test_the_step_scalars_are_built_once_and_repeated_ids_summed_without_unique(
+    tmp_path: Path,
+):
+    tables = [tf.Variable(tf.ones([4, 2])) for _ in range(3)]
+    kernel = tf.Variable(tf.ones([2, 1]))
+    opt = FusedAdam(0.1)
+    opt.build([*tables, kernel])
+
+    @tf.function
+    def step(ids):
+        with tf.GradientTape() as tape:
+            rows = tf.add_n([tf.gather(t, ids) for t in tables])
+            loss = tf.reduce_sum(rows @ kernel)
+        opt.apply_gradients(
+            zip(tape.gradient(loss, [*tables, kernel]), [*tables, kernel], strict=True)
+        )
+
+    ids = tf.constant([1, 1, 3])
+    types = [op.type for op in step.get_concrete_function(ids).graph.get_operations()]
+    assert types.count("Pow") == 2 and types.count("ResourceApplyAdam") == 4
+    assert "Unique" not in types
+    step(ids)
+    # row 1, read twice, moved by the summed gradient: Adam's first step moves every
+    # updated entry by the learning rate, rows 0 and 2 (never read) stay put
+    np.testing.assert_allclose(tables[0].numpy()[:, 0], [1.0, 0.9, 1.0, 0.9], rtol=1e-6)
+    # the step's scalars are never part of a checkpoint
+    path = tf.train.Checkpoint(optimizer=opt).save(str(tmp_path / "ckpt"))
+    assert not [name for name, _ in tf.train.list_variables(path) if "coefficients" in name]
