@@ -12,15 +12,17 @@ test): in each of ``--processes`` fresh processes, one after the other on the sa
   the above plus conversion to tensors), one full epoch;
 * ``input, one worker's shard``: the same for worker 0 of 2 (``[distribute] input = "shard"``);
 * ``step alone``: the training step (``pipelines.run.step.make_train_step``) on ``--cached``
-  batches held in memory, cycled;
+  batches held in memory, cycled, after its trace (seconds and graph operations printed) and
+  first two calls (seconds printed: the first holds TensorFlow's graph optimization);
 * ``training loop``: input pipeline and step together, as ``stitchrec train`` runs them;
 * ``TF-native input``, ``TF-native input, one worker's shard``, ``TF-native training loop``: the
   same three with the TFRecord input (``features.tfrecord``), from TFRecord shards written once
   from the training Parquet shards (the conversion's rows/s is printed too).
 
 All in examples/s, with ratios against the Parquet input pipeline and the step alone measured
-in the same processes. Then ``stitchrec train`` end to end as one process with each
-``[data] input_format``, as a local cluster of ``--workers`` multi_worker_mirrored workers, and
+in the same processes. After each of those processes, ``stitchrec train`` end to end as one
+process with each ``[data] input_format``, its rate compared with that round's step alone. Then
+``stitchrec train`` as a local cluster of ``--workers`` multi_worker_mirrored workers, and
 as a parameter-server cluster (chief, ``--workers`` workers, one ps) with chief-fed (Parquet)
 and worker-side (TFRecord) input: examples/s, and the chief's CPU seconds and bytes read while
 it trains (``bench/train/ps_input.py``).
@@ -53,6 +55,7 @@ from bench.cluster import (
 )
 from bench.train.ps_input import run_ps
 
+FIRST_STEPS = ("trace seconds", "graph operations", "first step seconds", "second step seconds")
 STAGES = (
     "parquet read",
     "batches (numpy)",
@@ -115,6 +118,21 @@ def _input_rates(data: Path, batch_size: int) -> dict[str, float]:
     return out
 
 
+def _first_steps(step: Any, batches: list[Any], loss: Any) -> dict[str, float]:
+    """What the first steps of a fresh training step cost: the trace (seconds and graph
+    operations), the first call (graph optimization, kernels, the step) and the second."""
+    t0 = time.perf_counter()
+    graph = step.get_concrete_function().graph
+    out = {"trace seconds": time.perf_counter() - t0}
+    out["graph operations"] = len(graph.get_operations())
+    for name, batch in zip(("first step seconds", "second step seconds"), batches, strict=True):
+        t0 = time.perf_counter()
+        step(batch)
+        float(loss.result())  # waits for the step
+        out[name] = time.perf_counter() - t0
+    return out
+
+
 def measure_stages(data: Path, batch_size: int, cached: int, steps: int) -> dict[str, float]:
     """Examples/s of each stage of ``STAGES`` in this process (see the module docstring)."""
     import tensorflow as tf
@@ -145,9 +163,7 @@ def measure_stages(data: Path, batch_size: int, cached: int, steps: int) -> dict
     step = make_train_step(
         model, optimizer, element_spec=ds.element_spec, loss_metric=loss, auc_metric=auc
     )
-    for b in batches[:2]:  # trace and warm up
-        step(b)
-    float(loss.result())
+    out.update(_first_steps(step, batches[:2], loss))
     t0 = time.perf_counter()
     for i in range(steps):
         step(batches[i % len(batches)])
@@ -229,22 +245,20 @@ def spread(values: list[float]) -> str:
     return f"{med:,.0f} [{min(values):,.0f}-{max(values):,.0f}]"
 
 
-def _stage_processes(args: argparse.Namespace, out: Path, data: Path) -> list[dict[str, float]]:
-    """``measure_stages`` in ``--processes`` fresh processes, one after the other."""
-    per_process: list[dict[str, float]] = []
+def _stage_process(args: argparse.Namespace, out: Path, data: Path) -> dict[str, float]:
+    """``measure_stages`` in a fresh process."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
     env.pop("TF_CONFIG", None)
-    for _ in range(args.processes):
-        cmd = [sys.executable, "-m", "bench.train", "--out", str(out), "--stages-only", str(data)]
-        cmd += ["--batch-size", str(args.batch_size), "--cached", str(args.cached)]
-        cmd += ["--steps", str(args.steps)]
-        r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
-        line = next((ln for ln in r.stdout.splitlines() if ln.startswith("STAGES ")), None)
-        if line is None:
-            raise RuntimeError(f"stage process failed:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}")
-        per_process.append(json.loads(line[len("STAGES ") :]))
-        print(json.dumps(per_process[-1]), flush=True)
-    return per_process
+    cmd = [sys.executable, "-m", "bench.train", "--out", str(out), "--stages-only", str(data)]
+    cmd += ["--batch-size", str(args.batch_size), "--cached", str(args.cached)]
+    cmd += ["--steps", str(args.steps)]
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+    line = next((ln for ln in r.stdout.splitlines() if ln.startswith("STAGES ")), None)
+    if line is None:
+        raise RuntimeError(f"stage process failed:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}")
+    rates = json.loads(line[len("STAGES ") :])
+    print(json.dumps(rates), flush=True)
+    return rates
 
 
 def _format_config(out: Path, data: Path, batch_size: int, fmt: str, extra: str = "") -> Path:
@@ -255,18 +269,22 @@ def _format_config(out: Path, data: Path, batch_size: int, fmt: str, extra: str 
 
 
 def throughput(args: argparse.Namespace, out: Path) -> dict[str, Any]:
-    """The stages in ``--processes`` fresh processes, then ``stitchrec train`` end to end: one
-    process per input format, a multi_worker_mirrored cluster of ``--workers``, and a
+    """``--processes`` rounds of the stages in a fresh process followed by ``stitchrec train``
+    end to end in one process per input format (so each run has its own round's step-alone
+    rate to be compared with), then a multi_worker_mirrored cluster of ``--workers`` and a
     parameter-server cluster with chief-fed and worker-side input."""
     data = write_data(out, args.rows)
     convert = write_tfrecord(data)
     print(json.dumps({"tfrecord conversion": convert}), flush=True)
-    per_process = _stage_processes(args, out, data)
+    per_process: list[dict[str, float]] = []
+    single: dict[str, list[dict[str, Any]]] = {"parquet": [], "tfrecord": []}
+    for i in range(args.processes):
+        per_process.append(_stage_process(args, out, data))
+        for fmt, runs in single.items():
+            config = _format_config(out, data, args.batch_size, fmt)
+            runs.append(run_train(config, out / f"train-1-{fmt}-{i}", 1, args.timeout))
+            print(json.dumps(runs[-1]), flush=True)
     end_to_end = {}
-    for fmt in ("parquet", "tfrecord"):
-        config = _format_config(out, data, args.batch_size, fmt)
-        end_to_end[f"1 process, {fmt}"] = run_train(config, out / f"train-1-{fmt}", 1, args.timeout)
-        print(json.dumps(end_to_end[f"1 process, {fmt}"]), flush=True)
     config = _format_config(out, data, args.batch_size, "tfrecord")
     mirrored = run_train(config, out / f"train-{args.workers}", args.workers, args.timeout)
     end_to_end[f"{args.workers} mirrored workers"] = mirrored
@@ -281,6 +299,7 @@ def throughput(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         "rows": args.rows,
         "tfrecord_conversion": convert,
         "stages": per_process,
+        "single_process": single,
         "input_over_step": [p["input pipeline"] / p["step alone"] for p in per_process],
         "end_to_end": end_to_end,
     }
@@ -320,8 +339,14 @@ def print_throughput(args: argparse.Namespace, results: dict[str, Any]) -> None:
     print("| stage | examples/s |\n|---|---|")
     for stage in STAGES:
         print(f"| {stage} | {spread([p[stage] for p in per_process])} |")
+    med = {k: statistics.median(p[k] for p in per_process) for k in FIRST_STEPS}
     print(
-        f"\nTFRecord conversion (once): {conv['rows']:,} rows in {conv['seconds']} s "
+        f"\ntraining step: traced in {med['trace seconds']:.2f} s "
+        f"({med['graph operations']:,.0f} graph operations), first call "
+        f"{med['first step seconds']:.2f} s, second {med['second step seconds']:.2f} s (medians)"
+    )
+    print(
+        f"TFRecord conversion (once): {conv['rows']:,} rows in {conv['seconds']} s "
         f"({conv['rows_per_second']:,} rows/s)"
     )
     for num, den, target in (
@@ -334,6 +359,18 @@ def print_throughput(args: argparse.Namespace, results: dict[str, Any]) -> None:
     ):
         note = f" (target {target})" if target else ""
         print(f"{num} / {den}: {_ratio(per_process, num, den)}{note}")
+    print(
+        "\n| stitchrec train, 1 process | examples/s | / step alone of its round | test AUC |"
+        "\n|---|---|---|---|"
+    )
+    for fmt, runs in results["single_process"].items():
+        rates = [r["examples_per_second"] for r in runs]
+        ratios = [r / p["step alone"] for r, p in zip(rates, per_process, strict=True)]
+        aucs = sorted({f"{r['auc']:.4f}" for r in runs})
+        print(
+            f"| {fmt} | {spread(rates)} | {statistics.median(ratios):.2f}x "
+            f"[{min(ratios):.2f}-{max(ratios):.2f}] (target >= 0.8) | {', '.join(aucs)} |"
+        )
     step = statistics.median(p["step alone"] for p in per_process)
     print("\n| stitchrec train | examples/s | / step alone | test AUC | chief CPU s | chief read |")
     print("|---|---|---|---|---|---|")

@@ -44,7 +44,8 @@ from embeddings.full import FullEmbedding
 from embeddings.qr import QREmbedding
 from features.schema import Schema
 from features.stats import DatasetStats
-from pipelines.config import NEW_ROWS, load_config
+from pipelines.config import load_config
+from pipelines.config_train import NEW_ROWS
 from pipelines.run.model import BEST_DIR, load_trained_model, make_optimizer
 from pipelines.run.paths import Log, RunPaths
 from ranking.multitask import MultiTaskModel
