@@ -5,9 +5,10 @@ tensors, the same values for the same rows), but no Python runs per batch: the e
 once (``features.tfrecord.plan``), then tf.data reads each window's records
 (``TFRecordDataset``), parses them with one ``tf.io.parse_example`` of fixed-length block
 features, permutes the window's rows with ``tf.random.experimental.stateless_shuffle`` and
-gathers them straight into ``[batches, batch_size]`` tensors, which ``unbatch`` hands out
-(moving, not copying, the strings). Windows are parsed in parallel
-(``num_parallel_calls=AUTOTUNE``) and batches prefetched.
+gathers them into one ``[rows]`` tensor per field, which ``rebatch`` cuts into batches. A window
+holds whole batches (``features.tfrecord.plan``), so every batch but the share's last has
+``batch_size`` rows, as with ``unbatch`` and ``batch``, without a per-batch function. Windows are
+parsed in parallel (``num_parallel_calls=AUTOTUNE``) and batches prefetched.
 
 Memory: a window in flight holds its parsed rows twice (parsed and permuted), about 0.7 KiB
 per row for 26 strings and 14 numbers; ``shuffle_buffer`` bounds a window's rows.
@@ -56,9 +57,7 @@ def _pack(windows: list[Window]) -> tuple[dict[str, np.ndarray], dict[str, np.nd
     meta = {
         "starts": np.zeros((n, records), np.int64),
         "ends": np.zeros((n, records), np.int64),
-        "rows": np.array([w.rows for w in windows], np.int64),
         "first_batch": np.array([w.first_batch for w in windows], np.int64),
-        "batches": np.array([w.batches for w in windows], np.int64),
         "seed": np.array([w.seed for w in windows], np.int64).reshape(n, 2),
     }
     for i, w in enumerate(windows):
@@ -84,62 +83,45 @@ def _row_indices(meta: dict[str, tf.Tensor], block_rows: int) -> tf.Tensor:
     return tf.ragged.range(base + meta["starts"], base + meta["ends"]).values
 
 
-def _window_batches(
+def _window_rows(
     serialized: tf.Tensor,
     meta: dict[str, tf.Tensor],
     features: dict[str, tf.io.FixedLenFeature],
     batch_size: int,
     shuffle: bool,
-) -> tuple[dict[str, tf.Tensor], tf.Tensor]:
-    """``({field: [batches, batch_size]}, rows of each batch)``: the window's rows permuted
-    (when ``shuffle``) and cut into batches, the trained ones left out, the last one padded."""
+) -> dict[str, tf.Tensor]:
+    """``{field: [rows]}``: the window's rows permuted (when ``shuffle``), the rows of its
+    trained batches left out."""
     parsed = tf.io.parse_example(serialized, features)
     block_rows = next(iter(features.values())).shape[0]
     idx = _row_indices(meta, block_rows)
     if shuffle:
         idx = tf.random.experimental.stateless_shuffle(idx, seed=meta["seed"])
-    skipped = meta["first_batch"] * batch_size
-    idx = idx[skipped:]
-    batches = meta["batches"] - meta["first_batch"]
-    padded = batches * batch_size
-    idx = tf.concat([idx, tf.zeros([padded - tf.size(idx, out_type=tf.int64)], tf.int64)], 0)
-    out = {
-        name: tf.reshape(tf.gather(tf.reshape(values, [-1]), idx), [-1, batch_size])
-        for name, values in parsed.items()
-    }
-    ends = tf.minimum((tf.range(batches) + 1) * batch_size, meta["rows"] - skipped)
-    return out, ends - tf.range(batches) * batch_size
+    idx = idx[meta["first_batch"] * batch_size :]
+    return {name: tf.gather(tf.reshape(values, [-1]), idx) for name, values in parsed.items()}
 
 
 _META_SPEC = {
     "starts": tf.TensorSpec([None], tf.int64),
     "ends": tf.TensorSpec([None], tf.int64),
-    "rows": tf.TensorSpec([], tf.int64),
     "first_batch": tf.TensorSpec([], tf.int64),
-    "batches": tf.TensorSpec([], tf.int64),
     "seed": tf.TensorSpec([2], tf.int64),
 }
 
 
 @functools.lru_cache(maxsize=16)
-def _functions(
+def _window_function(
     layout: tuple[tuple[str, str], ...], block_rows: int, batch_size: int, shuffle: bool
-) -> tuple[Any, Any]:
-    """The window and trim functions of one layout (``(field, list type)`` pairs), traced once
-    per process: every epoch's dataset calls them instead of tracing its own copy."""
+) -> Any:
+    """The window function of one layout (``(field, list type)`` pairs), traced once per
+    process: every epoch's dataset calls it instead of tracing its own copy."""
     features = {n: tf.io.FixedLenFeature([block_rows], _DTYPES[k]) for n, k in layout}
-    batch_spec = {n: tf.TensorSpec([batch_size], _DTYPES[k]) for n, k in layout}
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string), _META_SPEC], autograph=False)
     def window(serialized: tf.Tensor, meta: dict[str, tf.Tensor]) -> Any:
-        return _window_batches(serialized, meta, features, batch_size, shuffle)
+        return _window_rows(serialized, meta, features, batch_size, shuffle)
 
-    @tf.function(input_signature=[batch_spec, tf.TensorSpec([], tf.int64)], autograph=False)
-    def trim(batch: dict[str, tf.Tensor], rows: tf.Tensor) -> dict[str, tf.Tensor]:
-        """The batch's first ``rows`` rows (a whole batch but the last: no copy then)."""
-        return {k: v[:rows] for k, v in batch.items()}
-
-    return window, trim
+    return window
 
 
 def _fill_record(fields: list, block_rows: int) -> bytes:
@@ -193,7 +175,7 @@ def make_tfrecord_dataset(
     )
     block = shards.block_rows
     layout = tuple((f.name, list_type(f)) for f in fields)
-    window, trim = _functions(layout, block, batch_size, shuffle)
+    window = _window_function(layout, block, batch_size, shuffle)
     segments, meta, records = _pack(windows)
     fill = _fill_record(fields, block)
     serialized = tf.data.Dataset.from_tensor_slices(segments).flat_map(
@@ -201,6 +183,7 @@ def make_tfrecord_dataset(
     )
     ds = tf.data.Dataset.zip(serialized.batch(records), tf.data.Dataset.from_tensor_slices(meta))
     ds = ds.map(window, num_parallel_calls=tf.data.AUTOTUNE)
-    ds = ds.unbatch().map(trim).prefetch(tf.data.AUTOTUNE)
+    # the plan already left out a short last batch under drop_remainder: [None] either way
+    ds = ds.rebatch(batch_size).prefetch(tf.data.AUTOTUNE)
     # autotune's model sizes every element it records, walking each of a window's strings
     return ds.with_options(_OPTIONS)

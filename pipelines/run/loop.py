@@ -5,12 +5,14 @@ checkpoint at the end)."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import functools
 import re
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -245,8 +247,9 @@ class TrainLoop:
             shuffle_buffer=tc.shuffle_buffer,
         )
         done = int(s.batch)
-        batches = iter(r.dist.batches(make, label, tc.batch_size, done, s.steps_per_epoch))
-        self._trace_step()
+        batches = self._start_input(
+            r.dist.batches(make, label, tc.batch_size, done, s.steps_per_epoch)
+        )
         while True:
             if self.autolrs is not None and self.autolrs.stage_due(int(s.step)):
                 batches = self._search(batches)
@@ -279,12 +282,17 @@ class TrainLoop:
                 return True
         return False
 
-    def _trace_step(self) -> None:
-        """Traces a training step that has an input signature before its first batch, while
-        the epoch's input, started by ``iter``, reads its first window on TensorFlow's threads
-        (a cached trace after the first epoch)."""
-        if getattr(self.train_step, "input_signature", None) is not None:
+    def _start_input(self, dataset: Any) -> Iterator[Any]:
+        """The epoch's iterator over ``dataset``, created on a thread while this one traces a
+        training step that has an input signature (a cached trace after the first epoch):
+        creating a tf.data iterator runs in TensorFlow's runtime without the GIL, and from
+        its creation the input reads its first window on TensorFlow's threads."""
+        if getattr(self.train_step, "input_signature", None) is None:
+            return iter(dataset)
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="input") as pool:
+            iterator = pool.submit(iter, dataset)
             self.train_step.get_concrete_function()
+            return iterator.result()
 
     def _search(self, batches: Any) -> Any:
         """AutoLRS: the next stage's learning rate searched at this step (on the stage's first
