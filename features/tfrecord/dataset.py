@@ -5,10 +5,10 @@ tensors, the same values for the same rows), but no Python runs per batch: the e
 once (``features.tfrecord.plan``), then tf.data reads each window's records
 (``TFRecordDataset``), parses them with one ``tf.io.parse_example`` of fixed-length block
 features, permutes the window's rows with ``tf.random.experimental.stateless_shuffle`` and
-gathers them into one ``[rows]`` tensor per field, which ``rebatch`` cuts into batches. A window
-holds whole batches (``features.tfrecord.plan``), so every batch but the share's last has
-``batch_size`` rows, as with ``unbatch`` and ``batch``, without a per-batch function. Windows are
-parsed in parallel (``num_parallel_calls=AUTOTUNE``) and batches prefetched.
+gathers them into one ``[rows]`` tensor per field, which ``rebatch`` cuts into batches (one copy
+of each batch's rows, no per-batch function). A window holds whole batches
+(``features.tfrecord.plan``), so every batch but the share's last has ``batch_size`` rows.
+Windows are parsed in parallel (``num_parallel_calls=AUTOTUNE``) and batches prefetched.
 
 Memory: a window in flight holds its parsed rows twice (parsed and permuted), about 0.7 KiB
 per row for 26 strings and 14 numbers; ``shuffle_buffer`` bounds a window's rows.
