@@ -49,6 +49,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from features.cells import sequence_lengths
+from features.exact_sum import ExactSum
 from features.schema import FeatureKind, FeatureSpec, Schema
 from features.shards import row_uniform
 from features.stats_types import STATS_FILE, VOCAB_DIR, DatasetStats, FieldStats
@@ -274,8 +275,8 @@ class _NumericCounter:
         self.sample = np.empty(0)
         self.n = 0
         self.missing = 0
-        self.total = 0.0
-        self.total_sq = 0.0
+        self.total = ExactSum()
+        self.total_sq = ExactSum()
         self.lo = math.inf
         self.hi = -math.inf
 
@@ -288,16 +289,21 @@ class _NumericCounter:
             return
         x = transform_numeric(x, self.spec)
         self.n += x.size
-        self.total += float(x.sum())
-        self.total_sq += float(np.square(x).sum())
+        self.total.add(float(x.sum()))
+        self.total_sq.add(float(np.square(x).sum()))
         self.lo = min(self.lo, float(x.min()))
         self.hi = max(self.hi, float(x.max()))
         keys = row_uniform(_stream_seed(self.seed, stream), start, len(column))[present]
         self._keep(np.concatenate([self.keys, keys]), np.concatenate([self.sample, x]))
 
     def _keep(self, keys: np.ndarray, sample: np.ndarray) -> None:
+        """Keeps the ``k`` values of smallest key, equal keys by value: the same set whatever
+        the order in which values arrive and partial samples merge."""
         if keys.size > self.k:
-            idx = np.argpartition(keys, self.k)[: self.k]
+            idx = np.argpartition(keys, self.k - 1)[: self.k]
+            last = keys[idx].max()
+            if np.count_nonzero(keys == last) > 1:  # equal keys at the cut: order by value
+                idx = np.lexsort((sample, keys))[: self.k]
             keys, sample = keys[idx], sample[idx]
         self.keys, self.sample = keys, sample
 
@@ -307,8 +313,8 @@ class _NumericCounter:
         if other.n == 0:
             return
         self.n += other.n
-        self.total += other.total
-        self.total_sq += other.total_sq
+        self.total.merge(other.total)
+        self.total_sq.merge(other.total_sq)
         self.lo = min(self.lo, other.lo)
         self.hi = max(self.hi, other.hi)
         self._keep(
@@ -321,8 +327,8 @@ class _NumericCounter:
         if self.n == 0:
             return fs
         fs.min, fs.max = self.lo, self.hi
-        fs.mean = self.total / self.n
-        var = max(self.total_sq / self.n - fs.mean**2, 0.0)
+        fs.mean = self.total.value / self.n
+        var = max(self.total_sq.value / self.n - fs.mean**2, 0.0)
         fs.std = math.sqrt(var) if var > 1e-12 else 1.0
         if self.spec.num_buckets > 1:
             qs = np.linspace(0, 1, self.spec.num_buckets + 1)[1:-1]
@@ -353,9 +359,9 @@ class StatsAccumulator:
             else:
                 self.counters[spec.name] = _CategoricalCounter(spec, all_counts=all_counts)
         self.labels = [f.name for f in schema.labels]
-        self.positives = dict.fromkeys(self.labels, 0.0)
+        self.positives = {name: ExactSum() for name in self.labels}
         self.parents = {f.name: f.defined_on for f in schema.labels if f.defined_on is not None}
-        self.on_parent = dict.fromkeys(self.parents, 0.0)
+        self.on_parent = {name: ExactSum() for name in self.parents}
         self.rows = 0
 
     def update(self, batch: pa.RecordBatch, stream: int = 0, start: int = 0) -> None:
@@ -367,9 +373,9 @@ class StatsAccumulator:
             raise ValueError(f"record batch lacks fields {missing}; it has {names}")
         self.rows += batch.num_rows
         for name in self.labels:
-            self.positives[name] += float(pc.sum(batch.column(name)).as_py() or 0.0)
+            self.positives[name].add(pc.sum(batch.column(name)).as_py() or 0.0)
         for name, parent in self.parents.items():
-            self.on_parent[name] += float(pc.sum(batch.column(parent)).as_py() or 0.0)
+            self.on_parent[name].add(pc.sum(batch.column(parent)).as_py() or 0.0)
         for name, counter in self.counters.items():
             if isinstance(counter, _NumericCounter):
                 counter.update(batch.column(name), stream, start)
@@ -380,9 +386,9 @@ class StatsAccumulator:
         """Adds the rows ``other`` has seen."""
         self.rows += other.rows
         for name in self.labels:
-            self.positives[name] += other.positives[name]
+            self.positives[name].merge(other.positives[name])
         for name in self.parents:
-            self.on_parent[name] += other.on_parent[name]
+            self.on_parent[name].merge(other.on_parent[name])
         for name, counter in self.counters.items():
             counter.merge(other.counters[name])
 
@@ -392,10 +398,10 @@ class StatsAccumulator:
             raise ValueError("no rows to compute statistics from")
         return DatasetStats(
             rows=self.rows,
-            positives=self.positives[self.labels[0]],
+            positives=self.positives[self.labels[0]].value,
             fields={name: c.finish() for name, c in self.counters.items()},
-            label_positives=self.positives,
-            parent_positives=self.on_parent,
+            label_positives={name: s.value for name, s in self.positives.items()},
+            parent_positives={name: s.value for name, s in self.on_parent.items()},
         )
 
 

@@ -1,8 +1,9 @@
 """Dataset statistics as a job of tasks (``features.tasks``): each task accumulates the
 statistics of one part of the data (``features.stats.StatsAccumulator``) and the parts are
-merged along one fixed tree over the input order (``TaskRunner.map_reduce``; on a cluster, on
-the workers), so every runner gives the same ``DatasetStats`` and no more than a few parts'
-counts are held at once.
+merged in input order (``TaskRunner.map_reduce``: folded one by one in this process, along a
+tree on a cluster's workers). Every grouping of the merges gives the same ``DatasetStats``, so
+every runner does, and this process holds two parts' statistics at once however many parts
+there are.
 
 * ``shard_stats``: Parquet shards (training reads these), cut into row-group parts
   (``features.partitions.shard_parts``); the numeric fields' sample keys are the rows' indices
@@ -12,8 +13,9 @@ counts are held at once.
   rows replayed in input order through one ``max_bad_rows`` budget as ``stitchrec convert``
   does; a chunk's rows are keyed by their position in the chunk (row stream: the chunk).
 
-Merged moments add the parts' float64 sums along that tree: the same on every runner, and within
-rounding of one pass over the rows.
+Merged moments add the parts' float64 sums exactly (``features.exact_sum``), rounding once at
+the end: the same in every grouping, and within rounding of one pass over the rows (whose
+batches' sums are added the same way).
 """
 
 from __future__ import annotations

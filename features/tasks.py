@@ -63,10 +63,12 @@ class TaskRunner(Protocol):
         shared: Any = None,
         label: str = "",
     ) -> R:
-        """``fn`` over ``items`` (as ``map``), the results combined by ``merge`` along the
-        tree ``reduce_split`` gives for ``len(items)`` (the same tree on every runner, so a merge
-        that is not associative in float arithmetic still gives the same result): no more than
-        a few results are held at once. ``merge(a, b)`` may consume ``a``."""
+        """``fn`` over ``items`` (as ``map``), the results combined by ``merge``: no more than
+        a few results are held at once. ``merge(a, b)`` may consume ``a``; ``a`` holds items
+        before ``b``'s, so order-keeping merges (list concatenation) keep item order. Runners
+        group the merges differently (the local runner folds in item order; Dask merges along
+        ``reduce_split``'s tree on the workers), so ``merge`` must give the same result in any
+        grouping: exact, not float-rounded, sums (``features.exact_sum``)."""
         ...
 
     def describe(self) -> str:
@@ -102,19 +104,13 @@ class LocalRunner:
         label: str = "",
     ) -> R:
         del label
-
-        def one(i: int) -> R:
-            return fn(items[i]) if shared is None else fn(items[i], shared)
-
-        def reduce(lo: int, hi: int) -> R:  # depth first: log2(n) results held at most
-            if hi - lo == 1:
-                return one(lo)
-            mid = reduce_split(lo, hi)
-            return merge(reduce(lo, mid), reduce(mid, hi))
-
         if not items:
             raise ValueError("map_reduce needs at least one item")
-        return reduce(0, len(items))
+        results = (fn(item) if shared is None else fn(item, shared) for item in items)
+        total = next(results)
+        for result in results:  # two results held at once, however many tasks
+            total = merge(total, result)
+        return total
 
     def describe(self) -> str:
         return "local (this process)"

@@ -25,6 +25,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -45,11 +46,14 @@ class DaskRunner:
 
     name = "dask"
 
-    def __init__(self, client: Any, retries: int, where: str, no_workers_s: float) -> None:
+    def __init__(
+        self, client: Any, retries: int, where: str, no_workers_s: float, poll_s: float = POLL_S
+    ) -> None:
         self.client = client
         self.retries = retries
         self.where = where
         self.no_workers_s = no_workers_s
+        self.poll_s = poll_s
 
     def _submit(
         self, fn: Callable[..., Any], items: Sequence[Any], shared: Any, name: str
@@ -136,14 +140,17 @@ class DaskRunner:
             ) from None
 
     def _wait(self, future: Any, label: str, what: str) -> Any:
-        """``future.result()``, checking every ``POLL_S`` that the cluster has a worker: after
-        ``no_workers_s`` without any, a ``JobError``."""
+        """``future.result()`` once the future is done on the cluster, checking every
+        ``poll_s`` that the cluster has a worker: after ``no_workers_s`` without any, a
+        ``JobError``. The waiting never times out a transfer: ``result(timeout=...)`` would
+        abandon a result still on its way (a large one takes seconds) and fetch it again from
+        the start on the next call, forever."""
+        done = threading.Event()
+        future.add_done_callback(lambda _: done.set())  # done, failed or cancelled
         alone_since = None
         while True:
-            try:
-                return future.result(timeout=POLL_S)
-            except TimeoutError:
-                pass
+            if done.wait(self.poll_s):
+                return future.result()
             if self.client.scheduler_info().get("workers"):
                 alone_since = None
                 continue

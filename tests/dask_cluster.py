@@ -15,6 +15,7 @@ from pathlib import Path
 from distributed import Client, get_worker
 
 ROOT = Path(__file__).resolve().parents[1]
+BLOCK_BYTES = 64 << 20  # block_of's result
 STOP_WAIT_S = 5.0
 
 
@@ -125,3 +126,12 @@ def logged_merge(a: tuple[str, list[int]], b: tuple[str, list[int]]) -> tuple[st
     with open(a[0], "a") as f:
         f.write(f"{len(get_worker().data)}\n")
     return a[0], a[1] + b[1]
+
+
+def block_of(i: int) -> bytes:
+    """A task whose result is ``BLOCK_BYTES`` bytes: a transfer of a tenth of a second or more."""
+    return bytes([i % 256]) * BLOCK_BYTES
+
+
+def join_blocks(a: bytes, b: bytes) -> bytes:
+    return a + b

@@ -15,7 +15,7 @@ from features.read_report import DataError, ReadReport
 from features.readers import read_batches
 from features.schema import schema_from_dict
 from features.shard_reader import iter_record_batches
-from features.stats import compute_stats
+from features.stats import StatsAccumulator, compute_stats
 from features.stats_job import raw_stats, shard_stats
 
 FIELDS = [
@@ -68,6 +68,31 @@ def test_shard_stats_do_not_depend_on_the_parts_and_equal_one_pass(tmp_path):
     assert math.isclose(one["x"].mean, cut["x"].mean, rel_tol=1e-12)
     assert math.isclose(one["x"].std, cut["x"].std, rel_tol=1e-12)
     assert (one.rows, one.positives) == (cut.rows, cut.positives) == (12_000, one.positives)
+
+
+def test_merged_statistics_do_not_depend_on_how_the_merges_are_grouped():
+    """Float sums merged in another grouping round differently ((0.1 + 0.2) + 0.3 is not
+    0.1 + (0.2 + 0.3)); the statistics add them exactly, so a fold in this process and a tree
+    on a cluster's workers give the same mean, std and positives, bit for bit."""
+
+    def part(x: float, y: float) -> StatsAccumulator:
+        acc = StatsAccumulator(PARQUET, sample_size=4)
+        batch = pa.record_batch(
+            {"y": pa.array([y], pa.float64()), "a": ["v"], "x": pa.array([x], pa.float64())}
+        )
+        acc.update(batch)
+        return acc
+
+    values = [(0.1, 0.1), (0.2, 0.2), (0.3, 0.3)]
+    left = [part(*v) for v in values]
+    left[0].merge(left[1])  # (0 1) 2
+    left[0].merge(left[2])
+    right = [part(*v) for v in values]
+    right[1].merge(right[2])  # 0 (1 2)
+    right[0].merge(right[1])
+    a, b = left[0].finish(), right[0].finish()
+    assert (a["x"].mean, a["x"].std, a.positives) == (b["x"].mean, b["x"].std, b.positives)
+    assert a["x"].mean == 0.6 / 3 and a.positives == 0.6  # the correctly rounded sum
 
 
 def test_raw_stats_of_chunks_count_like_one_read_and_fail_like_it(tmp_path):

@@ -1,4 +1,4 @@
-"""The in-process task runner: results in task order, merges along one fixed tree holding few
+"""The in-process task runner: results in task order, merges folded in task order holding two
 results, balanced task groups and atomic task outputs."""
 
 from __future__ import annotations
@@ -12,8 +12,11 @@ def test_map_keeps_task_order_and_passes_the_shared_object():
     assert LocalRunner().map(divmod, [7, 9], shared=4) == [(1, 3), (2, 1)]
 
 
-def test_map_reduce_merges_along_one_tree_holding_few_results():
+def test_the_merge_tree_of_a_cluster_splits_after_a_power_of_two():
     assert [reduce_split(0, n) for n in (2, 3, 4, 5, 8, 9)] == [1, 2, 2, 4, 4, 8]
+
+
+def test_map_reduce_folds_in_task_order_holding_two_results():
     held, peak = [0], [0]
 
     def leaf(i: int) -> str:
@@ -25,8 +28,8 @@ def test_map_reduce_merges_along_one_tree_holding_few_results():
         held[0] -= 1
         return f"({a}{b})"
 
-    assert LocalRunner().map_reduce(leaf, list(range(7)), merge) == "(((01)(23))((45)6))"
-    assert peak[0] <= 4  # depth first: at most log2(n) + 1 results wait for their merge
+    assert LocalRunner().map_reduce(leaf, list(range(7)), merge) == "((((((01)2)3)4)5)6)"
+    assert peak[0] == 2  # the running result and the task's, however many tasks
     with pytest.raises(ValueError, match="at least one item"):
         LocalRunner().map_reduce(leaf, [], merge)
 

@@ -29,9 +29,18 @@ from features.tasks import JobError, LocalRunner
 from features.tfrecord.convert import parquet_to_tfrecord
 from pipelines import cli
 from pipelines.config_sections import ConfigError, EngineConfig
-from pipelines.engines import open_runner
+from pipelines.engines import DaskRunner, open_runner
 from serving.testing import SCHEMA, reference_score, write_linear_model
-from tests.dask_cluster import ROOT, exit_process, logged_merge, logged_task, start_cluster
+from tests.dask_cluster import (
+    BLOCK_BYTES,
+    ROOT,
+    block_of,
+    exit_process,
+    join_blocks,
+    logged_merge,
+    logged_task,
+    start_cluster,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -281,6 +290,29 @@ def test_a_job_on_a_cluster_without_workers_fails_after_the_wait(tmp_path):
 def test_no_workers_seconds_must_be_a_positive_number(value):
     with pytest.raises(ConfigError, match=r"\[engine\] no_workers_seconds must be a number of "):
         EngineConfig("dask", no_workers_seconds=value)
+
+
+def test_a_result_that_takes_longer_than_a_poll_to_arrive_arrives(cluster):
+    """The runner checks for workers every ``poll_s`` while it waits; a result whose transfer
+    takes longer than that (here 128 MiB against 50 ms; a large job's statistics take seconds
+    against the default 1 s) is fetched once, not abandoned and fetched again forever."""
+    import distributed
+
+    client = distributed.Client(cluster.address, timeout="10s", set_as_default=False)
+    runner = DaskRunner(client, 0, cluster.address, 60.0, poll_s=0.05)
+    got: list[bytes] = []
+    try:
+        worker = threading.Thread(
+            target=lambda: got.append(runner.map_reduce(block_of, [1, 2], join_blocks)),
+            daemon=True,
+        )
+        worker.start()
+        worker.join(60)
+        assert got, "the result never arrived"
+        assert got[0] == bytes([1]) * BLOCK_BYTES + bytes([2]) * BLOCK_BYTES
+        assert runner.map(block_of, [3]) == [bytes([3]) * BLOCK_BYTES]
+    finally:
+        client.close()
 
 
 def test_map_reduce_on_a_cluster_frees_what_it_merged(cluster, tmp_path):
