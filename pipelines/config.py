@@ -220,10 +220,11 @@ def config_from_dict(
     if "mlp" in model:
         model["mlp"] = tuple(model["mlp"])
     train = _table(data, "train", where) or {}
-    if train.get("optimizer") == "lbfgs" and model.get("type") != "lr":
+    if train.get("optimizer") in ("lbfgs", "auto") and model.get("type") != "lr":
         raise ConfigError(
-            f"{where} [train] optimizer = 'lbfgs' fits a logistic regression exactly: it needs "
-            f"[model] type = 'lr', got {model.get('type', 'dcn_v2')!r}"
+            f"{where} [train] optimizer = {train['optimizer']!r} fits a logistic regression "
+            f"exactly (auto: where it can): it needs [model] type = 'lr', got "
+            f"{model.get('type', 'dcn_v2')!r}"
         )
     if model.get("type") == "lr":
         train = {**linear_train_defaults(train, d, "distribute" in data), **train}
@@ -255,13 +256,15 @@ def linear_train_defaults(
     """The ``[train]`` defaults of a ``type = "lr"`` config with these ``[train]`` / ``[data]``
     tables (a key the file sets wins over them).
 
-    Empty when the file sets ``optimizer`` or ``learning_rate``: an explicit optimizer or rate
-    is never reinterpreted. Otherwise ``LINEAR_TRAIN_DEFAULTS``, and ``epochs =
-    LINEAR_EPOCHS_BOUND`` when early stopping ends the run: a validation split (``[data]
-    validation`` files or ``validation_fraction`` > 0, default 0.1), ``early_stopping`` not
-    false and no ``[distribute]`` section (whose runs do not select on validation).
+    Empty when the file sets ``learning_rate``, or an ``optimizer`` other than ``auto`` and
+    ``ftrl``: an explicit rate, or another optimizer's, is never reinterpreted. Otherwise
+    ``LINEAR_TRAIN_DEFAULTS`` (``optimizer = "auto"`` and FTRL's rate and batch size), and
+    ``epochs = LINEAR_EPOCHS_BOUND`` when early stopping ends the run: a validation split
+    (``[data] validation`` files or ``validation_fraction`` > 0, default 0.1),
+    ``early_stopping`` not false and no ``[distribute]`` section (whose runs do not select on
+    validation).
     """
-    if "optimizer" in train or "learning_rate" in train:
+    if "learning_rate" in train or train.get("optimizer", "auto") not in ("auto", "ftrl"):
         return {}
     stops = _validation_ends_run(train, data, distributed)
     return {**LINEAR_TRAIN_DEFAULTS, **({"epochs": LINEAR_EPOCHS_BOUND} if stops else {})}

@@ -8,14 +8,17 @@ from typing import Any
 
 from pipelines.config_sections import ConfigError
 
-_OPTIMIZERS = ("adam", "adagrad", "ftrl", "sgd", "lbfgs")
+_OPTIMIZERS = ("adam", "adagrad", "ftrl", "sgd", "lbfgs", "auto")
 #: ``[train] lbfgs_c``'s default: scikit-learn's ``C`` values the L-BFGS path fits
 #: (``pipelines.run.lbfgs``).
 LBFGS_C_PATH = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
 #: ``[train]`` values a ``type = "lr"`` model gets when its config file sets neither
 #: ``optimizer`` nor ``learning_rate`` (each only where the file does not set it); measured in
 #: docs/training.md#the-logistic-regression-baseline.
-LINEAR_TRAIN_DEFAULTS = {"optimizer": "ftrl", "learning_rate": 0.1, "batch_size": 256}
+LINEAR_TRAIN_DEFAULTS = {"optimizer": "auto", "learning_rate": 0.1, "batch_size": 256}
+#: ``optimizer = "auto"`` fits exactly (``lbfgs``) up to this many training rows, where the
+#: fit's time and memory (about 470 bytes a row for 39 fields) stay small; FTRL above it.
+EXACT_FIT_ROWS = 250_000
 #: ``[train] epochs`` of those configs when early stopping ends the run (a validation split and
 #: ``early_stopping`` not false): an upper bound, not the usual single epoch.
 LINEAR_EPOCHS_BOUND = 60
@@ -44,15 +47,16 @@ class TrainConfig:
       batch_size, epochs, learning_rate: as usual. A config file that does not set ``epochs``
         and whose run ends by validation (early stopping or an ensemble's saturation; see
         ``pipelines.config._validation_ends_run``) gets ``EPOCHS_BOUND`` (20) as its upper bound.
-      optimizer: ``adam``, ``adagrad``, ``ftrl`` or ``sgd``. In a config file with ``[model]
-        type = "lr"`` that sets neither ``optimizer`` nor ``learning_rate``, they (and
-        ``batch_size``, ``epochs`` where not set) are ``pipelines.config.linear_train_defaults``'s
-        (``ftrl`` at 0.1, batch 256, at most 60 epochs with early stopping; docs/training.md).
-        ``lbfgs``
-        (``type = "lr"`` only, one process): the exact minimizer of the log loss plus scikit-
-        learn's L2 penalty for each ``C`` of ``lbfgs_c``, the best chosen on validation
-        (``pipelines.run.lbfgs``); ``batch_size``, ``epochs`` and ``learning_rate`` do not
-        apply.
+      optimizer: ``adam``, ``adagrad``, ``ftrl`` or ``sgd``. ``lbfgs`` (``type = "lr"``
+        only, one process): the exact minimizer of the log loss plus scikit-learn's L2 penalty
+        for each ``C`` of ``lbfgs_c``, the best chosen on validation (``pipelines.run.lbfgs``);
+        ``batch_size``, ``epochs`` and ``learning_rate`` do not apply. ``auto`` (``type =
+        "lr"`` only): ``lbfgs`` where the run allows it and has at most ``EXACT_FIT_ROWS``
+        training rows, else ``ftrl`` (``pipelines.run.lbfgs.choose_optimizer``; the run's log
+        and report say which and why). In a config file with ``type = "lr"`` that sets neither
+        ``optimizer`` nor ``learning_rate``, they (and ``batch_size``, ``epochs`` where not set)
+        are ``pipelines.config.linear_train_defaults``'s (``auto``; FTRL's at 0.1, batch 256,
+        at most 60 epochs with early stopping; docs/training.md).
       seed: model initialization and data order.
       checkpoint_every: steps between checkpoints (and at every epoch end).
       log_every: steps between progress lines and TensorBoard scalars.

@@ -167,10 +167,13 @@ def day_config(opts: DailyOptions, run_dir: Path | None, previous: Path | None) 
     elif opts.runs is not None:  # the config may leave output_dir out
         lines.append(f"output_dir={json.dumps(str(Path(opts.runs).resolve()))}")
     cfg = load_config(opts.config, lines)
-    # The day continues the previous day's run by value (pipelines.run.continuation).
-    return dataclasses.replace(
-        cfg, train=dataclasses.replace(cfg.train, continue_from=str(previous) if previous else "")
+    # The day continues the previous day's run by value (pipelines.run.continuation), so every
+    # day trains stochastically: ``auto`` (a linear model's default) is FTRL, the first day too.
+    optimizer = "ftrl" if cfg.train.optimizer == "auto" else cfg.train.optimizer
+    train = dataclasses.replace(
+        cfg.train, optimizer=optimizer, continue_from=str(previous) if previous else ""
     )
+    return dataclasses.replace(cfg, train=train)
 
 
 def run_daily(opts: DailyOptions, log: Log = print) -> dict[str, Any]:

@@ -208,9 +208,8 @@ def fit(
         raise ValueError(f"patience must be >= 1 with valid_files, got {patience}")
     tc = cfg.train
     pr = cfg.preranking or PrerankConfig()
-    optimizer = make_optimizer(
-        tc.optimizer, tc.learning_rate if learning_rate is None else learning_rate
-    )
+    name = "ftrl" if tc.optimizer == "auto" else tc.optimizer  # the stages train in steps
+    optimizer = make_optimizer(name, tc.learning_rate if learning_rate is None else learning_rate)
     gate_optimizer = tf.keras.optimizers.Adam(pr.selection_learning_rate)
     spec = make_dataset(schema, files, batch_size=tc.batch_size).element_spec
     gates = model.selection.trainable_variables if isinstance(model, FSCDRankingModel) else []

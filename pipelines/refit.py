@@ -35,6 +35,7 @@ from pathlib import Path
 from pipelines.config import DataConfig, PipelineConfig, TrainConfig, load_config
 from pipelines.errors import UsageError
 from pipelines.run.data import prepare_data
+from pipelines.run.model import trained_optimizer
 from pipelines.run.paths import RunPaths
 from pipelines.run_commands import train_and_report
 
@@ -80,7 +81,8 @@ def refit_config(
             f"--run {str(run)!r}: the run has no validation rows to refit on ([data] "
             f"validation_fraction = 0 and no validation files)"
         )
-    exact = cfg.train.optimizer == "lbfgs"
+    trained = trained_optimizer(cfg, paths)  # ``auto``: the one it chose
+    exact = trained == "lbfgs"
     if exact and learning_rate is not None:
         raise UsageError(
             f"--run {str(run)!r} was fitted by L-BFGS (no learning rate): leave out --learning-rate"
@@ -104,10 +106,16 @@ def refit_config(
     seed = cfg.train.seed if seed is None else seed
     if exact:
         tc = dataclasses.replace(
-            cfg.train, lbfgs_c=(_selected_c(run, paths),), early_stopping=None, seed=seed
+            cfg.train,
+            optimizer=trained,
+            lbfgs_c=(_selected_c(run, paths),),
+            early_stopping=None,
+            seed=seed,
         )
     else:
-        tc = _continued(cfg.train, run, epochs, seed, learning_rate)
+        tc = _continued(
+            dataclasses.replace(cfg.train, optimizer=trained), run, epochs, seed, learning_rate
+        )
     return dataclasses.replace(cfg, output_dir=str(out), data=data, train=tc)
 
 

@@ -41,7 +41,7 @@ import tensorflow as tf
 
 from features.dataset import count_rows, make_dataset
 from pipelines import distribute
-from pipelines.config import ConfigError, PipelineConfig, VocabConfig, load_config
+from pipelines.config import ConfigError, PipelineConfig, TrainConfig, VocabConfig, load_config
 from pipelines.engines import open_runner
 from pipelines.preranking import run_preranking
 from pipelines.run import lbfgs
@@ -101,8 +101,15 @@ def _train(cfg: PipelineConfig, log: Log) -> dict[str, Any]:
     tc, paths, schema = cfg.train, run.paths, run.schema
     _check_needs_validation(run)
     rows = count_rows(run.train_files)
+    auto = tc.optimizer == "auto"
+    if auto:
+        tc = _choose_optimizer(run, rows)
     if tc.optimizer == "lbfgs":
-        return _train_lbfgs(run, stats, gpus, rows)
+        report = _train_lbfgs(run, stats, gpus, rows, fall_back=auto)
+        if report is not None:
+            return report
+        tc = _use_optimizer(run, "ftrl")
+    cfg = run.cfg
     steps_per_epoch, total_steps = _steps(dist, tc, rows)
     run.schedule = run_schedule(tc, steps_per_epoch, total_steps)
     lr = run_learning_rate(run.schedule[0], tc.learning_rate, total_steps, run.schedule[1])
@@ -167,9 +174,27 @@ def _train(cfg: PipelineConfig, log: Log) -> dict[str, Any]:
     return report
 
 
-def _train_lbfgs(run: Run, stats: Any, gpus: list, rows: int) -> dict[str, Any]:
+def _choose_optimizer(run: Run, rows: int) -> TrainConfig:
+    """``[train] optimizer = "auto"``: the run's optimizer chosen (``lbfgs.choose_optimizer``)
+    and logged; the run's config holds it from here on (its config.toml keeps ``auto``)."""
+    name, why = lbfgs.choose_optimizer(
+        run.cfg, rows, distributed=run.dist.active, validation=bool(run.validation_files)
+    )
+    fit = "the exact fit" if name == "lbfgs" else "stochastic"
+    run.log(f"optimizer auto: {name} ({fit}: {why})")
+    return _use_optimizer(run, name)
+
+
+def _use_optimizer(run: Run, name: str) -> TrainConfig:
+    run.cfg = dataclasses.replace(run.cfg, train=dataclasses.replace(run.cfg.train, optimizer=name))
+    return run.cfg.train
+
+
+def _train_lbfgs(run: Run, stats: Any, gpus: list, rows: int, fall_back: bool = False) -> Any:
     """``[train] optimizer = "lbfgs"``: the regularization path of ``pipelines.run.lbfgs`` as
-    the run's epochs, the selected fit tested and reported like any run."""
+    the run's epochs, the selected fit tested and reported like any run. ``fall_back`` (the
+    choice of ``auto``): None, logged, where the model has more to train than the wide term
+    and bias, instead of a ``ConfigError``."""
     cfg, paths, dist, log = run.cfg, run.paths, run.dist, run.log
     if dist.active:
         raise ConfigError(
@@ -188,6 +213,9 @@ def _train_lbfgs(run: Run, stats: Any, gpus: list, rows: int) -> dict[str, Any]:
     try:
         lbfgs.check_linear(model)
     except ValueError as e:
+        if fall_back:
+            log(f"optimizer auto: ftrl (stochastic: {e})")
+            return None
         raise ConfigError(str(e)) from None
     paths.model_json.write_text(json.dumps(tf.keras.layers.serialize(model)))
     state = restore_state(run, model, None, _selection(run), 1)
@@ -243,6 +271,7 @@ def _report(
     tc = run.cfg.train
     report = {
         "model": model.name,
+        "optimizer": tc.optimizer,  # what trained the run (``auto``: its choice)
         "train_rows": rows,
         "validation_rows": count_rows(run.validation_files) if run.validation_files else 0,
         "test_rows": count_rows(run.test_files) if run.test_files else 0,

@@ -189,3 +189,23 @@ def write_split_problem(
         "train": root / "train",
         "test": root / "test",
     }
+
+
+def write_categorical_problem(root: Path, rows: int = 5000, seed: int = 5) -> dict[str, Path]:
+    """``write_split_problem`` of two categorical fields ``a`` and ``b`` (``b`` with rare values)
+    and a planted linear logit: ``rows`` rows, four fifths of them for training."""
+    rng = np.random.default_rng(seed)
+    a = rng.integers(0, 40, rows)
+    b = np.minimum(rng.geometric(0.15, rows), 25)
+    wa, wb = rng.normal(0, 0.9, 40), rng.normal(0, 0.6, 26)
+    logit = -0.6 + wa[a] + wb[b]
+    label = (rng.random(rows) < 1 / (1 + np.exp(-logit))).astype(np.float32)
+    table = pa.table(
+        {
+            "a": pa.array([f"a{v}" for v in a]),
+            "b": pa.array([f"b{v}" for v in b]),
+            "label": pa.array(label),
+        }
+    )
+    kinds = {"a": "categorical", "b": "categorical", "label": "label"}
+    return write_split_problem(root, table, kinds, rows * 4 // 5)

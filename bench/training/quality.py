@@ -10,10 +10,11 @@ on the validation rows only and scored once on the test rows:
 
 StitchRec recipes (``--methods``): a config of ``[data]`` and ``[model] type`` only, every
 other key at its default (docs/training.md#defaults: batch 256, at most 20 epochs ended by early
-stopping on the validation split; ``lr``: FTRL, at most 60), and ``--epochs`` when given:
+stopping on the validation split; ``lr``: ``optimizer = "auto"``), and ``--epochs`` when given:
 
-- ``lr``: ``type = "lr"``; ``lr_lbfgs``: the same with ``optimizer = "lbfgs"`` (its default
-  ``lbfgs_c`` path);
+- ``lr``: ``type = "lr"`` (the exact fit up to 250,000 training rows, else FTRL at most 60
+  epochs); ``lr_ftrl``: the same with ``optimizer = "ftrl"`` (FTRL's defaults);
+  ``lr_lbfgs``: with ``optimizer = "lbfgs"`` (its default ``lbfgs_c`` path);
 - ``dcn``: ``type = "dcn_v2"`` (with the defaults' weight average and learning rate 3e-3);
 - ``dcn_plain``: the same with ``weight_average = "none"`` (and so Adam's 1e-3);
 - ``fm``, ``dnn``, ``fm_plain``, ``dnn_plain``: the same for those model types;
@@ -93,8 +94,8 @@ def method_config(method: str, data: dict, out: Path, seed: int, epochs: int) ->
         tc["weight_average"] = "none"
     if method.endswith("_wide"):
         model["wide"] = True
-    if method == "lr_lbfgs":  # the exact fit along the C path, chosen on validation
-        tc["optimizer"] = "lbfgs"
+    if method in ("lr_lbfgs", "lr_ftrl"):  # lbfgs: the exact fit along the C path
+        tc["optimizer"] = method.removeprefix("lr_")
     return config_from_dict(
         {"output_dir": str(out), "data": data, "model": model, "train": tc}, base_dir=REPO
     )

@@ -44,9 +44,9 @@ from embeddings.full import FullEmbedding
 from embeddings.qr import QREmbedding
 from features.schema import Schema
 from features.stats import DatasetStats
-from pipelines.config import load_config
+from pipelines.config import ConfigError, load_config
 from pipelines.config_train import NEW_ROWS
-from pipelines.run.model import BEST_DIR, load_trained_model, make_optimizer
+from pipelines.run.model import BEST_DIR, load_trained_model, make_optimizer, trained_optimizer
 from pipelines.run.paths import Log, RunPaths
 from ranking.multitask import MultiTaskModel
 
@@ -111,22 +111,29 @@ def load_previous(run_dir: str | Path, log: Log) -> Previous:
 
     Raises:
       FileNotFoundError: ``run_dir`` is not a run with a checkpoint.
-      ValueError: the run trained with fused tables, or its checkpoint holds no optimizer.
+      ConfigError: the run trained with fused tables or by L-BFGS, or its checkpoint holds no
+        optimizer state (a config naming a run that cannot be continued).
     """
     paths = RunPaths(Path(run_dir))
     if table_fusion.run_has_fused_tables(paths.checkpoints):
-        raise ValueError(
+        raise ConfigError(
             f"continue_from {str(run_dir)!r}: the run trained with [fusion] tables = true; its "
             "optimizer state belongs to the fused tables (continue from a run without it)"
         )
     model, schema, ckpt = load_trained_model(run_dir)
     cfg = load_config(paths.config)
-    optimizer = make_optimizer(cfg.train.optimizer, cfg.train.learning_rate)
+    name = trained_optimizer(cfg, paths)
+    if name == "lbfgs":
+        raise ConfigError(
+            f"continue_from {str(run_dir)!r}: the run was fitted exactly by L-BFGS and has no "
+            "optimizer state to continue; continue a run trained with optimizer = 'ftrl'"
+        )
+    optimizer = make_optimizer(name, cfg.train.learning_rate)
     optimizer.build(model.trainable_variables)
     opt_ckpt = _optimizer_checkpoint(paths, ckpt, log)
     names = {name for name, _ in tf.train.list_variables(opt_ckpt)}
     if not any(n.startswith("optimizer/") for n in names):
-        raise ValueError(f"continue_from {str(run_dir)!r}: {opt_ckpt} holds no optimizer state")
+        raise ConfigError(f"continue_from {str(run_dir)!r}: {opt_ckpt} holds no optimizer state")
     tf.train.Checkpoint(optimizer=optimizer).read(opt_ckpt).expect_partial()
     stats = DatasetStats.load(paths.stats)
     bh_codes = cfg.model.bh_codes()

@@ -41,6 +41,7 @@ import tensorflow as tf
 
 from embeddings.full import FullEmbedding
 from embeddings.hashing import HashingEmbedding
+from pipelines.config_train import EXACT_FIT_ROWS
 from pipelines.run.loop import TrainLoop
 
 #: embedding layers that read one table row per id (``row_index``): a linear map of the table
@@ -251,6 +252,33 @@ def preprocess(model: tf.keras.Model, make: Any) -> list[tuple[Any, Any, tf.Tens
         (*model.preprocessed(features), model.labels_of(features))
         for features in make(batch_size=BATCH_ROWS, shuffle=False)
     ]
+
+
+def choose_optimizer(
+    cfg: Any, rows: int, *, distributed: bool, validation: bool
+) -> tuple[str, str]:
+    """``[train] optimizer = "auto"`` of a ``type = "lr"`` run with ``rows`` training rows:
+    ``("lbfgs", why)`` where the exact fit applies, else ``("ftrl", the first reason it does
+    not)``. ``distributed``: a distribution strategy trains the run; ``validation``: it has a
+    validation split. The model's own check (``check_linear``) comes after this choice."""
+    tc, mc = cfg.train, cfg.model
+    blockers = (
+        (distributed, "a distribution strategy trains it"),
+        (cfg.fusion is not None, "[fusion] is set"),
+        (bool(tc.continue_from), "it continues a run (continue_from)"),
+        (bool(tc.warm_start), "warm_start is set"),
+        (tc.lr_schedule != "constant", f"lr_schedule = {tc.lr_schedule!r}"),
+        (tc.ensemble != "none", f"ensemble = {tc.ensemble!r}"),
+        (tc.weight_average != "none", f"weight_average = {tc.weight_average!r}"),
+        (tc.max_steps > 0, f"max_steps = {tc.max_steps}"),
+        (bool(mc.l2_wide or mc.l1_wide), "[model] l2_wide or l1_wide is set"),
+        (len(tc.lbfgs_c) > 1 and not validation, "no validation split to choose C on"),
+        (rows > EXACT_FIT_ROWS, f"{rows:,} training rows > {EXACT_FIT_ROWS:,}"),
+    )
+    for blocked, why in blockers:
+        if blocked:
+            return "ftrl", why
+    return "lbfgs", f"{rows:,} training rows <= {EXACT_FIT_ROWS:,}"
 
 
 def check_linear(model: tf.keras.Model) -> None:

@@ -334,6 +334,15 @@ def selected_checkpoint(checkpoints: Path) -> str | None:
     return best or tf.train.latest_checkpoint(str(checkpoints))
 
 
+def trained_optimizer(cfg: PipelineConfig, paths: RunPaths) -> str:
+    """The ``[train] optimizer`` that trained the run of ``cfg`` in ``paths``: ``auto``'s
+    choice as its ``train_report.json`` records it (``ftrl`` for a run without one)."""
+    if cfg.train.optimizer != "auto":
+        return cfg.train.optimizer
+    report = json.loads(paths.report.read_text()) if paths.report.is_file() else {}
+    return str(report.get("optimizer", "ftrl"))
+
+
 def load_trained_model(run_dir: str | Path) -> tuple[RankingModel, Schema, str]:
     """Rebuilds the run's model from ``model.json`` and restores its selected checkpoint (the
     best validation checkpoint when the run kept one, else the latest: ``selected_checkpoint``).

@@ -21,26 +21,7 @@ from pipelines.run.loop import Run
 from pipelines.run.model import load_trained_model
 from pipelines.run.scoring import evaluate_model, make_scorer
 from pipelines.train import train
-from tests.testdata import NO_VALIDATION, write_run_config, write_split_problem
-
-
-def _categorical_problem(root: Path, rows: int = 5000, seed: int = 5) -> dict[str, Path]:
-    """Two categorical fields (one with rare values) and a planted linear logit."""
-    rng = np.random.default_rng(seed)
-    a = rng.integers(0, 40, rows)
-    b = np.minimum(rng.geometric(0.15, rows), 25)
-    wa, wb = rng.normal(0, 0.9, 40), rng.normal(0, 0.6, 26)
-    logit = -0.6 + wa[a] + wb[b]
-    label = (rng.random(rows) < 1 / (1 + np.exp(-logit))).astype(np.float32)
-    table = pa.table(
-        {
-            "a": pa.array([f"a{v}" for v in a]),
-            "b": pa.array([f"b{v}" for v in b]),
-            "label": pa.array(label),
-        }
-    )
-    kinds = {"a": "categorical", "b": "categorical", "label": "label"}
-    return write_split_problem(root, table, kinds, rows * 4 // 5)
+from tests.testdata import NO_VALIDATION, write_categorical_problem, write_run_config
 
 
 def _config(data, out, data_extra=NO_VALIDATION, model=None, **train_keys):
@@ -56,7 +37,7 @@ def _quiet(_: str) -> None:
 
 def test_one_c_fits_scikit_learns_logistic_regression(tmp_path):
     # the same objective on the same one-hot ids: the test probabilities agree to 1e-4
-    data = _categorical_problem(tmp_path)
+    data = write_categorical_problem(tmp_path)
     report = train(load_config(_config(data, tmp_path / "run", lbfgs_c=[0.05])), log=_quiet)
     tr, te = (pq.read_table(data[k]).to_pandas() for k in ("train", "test"))
     enc = OneHotEncoder(handle_unknown="ignore").fit(tr[["a", "b"]])
@@ -105,7 +86,7 @@ def test_both_forms_compute_the_objective_and_its_gradient(tiny_data):
 
 def test_a_compressed_wide_table_is_fitted_by_the_graph_form(tmp_path):
     # a QR table is not one row per id: the graph form fits it, to a converged fit
-    data = _categorical_problem(tmp_path)
+    data = write_categorical_problem(tmp_path)
     model = {"embedding_method": "qr", "compress_min_rows": 1, "embedding_compression": 2.0}
     cfg = load_config(_config(data, tmp_path / "qr", model=model, lbfgs_c=[0.05]))
     report = train(cfg, log=_quiet)
@@ -116,7 +97,7 @@ def test_a_compressed_wide_table_is_fitted_by_the_graph_form(tmp_path):
 
 
 def test_the_path_is_chosen_on_validation_and_the_best_fit_is_exported(tmp_path):
-    data = _categorical_problem(tmp_path)
+    data = write_categorical_problem(tmp_path)
     path = [0.001, 0.01, 0.1, 1.0, 10.0]
     cfg = load_config(
         _config(
@@ -152,7 +133,7 @@ def test_the_path_is_chosen_on_validation_and_the_best_fit_is_exported(tmp_path)
 
 
 def test_early_stopping_ends_the_path(tmp_path):
-    data = _categorical_problem(tmp_path)
+    data = write_categorical_problem(tmp_path)
     cfg = load_config(
         _config(
             data,
@@ -170,7 +151,7 @@ def test_early_stopping_ends_the_path(tmp_path):
 
 
 def test_a_resumed_path_ends_where_an_uninterrupted_one_ends(tmp_path):
-    data = _categorical_problem(tmp_path)
+    data = write_categorical_problem(tmp_path)
     common = {"data_extra": "validation_fraction = 0.2", "early_stopping": False}
     full = [0.01, 0.1, 1.0]
     straight = train(load_config(_config(data, tmp_path / "s", lbfgs_c=full, **common)), _quiet)
@@ -226,7 +207,7 @@ def _sklearn_scores(train_dirs: list[Path], test_dir: Path, c: float) -> np.ndar
 
 
 def test_refit_fits_the_selected_c_on_training_and_validation_rows(tmp_path, capsys):
-    data = _categorical_problem(tmp_path)
+    data = write_categorical_problem(tmp_path)
     cfg = _config(
         data, tmp_path / "run", data_extra="validation_fraction = 0.2", lbfgs_c=[0.01, 0.1, 1.0]
     )

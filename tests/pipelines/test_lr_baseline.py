@@ -52,7 +52,7 @@ def test_ftrl_and_adagrad_are_made_with_their_settings():
 def test_an_lr_config_without_optimizer_gets_the_linear_defaults(tiny_data):
     # _lr_config sets batch_size = 256 and no validation split: the usual single epoch
     cfg = load_config(_lr_config(tiny_data, tiny_data["root"] / "a"))
-    assert cfg.train.optimizer == LINEAR_TRAIN_DEFAULTS["optimizer"] == "ftrl"
+    assert cfg.train.optimizer == LINEAR_TRAIN_DEFAULTS["optimizer"] == "auto"
     assert cfg.train.learning_rate == LINEAR_TRAIN_DEFAULTS["learning_rate"] == 0.1
     assert cfg.train.epochs == 1
     stops = write_run_config(
@@ -64,7 +64,7 @@ def test_an_lr_config_without_optimizer_gets_the_linear_defaults(tiny_data):
         tiny_data["root"] / "o.toml", tiny_data, tiny_data["root"] / "o", {"type": "lr"}, keys
     )
     t = load_config(own).train
-    assert (t.optimizer, t.batch_size, t.epochs) == ("ftrl", 64, 3)  # a key the file sets wins
+    assert (t.optimizer, t.batch_size, t.epochs) == ("auto", 64, 3)  # a key the file sets wins
     given = load_config(_lr_config(tiny_data, tiny_data["root"] / "b", optimizer="adam"))
     assert (given.train.optimizer, given.train.learning_rate) == ("adam", 1e-3)
     # a rate given alone is the usual optimizer's (Adam), never reinterpreted for FTRL
@@ -77,7 +77,7 @@ def test_an_lr_config_without_optimizer_gets_the_linear_defaults(tiny_data):
 
 
 def test_linear_train_defaults_bound_epochs_only_where_early_stopping_ends_the_run():
-    defaults = {"optimizer": "ftrl", "learning_rate": 0.1, "batch_size": 256}
+    defaults = {"optimizer": "auto", "learning_rate": 0.1, "batch_size": 256}
     assert defaults == LINEAR_TRAIN_DEFAULTS and LINEAR_EPOCHS_BOUND == 60
     stopping = {**defaults, "epochs": 60}
     assert linear_train_defaults({}, {}, distributed=False) == stopping
@@ -85,7 +85,9 @@ def test_linear_train_defaults_bound_epochs_only_where_early_stopping_ends_the_r
     assert linear_train_defaults({}, {"validation_fraction": 0.0}, False) == defaults
     assert linear_train_defaults({"early_stopping": False}, {}, False) == defaults
     assert linear_train_defaults({}, {}, distributed=True) == defaults
-    assert linear_train_defaults({"optimizer": "ftrl"}, {}, False) == {}
+    # FTRL named: its rate and batch size still; another optimizer or a rate: nothing
+    assert linear_train_defaults({"optimizer": "ftrl"}, {}, False) == stopping
+    assert linear_train_defaults({"optimizer": "adagrad"}, {}, False) == {}
     assert linear_train_defaults({"learning_rate": 0.1}, {}, False) == {}
 
 
@@ -152,8 +154,18 @@ def _sklearn_auc(data: dict[str, Path]) -> float:
 def test_lr_with_the_linear_defaults_matches_sklearn_on_a_linear_problem(tmp_path):
     data = _linear_problem(tmp_path)
     cfg = load_config(
-        _lr_config(data, tmp_path / "run", data_extra="validation_fraction = 0.1", epochs=10)
+        _lr_config(
+            data,
+            tmp_path / "run",
+            data_extra="validation_fraction = 0.1",
+            epochs=10,
+            optimizer="ftrl",
+        )
     )
-    assert cfg.train.optimizer == "ftrl"
+    assert (cfg.train.optimizer, cfg.train.learning_rate, cfg.train.batch_size) == (
+        "ftrl",
+        0.1,
+        256,
+    )
     report = train(cfg, log=lambda _: None)
     assert report["test"]["auc"] == pytest.approx(_sklearn_auc(data), abs=0.01)
