@@ -408,7 +408,7 @@ def test_resume_guard(tmp_path):
         table_fusion.check_resume(d, enabled=True)
 
 
-def test_stitchrec_train_with_fused_tables(tmp_path):
+def test_stitchrec_train_with_fused_tables(tmp_path, capsys):
     """``[fusion] tables = true``: same seed and data as the plain run, the same test AUC; the
     export (mapped back to per-field tables) scores like the fused in-memory model."""
     from pipelines import cli
@@ -482,6 +482,17 @@ def test_stitchrec_train_with_fused_tables(tmp_path):
     unfused = load_config(cfgs[True], overrides=["fusion.tables=false"])
     with pytest.raises(ValueError, match="written with fused tables"):
         train(unfused, log=lambda _: None)
+    # continuing the fused run is a config error: one line from the CLI, not a traceback
+    cont = write_run_config(
+        tmp_path / "cont.toml",
+        data,
+        tmp_path / "cont",
+        model_cfg,
+        {**opts, "continue_from": str(run.root)},
+    )
+    assert cli.main(["train", "--config", str(cont)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "the run trained with [fusion] tables = true" in err[0]
 
 
 def test_lane_only_and_rest_only_groups():
