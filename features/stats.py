@@ -180,6 +180,12 @@ class _CategoricalCounter:
             self.lengths.merge(other.lengths)
         self._maybe_compact()
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Compacted first: a counter sent to another process (a task's result, a merge's)
+        carries each value once, whatever its pending parts held."""
+        self._compact()
+        return self.__dict__
+
     @property
     def held(self) -> int:
         """Value-count entries held (compacted and pending)."""

@@ -1,7 +1,7 @@
 """Dataset statistics as a job of tasks (``features.tasks``): each task accumulates the
 statistics of one part of the data (``features.stats.StatsAccumulator``) and the parts are
-merged in input order (``TaskRunner.map_reduce``: folded one by one in this process, along a
-tree on a cluster's workers). Every grouping of the merges gives the same ``DatasetStats``, so
+merged in input order (``TaskRunner.map_reduce``: folded one by one in this process, in one
+lane per worker on a cluster). Every grouping of the merges gives the same ``DatasetStats``, so
 every runner does, and this process holds two parts' statistics at once however many parts
 there are.
 

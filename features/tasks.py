@@ -66,9 +66,10 @@ class TaskRunner(Protocol):
         """``fn`` over ``items`` (as ``map``), the results combined by ``merge``: no more than
         a few results are held at once. ``merge(a, b)`` may consume ``a``; ``a`` holds items
         before ``b``'s, so order-keeping merges (list concatenation) keep item order. Runners
-        group the merges differently (the local runner folds in item order; Dask merges along
-        ``reduce_split``'s tree on the workers), so ``merge`` must give the same result in any
-        grouping: exact, not float-rounded, sums (``features.exact_sum``)."""
+        group the merges differently (the local runner folds in item order; Dask folds the
+        contiguous ``lanes`` of its workers, then the lanes' results), so ``merge`` must give
+        the same result in any grouping: exact, not float-rounded, sums
+        (``features.exact_sum``)."""
         ...
 
     def describe(self) -> str:
@@ -116,11 +117,17 @@ class LocalRunner:
         return "local (this process)"
 
 
-def reduce_split(lo: int, hi: int) -> int:
-    """Where the reduction tree of items ``[lo, hi)`` (two or more) splits them: after the
-    largest power of two below ``hi - lo``, so ``[0, n)`` always gives the same tree (the
-    pairs (0, 1), (2, 3), ..., then pairs of pairs, as a binary counter adds)."""
-    return lo + (1 << ((hi - lo - 1).bit_length() - 1))
+def lanes(n: int, count: int) -> list[tuple[int, int]]:
+    """Items ``[0, n)`` cut into ``min(count, n)`` contiguous ``(lo, hi)`` ranges of sizes
+    that differ by at most one, the larger first, in item order."""
+    count = max(1, min(count, n))
+    size, extra = divmod(n, count)
+    out, lo = [], 0
+    for k in range(count):
+        hi = lo + size + (1 if k < extra else 0)
+        out.append((lo, hi))
+        lo = hi
+    return out
 
 
 def runner_or_local(runner: TaskRunner | None) -> TaskRunner:

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from features.partitions import CHUNK_BYTES
-from features.tasks import JobError, LocalRunner, TaskRunner, reduce_split
+from features.tasks import JobError, LocalRunner, TaskRunner, lanes
 from pipelines.config_sections import EngineConfig
 from pipelines.errors import UsageError
 
@@ -92,38 +92,59 @@ class DaskRunner:
         shared: Any = None,
         label: str = "",
     ) -> R:
-        """The tasks, then their results merged on the workers along ``reduce_split``'s tree; only the
-        final result travels to this process. Only the final merge's future is kept here, so the
-        workers free each result once it is merged, and a merge runs before any task still
-        waiting (a higher Dask priority): the workers hold a few results at once, not one per
-        task. A merge is not retried (it may consume its first argument): a worker lost under it
-        recomputes its inputs."""
+        """The tasks, their results folded on the workers in lanes (``_fold_in_lanes``); only
+        the final result travels to this process. Each result is freed once merged, so a
+        worker holds a few results at once however many tasks the job has. A merge is not
+        retried (it may consume its first argument): a worker lost under it recomputes its
+        inputs."""
         if not items:
             raise ValueError("map_reduce needs at least one item")
         label = label or fn.__name__
-        name = label.replace(" ", "")
-        final = self._merge_tree(self._submit(fn, items, shared, name), merge, name)
+        final = self._fold_in_lanes(fn, items, shared, merge, label.replace(" ", ""))
         try:
             return self._result(final, label, f"the tasks of {len(items)} and their merges")
         finally:
             self.client.cancel([final])  # releases every task and merge it still waits on
 
-    def _merge_tree(self, futures: list[Any], merge: Callable[[R, R], R], name: str) -> Any:
-        """The future of ``futures`` merged along ``reduce_split``'s tree (consumes the list:
-        the futures of the tasks and inner merges are not kept)."""
-        n = len(futures)
-
-        def reduce(lo: int, hi: int) -> Any:
-            if hi - lo == 1:
-                return futures[lo]
-            mid = reduce_split(lo, hi)
-            key = f"{name}-merge-{uuid.uuid4().hex[:8]}-{lo}-{hi}"
-            left, right = reduce(lo, mid), reduce(mid, hi)
-            return self.client.submit(merge, left, right, key=key, pure=False, priority=1)
-
-        final = reduce(0, n)
-        futures.clear()
+    def _fold_in_lanes(
+        self,
+        fn: Callable[..., R],
+        items: Sequence[Any],
+        shared: Any,
+        merge: Callable[[R, R], R],
+        name: str,
+    ) -> Any:
+        """The future of ``fn`` over ``items`` merged in order: the items are cut into one
+        contiguous lane per worker (``lanes``), each lane's results folded into its running
+        result as they arrive, then the lanes' results folded in lane order. A task's Dask
+        priority is minus its place in its lane, so every lane's first tasks run first and
+        each fold keeps up with its tasks: a lane holds its running result and the results
+        not yet merged into it, not one per task. Only the final future is kept here."""
+        workers = len(self.client.scheduler_info().get("workers", {}))
+        bounds = lanes(len(items), max(1, workers))
+        extra = ()
+        if shared is not None:
+            [handle] = self.client.scatter([shared], broadcast=True, hash=False)
+            extra = (handle,)
+        tag = uuid.uuid4().hex[:8]
+        folded = []
+        for lo, hi in bounds:
+            running = None
+            for i in range(lo, hi):
+                key = f"{name}-{tag}-{i}"
+                task = self.client.submit(
+                    fn, items[i], *extra, key=key, pure=False, retries=self.retries, priority=lo - i
+                )
+                running = task if running is None else self._merge(merge, running, task, key)
+            folded.append(running)
+        final = folded[0]
+        for k, lane in enumerate(folded[1:], start=1):
+            final = self._merge(merge, final, lane, f"{name}-{tag}-lanes-{k}")
         return final
+
+    def _merge(self, merge: Callable[[R, R], R], a: Any, b: Any, key: str) -> Any:
+        """The future of ``merge(a, b)``, run before any task still waiting (priority 1)."""
+        return self.client.submit(merge, a, b, key=f"{key}-merge", pure=False, priority=1)
 
     def _result(self, future: Any, label: str, what: str) -> Any:
         distributed = _distributed()

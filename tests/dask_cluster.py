@@ -128,6 +128,14 @@ def logged_merge(a: tuple[str, list[int]], b: tuple[str, list[int]]) -> tuple[st
     return a[0], a[1] + b[1]
 
 
+def ranges_merge(a: tuple[str, list[int]], b: tuple[str, list[int]]) -> tuple[str, list[int]]:
+    """A merge of ``logged_task`` results that appends to their log the first and last items
+    of each side: ``a_first a_last b_first b_last``."""
+    with open(a[0], "a") as f:
+        f.write(f"{a[1][0]} {a[1][-1]} {b[1][0]} {b[1][-1]}\n")
+    return a[0], a[1] + b[1]
+
+
 def block_of(i: int) -> bytes:
     """A task whose result is ``BLOCK_BYTES`` bytes: a transfer of a tenth of a second or more."""
     return bytes([i % 256]) * BLOCK_BYTES

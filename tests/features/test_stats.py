@@ -153,6 +153,34 @@ def test_value_counts_held_stay_near_the_distinct_values():
         assert set(stats["c"].vocab_counts) == {40}
 
 
+def test_a_pickled_accumulator_carries_each_value_once():
+    """Ten batches of the same 5,000 values stay pending (below MIN_PENDING); pickled, as a
+    task's result is sent to a merge, the counts are compacted to one entry per value, and
+    the statistics are those of the unpickled copy."""
+    import pickle
+
+    schema = Schema(
+        "s",
+        (FeatureSpec("c", "categorical"), FeatureSpec("label", "label")),
+        SourceSpec(format="parquet"),
+    )
+    distinct = 5_000
+    batch = pa.record_batch(
+        {
+            "c": pa.array([f"v{i}" for i in range(distinct)]),
+            "label": pa.array(np.zeros(distinct, np.float32)),
+        }
+    )
+    acc = StatsAccumulator(schema)
+    for _ in range(10):
+        acc.update(batch)
+    assert acc.counters["c"].held == 10 * distinct  # pending: 10 parts of 5,000 entries
+    copy = pickle.loads(pickle.dumps(acc))
+    assert copy.counters["c"].held == distinct and len(copy.counters["c"].parts) == 1
+    got, expected = copy.finish(), acc.finish()
+    assert got["c"].vocab == expected["c"].vocab and set(got["c"].vocab_counts) == {10}
+
+
 def test_missing_field_and_empty_input_are_errors():
     with pytest.raises(ValueError, match="lacks fields"):
         compute_stats(_schema(), [pa.record_batch({"c": pa.array(["a"])})])

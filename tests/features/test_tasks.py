@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import pytest
 
-from features.tasks import LocalRunner, atomic_path, balanced_groups, reduce_split
+from features.tasks import LocalRunner, atomic_path, balanced_groups, lanes
 
 
 def test_map_keeps_task_order_and_passes_the_shared_object():
     assert LocalRunner().map(divmod, [7, 9], shared=4) == [(1, 3), (2, 1)]
 
 
-def test_the_merge_tree_of_a_cluster_splits_after_a_power_of_two():
-    assert [reduce_split(0, n) for n in (2, 3, 4, 5, 8, 9)] == [1, 2, 2, 4, 4, 8]
+def test_lanes_cut_the_items_into_contiguous_ranges_of_near_equal_size():
+    assert lanes(10, 3) == [(0, 4), (4, 7), (7, 10)]
+    assert lanes(4, 2) == [(0, 2), (2, 4)]
+    assert lanes(2, 5) == [(0, 1), (1, 2)]  # no more lanes than items
+    assert lanes(7, 1) == lanes(7, 0) == [(0, 7)]
 
 
 def test_map_reduce_folds_in_task_order_holding_two_results():

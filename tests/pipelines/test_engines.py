@@ -25,7 +25,7 @@ from features.crosses import interaction_screen as isc
 from features.crosses.pcf_build import build_graph
 from features.schema import load_schema
 from features.stats_job import raw_stats, shard_stats
-from features.tasks import JobError, LocalRunner
+from features.tasks import JobError, LocalRunner, lanes
 from features.tfrecord.convert import parquet_to_tfrecord
 from pipelines import cli
 from pipelines.config_sections import ConfigError, EngineConfig
@@ -39,6 +39,7 @@ from tests.dask_cluster import (
     join_blocks,
     logged_merge,
     logged_task,
+    ranges_merge,
     start_cluster,
 )
 
@@ -315,11 +316,32 @@ def test_a_result_that_takes_longer_than_a_poll_to_arrive_arrives(cluster):
         client.close()
 
 
+def test_map_reduce_on_a_cluster_folds_a_lane_per_worker_in_order(cluster, tmp_path):
+    """40 tasks on two workers: each worker's lane of 20 tasks is folded task by task (every
+    merge adds one task's result to the running result of the tasks before it), then the two
+    lanes are merged; nothing waits for a sibling subtree, so what a worker holds does not
+    grow with the number of tasks."""
+    import distributed
+
+    log = tmp_path / "ranges"
+    client = distributed.Client(cluster.address, timeout="10s", set_as_default=False)
+    try:
+        workers = len(client.scheduler_info()["workers"])
+        runner = DaskRunner(client, 0, cluster.address, 60.0)
+        _, order = runner.map_reduce(logged_task, list(range(40)), ranges_merge, shared=str(log))
+    finally:
+        client.close()
+    assert order == list(range(40)) and workers == 2
+    merges = sorted(tuple(int(n) for n in line.split()) for line in log.read_text().splitlines())
+    folds = [(lo, i - 1, i, i) for lo, hi in lanes(40, 2) for i in range(lo + 1, hi)]
+    assert merges == sorted([*folds, (0, 19, 20, 39)])
+
+
 def test_map_reduce_on_a_cluster_frees_what_it_merged(cluster, tmp_path):
     """32 tasks of 0.1 s on two workers: each result is freed once merged, so a worker holds a
-    few results at once (about log2(32), the shared object and the inputs of a merge), not one
-    per task it ran; the result
-    is every task's, in task order."""
+    few results at once (its lane's running result, the shared object, the results not yet
+    merged and the inputs of a merge), not one per task it ran; the result is every task's, in
+    task order."""
     log = tmp_path / "held"
     with open_runner(EngineConfig("dask", address=cluster.address), lambda _: None) as runner:
         _, order = runner.map_reduce(logged_task, list(range(32)), logged_merge, shared=str(log))
