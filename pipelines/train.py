@@ -101,14 +101,10 @@ def _train(cfg: PipelineConfig, log: Log) -> dict[str, Any]:
     tc, paths, schema = cfg.train, run.paths, run.schema
     _check_needs_validation(run)
     rows = count_rows(run.train_files)
-    auto = tc.optimizer == "auto"
-    if auto:
+    if tc.optimizer == "auto":
         tc = _choose_optimizer(run, rows)
     if tc.optimizer == "lbfgs":
-        report = _train_lbfgs(run, stats, gpus, rows, fall_back=auto)
-        if report is not None:
-            return report
-        tc = _use_optimizer(run, "ftrl")
+        return _train_lbfgs(run, stats, gpus, rows)
     cfg = run.cfg
     steps_per_epoch, total_steps = _steps(dist, tc, rows)
     run.schedule = run_schedule(tc, steps_per_epoch, total_steps)
@@ -182,19 +178,13 @@ def _choose_optimizer(run: Run, rows: int) -> TrainConfig:
     )
     fit = "the exact fit" if name == "lbfgs" else "stochastic"
     run.log(f"optimizer auto: {name} ({fit}: {why})")
-    return _use_optimizer(run, name)
-
-
-def _use_optimizer(run: Run, name: str) -> TrainConfig:
     run.cfg = dataclasses.replace(run.cfg, train=dataclasses.replace(run.cfg.train, optimizer=name))
     return run.cfg.train
 
 
-def _train_lbfgs(run: Run, stats: Any, gpus: list, rows: int, fall_back: bool = False) -> Any:
+def _train_lbfgs(run: Run, stats: Any, gpus: list, rows: int) -> dict[str, Any]:
     """``[train] optimizer = "lbfgs"``: the regularization path of ``pipelines.run.lbfgs`` as
-    the run's epochs, the selected fit tested and reported like any run. ``fall_back`` (the
-    choice of ``auto``): None, logged, where the model has more to train than the wide term
-    and bias, instead of a ``ConfigError``."""
+    the run's epochs, the selected fit tested and reported like any run."""
     cfg, paths, dist, log = run.cfg, run.paths, run.dist, run.log
     if dist.active:
         raise ConfigError(
@@ -213,9 +203,6 @@ def _train_lbfgs(run: Run, stats: Any, gpus: list, rows: int, fall_back: bool = 
     try:
         lbfgs.check_linear(model)
     except ValueError as e:
-        if fall_back:
-            log(f"optimizer auto: ftrl (stochastic: {e})")
-            return None
         raise ConfigError(str(e)) from None
     paths.model_json.write_text(json.dumps(tf.keras.layers.serialize(model)))
     state = restore_state(run, model, None, _selection(run), 1)

@@ -260,7 +260,7 @@ def choose_optimizer(
     """``[train] optimizer = "auto"`` of a ``type = "lr"`` run with ``rows`` training rows:
     ``("lbfgs", why)`` where the exact fit applies, else ``("ftrl", the first reason it does
     not)``. ``distributed``: a distribution strategy trains the run; ``validation``: it has a
-    validation split. The model's own check (``check_linear``) comes after this choice."""
+    validation split. With none of these, a ``type = "lr"`` model passes ``check_linear``."""
     tc, mc = cfg.train, cfg.model
     blockers = (
         (distributed, "a distribution strategy trains it"),

@@ -121,22 +121,28 @@ def test_large_vocabulary_is_merged_across_batches():
     assert stats["c"].vocab_counts == sorted(stats["c"].vocab_counts, reverse=True)
 
 
-def test_value_counts_held_stay_near_the_distinct_values():
-    """40 batches and 40 merged accumulators of the same 20,000 values: a field holds at most
-    about twice its distinct values plus MIN_PENDING entries, however many rows it has seen,
-    and the counts are exact."""
+def _distinct_values(distinct: int) -> tuple[Schema, pa.RecordBatch]:
+    """A schema of one categorical field ``c`` and a batch of ``distinct`` different values."""
     schema = Schema(
         "s",
         (FeatureSpec("c", "categorical"), FeatureSpec("label", "label")),
         SourceSpec(format="parquet"),
     )
-    distinct = 20_000
     batch = pa.record_batch(
         {
             "c": pa.array([f"v{i}" for i in range(distinct)]),
             "label": pa.array(np.zeros(distinct, np.float32)),
         }
     )
+    return schema, batch
+
+
+def test_value_counts_held_stay_near_the_distinct_values():
+    """40 batches and 40 merged accumulators of the same 20,000 values: a field holds at most
+    about twice its distinct values plus MIN_PENDING entries, however many rows it has seen,
+    and the counts are exact."""
+    distinct = 20_000
+    schema, batch = _distinct_values(distinct)
     bound = 2 * distinct + MIN_PENDING
     acc = StatsAccumulator(schema)
     for _ in range(40):
@@ -159,18 +165,8 @@ def test_a_pickled_accumulator_carries_each_value_once():
     the statistics are those of the unpickled copy."""
     import pickle
 
-    schema = Schema(
-        "s",
-        (FeatureSpec("c", "categorical"), FeatureSpec("label", "label")),
-        SourceSpec(format="parquet"),
-    )
     distinct = 5_000
-    batch = pa.record_batch(
-        {
-            "c": pa.array([f"v{i}" for i in range(distinct)]),
-            "label": pa.array(np.zeros(distinct, np.float32)),
-        }
-    )
+    schema, batch = _distinct_values(distinct)
     acc = StatsAccumulator(schema)
     for _ in range(10):
         acc.update(batch)
