@@ -136,6 +136,12 @@ def load_tuning(
             f"{where} [train] optimizer = 'lbfgs' chooses its C on the validation split itself "
             "and has no learning rate, batch or epochs to search: train it with stitchrec train"
         )
+    if base.train.optimizer == "auto":  # a trial that sets learning_rate would train with Adam
+        raise ConfigError(
+            f"{where} [model] type = 'lr' fits exactly by default ([train] optimizer = 'auto' "
+            "chooses its C on the validation split itself): train it with stitchrec train, or "
+            "set [train] optimizer = 'ftrl' to search FTRL's learning rate and batch size"
+        )
     if base.data.validation_fraction == 0 and not base.data.validation:
         raise ConfigError(
             f"{where} [data]: stitchrec tune compares trials on a validation split: set "

@@ -284,9 +284,13 @@ def test_the_tuner_does_not_load_tensorflow():
     assert out.strip() == "False"
 
 
-def test_an_lbfgs_run_is_not_tuned(tmp_path, capsys):
+def test_an_exact_lr_fit_is_not_tuned(tmp_path, capsys):
     config = _config(tmp_path)
     lbfgs = ["--set", 'model.type="lr"', "--set", 'train.optimizer="lbfgs"']
     rc, _, err = _tune(capsys, "--config", str(config), "--trials", "1", *lbfgs)
     assert rc == 2 and "chooses its C on the validation split itself" in err, err
+    assert not (tmp_path / "run-tune").exists()
+    # type = "lr" with its default optimizer (auto): the same, and the way to tune FTRL
+    rc, _, err = _tune(capsys, "--config", str(config), "--trials", "1", *lbfgs[:2])
+    assert rc == 2 and "set [train] optimizer = 'ftrl' to search" in err, err
     assert not (tmp_path / "run-tune").exists()
