@@ -12,9 +12,9 @@ _OPTIMIZERS = ("adam", "adagrad", "ftrl", "sgd", "lbfgs", "auto")
 #: ``[train] lbfgs_c``'s default: scikit-learn's ``C`` values the L-BFGS path fits
 #: (``pipelines.run.lbfgs``).
 LBFGS_C_PATH = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
-#: ``[train]`` values a ``type = "lr"`` model gets when its config file sets neither
-#: ``optimizer`` nor ``learning_rate`` (each only where the file does not set it); measured in
-#: docs/training.md#the-logistic-regression-baseline.
+#: ``[train]`` values a ``type = "lr"`` model gets when its config file sets no
+#: ``learning_rate`` and no ``optimizer`` other than ``auto`` or ``ftrl`` (each only where the
+#: file does not set it); measured in docs/training.md#the-logistic-regression-baseline.
 LINEAR_TRAIN_DEFAULTS = {"optimizer": "auto", "learning_rate": 0.1, "batch_size": 256}
 #: ``optimizer = "auto"`` fits exactly (``lbfgs``) up to this many training rows, where the
 #: fit's time and memory (about 470 bytes a row for 39 fields) stay small; FTRL above it.
