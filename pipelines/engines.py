@@ -55,15 +55,20 @@ class DaskRunner:
         self.no_workers_s = no_workers_s
         self.poll_s = poll_s
 
+    def _shared(self, shared: Any) -> tuple[Any, ...]:
+        """The extra task argument of ``shared``: its handle, sent once to every worker (none
+        when ``shared`` is None)."""
+        if shared is None:
+            return ()
+        [handle] = self.client.scatter([shared], broadcast=True, hash=False)
+        return (handle,)
+
     def _submit(
         self, fn: Callable[..., Any], items: Sequence[Any], shared: Any, name: str
     ) -> list[Any]:
         keys = [f"{name}-{uuid.uuid4().hex[:8]}-{i}" for i in range(len(items))]
-        args: list[Sequence[Any]] = [items]
-        if shared is not None:
-            [handle] = self.client.scatter([shared], broadcast=True, hash=False)
-            args.append([handle] * len(items))
-        return self.client.map(fn, *args, key=keys, pure=False, retries=self.retries)
+        extra = [[handle] * len(items) for handle in self._shared(shared)]
+        return self.client.map(fn, items, *extra, key=keys, pure=False, retries=self.retries)
 
     def map(
         self,
@@ -122,10 +127,7 @@ class DaskRunner:
         not yet merged into it, not one per task. Only the final future is kept here."""
         workers = len(self.client.scheduler_info().get("workers", {}))
         bounds = lanes(len(items), max(1, workers))
-        extra = ()
-        if shared is not None:
-            [handle] = self.client.scatter([shared], broadcast=True, hash=False)
-            extra = (handle,)
+        extra = self._shared(shared)
         tag = uuid.uuid4().hex[:8]
         folded = []
         for lo, hi in bounds:
