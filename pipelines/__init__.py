@@ -9,8 +9,10 @@ loss of a SavedModel), ``crosses fives`` (FIVES search for feature crosses), ``c
 pcf-gnn`` (pair graph and PCF-GNN pre-training), ``serve`` (the gRPC model server), ``ab``
 (offline A/B comparison of two models on logged data), ``skew`` (training/serving skew of a
 run against prediction logs), ``daily`` (one day of continuous
-training: train on a window, compare with the served version, export the next version) and
-``fuse explain`` (the fusion plan of a SavedModel signature).
+training: train on a window, compare with the served version, export the next version),
+``data-service dispatcher`` and ``data-service worker`` (tf.data service servers that make the
+TFRecord training input's batches for ``train``) and ``fuse explain`` (the fusion plan of a
+SavedModel signature).
 """
 
 import os

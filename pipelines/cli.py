@@ -21,6 +21,8 @@
     stitchrec ab        --control A --treatment B --data LOGS... [--output DIR] ...
     stitchrec skew      --run RUN --data LOGS... [--model M] [--reference LOGS...] [--output DIR]
     stitchrec daily     --config FILE --window DATA --repo MODELS/NAME [--runs DIR] [--rule R]
+    stitchrec data-service dispatcher [--port P] [--work-dir DIR]
+    stitchrec data-service worker --dispatcher HOST:PORT [--port P] [--host H]
     stitchrec fuse explain SAVED_MODEL [--batch N] [--signature NAME] [--json FILE] ...
 
 Each command's flags come from its function in ``pipelines.cli_args`` or, for the data
@@ -58,7 +60,8 @@ from pipelines.stderr_filter import filtered_stderr
 
 DESCRIPTION = "StitchRec: data, training, export, serving and evaluation of ranking models."
 EPILOG = (
-    "`crosses` and `fuse` take a sub-command (crosses fives, crosses pcf-gnn, fuse explain); "
+    "`crosses`, `data-service` and `fuse` take a sub-command (crosses fives, crosses pcf-gnn, "
+    "data-service dispatcher|worker, fuse explain); "
     "`stitchrec COMMAND --help` lists a command's flags."
 )
 
@@ -81,6 +84,7 @@ COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     cli_args.ab,
     cli_args_skew.skew,
     cli_args_daily.daily,
+    cli_args_data.data_service,
     cli_args.fuse,
 )
 

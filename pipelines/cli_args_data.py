@@ -228,3 +228,44 @@ def predict(sub: Subparsers) -> None:
     engine_flags(p)
     chunk_flag(p)
     p.set_defaults(handler="pipelines.predict:cmd_predict")
+
+
+def port(text: str) -> int:
+    """A TCP port, 0 (any free port) to 65535 (an argparse type)."""
+    try:
+        v = int(text)
+    except ValueError:
+        v = -1
+    if not 0 <= v <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port in [0, 65535], got {text}")
+    return v
+
+
+def data_service(sub: Subparsers) -> None:
+    p = sub.add_parser(
+        "data-service",
+        help="tf.data service servers that run the TFRecord training input for `stitchrec "
+        "train` ([data] data_service): `data-service dispatcher`, `data-service worker`",
+        description="Runs a tf.data service dispatcher or worker until SIGTERM or SIGINT; "
+        "prints its address once serving. A training config's [data] data_service names the "
+        "dispatcher; its workers read, parse and shuffle the TFRecord input's windows and send "
+        "batches to the training process (docs/distributed.md).",
+    )
+    roles = p.add_subparsers(dest="role", required=True)
+    d = roles.add_parser("dispatcher", help="the dispatcher: hands the epoch's windows to workers")
+    d.add_argument("--port", type=port, default=5050, help="port (0: any free port)")
+    d.add_argument(
+        "--work-dir",
+        default=None,
+        help="folder where it journals its state: restarted on it, it resumes its jobs",
+    )
+    d.set_defaults(handler="pipelines.data_service:cmd_dispatcher")
+    w = roles.add_parser("worker", help="a worker: runs the input of the windows it is handed")
+    w.add_argument("--dispatcher", required=True, help="the dispatcher's HOST:PORT")
+    w.add_argument("--port", type=port, default=0, help="port (0: any free port)")
+    w.add_argument(
+        "--host",
+        default="localhost",
+        help="the host name training processes reach this worker by (default: localhost)",
+    )
+    w.set_defaults(handler="pipelines.data_service:cmd_worker")

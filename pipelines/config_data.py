@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from features.shards import VALIDATION_SPLITS
+from features.tfrecord.address import service_address
 from pipelines.config_sections import ConfigError
 
 #: ``[data] input_format``: what the training loop reads (``pipelines.run.train_input``).
@@ -50,6 +51,11 @@ class DataConfig:
         shards written once into the run's ``data/tfrecord/train/`` and read by TensorFlow ops
         alone, ``features.tfrecord``; under parameter servers each worker reads its own share).
         Statistics, validation and test read Parquet either way.
+      data_service: the address (``HOST:PORT`` or ``grpc://HOST:PORT``) of a tf.data
+        service dispatcher whose workers run the TFRecord training input
+        (``features.tfrecord.service``; start them with ``stitchrec data-service``): the
+        training process only receives batches. Needs ``input_format = "tfrecord"`` and one
+        training process (no ``[distribute]``). "": the training process reads its input.
     """
 
     schema: str
@@ -67,12 +73,15 @@ class DataConfig:
     cross_hash_buckets: int = 0
     cap_hash_buckets: bool = True
     input_format: str = "parquet"
+    data_service: str = ""
 
     def __post_init__(self) -> None:
         if self.input_format not in INPUT_FORMATS:
             raise ConfigError(
                 f"[data] input_format {self.input_format!r} is not one of {list(INPUT_FORMATS)}"
             )
+        if self.data_service:
+            self._check_data_service()
         if not isinstance(self.cap_hash_buckets, bool):
             raise ConfigError(
                 f"[data] cap_hash_buckets must be true or false, got {self.cap_hash_buckets!r}"
@@ -111,4 +120,16 @@ class DataConfig:
             raise ConfigError(
                 f"[data] validation_split = {self.validation_split!r} splits the training rows, "
                 "but validation files are given: set one or the other"
+            )
+
+    def _check_data_service(self) -> None:
+        try:
+            service_address(self.data_service)
+        except ValueError as e:
+            raise ConfigError(f"[data] data_service: {e}") from None
+        if self.input_format != "tfrecord":
+            raise ConfigError(
+                f"[data] data_service needs input_format = 'tfrecord', got "
+                f"{self.input_format!r} (tf.data service workers run TensorFlow ops only; the "
+                "Parquet input reads in Python)"
             )

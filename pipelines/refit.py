@@ -102,6 +102,7 @@ def refit_config(
         cross_hash_buckets=cfg.data.cross_hash_buckets,
         cap_hash_buckets=cfg.data.cap_hash_buckets,
         input_format=cfg.data.input_format,
+        data_service=cfg.data.data_service,
     )
     seed = cfg.train.seed if seed is None else seed
     if exact:

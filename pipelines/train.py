@@ -80,11 +80,24 @@ def train(cfg: PipelineConfig, log: Log = print) -> dict[str, Any]:
     (``pipelines.preranking``). In a cluster, the loss of a peer task raises
     ``distribute.PeerLostError``.
     """
+    _check_data_service(cfg)
     if cfg.preranking is not None:  # FSCD's three stages or the two-tower anchor
         distribute.require_single_process(cfg.distribute, "[preranking]")
         return run_preranking(cfg, log)
     with distribute.peers_guarded(cfg.distribute, cfg.output_dir):
         return _train(cfg, log)
+
+
+def _check_data_service(cfg: PipelineConfig) -> None:
+    """``[data] data_service`` feeds the training loop of one process."""
+    if not cfg.data.data_service:
+        return
+    distribute.require_single_process(cfg.distribute, "a run with [data] data_service")
+    if cfg.preranking is not None:
+        raise ConfigError(
+            "[data] data_service feeds the training loop, but [preranking] stages read the "
+            "Parquet shards themselves: remove one of them"
+        )
 
 
 def _train(cfg: PipelineConfig, log: Log) -> dict[str, Any]:
@@ -336,6 +349,8 @@ def _open_run(cfg: PipelineConfig, dist: Any, log: Log) -> tuple[Run, Any, list]
         train_input = prepare_train_input(
             cfg.data.input_format, schema, train_files, paths, log, runner
         )
+    if cfg.data.data_service:
+        log(f"training input: batches made by the tf.data service at {cfg.data.data_service}")
     if not dist.is_chief:
         validation_files, test_files = [], []  # the chief evaluates and reports
     files = (train_files, validation_files, test_files)

@@ -2,13 +2,15 @@
 
 The signature and elements of ``features.dataset.make_dataset`` (``{field: [batch]}`` raw
 tensors, the same values for the same rows), but no Python runs per batch: the epoch is planned
-once (``features.tfrecord.plan``), then tf.data reads each window's records
-(``TFRecordDataset``), parses them with one ``tf.io.parse_example`` of fixed-length block
+once (``features.tfrecord.plan``), then tf.data, from a source of one element per window,
+reads each window's records (``TFRecordDataset``), parses them with one ``tf.io.parse_example`` of fixed-length block
 features, permutes the window's rows with ``tf.random.experimental.stateless_shuffle`` and
 gathers them into one ``[rows]`` tensor per field, which ``rebatch`` cuts into batches (one copy
 of each batch's rows, no per-batch function). A window holds whole batches
 (``features.tfrecord.plan``), so every batch but the share's last has ``batch_size`` rows.
-Windows are parsed in parallel (``num_parallel_calls=AUTOTUNE``) and batches prefetched.
+Windows are read and parsed in parallel (``num_parallel_calls=AUTOTUNE``) and batches
+prefetched. The dataset holds no Python function, so tf.data service can run it
+(``features.tfrecord.service``), its dynamic sharding handing whole windows to its workers.
 
 Memory: a window in flight holds its parsed rows twice (parsed and permuted), about 0.7 KiB
 per row for 26 strings and 14 numbers; ``shuffle_buffer`` bounds a window's rows.
@@ -42,8 +44,8 @@ _OPTIONS.experimental_warm_start = True  # the first window is parsed from the i
 def _pack(windows: list[Window]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], int]:
     """(the segments of every window in order, as one flat table: ``path``, ``first``,
     ``count`` and ``pad``, the empty records that fill the window's last segment up to the
-    same record count; the windows' metadata, ``starts``/``ends`` padded the same way; that
-    record count)."""
+    same record count; the windows' metadata, ``starts``/``ends`` padded the same way and
+    ``segments``, the window's ``[first, end)`` rows of that table; that record count)."""
     records = max([len(w.starts) for w in windows] + [1])
     segments: dict[str, list] = {"path": [], "first": [], "count": [], "pad": []}
     for w in windows:
@@ -54,11 +56,13 @@ def _pack(windows: list[Window]) -> tuple[dict[str, np.ndarray], dict[str, np.nd
             segments["count"].append(count)
             segments["pad"].append(records - len(w.starts) if last else 0)
     n = len(windows)
+    count = np.array([len(w.segments) for w in windows], np.int64)
     meta = {
         "starts": np.zeros((n, records), np.int64),
         "ends": np.zeros((n, records), np.int64),
         "first_batch": np.array([w.first_batch for w in windows], np.int64),
         "seed": np.array([w.seed for w in windows], np.int64).reshape(n, 2),
+        "segments": np.stack([np.cumsum(count) - count, np.cumsum(count)], axis=-1),
     }
     for i, w in enumerate(windows):
         meta["starts"][i, : len(w.starts)] = w.starts
@@ -75,6 +79,25 @@ def _segment(segment: dict[str, tf.Tensor], fill: bytes) -> tf.data.Dataset:
     read = tf.data.TFRecordDataset(segment["path"], buffer_size=_READ_BUFFER)
     read = read.skip(segment["first"]).take(segment["count"])
     return read.concatenate(tf.data.Dataset.from_tensors(tf.constant(fill)).repeat(segment["pad"]))
+
+
+def _serialized_windows(
+    segments: dict[str, np.ndarray], meta: dict[str, np.ndarray], fill: bytes, records: int
+) -> tf.data.Dataset:
+    """``(serialized, meta)``: each window's ``[records]`` records and its metadata, from a
+    source of one element per window (its metadata) whose map reads the window's segments in
+    order. The source is what tf.data service's dynamic sharding splits: its workers get
+    whole windows."""
+    table = {k: tf.constant(v) for k, v in segments.items()}
+
+    def read(meta: dict[str, tf.Tensor]) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
+        lo, hi = meta["segments"][0], meta["segments"][1]
+        own = tf.data.Dataset.from_tensor_slices({k: v[lo:hi] for k, v in table.items()})
+        own = own.flat_map(lambda s: _segment(s, fill)).batch(records)
+        return own.get_single_element(), meta
+
+    read = tf.autograph.experimental.do_not_convert(read)
+    return tf.data.Dataset.from_tensor_slices(meta).map(read, num_parallel_calls=tf.data.AUTOTUNE)
 
 
 def _row_indices(meta: dict[str, tf.Tensor], block_rows: int) -> tf.Tensor:
@@ -106,6 +129,7 @@ _META_SPEC = {
     "ends": tf.TensorSpec([None], tf.int64),
     "first_batch": tf.TensorSpec([], tf.int64),
     "seed": tf.TensorSpec([2], tf.int64),
+    "segments": tf.TensorSpec([2], tf.int64),
 }
 
 
@@ -178,10 +202,7 @@ def make_tfrecord_dataset(
     window = _window_function(layout, block, batch_size, shuffle)
     segments, meta, records = _pack(windows)
     fill = _fill_record(fields, block)
-    serialized = tf.data.Dataset.from_tensor_slices(segments).flat_map(
-        tf.autograph.experimental.do_not_convert(lambda s: _segment(s, fill))
-    )
-    ds = tf.data.Dataset.zip(serialized.batch(records), tf.data.Dataset.from_tensor_slices(meta))
+    ds = _serialized_windows(segments, meta, fill, records)
     ds = ds.map(window, num_parallel_calls=tf.data.AUTOTUNE)
     # the plan already left out a short last batch under drop_remainder: [None] either way
     ds = ds.rebatch(batch_size).prefetch(tf.data.AUTOTUNE)

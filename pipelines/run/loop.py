@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from features.dataset import make_dataset
 from features.schema import Schema
+from features.tfrecord.service import served
 from pipelines.config import PipelineConfig
 from pipelines.run.autolrs import AutoLRS
 from pipelines.run.averaging import WeightAverage
@@ -246,6 +247,8 @@ class TrainLoop:
             epoch=epoch,
             shuffle_buffer=tc.shuffle_buffer,
         )
+        if r.cfg.data.data_service:  # the epoch's batches made by tf.data service workers
+            make = served(make, r.cfg.data.data_service)
         done = int(s.batch)
         batches = self._start_input(
             r.dist.batches(make, label, tc.batch_size, done, s.steps_per_epoch)

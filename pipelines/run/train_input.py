@@ -101,4 +101,5 @@ def prepare_train_input(
             f"({size / 2**20:,.1f} MiB) in {folder} in {time.time() - t0:.1f}s"
         )
     shards = list_tfrecord(folder)
-    return TrainInput(TFRECORD, [f.path for f in shards.files], shards.rows)
+    # absolute: tf.data service workers (``[data] data_service``) read them from their own folder
+    return TrainInput(TFRECORD, [Path(f.path).resolve() for f in shards.files], shards.rows)

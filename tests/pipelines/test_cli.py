@@ -115,6 +115,8 @@ COMMANDS = [
     ("fuse", "explain"),
     ("tune",),
     ("daily",),
+    ("data-service", "dispatcher"),
+    ("data-service", "worker"),
 ]
 
 

@@ -1,0 +1,41 @@
+"""``stitchrec data-service dispatcher|worker``: the tf.data service servers of the TFRecord
+training input (``features.tfrecord.service``), each run until SIGTERM or SIGINT."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import threading
+from typing import Any
+
+from features.tfrecord.address import service_address
+from features.tfrecord.service import start_dispatcher, start_worker, worker_port
+from pipelines.errors import UsageError
+
+
+def _serve_until_signal(server: Any, role: str, address: str) -> int:
+    """Prints ``{"data_service": role, "address": ...}`` and waits for SIGTERM or SIGINT;
+    ``server`` stops as the process ends."""
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    print(json.dumps({"data_service": role, "address": address}), flush=True)
+    while not stop.wait(0.5):  # the wait returns to the interpreter, which runs the handlers
+        pass
+    del server
+    return 0
+
+
+def cmd_dispatcher(args: argparse.Namespace) -> int:
+    server = start_dispatcher(args.port, args.work_dir)
+    return _serve_until_signal(server, "dispatcher", server.target)
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    try:
+        dispatcher = service_address(args.dispatcher)
+    except ValueError as e:
+        raise UsageError(f"--dispatcher: {e}") from None
+    server = start_worker(dispatcher, args.port, args.host)
+    return _serve_until_signal(server, "worker", f"{args.host}:{worker_port(server)}")
