@@ -4,7 +4,7 @@
     .venv/bin/python -m bench.train.data_service --out runs/bench-data-service
 
 On ``bench.train``'s synthetic set (``--rows`` rows, 20% test; TFRecord shards of the training
-split written once), a dispatcher with one worker and another with two (``stitchrec
+split written once; windows of ``--shuffle-buffer`` rows), a dispatcher with one worker and another with two (``stitchrec
 data-service``, separate processes on 127.0.0.1) stay up while, in ``--rounds`` interleaved
 rounds, this process reads one shuffled epoch (batch ``--batch-size``) of
 
@@ -120,6 +120,7 @@ def _rounds(
     def make(service: str | None) -> Any:
         def epoch_of(epoch: int) -> Any:
             kw = {"batch_size": args.batch_size, "shuffle": True, "seed": 0, "epoch": epoch}
+            kw["shuffle_buffer"] = args.shuffle_buffer
             ds = make_tfrecord_dataset(schema, data / TFRECORD_DIR, **kw)
             return ds if service is None else distribute(ds, service)
 
@@ -136,7 +137,12 @@ def _rounds(
             fn, pids = cases[case]
             results[case].append(_epoch(fn, r + 1, pids, label))
             print(json.dumps({"round": r, case: results[case][-1]}), flush=True)
-    out = {"rows": args.rows, "rounds": args.rounds, "input": results}
+    out = {
+        "rows": args.rows,
+        "rounds": args.rounds,
+        "shuffle_buffer": args.shuffle_buffer,
+        "input": results,
+    }
     if args.train:
         out["train"] = _train_rounds(args, data, services[CASES[1]][0])
     return out
@@ -147,7 +153,9 @@ def _train_rounds(args: argparse.Namespace, data: Path, address: str) -> dict[st
     for r in range(args.rounds):
         for case in list(runs) if r % 2 == 0 else list(runs)[::-1]:
             served = f'data_service = "{address}"\n' if case != "local" else ""
-            config = dcn_v2_config(args.out / "train.toml", data, args.batch_size)
+            config = dcn_v2_config(
+                args.out / "train.toml", data, args.batch_size, args.shuffle_buffer
+            )
             text = config.read_text().replace(
                 "[data]\n", f'[data]\ninput_format = "tfrecord"\n{served}'
             )
@@ -164,7 +172,8 @@ def _median(values: list[float]) -> float:
 def print_tables(res: dict[str, Any]) -> None:
     base = res["input"]["local"]
     print(
-        f"\nTFRecord input, one epoch of {res['rows']:,} rows' training split, {res['rounds']} rounds"
+        f"\nTFRecord input, one epoch of {res['rows']:,} rows' training split, windows of "
+        f"{res['shuffle_buffer']:,} rows, {res['rounds']} rounds"
     )
     print("| input | examples/s | vs local | this process's CPU s | vs local | workers' CPU s |")
     print("|---|---|---|---|---|---|")
@@ -201,6 +210,12 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=250_000)
     p.add_argument("--batch-size", type=int, default=4096)
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument(
+        "--shuffle-buffer",
+        type=int,
+        default=262_144,
+        help="rows of a shuffle window (the unit the dispatcher hands out)",
+    )
     p.add_argument("--train", action="store_true", help="also time `stitchrec train`")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)

@@ -32,11 +32,14 @@ from features.tfrecord.address import service_address
 def distribute(dataset: tf.data.Dataset, address: str) -> tf.data.Dataset:
     """``dataset`` run by the workers of the dispatcher at ``address`` under dynamic sharding:
     the elements of ``dataset``'s source (for ``make_tfrecord_dataset``, its windows) are
-    handed out one at a time, each processed by one worker."""
+    handed out one at a time, each processed by one worker. Elements travel uncompressed:
+    with tf.data service's default (snappy), receiving an epoch cost the training process
+    more CPU than reading it itself (``bench/train/data_service.py``)."""
     return dataset.apply(
         tf.data.experimental.service.distribute(
             processing_mode=tf.data.experimental.service.ShardingPolicy.DYNAMIC,
             service=service_address(address),
+            compression=None,  # snappy's decompression cost the trainer more than parsing
         )
     )
 
