@@ -40,6 +40,7 @@ from typing import Any
 import tensorflow as tf
 
 from features.dataset import count_rows, make_dataset
+from features.tfrecord.service import check_reachable
 from pipelines import distribute
 from pipelines.config import ConfigError, PipelineConfig, TrainConfig, VocabConfig, load_config
 from pipelines.engines import open_runner
@@ -350,6 +351,10 @@ def _open_run(cfg: PipelineConfig, dist: Any, log: Log) -> tuple[Run, Any, list]
             cfg.data.input_format, schema, train_files, paths, log, runner
         )
     if cfg.data.data_service:
+        try:
+            check_reachable(cfg.data.data_service)
+        except ConnectionError as e:
+            raise ConfigError(f"[data] data_service: {e}") from None
         log(f"training input: batches made by the tf.data service at {cfg.data.data_service}")
     if not dist.is_chief:
         validation_files, test_files = [], []  # the chief evaluates and reports

@@ -24,9 +24,32 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import grpc
 import tensorflow as tf
 
 from features.tfrecord.address import service_address
+
+#: seconds ``check_reachable`` waits for a dispatcher to answer
+REACH_SECONDS = 10.0
+
+
+def check_reachable(address: str, timeout: float | None = None) -> None:
+    """Returns once a gRPC server answers at ``address`` (a dispatcher's ``HOST:PORT``);
+    tf.data service itself would wait for it forever.
+
+    Raises:
+      ConnectionError: none answered within ``timeout`` seconds (default ``REACH_SECONDS``).
+    """
+    target = service_address(address)
+    wait = REACH_SECONDS if timeout is None else timeout
+    with grpc.insecure_channel(target.removeprefix("grpc://")) as channel:
+        try:
+            grpc.channel_ready_future(channel).result(timeout=wait)
+        except grpc.FutureTimeoutError:
+            raise ConnectionError(
+                f"no tf.data service dispatcher answers at {target} (waited {wait:g} s): start "
+                "one with `stitchrec data-service dispatcher`, or correct the address"
+            ) from None
 
 
 def distribute(dataset: tf.data.Dataset, address: str) -> tf.data.Dataset:

@@ -10,13 +10,17 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import psutil
 import pytest
 
+from features.tfrecord import service
+from features.tfrecord.service import check_reachable
 from pipelines.cli import main
 from pipelines.config import ConfigError, load_config
+from pipelines.distribute import free_ports
 from pipelines.run.model import load_trained_model
 from pipelines.train import train
 from tests.testdata import NO_VALIDATION, write_run_config
@@ -101,6 +105,20 @@ def test_a_served_run_resumed_is_bitwise_the_local_run(tmp_path, shared_tiny_dat
     assert local["test"] == resumed["test"]
     for a, b in zip(_weights(tmp_path / "served"), _weights(tmp_path / "local"), strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_a_dispatcher_that_does_not_answer_is_one_error_line(
+    tmp_path, shared_tiny_data, dispatcher, capsys, monkeypatch
+):
+    check_reachable(dispatcher[0], timeout=30)  # the running one answers
+    monkeypatch.setattr(service, "REACH_SECONDS", 1.0)
+    nobody = f'data_service = "127.0.0.1:{free_ports(1)[0]}"'
+    config = _write(tmp_path, shared_tiny_data, "nobody", nobody)
+    t0 = time.monotonic()
+    assert main(["train", "--config", str(config)]) == 2
+    assert time.monotonic() - t0 < 60  # tf.data service alone would wait forever
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no tf.data service dispatcher answers at grpc://127.0.0.1:" in err[0]
 
 
 def test_data_service_settings_are_checked(tmp_path, shared_tiny_data, capsys, monkeypatch):
