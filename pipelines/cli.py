@@ -33,7 +33,8 @@ only); the module that runs it (TensorFlow and all) is imported only when the co
 
 User errors (a bad flag, schema, config, data file or score source) print one ``error:`` line
 naming what, where and what was expected, and exit with status 2; a lost peer of a distributed
-run, or a data job's task that failed for good on its engine (``features.tasks.JobError``),
+run, a tf.data service that sent no batch in time (``features.tfrecord.service.InputStalledError``)
+or a data job's task that failed for good on its engine (``features.tasks.JobError``),
 prints one ``error:`` line and exits with status 3. A write that fails for a full disk or quota, or a file past the size
 limit, prints one ``error:`` line naming the file (when the error names it) and exits 2. Anything
 else is a bug and propagates with its traceback (status 1).
@@ -110,6 +111,7 @@ LOADED_USER_ERRORS = (
     ("ranking.metrics", "MetricInputError"),
 )
 LOST_PEER = ("pipelines.distribute", "PeerLostError")
+INPUT_STALLED = ("features.tfrecord.service", "InputStalledError")
 
 # A full disk or quota, or a file past the size limit: the errnos of OSError, and the texts
 # TensorFlow's errors (tf.errors.OpError: ResourceExhausted, Unknown, Internal) carry for them.
@@ -178,7 +180,7 @@ def handler(args: argparse.Namespace) -> Callable[[argparse.Namespace], int]:
 def exit_status(error: Exception) -> int | None:
     """2 for a user error, 3 for a lost peer of a distributed run or a data job whose task
     failed for good on its engine, None for anything else."""
-    if isinstance(error, (*_loaded(LOST_PEER), JobError)):  # a supervisor may run it again
+    if isinstance(error, (*_loaded(LOST_PEER, INPUT_STALLED), JobError)):  # may run it again
         return 3
     if isinstance(error, USER_ERRORS + _loaded(*LOADED_USER_ERRORS)):
         return 2

@@ -56,6 +56,10 @@ class DataConfig:
         (``features.tfrecord.service``; start them with ``stitchrec data-service``): the
         training process only receives batches. Needs ``input_format = "tfrecord"`` and one
         training process (no ``[distribute]``). "": the training process reads its input.
+      data_service_timeout: seconds the training loop waits for a batch from the service
+        before it stops with an error (exit status 3; started again, it resumes from its
+        last checkpoint): tf.data service itself waits without end for a lost worker's
+        window, or for workers when none is running.
     """
 
     schema: str
@@ -74,6 +78,7 @@ class DataConfig:
     cap_hash_buckets: bool = True
     input_format: str = "parquet"
     data_service: str = ""
+    data_service_timeout: float = 120.0
 
     def __post_init__(self) -> None:
         if self.input_format not in INPUT_FORMATS:
@@ -123,6 +128,10 @@ class DataConfig:
             )
 
     def _check_data_service(self) -> None:
+        if not self.data_service_timeout > 0:
+            raise ConfigError(
+                f"[data] data_service_timeout must be > 0 seconds, got {self.data_service_timeout}"
+            )
         try:
             service_address(self.data_service)
         except ValueError as e:

@@ -20,7 +20,9 @@ The workers read the TFRecord files by their absolute paths: they must see the s
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import queue
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -106,3 +108,47 @@ def start_worker(
 def worker_port(server: tf.data.experimental.service.WorkerServer) -> int:
     """The port ``server`` listens on (the one chosen when started on port 0)."""
     return int(server._address.rsplit(":", 1)[1])  # its only accessor of the bound port
+
+
+class InputStalledError(RuntimeError):
+    """No element came from tf.data service within the deadline: its workers were lost (a
+    lost worker's window never ends) or none is running. ``stitchrec train`` exits with
+    status 3 on it; started again, the run resumes from its last checkpoint."""
+
+
+_END = object()
+
+
+def within_deadline(iterator: Iterator[Any], seconds: float, address: str) -> Iterator[Any]:
+    """``iterator``'s elements, read ahead (at most two) on a daemon thread; raises
+    ``InputStalledError`` naming ``address`` when the next one takes more than ``seconds``.
+
+    tf.data service's reader waits without end for a window whose worker was lost, and for
+    workers when none is running; this turns that wait into an error.
+    """
+    ready: queue.Queue = queue.Queue(maxsize=2)
+
+    def read() -> None:
+        try:
+            for element in iterator:
+                ready.put((element, None))
+            ready.put((_END, None))
+        except Exception as e:  # handed to the reading thread
+            ready.put((_END, e))
+
+    threading.Thread(target=read, name="data-service-input", daemon=True).start()
+    while True:
+        try:
+            element, error = ready.get(timeout=seconds)
+        except queue.Empty:
+            raise InputStalledError(
+                f"no batch from the tf.data service at {service_address(address)} for "
+                f"{seconds:g} s ([data] data_service_timeout): its workers were lost or none "
+                "is running; start workers (`stitchrec data-service worker`) and run the same "
+                "command again: training resumes from its last checkpoint"
+            ) from None
+        if error is not None:
+            raise error
+        if element is _END:
+            return
+        yield element

@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from features.dataset import make_dataset
 from features.schema import Schema
-from features.tfrecord.service import served
+from features.tfrecord.service import served, within_deadline
 from pipelines.config import PipelineConfig
 from pipelines.run.autolrs import AutoLRS
 from pipelines.run.averaging import WeightAverage
@@ -253,6 +253,10 @@ class TrainLoop:
         batches = self._start_input(
             r.dist.batches(make, label, tc.batch_size, done, s.steps_per_epoch)
         )
+        if r.cfg.data.data_service:
+            batches = within_deadline(
+                batches, r.cfg.data.data_service_timeout, r.cfg.data.data_service
+            )
         while True:
             if self.autolrs is not None and self.autolrs.stage_due(int(s.step)):
                 batches = self._search(batches)

@@ -155,7 +155,7 @@ def test_every_handler_and_named_error_resolves():
     for parser in parsers:
         module, _, name = parser.get_default("handler").partition(":")
         assert callable(getattr(importlib.import_module(module), name)), module
-    for module, name in [*cli.LOADED_USER_ERRORS, cli.LOST_PEER]:
+    for module, name in [*cli.LOADED_USER_ERRORS, cli.LOST_PEER, cli.INPUT_STALLED]:
         assert issubclass(getattr(importlib.import_module(module), name), Exception), name
         assert cli._loaded((module, name)) == (getattr(sys.modules[module], name),)
 

@@ -107,6 +107,30 @@ def test_a_served_run_resumed_is_bitwise_the_local_run(tmp_path, shared_tiny_dat
         np.testing.assert_array_equal(a, b)
 
 
+def test_a_service_without_workers_stops_the_run_and_a_worker_resumes_it(
+    tmp_path, shared_tiny_data
+):
+    disp, address = _start("dispatcher", "--port", "0")
+    try:
+        served = f'data_service = "{address}"\ndata_service_timeout = 2.0'
+        config = _write(tmp_path, shared_tiny_data, "stalled", served)
+        cmd = [sys.executable, "-m", "pipelines.cli", "train", "--config", str(config)]
+        stalled = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        assert stalled.returncode == 3, stalled.stderr[-2000:]
+        err = [ln for ln in stalled.stderr.splitlines() if ln.startswith("error:")]
+        assert len(err) == 1 and f"no batch from the tf.data service at {address} for 2 s" in err[0]
+        worker, _ = _start("worker", "--dispatcher", address)
+        try:
+            done = train(load_config(config), lambda _: None)
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            assert worker.wait(timeout=60) == 0
+        assert done["steps"] == 32
+    finally:
+        disp.send_signal(signal.SIGTERM)
+        assert disp.wait(timeout=60) == 0
+
+
 def test_a_dispatcher_that_does_not_answer_is_one_error_line(
     tmp_path, shared_tiny_data, dispatcher, capsys, monkeypatch
 ):
@@ -122,6 +146,8 @@ def test_a_dispatcher_that_does_not_answer_is_one_error_line(
 
 
 def test_data_service_settings_are_checked(tmp_path, shared_tiny_data, capsys, monkeypatch):
+    with pytest.raises(ConfigError, match=r"data_service_timeout must be > 0 seconds, got 0"):
+        _cfg(tmp_path, shared_tiny_data, "t", 'data_service = "h:1"\ndata_service_timeout = 0')
     with pytest.raises(ConfigError, match=r"data_service: .* expected HOST:PORT"):
         _cfg(tmp_path, shared_tiny_data, "a", 'data_service = "localhost"')
     parquet = _write(tmp_path, shared_tiny_data, "b", 'data_service = "h:1"', fmt="parquet")
