@@ -127,28 +127,43 @@ def within_deadline(iterator: Iterator[Any], seconds: float, address: str) -> It
     workers when none is running; this turns that wait into an error.
     """
     ready: queue.Queue = queue.Queue(maxsize=2)
+    closed = threading.Event()
+
+    def hand(item: tuple[Any, Exception | None]) -> bool:
+        """Puts ``item`` once there is room; False when the reader closed first."""
+        while not closed.is_set():
+            try:
+                ready.put(item, timeout=0.5)
+                return True
+            except queue.Full:
+                continue
+        return False
 
     def read() -> None:
         try:
             for element in iterator:
-                ready.put((element, None))
-            ready.put((_END, None))
+                if not hand((element, None)):
+                    return  # the loop stopped reading (early stopping, max_steps)
+            hand((_END, None))
         except Exception as e:  # handed to the reading thread
-            ready.put((_END, e))
+            hand((_END, e))
 
     threading.Thread(target=read, name="data-service-input", daemon=True).start()
-    while True:
-        try:
-            element, error = ready.get(timeout=seconds)
-        except queue.Empty:
-            raise InputStalledError(
-                f"no batch from the tf.data service at {service_address(address)} for "
-                f"{seconds:g} s ([data] data_service_timeout): its workers were lost or none "
-                "is running; start workers (`stitchrec data-service worker`) and run the same "
-                "command again: training resumes from its last checkpoint"
-            ) from None
-        if error is not None:
-            raise error
-        if element is _END:
-            return
-        yield element
+    try:
+        while True:
+            try:
+                element, error = ready.get(timeout=seconds)
+            except queue.Empty:
+                raise InputStalledError(
+                    f"no batch from the tf.data service at {service_address(address)} for "
+                    f"{seconds:g} s ([data] data_service_timeout): its workers were lost or "
+                    "none is running; start workers (`stitchrec data-service worker`) and run "
+                    "the same command again: training resumes from its last checkpoint"
+                ) from None
+            if error is not None:
+                raise error
+            if element is _END:
+                return
+            yield element
+    finally:
+        closed.set()

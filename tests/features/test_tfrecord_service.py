@@ -4,6 +4,9 @@ order with one worker, every batch once with two."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import numpy as np
 import pytest
 
@@ -12,7 +15,14 @@ from features.schema import load_schema
 from features.tfrecord.address import service_address
 from features.tfrecord.convert import parquet_to_tfrecord
 from features.tfrecord.dataset import make_tfrecord_dataset
-from features.tfrecord.service import distribute, start_dispatcher, start_worker, worker_port
+from features.tfrecord.service import (
+    InputStalledError,
+    distribute,
+    start_dispatcher,
+    start_worker,
+    within_deadline,
+    worker_port,
+)
 
 KW = {"batch_size": 256, "shuffle": True, "seed": 3, "epoch": 1, "shuffle_buffer": 1024}
 
@@ -82,3 +92,50 @@ def test_workers_yield_the_local_epoch(tfrecord, service):
     for window in range(4):
         own = [i for i in order if i // 4 == window]
         assert own == sorted(own)
+
+
+def _reader_threads() -> int:
+    return sum(t.name == "data-service-input" and t.is_alive() for t in threading.enumerate())
+
+
+def _wait_for_reader_threads(count: int) -> int:
+    """The reader threads alive once they are ``count``, or after 10 s."""
+    deadline = time.monotonic() + 10
+    while _reader_threads() != count and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return _reader_threads()
+
+
+def test_within_deadline_hands_on_elements_errors_and_stalls():
+    assert list(within_deadline(iter(range(50)), 5, "h:1")) == list(range(50))
+
+    def failing():
+        yield 1
+        raise ValueError("bad record")
+
+    got = []
+    with pytest.raises(ValueError, match="bad record"):
+        got.extend(within_deadline(failing(), 5, "h:1"))
+    assert got == [1]
+    release = threading.Event()
+
+    def stalled():
+        yield "first"
+        release.wait(30)  # a lost worker's window: nothing more comes
+
+    reader = within_deadline(stalled(), 0.5, "h:1")
+    assert next(reader) == "first"
+    t0 = time.monotonic()
+    with pytest.raises(InputStalledError, match=r"at grpc://h:1 for 0.5 s"):
+        next(reader)
+    assert time.monotonic() - t0 < 5
+    release.set()
+
+
+def test_a_reader_closed_early_stops_its_thread():
+    assert _wait_for_reader_threads(0) == 0  # the other tests' readers have ended
+    reader = within_deadline(iter(range(1000)), 5, "h:1")
+    assert next(reader) == 0
+    assert _reader_threads() == 1  # blocked with two elements read ahead
+    reader.close()  # the loop stopped early
+    assert _wait_for_reader_threads(0) == 0
