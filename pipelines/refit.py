@@ -103,6 +103,7 @@ def refit_config(
         cap_hash_buckets=cfg.data.cap_hash_buckets,
         input_format=cfg.data.input_format,
         data_service=cfg.data.data_service,
+        data_service_timeout=cfg.data.data_service_timeout,
     )
     seed = cfg.train.seed if seed is None else seed
     if exact:
