@@ -302,19 +302,31 @@ def _log_capped(schema: Schema, stats: DatasetStats, capped: dict[str, int], log
         )
 
 
+#: ``[data]`` keys a resumed run may change: how bad rows are handled, where the input is made
+_RESUME_MAY_CHANGE = ("max_bad_rows", "data_service", "data_service_timeout")
+
+
+def _run_data(data: DataConfig) -> dict[str, Any]:
+    """``data``'s settings that a resumed run must keep."""
+    kept = dataclasses.asdict(data)
+    for key in _RESUME_MAY_CHANGE:
+        kept.pop(key)
+    return kept
+
+
 def check_same_run(cfg: PipelineConfig, paths: RunPaths) -> None:
     """Raises ConfigError when the run folder's checkpoints belong to another run.
 
     A run folder with checkpoints resumes only the run it holds: its [data] (but for
-    ``max_bad_rows``) and [model] must not change; [train] may, e.g. more epochs."""
+    ``max_bad_rows`` and where the input is made, ``data_service`` and its timeout) and
+    [model] must not change; [train] may, e.g. more epochs."""
     if not paths.config.exists() or tf.train.latest_checkpoint(str(paths.checkpoints)) is None:
         return
     previous = load_config(paths.config)
-    same_data = dataclasses.replace(previous.data, max_bad_rows=cfg.data.max_bad_rows)
     changed = [
         name
         for name, before, now in (
-            ("data", same_data, cfg.data),
+            ("data", _run_data(previous.data), _run_data(cfg.data)),
             ("model", previous.model, cfg.model),
         )
         if before != now

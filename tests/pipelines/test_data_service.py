@@ -92,8 +92,13 @@ def test_a_served_run_resumed_is_bitwise_the_local_run(tmp_path, shared_tiny_dat
     read0 = _read_bytes(worker)
     stopped = train(_cfg(tmp_path, shared_tiny_data, "served", served, max_steps=11), quiet)
     assert stopped["steps"] == 11
-    resumed = train(_cfg(tmp_path, shared_tiny_data, "served", served), quiet)
+    # where the input is made may change on resume (here the timeout)
+    again = f"{served}\ndata_service_timeout = 60.0"
+    resumed = train(_cfg(tmp_path, shared_tiny_data, "served", again), quiet)
     assert resumed["steps"] == 32 and resumed["steps_this_run"] == 21
+    other_rows = f"{again}\nsplit_seed = 7"  # the rows' split is the run's: it may not change
+    with pytest.raises(ConfigError, match=r"holds a run whose \[data\] differ"):
+        train(_cfg(tmp_path, shared_tiny_data, "served", other_rows), quiet)
     read1 = _read_bytes(worker)
     local = train(_cfg(tmp_path, shared_tiny_data, "local", ""), quiet)
     # the worker read the served run's TFRecord files (2 epochs: at least once), not the local's
