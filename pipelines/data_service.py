@@ -7,6 +7,7 @@ import argparse
 import json
 import signal
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from features.tfrecord.address import service_address
@@ -23,12 +24,22 @@ def _serve_until_signal(server: Any, role: str, address: str) -> int:
     print(json.dumps({"data_service": role, "address": address}), flush=True)
     while not stop.wait(0.5):  # the wait returns to the interpreter, which runs the handlers
         pass
-    del server
-    return 0
+    return 0  # ``server``, held until here, stops as the process ends
+
+
+def _started(start: Callable[[], Any], role: str, port: int) -> Any:
+    """``start()``, a server; a port it cannot listen on is a UsageError naming it."""
+    try:
+        return start()
+    except RuntimeError as e:  # "Could not start gRPC server"
+        raise UsageError(
+            f"--port {port}: the tf.data service {role} could not listen on it ({e}); is the "
+            "port in use? Choose another, or 0 for any free port"
+        ) from None
 
 
 def cmd_dispatcher(args: argparse.Namespace) -> int:
-    server = start_dispatcher(args.port, args.work_dir)
+    server = _started(lambda: start_dispatcher(args.port, args.work_dir), "dispatcher", args.port)
     return _serve_until_signal(server, "dispatcher", server.target)
 
 
@@ -37,5 +48,5 @@ def cmd_worker(args: argparse.Namespace) -> int:
         dispatcher = service_address(args.dispatcher)
     except ValueError as e:
         raise UsageError(f"--dispatcher: {e}") from None
-    server = start_worker(dispatcher, args.port, args.host)
+    server = _started(lambda: start_worker(dispatcher, args.port, args.host), "worker", args.port)
     return _serve_until_signal(server, "worker", f"{args.host}:{worker_port(server)}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -166,3 +167,13 @@ def test_data_service_settings_are_checked(tmp_path, shared_tiny_data, capsys, m
     assert main(["train", "--config", str(config)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "a run with [data] data_service trains in one process only" in err[0]
+
+
+def test_a_port_in_use_is_one_error_line(capsys):
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["data-service", "dispatcher", "--port", str(port)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"--port {port}: the tf.data service dispatcher could not" in err[0]
