@@ -33,9 +33,9 @@ only); the module that runs it (TensorFlow and all) is imported only when the co
 
 User errors (a bad flag, schema, config, data file or score source) print one ``error:`` line
 naming what, where and what was expected, and exit with status 2; a lost peer of a distributed
-run, a tf.data service that sent no batch in time (``features.tfrecord.service.InputStalledError``)
-or a data job's task that failed for good on its engine (``features.tasks.JobError``),
-prints one ``error:`` line and exits with status 3. A write that fails for a full disk or quota, or a file past the size
+run, a tf.data service that sent no batch in time
+(``features.tfrecord.service.InputStalledError``) or a data job's task that failed for good on
+its engine (``features.tasks.JobError``), prints one ``error:`` line and exits with status 3. A write that fails for a full disk or quota, or a file past the size
 limit, prints one ``error:`` line naming the file (when the error names it) and exits 2. Anything
 else is a bug and propagates with its traceback (status 1).
 """
@@ -178,8 +178,9 @@ def handler(args: argparse.Namespace) -> Callable[[argparse.Namespace], int]:
 
 
 def exit_status(error: Exception) -> int | None:
-    """2 for a user error, 3 for a lost peer of a distributed run or a data job whose task
-    failed for good on its engine, None for anything else."""
+    """2 for a user error, 3 for a lost peer of a distributed run, a tf.data service that sent
+    no batch in time or a data job whose task failed for good on its engine, None for anything
+    else."""
     if isinstance(error, (*_loaded(LOST_PEER, INPUT_STALLED), JobError)):  # may run it again
         return 3
     if isinstance(error, USER_ERRORS + _loaded(*LOADED_USER_ERRORS)):

@@ -3,10 +3,11 @@
 The signature and elements of ``features.dataset.make_dataset`` (``{field: [batch]}`` raw
 tensors, the same values for the same rows), but no Python runs per batch: the epoch is planned
 once (``features.tfrecord.plan``), then tf.data, from a source of one element per window,
-reads each window's records (``TFRecordDataset``), parses them with one ``tf.io.parse_example`` of fixed-length block
-features, permutes the window's rows with ``tf.random.experimental.stateless_shuffle`` and
-gathers them into one ``[rows]`` tensor per field, which ``rebatch`` cuts into batches (one copy
-of each batch's rows, no per-batch function). A window holds whole batches
+reads each window's records (``TFRecordDataset``), parses them with one
+``tf.io.parse_example`` of fixed-length block features, permutes the window's rows with
+``tf.random.experimental.stateless_shuffle`` and gathers them into one ``[rows]`` tensor per
+field, which ``rebatch`` cuts into batches (one copy of each batch's rows, no per-batch
+function). A window holds whole batches
 (``features.tfrecord.plan``), so every batch but the share's last has ``batch_size`` rows.
 Windows are read and parsed in parallel (``num_parallel_calls=AUTOTUNE``) and batches
 prefetched. The dataset holds no Python function, so tf.data service can run it
