@@ -9,8 +9,8 @@ reads each window's records (``TFRecordDataset``), parses them with one
 field, which ``rebatch`` cuts into batches (one copy of each batch's rows, no per-batch
 function). A window holds whole batches
 (``features.tfrecord.plan``), so every batch but the share's last has ``batch_size`` rows.
-Windows are read and parsed in parallel (``num_parallel_calls=AUTOTUNE``) and batches
-prefetched. The dataset holds no Python function, so tf.data service can run it
+Windows are parsed in parallel (``num_parallel_calls=AUTOTUNE``), each read when its parse
+starts, and batches prefetched. The dataset holds no Python function, so tf.data service can run it
 (``features.tfrecord.service``), its dynamic sharding handing whole windows to its workers.
 
 Memory: a window in flight holds its parsed rows twice (parsed and permuted), about 0.7 KiB
@@ -98,7 +98,8 @@ def _serialized_windows(
         return own.get_single_element(), meta
 
     read = tf.autograph.experimental.do_not_convert(read)
-    return tf.data.Dataset.from_tensor_slices(meta).map(read, num_parallel_calls=tf.data.AUTOTUNE)
+    # read when the parse asks for the window: no buffer of read windows ahead of the parse
+    return tf.data.Dataset.from_tensor_slices(meta).map(read)
 
 
 def _row_indices(meta: dict[str, tf.Tensor], block_rows: int) -> tf.Tensor:
