@@ -35,6 +35,7 @@ import psutil
 
 from bench.cluster import ROOT, dcn_v2_config
 from bench.train.__main__ import TFRECORD_DIR, write_data, write_tfrecord
+from bench.train.ps_input import _sample
 from features.schema import Schema, load_schema
 from features.tfrecord.dataset import make_tfrecord_dataset
 from features.tfrecord.service import distribute
@@ -55,8 +56,7 @@ def _start(*args: str) -> tuple[subprocess.Popen, str]:
 
 def _cpu(pids: list[int]) -> float:
     """User and system CPU seconds of the processes ``pids`` so far."""
-    times = [psutil.Process(p).cpu_times() for p in pids]
-    return sum(t.user + t.system for t in times)
+    return sum(_sample(p)[0] for p in pids)
 
 
 def _epoch(make: Any, epoch: int, workers: list[int], label: str) -> dict[str, float]:
