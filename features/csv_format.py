@@ -83,6 +83,19 @@ def read_header(path: Path, delimiter: str) -> list[str]:
     return next(csv.reader([text], delimiter=delimiter))
 
 
+def unique_columns(names: list[str], path: Path) -> list[str]:
+    """``names``, a file's header; DataError naming the first column that appears twice."""
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise DataError(
+                f"file {str(path)!r}: column {name!r} appears {names.count(name)} times in the "
+                f"header line; expected each column name once"
+            )
+        seen.add(name)
+    return names
+
+
 class LineMap:
     """Maps the rows pyarrow yields to 1-based line numbers, around rows it skipped."""
 

@@ -23,6 +23,7 @@ from features.csv_format import (
     decode_utf8,
     read_header,
     string_convert_options,
+    unique_columns,
 )
 from features.joins import ReadPlan, SideTable, apply_joins, plan_file
 from features.read_report import DataError
@@ -64,7 +65,11 @@ def csv_batches(
     the schema has one, is read from the file's first line and skipped when ``start`` is 0).
     """
     src = schema.source
-    names = read_header(file, src.delimiter) if src.header else list(src.columns or ())
+    names = (
+        unique_columns(read_header(file, src.delimiter), file)
+        if src.header
+        else list(src.columns or ())
+    )
     plan = plan_file(schema, file, names, cache)
     starts_file = byte_range is None or byte_range[0] == 0
     lines = LineMap(2 if src.header and starts_file else first_line if byte_range else 1)
@@ -103,6 +108,12 @@ def csv_batches(
     except pa.ArrowException as e:
         if "Empty CSV file" in str(e):
             raise DataError(f"file {str(file)!r} is empty: expected lines of data") from None
+        if "straddl" in str(e):  # a row longer than pyarrow's block of text
+            raise DataError(
+                f"{file}: a row at or after line {lines.next} is longer than "
+                f"{read_opts.block_size >> 20} MiB, the most one row may hold; expected shorter "
+                f"rows (an unclosed quote also makes one row of the rest of the file)"
+            ) from None
         raise DataError(f"{file}: could not parse CSV at or after line {lines.next}: {e}") from None
     except OSError as e:  # pyarrow's decompressor: a truncated or corrupt gzip/bz2 stream
         raise DataError(compressed_stream_message(file, lines.next - 1, e)) from None

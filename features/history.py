@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from features.csv_format import read_header, unique_columns
 from features.read_report import DataError
 
 SEPARATOR = "|"
@@ -83,7 +84,28 @@ class HistorySpec:
 
 
 def _read_csv(path: Path) -> pd.DataFrame:
-    return pd.read_csv(path, dtype=str, keep_default_na=False)
+    """The CSV file ``path``, every cell a string; DataError for a folder, an empty file, a
+    header naming a column twice, or text that is not UTF-8 (naming its first such line)."""
+    if path.is_dir():
+        raise DataError(f"{path} is a folder: expected a CSV file")
+    unique_columns(read_header(path, ","), path)
+    try:
+        return pd.read_csv(path, dtype=str, keep_default_na=False, encoding="utf-8")
+    except UnicodeDecodeError:
+        raise DataError(
+            f"{path} line {_first_non_utf8_line(path)} is not UTF-8 text: expected a UTF-8 CSV file"
+        ) from None
+
+
+def _first_non_utf8_line(path: Path) -> int:
+    """The 1-based number of the first line of ``path`` that is not UTF-8 (0: none)."""
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, start=1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError:
+                return number
+    return 0
 
 
 def _require(frame: pd.DataFrame, path: Path, columns: dict[str, str]) -> None:

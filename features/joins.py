@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from features.cells import as_plain
-from features.csv_format import read_header, string_convert_options
+from features.csv_format import read_header, string_convert_options, unique_columns
 from features.read_report import DataError, short_list
 from features.schema import Schema
 
@@ -39,7 +39,7 @@ def _load_side_table(join: Any, data_file: Path, cache: dict[Any, SideTable]) ->
     where = f"side table {str(path)!r} (joined on {join.on!r} to {str(data_file)!r})"
     if not path.is_file():
         raise DataError(f"{where} does not exist")
-    header = read_header(path, join.delimiter)
+    header = unique_columns(read_header(path, join.delimiter), path)
     for needed, what in (
         (join.on, "the join key"),
         *((c, "a listed column") for c in join.columns or ()),

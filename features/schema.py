@@ -442,7 +442,10 @@ def load_schema(path: str | Path) -> Schema:
     ``features/schemas/`` (a folder of that name does not count); a directory is a SchemaError.
     """
     p = _schema_file(path)
-    text = p.read_text()
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise SchemaError(f"schema file {str(p)!r} is not UTF-8 text (byte {e.start})") from None
     try:
         if p.suffix == ".toml":
             data = tomllib.loads(text)

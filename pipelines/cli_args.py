@@ -61,7 +61,7 @@ def positive(text: str) -> int:
 def _bad_rows(p: argparse.ArgumentParser, default: int | None = 0) -> None:
     p.add_argument(
         "--max-bad-rows",
-        type=int,
+        type=non_negative_int,
         default=default,
         help="bad raw rows to skip and count; one more is an error (default: 0)",
     )
@@ -168,7 +168,9 @@ def train(sub: Subparsers) -> None:
         help="continue the finished run RUN by value (train.continue_from; docs/continuous.md)",
     )
     t.add_argument(
-        "--max-bad-rows", type=int, help="bad raw rows to skip and count (data.max_bad_rows)"
+        "--max-bad-rows",
+        type=non_negative_int,
+        help="bad raw rows to skip and count (data.max_bad_rows)",
     )
     engine_flags(t)
     t.set_defaults(handler="pipelines.run_commands:cmd_train")

@@ -28,6 +28,17 @@ def share(text: str) -> float:
     return v
 
 
+def split_share(text: str) -> float:
+    """A number in [0, 1): the share of rows a split takes (an argparse type)."""
+    try:
+        v = float(text)
+    except ValueError:
+        v = math.nan
+    if not 0.0 <= v < 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}")
+    return v
+
+
 def non_negative(text: str) -> float:
     """A finite number >= 0 (an argparse type)."""
     try:
@@ -46,9 +57,9 @@ def generate(sub: Subparsers) -> None:
         required=True,
         help="folder for train/ and test/ Parquet shards, schema.toml and ground_truth.json",
     )
-    g.add_argument("--rows", type=int, default=1_000_000, help="rows to generate")
+    g.add_argument("--rows", type=positive, default=1_000_000, help="rows to generate")
     g.add_argument("--seed", type=int, default=0, help="seed of the generator")
-    g.add_argument("--test-fraction", type=float, default=0.2, help="share of rows in test/")
+    g.add_argument("--test-fraction", type=split_share, default=0.2, help="share of rows in test/")
     g.add_argument(
         "--criteo-tsv", action="store_true", help="also write train.tsv in Criteo layout"
     )
@@ -108,7 +119,7 @@ def convert(sub: Subparsers) -> None:
     c.add_argument("--output", required=True, help="folder for the shards and schema.toml")
     c.add_argument(
         "--test-fraction",
-        type=float,
+        type=split_share,
         default=0.0,
         help="share of rows written to a test split (0: one train split)",
     )

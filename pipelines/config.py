@@ -355,6 +355,23 @@ def _check_override(key: str, value: Any, text: str) -> None:
         raise ConfigError(f"--set {text}: [{section}] {problem}")
 
 
+def read_toml(path: Path, what: str) -> dict[str, Any]:
+    """The TOML table of the file ``path``; ConfigError naming ``what`` (e.g. ``config
+    file``) and the path when it does not exist, is a folder, is not UTF-8 text or not TOML."""
+    if not path.exists():
+        raise ConfigError(f"{what} {str(path)!r} does not exist")
+    if path.is_dir():
+        raise ConfigError(f"{what} {str(path)!r} is a folder: expected a TOML file")
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"{what} {str(path)!r} is not UTF-8 text (byte {e.start}): expected a TOML file"
+        ) from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{what} {str(path)!r} is not valid TOML: {e}") from None
+
+
 def load_config(path: str | Path, overrides: list[str] | None = None) -> PipelineConfig:
     """Reads a TOML training config and applies ``KEY=VALUE`` overrides.
 
@@ -362,12 +379,7 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Pipelin
     type for a value of the wrong type, before any section is built.
     """
     p = Path(path)
-    if not p.exists():
-        raise ConfigError(f"config file {str(p)!r} does not exist")
-    try:
-        data = tomllib.loads(p.read_text())
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"config file {str(p)!r} is not valid TOML: {e}") from None
+    data = read_toml(p, "config file")
     for text in overrides or []:
         key, value = parse_override(text)
         _check_override(key, value, text)

@@ -1,7 +1,7 @@
 """Type checks of config values against the annotations of the dataclass they build.
 
 ``check_values(cls, values)`` compares each TOML value with its field's annotation, read with
-``typing.get_type_hints``: ``int`` (not a boolean), ``float`` (an integer too), ``bool`` (only
+``typing.get_type_hints``: ``int`` (not a boolean), ``float`` (a finite number; an integer too), ``bool`` (only
 ``true``/``false``), ``str``, ``tuple[X, ...]`` / ``list[X]`` (a TOML array of X),
 ``tuple[X, Y]`` (an array of exactly those), ``dict[K, V]`` / ``dict`` (a TOML table), a
 dataclass (a TOML table whose known keys fit its fields; unknown and missing keys are the
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import types
 import typing
 from collections.abc import Mapping
@@ -20,7 +21,7 @@ from typing import Any
 
 _NAMES = {
     int: ("an integer", "integers"),
-    float: ("a number", "numbers"),
+    float: ("a finite number", "finite numbers"),
     bool: ("true or false", "booleans"),
     str: ("a string", "strings"),
 }
@@ -49,8 +50,10 @@ def matches(tp: Any, value: Any) -> bool:
         return isinstance(value, bool)
     if tp is int:
         return isinstance(value, int) and not isinstance(value, bool)
-    if tp is float:
-        return isinstance(value, int | float) and not isinstance(value, bool)
+    if tp is float:  # TOML's inf and nan are no setting's value
+        return (
+            isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        )
     if tp is str:
         return isinstance(value, str)
     if dataclasses.is_dataclass(tp):

@@ -42,7 +42,7 @@ from features import (
 from features.schema import load_schema
 from features.stats_job import raw_stats
 from pipelines.engines import chunk_bytes, engine_config, open_runner
-from pipelines.errors import UsageError
+from pipelines.errors import UsageError, check_output_path
 
 _print = functools.partial(print, flush=True)
 
@@ -58,6 +58,7 @@ _DAYS_FLAGS = {
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    check_output_path(args.output)
     if args.days is not None:
         return _generate_days(args)
     given = [flag for name, flag in _DAYS_FLAGS.items() if getattr(args, name) is not None]
@@ -122,10 +123,9 @@ _CONVERT_ENTRIES = {"train", "test", "schema.toml", completion.STARTED, completi
 
 def _check_output(out: Path) -> None:
     """Raises UsageError when ``--output`` exists and is not an earlier convert's folder."""
+    check_output_path(out)
     if not out.exists():
         return
-    if not out.is_dir():
-        raise UsageError(f"--output {str(out)!r} is a file: expected a folder for the shards")
     other = sorted(p.name for p in out.iterdir() if p.name not in _CONVERT_ENTRIES)
     if other:
         raise UsageError(
@@ -193,6 +193,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
+    check_output_path(args.output)
     schema = load_schema(args.schema)
     report = read_report.ReadReport()
     with open_runner(engine_config(args), _print) as runner:
@@ -246,6 +247,7 @@ def cmd_add_history(args: argparse.Namespace) -> int:
         raise UsageError("--attributes and --attribute go together: give both or neither")
     if Path(args.input).resolve() == Path(args.output).resolve():
         raise UsageError(f"--output {args.output!r} is the --input file: expected another file")
+    check_output_path(args.output, folder=False)
     spec = history.HistorySpec(
         user=args.user,
         item=args.item,

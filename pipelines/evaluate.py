@@ -26,6 +26,7 @@ from pipelines.evaluation.tasks import (
     saved_model_tasks,
     select_tasks,
     task_metrics,
+    unloadable_saved_model,
 )
 
 
@@ -79,7 +80,10 @@ def _score(
     batch_size: int,
     max_bad_rows: int,
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], read_report.ReadReport]:
-    fn = tf.saved_model.load(str(model_dir)).signatures["serving_default"]
+    try:
+        fn = tf.saved_model.load(str(model_dir)).signatures["serving_default"]
+    except (OSError, tf.errors.OpError) as e:
+        raise unloadable_saved_model(model_dir, e) from None
     inputs = [f.name for f in model_schema.model_inputs]
     label_names, outputs = needed_labels(tasks), needed_outputs(tasks)
     report = read_report.ReadReport()

@@ -42,7 +42,7 @@ from features.shard_reader import column_to_numpy, iter_record_batches, list_par
 from features.tasks import TaskRunner, atomic_path, runner_or_local
 from pipelines.engines import chunk_bytes, engine_config, open_runner
 from pipelines.errors import UsageError
-from pipelines.evaluation.tasks import ModelTask, needed_outputs
+from pipelines.evaluation.tasks import ModelTask, needed_outputs, unloadable_saved_model
 
 _print = functools.partial(print, flush=True)
 SUCCESS = "_SUCCESS"
@@ -60,7 +60,11 @@ def _tf() -> Any:
 
 def _signature(model: str) -> Any:
     if model not in _LOADED:
-        _LOADED[model] = _tf().saved_model.load(model).signatures["serving_default"]
+        tf = _tf()
+        try:
+            _LOADED[model] = tf.saved_model.load(model).signatures["serving_default"]
+        except (OSError, tf.errors.OpError) as e:
+            raise unloadable_saved_model(model, e) from None
     return _LOADED[model]
 
 

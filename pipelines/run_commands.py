@@ -22,7 +22,7 @@ from compiler_opt.fused_signature import FUSION_FILE, FusionSpec, write_spec
 from pipelines.config import PipelineConfig, load_config
 from pipelines.config_sections import EngineConfig
 from pipelines.engines import engine_config
-from pipelines.errors import UsageError
+from pipelines.errors import UsageError, check_output_path
 from pipelines.export import (
     export_ensemble,
     export_run,
@@ -46,6 +46,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, overrides)
     if args.output:
         cfg = dataclasses.replace(cfg, output_dir=str(Path(args.output).resolve()))
+    check_output_path(cfg.output_dir, "--output" if args.output else "output_dir")
     if args.continue_from:  # relative to the working directory, as --output
         cont = str(Path(args.continue_from).resolve())
         cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, continue_from=cont))

@@ -37,7 +37,6 @@ import json
 import subprocess
 import sys
 import time
-import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -47,6 +46,7 @@ from pipelines.config import (
     PipelineConfig,
     config_from_dict,
     parse_override,
+    read_toml,
     set_path,
 )
 from pipelines.errors import UsageError
@@ -102,15 +102,6 @@ class Tuning:
         return config_from_dict(data, base_dir=self.base_dir, where=self.where)
 
 
-def _read_toml(path: Path, what: str) -> dict[str, Any]:
-    if not path.exists():
-        raise ConfigError(f"{what} {str(path)!r} does not exist")
-    try:
-        return tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{what} {str(path)!r} is not valid TOML: {e}") from None
-
-
 def load_tuning(
     config: str | Path,
     overrides: Sequence[str] = (),
@@ -121,7 +112,7 @@ def load_tuning(
     space: every bound and choice must make a valid training config."""
     path = Path(config)
     where = f"config file {str(path)!r}"
-    data = _read_toml(path, "config file")
+    data = read_toml(path, "config file")
     table = data.pop("tune", None)
     for text in overrides:
         set_path(data, *parse_override(text))
@@ -149,7 +140,7 @@ def load_tuning(
         )
     if space_file is not None:
         sf = Path(space_file)
-        table = _read_toml(sf, "space file")
+        table = read_toml(sf, "space file")
         table = table["tune"] if set(table) == {"tune"} else table
         space = parse_space(table, f"space file {str(sf)!r}")
     elif table is not None:

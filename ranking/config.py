@@ -226,6 +226,8 @@ class ModelConfig:
         if isinstance(self.mlp, str):
             raise ValueError(f"mlp must be a list of integers, got {self.mlp!r}")
         object.__setattr__(self, "mlp", tuple(int(u) for u in self.mlp))
+        if any(u < 1 for u in self.mlp):
+            raise ValueError(f"mlp sizes must be >= 1, got {list(self.mlp)}")
         if self.type in ("dnn", "dcn_v2") and not self.mlp:
             raise ValueError(f"model type {self.type!r} needs a non-empty mlp")
         if self.wide and (self.type not in ("dnn", "dcn_v2") or self.tasks):

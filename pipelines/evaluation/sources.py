@@ -36,7 +36,7 @@ from tensorflow_serving.apis import get_model_metadata_pb2, predict_pb2, predict
 from features import read_report, readers
 from features.schema import FeatureKind, Schema, load_schema
 from features.shard_reader import column_to_numpy, list_parquet
-from pipelines.evaluation.tasks import ModelTask, saved_model_tasks
+from pipelines.evaluation.tasks import ModelTask, saved_model_tasks, unloadable_saved_model
 
 SCHEMA_ASSET = Path("assets.extra") / "schema.toml"
 
@@ -198,7 +198,10 @@ class SavedModelSource(ScoreSource):
             raise SourceError(f"{path} is not a StitchRec SavedModel: it has no {SCHEMA_ASSET}")
         self.model_schema, self.tasks = saved_model_tasks(self.path)
         self.output = "score"
-        self.fn = tf.saved_model.load(str(self.path)).signatures["serving_default"]
+        try:
+            self.fn = tf.saved_model.load(str(self.path)).signatures["serving_default"]
+        except (OSError, tf.errors.OpError) as e:
+            raise unloadable_saved_model(self.path, e) from None
         self.input_names = [f.name for f in self.model_schema.model_inputs]
 
     def for_task(self, task: ModelTask) -> SavedModelSource:
@@ -337,7 +340,7 @@ class ParquetScoresSource(ScoreSource):
                 )
         self.table = table
         self.ids = table.column(id_column).to_numpy(zero_copy_only=False)
-        self.values = table.column(score_column).to_numpy(zero_copy_only=False).astype(np.float64)
+        self.values = self._numbers(score_column)
         self.id_column, self.score_column = id_column, score_column
         self.actions = None
         self.action_name = action_column or ""
@@ -352,9 +355,18 @@ class ParquetScoresSource(ScoreSource):
             return self
         other = copy.copy(self)
         other.score_column = task.output
-        other.values = self.table.column(task.output).to_numpy(zero_copy_only=False)
-        other.values = other.values.astype(np.float64)
+        other.values = self._numbers(task.output)
         return other
+
+    def _numbers(self, column: str) -> np.ndarray:
+        """The column ``column`` as float64; SourceError unless it holds numbers."""
+        col = self.table.column(column)
+        if not (pa.types.is_floating(col.type) or pa.types.is_integer(col.type)):
+            raise SourceError(
+                f"scores file {self.name}: column {column!r} holds {col.type} values; expected "
+                f"numbers (the scores `stitchrec predict` writes)"
+            )
+        return col.to_numpy(zero_copy_only=False).astype(np.float64)
 
     def _align(self, key_file: np.ndarray, key_logs: np.ndarray, what: str) -> np.ndarray:
         """Index into the file for each logs key; clear errors for duplicates and gaps."""

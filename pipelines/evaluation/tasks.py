@@ -158,6 +158,17 @@ def task_logits(model: Any, features: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def unloadable_saved_model(model_dir: str | Path, error: BaseException) -> TaskError:
+    """The error for a SavedModel folder TensorFlow could not load (``error``, an OSError or a
+    ``tf.errors.OpError``): the folder, the first line of TensorFlow's reason, and what was
+    expected."""
+    lines = str(error).strip().splitlines() or [type(error).__name__]
+    return TaskError(
+        f"{model_dir} is not a complete SavedModel ({lines[0].strip()}); expected the folder "
+        f"`stitchrec export` writes (saved_model.pb, variables/, assets.extra/)"
+    )
+
+
 def saved_model_tasks(model_dir: str | Path) -> tuple[Schema, list[ModelTask]]:
     """The schema a StitchRec SavedModel takes (labels included) and its tasks, from its
     ``assets.extra/schema.toml`` and ``stitchrec.json``."""

@@ -109,7 +109,7 @@ train = "train"
         ('[train]\ndeterministic = "false"', r"\[train\] deterministic must be true or false"),
         ("[train]\nbatch_size = 12.5", r"\[train\] batch_size must be an integer, got 12.5"),
         ('[train]\nbatch_size = "big"', r"\[train\] batch_size must be an integer, got 'big'"),
-        ('[train]\nlearning_rate = "0.1"', r"\[train\] learning_rate must be a number"),
+        ('[train]\nlearning_rate = "0.1"', r"\[train\] learning_rate must be a finite number"),
         ("[train]\nwarm_start = 3", r"\[train\] warm_start must be a string, got 3"),
         ("[fusion]\nkernels = 1", r"\[fusion\] kernels must be true or false, got 1"),
         (
@@ -118,7 +118,7 @@ train = "train"
         ),
         ("[distribute]\nstrategy = 2", r"\[distribute\] strategy must be a string, got 2"),
         ("[preranking]\ntower_mlp = 64", r"\[preranking\] tower_mlp must be a list of integers"),
-        ('[preranking]\nreg_weight = "x"', r"\[preranking\] reg_weight must be a number"),
+        ('[preranking]\nreg_weight = "x"', r"\[preranking\] reg_weight must be a finite number"),
         ('[pair_stats]\npairs = [["a", "b"]]\nalpha = "x"', r"\[pair_stats\] alpha must be a"),
         ('[pair_stats]\npairs = [["a", 1]]', r"\[pair_stats\] pairs must be a list of lists of"),
         ('[pair_stats]\npairs = [["a", "b"]]\nhead = "32"', r"\[pair_stats\] head must be a list"),
@@ -139,7 +139,10 @@ def test_values_of_the_wrong_type_are_config_errors(tmp_path, text, match):
     [
         ("schema = 5\ntrain = 't'", r"\[data\] schema must be a string, got 5"),
         ("schema = 's.toml'\ntrain = [1]", r"\[data\] train must be a list of strings, got \[1\]"),
-        ("schema = 's.toml'\nraw = 'r'\ntest_fraction = '0.1'", r"test_fraction must be a number"),
+        (
+            "schema = 's.toml'\nraw = 'r'\ntest_fraction = '0.1'",
+            r"test_fraction must be a finite number",
+        ),
         ("schema = 's.toml'\ntrain = 't'\nmax_bad_rows = 1.5", r"max_bad_rows must be an integer"),
     ],
 )

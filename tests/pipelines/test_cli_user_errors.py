@@ -1,0 +1,296 @@
+"""Inputs a new user gets wrong: each is one ``error:`` line naming what, where and what was
+expected, with exit status 2 (argparse's usage line and error for a flag value), never a
+traceback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipelines.cli import main
+from pipelines.config import ConfigError, load_config
+from tests.testdata import write_run_config, write_small_csv, write_tiny_dataset
+
+SCHEMA = """name = "small"
+[source]
+format = "csv"
+delimiter = ","
+header = true
+[[fields]]
+name = "y"
+kind = "label"
+[[fields]]
+name = "a"
+kind = "categorical"
+[[fields]]
+name = "x"
+kind = "numeric"
+"""
+
+
+def _run(capsys, *argv: str) -> tuple[int, str]:
+    rc = main(list(argv))
+    return rc, capsys.readouterr().err
+
+
+def _one_error(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+def _flag_error(capsys, *argv: str) -> str:
+    """argparse refused a flag value: exit status 2, its error line returned."""
+    with pytest.raises(SystemExit) as e:
+        main(list(argv))
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err.strip().splitlines()[-1]
+
+
+@pytest.fixture
+def small(tmp_path: Path) -> tuple[Path, Path]:
+    schema = tmp_path / "small.toml"
+    schema.write_text(SCHEMA)
+    return schema, write_small_csv(tmp_path / "small.csv", 20)
+
+
+@pytest.mark.parametrize("command", ["convert", "stats"])
+def test_a_header_naming_a_column_twice(tmp_path, capsys, small, command):
+    schema, csv = small
+    csv.write_text(csv.read_text().replace("y,a,x", "y,a,a", 1))
+    rc, err = _run(
+        capsys,
+        command,
+        "--schema",
+        str(schema),
+        "--input",
+        str(csv),
+        "--output",
+        str(tmp_path / "o"),
+    )
+    assert rc == 2
+    line = _one_error(err)
+    assert "column 'a' appears 2 times in the header line" in line and "small.csv" in line
+
+
+@pytest.mark.parametrize("command", ["convert", "stats", "generate"])
+def test_an_output_under_a_file(tmp_path, capsys, small, command):
+    schema, csv = small
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    args = ["--schema", str(schema), "--input", str(csv)] if command != "generate" else []
+    rc, err = _run(capsys, command, *args, "--output", str(afile / "sub"))
+    assert rc == 2
+    assert f"{str(afile)!r} is a file, so nothing can be written under it" in _one_error(err)
+    assert afile.read_text() == "x"
+
+
+@pytest.mark.parametrize("command", ["stats", "generate"])
+def test_an_output_that_is_a_file(tmp_path, capsys, small, command):
+    schema, csv = small
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    args = ["--schema", str(schema), "--input", str(csv)] if command != "generate" else []
+    rc, err = _run(capsys, command, *args, "--output", str(afile))
+    assert rc == 2
+    assert f"--output {str(afile)!r} is a file: expected a folder" in _one_error(err)
+
+
+def test_train_output_that_is_a_file(tmp_path, capsys):
+    data = write_tiny_dataset(tmp_path, rows=64, train_rows=48)
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    config = write_run_config(
+        tmp_path / "c.toml", data, tmp_path / "run", {"type": "lr"}, {"epochs": 1}
+    )
+    rc, err = _run(capsys, "train", "--config", str(config), "--output", str(afile))
+    assert rc == 2
+    assert f"--output {str(afile.resolve())!r} is a file: expected a folder" in _one_error(err)
+    config.write_text(config.read_text().replace(str(tmp_path / "run"), str(afile)))
+    rc, err = _run(capsys, "train", "--config", str(config))
+    assert rc == 2
+    assert "output_dir" in _one_error(err)
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["convert", "--test-fraction", "1"], "expected a number in [0, 1), got '1'"),
+        (["convert", "--test-fraction", "-0.1"], "expected a number in [0, 1), got '-0.1'"),
+        (["convert", "--max-bad-rows", "-1"], "expected an integer >= 0, got '-1'"),
+        (["stats", "--max-bad-rows", "-3"], "expected an integer >= 0, got '-3'"),
+        (["generate", "--rows", "0"], "expected an integer >= 1, got 0"),
+        (["generate", "--test-fraction", "2"], "expected a number in [0, 1), got '2'"),
+    ],
+)
+def test_flag_values_out_of_range(tmp_path, capsys, small, argv, expected):
+    schema, csv = small
+    command, rest = argv[0], argv[1:]
+    inputs = ["--schema", str(schema), "--input", str(csv)] if command != "generate" else []
+    line = _flag_error(capsys, command, *inputs, "--output", str(tmp_path / "o"), *rest)
+    assert line.startswith(f"stitchrec {command}: error: argument ") and expected in line
+    assert not (tmp_path / "o").exists()
+
+
+def test_train_max_bad_rows_flag_is_checked(tmp_path, capsys):
+    line = _flag_error(capsys, "train", "--config", "c.toml", "--max-bad-rows", "-2")
+    assert "--max-bad-rows: expected an integer >= 0, got '-2'" in line
+
+
+def test_a_config_that_is_a_folder_or_not_utf8(tmp_path, capsys):
+    rc, err = _run(capsys, "train", "--config", str(tmp_path))
+    assert rc == 2
+    assert f"config file {str(tmp_path)!r} is a folder: expected a TOML file" in _one_error(err)
+    binary = tmp_path / "c.toml"
+    binary.write_bytes(b'output_dir = "r"\n# \xff\xfe\n')
+    rc, err = _run(capsys, "train", "--config", str(binary))
+    assert rc == 2
+    assert "is not UTF-8 text (byte 19): expected a TOML file" in _one_error(err)
+
+
+def test_a_schema_that_is_not_utf8(tmp_path, capsys, small):
+    _, csv = small
+    schema = tmp_path / "bad.toml"
+    schema.write_bytes(SCHEMA.encode() + b"# \xff\n")
+    rc, err = _run(
+        capsys,
+        "stats",
+        "--schema",
+        str(schema),
+        "--input",
+        str(csv),
+        "--output",
+        str(tmp_path / "o"),
+    )
+    assert rc == 2
+    assert "bad.toml' is not UTF-8 text" in _one_error(err)
+
+
+@pytest.mark.parametrize(
+    ("section", "text", "expected"),
+    [
+        ("model", "mlp = [-8]", "mlp sizes must be >= 1, got [-8]"),
+        ("model", "mlp = [64, 0]", "mlp sizes must be >= 1, got [64, 0]"),
+        ("train", "learning_rate = inf", "learning_rate must be a finite number, got inf"),
+        ("train", "learning_rate = nan", "learning_rate must be a finite number, got nan"),
+        ("model", "l2 = inf", "l2 must be a finite number, got inf"),
+    ],
+)
+def test_config_values_checked_before_training(tmp_path, section, text, expected):
+    data = write_tiny_dataset(tmp_path, rows=64, train_rows=48)
+    config = write_run_config(tmp_path / "c.toml", data, tmp_path / "run", {}, {})
+    config.write_text(config.read_text().replace(f"[{section}]\n", f"[{section}]\n{text}\n", 1))
+    with pytest.raises(ConfigError, match=expected.replace("[", r"\[").replace("]", r"\]")):
+        load_config(config)
+
+
+def test_a_row_longer_than_a_block_names_its_line(tmp_path, capsys, small):
+    schema, csv = small
+    lines = csv.read_text().splitlines()
+    lines[5] = "1,v" + "z" * (2 << 20) + ",3.0"
+    csv.write_text("\n".join(lines) + "\n")
+    rc, err = _run(
+        capsys,
+        "stats",
+        "--schema",
+        str(schema),
+        "--input",
+        str(csv),
+        "--output",
+        str(tmp_path / "o"),
+    )
+    assert rc == 2
+    line = _one_error(err)
+    assert "is longer than 1 MiB, the most one row may hold" in line and "straddl" not in line
+
+
+def test_scores_that_are_not_numbers(tmp_path, capsys):
+    ids = np.arange(4)
+    labels = tmp_path / "logs.parquet"
+    pq.write_table(pa.table({"row_id": ids, "y": [0, 1, 0, 1], "a": list("abab")}), labels)
+    good = tmp_path / "a.parquet"
+    pq.write_table(pa.table({"row_id": ids, "score": [0.1, 0.9, 0.2, 0.8]}), good)
+    text = tmp_path / "b.parquet"
+    pq.write_table(pa.table({"row_id": ids, "score": ["0.1", "abc", "0.2", "0.8"]}), text)
+    schema = tmp_path / "s.toml"
+    schema.write_text(
+        'name = "s"\n[source]\nformat = "parquet"\n[[fields]]\nname = "row_id"\nkind = "meta"\n'
+        '[[fields]]\nname = "y"\nkind = "label"\n[[fields]]\nname = "a"\nkind = "categorical"\n'
+    )
+    rc, err = _run(
+        capsys,
+        "ab",
+        "--control",
+        str(good),
+        "--treatment",
+        str(text),
+        "--data",
+        str(labels),
+        "--schema",
+        str(schema),
+        "--no-html",
+        "--output",
+        str(tmp_path / "ab"),
+    )
+    assert rc == 2
+    line = _one_error(err)
+    assert "b.parquet: column 'score' holds" in line and "expected numbers" in line
+
+
+def test_add_history_inputs(tmp_path, capsys):
+    def history(inp: Path, out: Path) -> str:
+        rc, err = _run(capsys, "add-history", "--input", str(inp), "--output", str(out))
+        assert rc == 2
+        return _one_error(err)
+
+    out = tmp_path / "out.csv"
+    empty = tmp_path / "empty.csv"
+    empty.write_text("")
+    assert "is empty or starts with a blank line" in history(empty, out)
+    dup = tmp_path / "dup.csv"
+    dup.write_text("userId,movieId,rating,rating,timestamp\nu1,a,4,4,10\n")
+    assert "column 'rating' appears 2 times in the header line" in history(dup, out)
+    latin = tmp_path / "latin.csv"
+    latin.write_bytes(b"userId,movieId,timestamp\nu1,a,10\nu\xff,b,20\n")
+    assert "latin.csv line 3 is not UTF-8 text" in history(latin, out)
+    assert f"{tmp_path} is a folder: expected a CSV file" in history(tmp_path, out)
+    good = tmp_path / "good.csv"
+    good.write_text("userId,movieId,timestamp\nu1,a,10\n")
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    assert f"--output {str(folder)!r} is a folder: expected a file path" in history(good, folder)
+    assert not out.exists() and list(folder.iterdir()) == []
+
+
+def test_an_unloadable_saved_model(tmp_path, capsys):
+    model = tmp_path / "model"
+    (model / "assets.extra").mkdir(parents=True)
+    (model / "assets.extra" / "schema.toml").write_text(SCHEMA)
+    (model / "saved_model.pb").write_bytes(b"\x0a\xff\xff\xff")
+    data = write_small_csv(tmp_path / "small.csv", 10)
+    schema = tmp_path / "small.toml"
+    schema.write_text(SCHEMA)
+    for command in ("evaluate", "predict"):
+        extra = ["--output", str(tmp_path / "scores")] if command == "predict" else []
+        rc, err = _run(
+            capsys,
+            command,
+            "--model",
+            str(model),
+            "--data",
+            str(data),
+            "--schema",
+            str(schema),
+            *extra,
+        )
+        assert rc == 2, err
+        line = _one_error(err)
+        assert f"{model} is not a complete SavedModel (" in line
+        assert "expected the folder `stitchrec export` writes" in line
