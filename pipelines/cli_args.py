@@ -58,13 +58,12 @@ def positive(text: str) -> int:
     return v
 
 
-def _bad_rows(p: argparse.ArgumentParser, default: int | None = 0) -> None:
-    p.add_argument(
-        "--max-bad-rows",
-        type=non_negative_int,
-        default=default,
-        help="bad raw rows to skip and count; one more is an error (default: 0)",
-    )
+def _bad_rows(
+    p: argparse.ArgumentParser,
+    default: int | None = 0,
+    text: str = "bad raw rows to skip and count; one more is an error (default: 0)",
+) -> None:
+    p.add_argument("--max-bad-rows", type=non_negative_int, default=default, help=text)
 
 
 def non_negative_int(text: str) -> int:
@@ -167,11 +166,7 @@ def train(sub: Subparsers) -> None:
         metavar="RUN",
         help="continue the finished run RUN by value (train.continue_from; docs/continuous.md)",
     )
-    t.add_argument(
-        "--max-bad-rows",
-        type=non_negative_int,
-        help="bad raw rows to skip and count (data.max_bad_rows)",
-    )
+    _bad_rows(t, None, "bad raw rows to skip and count (data.max_bad_rows)")
     engine_flags(t)
     t.set_defaults(handler="pipelines.run_commands:cmd_train")
 
