@@ -3,13 +3,24 @@
 Each function here (and in ``pipelines.cli_args_data`` for the data commands ``generate``,
 ``convert``, ``stats`` and ``add-history``) adds one command's sub-parser and names its handler
 as ``"module:function"`` (``set_defaults(handler=...)``); ``pipelines.cli`` imports that module
-only when the command runs. This module imports argparse only, so ``stitchrec --help`` and every
-command's ``--help`` start without TensorFlow.
+only when the command runs. This module imports argparse and the flags' value types
+(``pipelines.cli_types``) only, so ``stitchrec --help`` and every command's ``--help`` start
+without TensorFlow.
 """
 
 from __future__ import annotations
 
 import argparse
+
+from pipelines.cli_types import (
+    int_list,
+    message_mb,
+    non_negative,
+    non_negative_int,
+    port,
+    positive,
+    positive_float,
+)
 
 Subparsers = argparse._SubParsersAction
 
@@ -40,41 +51,12 @@ def add_set_option(p: argparse.ArgumentParser, help_text: str) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=help_text)
 
 
-def int_list(text: str) -> tuple[int, ...]:
-    """``"8,16,32"`` -> ``(8, 16, 32)`` (an argparse type)."""
-    try:
-        return tuple(int(s) for s in text.split(",") if s.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers, got {text!r}"
-        ) from None
-
-
-def positive(text: str) -> int:
-    """An integer >= 1 (an argparse type)."""
-    v = int(text)
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text}")
-    return v
-
-
 def _bad_rows(
     p: argparse.ArgumentParser,
     default: int | None = 0,
     text: str = "bad raw rows to skip and count; one more is an error (default: 0)",
 ) -> None:
     p.add_argument("--max-bad-rows", type=non_negative_int, default=default, help=text)
-
-
-def non_negative_int(text: str) -> int:
-    """An integer >= 0 (an argparse type)."""
-    try:
-        v = int(text)
-    except ValueError:
-        v = -1
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return v
 
 
 def engine_flags(p: argparse.ArgumentParser) -> None:
@@ -122,17 +104,6 @@ def chunk_flag(p: argparse.ArgumentParser) -> None:
     )
 
 
-def positive_float(text: str) -> float:
-    """A finite number > 0 (an argparse type)."""
-    try:
-        v = float(text)
-    except ValueError:
-        v = -1.0
-    if not 0 < v < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
-    return v
-
-
 def _raw_input(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--schema", required=True, help="schema file or shipped schema name (e.g. criteo)"
@@ -144,14 +115,16 @@ def demo(sub: Subparsers) -> None:
     d = sub.add_parser(
         "demo", help="the whole pipeline on synthetic data: stats, train, export, evaluate"
     )
-    d.add_argument("--rows", type=int, default=2_000_000, help="synthetic rows (default 2,000,000)")
+    d.add_argument(
+        "--rows", type=positive, default=2_000_000, help="synthetic rows (default 2,000,000)"
+    )
     d.add_argument(
         "--output",
         default="runs/demo",
         help="folder for the data, the run, the SavedModel and demo_report.json",
     )
     d.add_argument("--model", default="dcn_v2", choices=MODEL_TYPES, help="model type")
-    d.add_argument("--epochs", type=int, default=1, help="training epochs")
+    d.add_argument("--epochs", type=positive, default=1, help="training epochs")
     d.set_defaults(handler="pipelines.demo:cmd_demo")
 
 
@@ -417,13 +390,13 @@ def serve(sub: Subparsers) -> None:
     p = sub.add_parser("serve", help="serve a model repository over gRPC (and HTTP)")
     p.add_argument("--repo", required=True, help="model repository: <repo>/<name>/<version>/")
     p.add_argument("--host", default="0.0.0.0", help="address to listen on")
-    p.add_argument("--port", type=int, default=8500, help="gRPC port")
-    p.add_argument("--metrics-port", type=int, default=None, help="Prometheus /metrics port")
+    p.add_argument("--port", type=port, default=8500, help="gRPC port")
+    p.add_argument("--metrics-port", type=port, default=None, help="Prometheus /metrics port")
     p.add_argument("--metrics-host", default=None, help="default: --host")
     p.add_argument("--workers", type=int, default=1, help="server processes on one port")
     p.add_argument(
         "--http-port",
-        type=int,
+        type=port,
         default=None,
         help="HTTP port (TF Serving REST, KServe v2 REST, /v1/rank); default: no HTTP",
     )
@@ -435,7 +408,9 @@ def serve(sub: Subparsers) -> None:
         metavar="[NAME=]POLICY",
         help="latest (default), latest:N, all or specific:V1,V2; NAME= for one model",
     )
-    p.add_argument("--poll-seconds", type=float, default=5.0, help="0: load once, no polling")
+    p.add_argument(
+        "--poll-seconds", type=non_negative, default=5.0, help="0: load once, no polling"
+    )
     _batching_flags(p)
     p.add_argument(
         "--max-request-rows", type=int, default=100_000, help="examples one request may hold"
@@ -454,7 +429,10 @@ def serve(sub: Subparsers) -> None:
         help="MiB a rank request's user features may take once repeated over its candidates",
     )
     p.add_argument(
-        "--max-message-mb", type=float, default=64.0, help="largest gRPC message, in MiB"
+        "--max-message-mb",
+        type=message_mb,
+        default=64.0,
+        help="largest gRPC message, in MiB (at most 2047: gRPC's limit)",
     )
     p.add_argument("--token", action="append", default=[], help="accepted bearer token")
     p.add_argument("--tls-cert", help="PEM certificate chain: serve TLS (with --tls-key)")
@@ -462,7 +440,7 @@ def serve(sub: Subparsers) -> None:
     p.add_argument("--tls-client-ca", help="PEM CA bundle: require client certificates it signed")
     p.add_argument(
         "--grace-seconds",
-        type=float,
+        type=non_negative,
         default=10.0,
         help="on SIGTERM, seconds in-flight calls get to finish",
     )
@@ -500,9 +478,19 @@ def serve(sub: Subparsers) -> None:
         action="store_true",
         help="serve exports made with `stitchrec export --fuse` unfused",
     )
-    p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
-    p.add_argument("--intra-op-threads", type=int, default=0, help="TensorFlow; 0: default")
-    p.add_argument("--inter-op-threads", type=int, default=0, help="TensorFlow; 0: default")
+    p.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+        default="INFO",
+        help="server log level",
+    )
+    p.add_argument(
+        "--intra-op-threads", type=non_negative_int, default=0, help="TensorFlow; 0: default"
+    )
+    p.add_argument(
+        "--inter-op-threads", type=non_negative_int, default=0, help="TensorFlow; 0: default"
+    )
     p.set_defaults(handler="pipelines.serve:cmd_serve")
 
 
@@ -527,7 +515,7 @@ def _admission_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--drain-seconds",
-        type=float,
+        type=non_negative,
         default=5.0,
         help="on SIGTERM, seconds health reports NOT_SERVING while calls are still served",
     )

@@ -3,7 +3,8 @@ refit`` (``pipelines.cli_args`` describes how a command's flags and handler are 
 
 from __future__ import annotations
 
-from pipelines.cli_args import Subparsers, add_set_option, positive
+from pipelines.cli_args import Subparsers, add_set_option
+from pipelines.cli_types import positive, seed
 
 DAILY_DESCRIPTION = (
     "One day of continuous training (docs/continuous.md): trains the run "
@@ -69,7 +70,7 @@ def refit(sub: Subparsers) -> None:
     r.add_argument(
         "--epochs", type=positive, default=1, help="epochs over the validation rows (default 1)"
     )
-    r.add_argument("--seed", type=int, help="the refit's seed (default: RUN's [train] seed)")
+    r.add_argument("--seed", type=seed, help="the refit's seed (default: RUN's [train] seed)")
     r.add_argument(
         "--learning-rate",
         type=float,

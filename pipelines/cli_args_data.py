@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import argparse
-import math
 
 from pipelines.cli_args import (
     Subparsers,
@@ -13,41 +12,8 @@ from pipelines.cli_args import (
     _raw_input,
     chunk_flag,
     engine_flags,
-    positive,
 )
-
-
-def share(text: str) -> float:
-    """A number in [0, 1] (an argparse type)."""
-    try:
-        v = float(text)
-    except ValueError:
-        v = math.nan
-    if not 0.0 <= v <= 1.0:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}")
-    return v
-
-
-def split_share(text: str) -> float:
-    """A number in [0, 1): the share of rows a split takes (an argparse type)."""
-    try:
-        v = float(text)
-    except ValueError:
-        v = math.nan
-    if not 0.0 <= v < 1.0:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}")
-    return v
-
-
-def non_negative(text: str) -> float:
-    """A finite number >= 0 (an argparse type)."""
-    try:
-        v = float(text)
-    except ValueError:
-        v = math.nan
-    if not 0.0 <= v < math.inf:
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
-    return v
+from pipelines.cli_types import non_negative, port, positive, share, split_share
 
 
 def generate(sub: Subparsers) -> None:
@@ -239,17 +205,6 @@ def predict(sub: Subparsers) -> None:
     engine_flags(p)
     chunk_flag(p)
     p.set_defaults(handler="pipelines.predict:cmd_predict")
-
-
-def port(text: str) -> int:
-    """A TCP port, 0 (any free port) to 65535 (an argparse type)."""
-    try:
-        v = int(text)
-    except ValueError:
-        v = -1
-    if not 0 <= v <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a port in [0, 65535], got {text}")
-    return v
 
 
 def data_service(sub: Subparsers) -> None:

@@ -3,7 +3,8 @@ handler are declared)."""
 
 from __future__ import annotations
 
-from pipelines.cli_args import Subparsers, positive
+from pipelines.cli_args import Subparsers
+from pipelines.cli_types import positive
 
 SKEW_DESCRIPTION = (
     "Training/serving skew (docs/skew.md): per model input, the PSI and Jensen-Shannon "

@@ -141,6 +141,8 @@ class TrainConfig:
         for key in ("max_steps", "continue_epochs"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"[train] {key} must be >= 0, got {getattr(self, key)}")
+        if not 0 <= self.seed < 2**32:
+            raise ConfigError(f"[train] seed must be an integer in [0, 2**32), got {self.seed}")
         if not self.learning_rate > 0:
             raise ConfigError(f"[train] learning_rate must be > 0, got {self.learning_rate}")
         if self.optimizer not in _OPTIMIZERS:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from features.tfrecord.address import service_address
-from features.tfrecord.service import start_dispatcher, start_worker, worker_port
+from features.tfrecord.service import check_reachable, start_dispatcher, start_worker, worker_port
 from pipelines.errors import UsageError
 
 
@@ -47,6 +47,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
     try:
         dispatcher = service_address(args.dispatcher)
     except ValueError as e:
+        raise UsageError(f"--dispatcher: {e}") from None
+    try:  # tf.data service's worker would wait for its dispatcher without end, deaf to SIGINT
+        check_reachable(dispatcher)
+    except ConnectionError as e:
         raise UsageError(f"--dispatcher: {e}") from None
     server = _started(lambda: start_worker(dispatcher, args.port, args.host), "worker", args.port)
     return _serve_until_signal(server, "worker", f"{args.host}:{worker_port(server)}")

@@ -19,6 +19,7 @@ import json
 from pathlib import Path
 
 from compiler_opt.fused_signature import FUSION_FILE, FusionSpec, write_spec
+from features.read_report import short_list
 from pipelines.config import PipelineConfig, load_config
 from pipelines.config_sections import EngineConfig
 from pipelines.engines import engine_config
@@ -34,7 +35,7 @@ from pipelines.preranking import export_cascade_runs
 from pipelines.run.paths import ASSETS_EXTRA, RunPaths
 from pipelines.run.snapshots import ENSEMBLE_FILE, chosen_ensemble
 from pipelines.train import train
-from serving.version_files import atomic_dir
+from serving.version_files import MARKER, atomic_dir
 
 _print = functools.partial(print, flush=True)
 
@@ -77,6 +78,8 @@ def cmd_export(args: argparse.Namespace) -> int:
             loop_matmuls=args.fuse_loop_matmuls,
         )
     _check_quantize(args)
+    if args.output:
+        _check_export_output(Path(args.output))
     out = Path(args.output) if args.output else next_version(RunPaths(Path(args.run)).exports)
     with atomic_dir(out) as tmp:  # fusion.json is in the version before it is in place
         _export(args, tmp, fused=spec is not None)
@@ -92,6 +95,21 @@ def cmd_export(args: argparse.Namespace) -> int:
             f"{', '.join(map(str, spec.ladder))}; the server plans and compiles at load)"
         )
     return 0
+
+
+def _check_export_output(out: Path) -> None:
+    """UsageError unless ``--output`` is new, an empty folder or an earlier export (a folder
+    with the completion marker, which the export replaces): a model repository, a model's
+    folder or any other folder is never replaced."""
+    check_output_path(out)
+    if not out.is_dir() or (out / MARKER).is_file():
+        return
+    held = sorted(p.name for p in out.iterdir())
+    if held:
+        raise UsageError(
+            f"--output {str(out)!r} is a folder that is not an earlier export (it holds "
+            f"{short_list(held)}): expected a new folder, e.g. a model's next version REPO/MODEL/N"
+        )
 
 
 def _export(args: argparse.Namespace, output: Path, fused: bool) -> None:

@@ -32,8 +32,8 @@ import subprocess
 import sys
 import time
 
-from pipelines.errors import UsageError
-from serving.config import BatchingConfig, Limits, ServerOptions, VersionPolicy
+from pipelines.errors import UsageError, check_output_path
+from serving.config import BatchingConfig, BindError, Limits, ServerOptions, VersionPolicy
 from serving.metrics import MULTIPROC_ENV, AggregatedMetrics
 
 WAIT_POLL_S = 0.2  # how often the supervisor of `--workers N` looks for exited workers
@@ -78,6 +78,8 @@ def _checked_options(args: argparse.Namespace) -> ServerOptions:
         else:
             policy = pol
     log_default_rate, log_rates = _log_rates(args.log_rate)
+    if any(not t for t in args.token):
+        raise UsageError("--token is empty: expected a non-empty bearer token")
     tokens = list(args.token)
     env_token = os.environ.get("STITCHREC_SERVE_TOKEN")
     if env_token:
@@ -260,6 +262,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.workers < 1:
         raise UsageError(f"--workers must be >= 1, got {args.workers}")
     options = _options(args)  # validate before starting anything
+    if args.log_dir:
+        check_output_path(args.log_dir, "--log-dir")
     if args.workers > 1:
         return _run_workers(args)
     return _serve(args, options)
@@ -279,4 +283,7 @@ def _serve(args: argparse.Namespace, options: ServerOptions) -> int:
     if args.inter_op_threads:
         tf.config.threading.set_inter_op_parallelism_threads(args.inter_op_threads)
     address = f"[{args.host}]:{args.port}" if ":" in args.host else f"{args.host}:{args.port}"
-    return asyncio.run(serve_forever(address, args.repo, options, grace=args.grace_seconds))
+    try:
+        return asyncio.run(serve_forever(address, args.repo, options, grace=args.grace_seconds))
+    except BindError as e:  # a port in use or an address not of this machine
+        raise UsageError(str(e)) from None

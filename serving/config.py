@@ -18,6 +18,10 @@ from collections.abc import Iterable
 TRACE_DETAILS = ("stages", "call")
 
 
+class BindError(ValueError):
+    """An address the server cannot listen on (taken, or not this machine's): names it."""
+
+
 class VersionState(enum.StrEnum):
     """The state of a model version: TF Serving's ``ModelVersionStatus.State`` names, which
     GetModelStatus and the ``stitchrec_model_version_state`` metric report.

@@ -47,7 +47,7 @@ from tensorflow_serving.apis import (
 from protos import grpc_service_pb2 as kserve_pb2
 from protos import ranking_service_pb2 as rank_pb2
 from serving import admission, tracing
-from serving.config import ServerOptions
+from serving.config import BindError, ServerOptions
 from serving.health import NOT_SERVING, SERVING, HealthServicer
 from serving.http.app import start_http
 from serving.interceptors import AccessLogInterceptor, TokenAuthInterceptor
@@ -235,9 +235,9 @@ def _bind(server: grpc.aio.Server, address: str, options: ServerOptions) -> int:
         else:
             port = server.add_insecure_port(address)
     except RuntimeError as e:  # grpc raises when the port is taken
-        raise ValueError(f"cannot bind the gRPC address {address!r}: {e}") from None
+        raise BindError(f"cannot bind the gRPC address {address!r}: {e}") from None
     if port == 0:
-        raise ValueError(f"cannot bind the gRPC address {address!r} (in use or invalid)")
+        raise BindError(f"cannot bind the gRPC address {address!r} (in use or invalid)")
     return port
 
 

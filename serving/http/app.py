@@ -24,7 +24,7 @@ import ssl
 from aiohttp import web
 
 from serving.calls import clean_request_id
-from serving.config import ServerOptions
+from serving.config import BindError, ServerOptions
 from serving.http import kserve_http, rank_http, tfs_rest
 from serving.http.endpoint import OPTIONS, REQUEST_ID, STATE, Handler
 from serving.http.errors import error_response
@@ -127,5 +127,5 @@ async def start_http(state: ServerState, options: ServerOptions) -> tuple[web.Ap
     except OSError as e:
         await runner.cleanup()
         address = f"{options.http_host}:{options.http_port}"
-        raise ValueError(f"cannot bind the HTTP address {address!r}: {e}") from None
+        raise BindError(f"cannot bind the HTTP address {address!r}: {e}") from None
     return runner, int(runner.addresses[0][1])

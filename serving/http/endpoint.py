@@ -22,6 +22,7 @@ from typing import Any
 
 import grpc
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 
 from serving import tracing
 from serving.admission import INFERENCE_METHODS
@@ -127,16 +128,32 @@ def answer_headers(resp: web.StreamResponse, version: int) -> web.StreamResponse
     return resp
 
 
+#: the Content-Encoding values a request body may have
+BODY_ENCODINGS = ("identity", "gzip", "deflate")
+
+
 async def read_body(request: web.Request) -> bytes:
-    """The request body (chunked or not), at most ``max_message_bytes`` (else 413); records its
-    size, so that ``ServerState.offload`` decodes a large one on a worker thread."""
+    """The request body (chunked or not; uncompressed, gzip or deflate, else 415), at most
+    ``max_message_bytes`` (else 413; a body that does not decode is 400); records its size, so
+    that ``ServerState.offload`` decodes a large one on a worker thread."""
     limit = request.app[OPTIONS].max_message_bytes
     if request.content_length is not None and request.content_length > limit:
         raise _too_large(request.content_length, limit)
+    encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+    if encoding not in BODY_ENCODINGS:
+        raise HttpError(
+            415,
+            f"Content-Encoding {encoding!r} is not supported; expected one of "
+            f"{list(BODY_ENCODINGS)}",
+        )
     try:
         body = await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise _too_large(None, limit) from None
+    except RequestPayloadError as e:  # e.g. a body that is not the gzip its header names
+        raise HttpError(
+            400, f"the request body could not be decoded as {encoding}: {clip(str(e), 200)}"
+        ) from None
     set_request_bytes(len(body))
     return body
 

@@ -12,7 +12,8 @@ UNAUTHENTICATED     401   CANCELLED           499
 PERMISSION_DENIED   403   other (INTERNAL)    500
 ==================  ====  ==================  ====
 
-A body larger than ``ServerOptions.max_message_bytes`` is 413.
+A body larger than ``ServerOptions.max_message_bytes`` is 413; a Content-Encoding other than
+gzip or deflate is 415.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ CODE_OF_STATUS = {
     404: "NOT_FOUND",
     405: "UNIMPLEMENTED",
     413: "RESOURCE_EXHAUSTED",
+    415: "INVALID_ARGUMENT",
     429: "RESOURCE_EXHAUSTED",
     503: "UNAVAILABLE",
 }

@@ -4,6 +4,7 @@ traceback."""
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import numpy as np
@@ -11,8 +12,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.cli import main
+from pipelines.cli import build_parser, main
 from pipelines.config import ConfigError, load_config
+from serving.version_files import MARKER
 from tests.testdata import write_run_config, write_small_csv, write_tiny_dataset
 
 SCHEMA = """name = "small"
@@ -45,9 +47,10 @@ def _one_error(err: str) -> str:
 
 
 def _flag_error(capsys, *argv: str) -> str:
-    """argparse refused a flag value: exit status 2, its error line returned."""
+    """The parser refused a flag value: exit status 2, its error line returned. (Parsed only:
+    a value it accepted would otherwise run the command, e.g. start a server.)"""
     with pytest.raises(SystemExit) as e:
-        main(list(argv))
+        build_parser().parse_args(list(argv))
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err
@@ -294,3 +297,80 @@ def test_an_unloadable_saved_model(tmp_path, capsys):
         line = _one_error(err)
         assert f"{model} is not a complete SavedModel (" in line
         assert "expected the folder `stitchrec export` writes" in line
+
+
+def test_export_never_replaces_a_folder_that_is_not_an_export(tmp_path, capsys):
+    repo = tmp_path / "models"
+    (repo / "ml" / "1").mkdir(parents=True)
+    (repo / "ml" / "1" / "saved_model.pb").write_bytes(b"v1")
+    before = sorted(p.relative_to(repo).as_posix() for p in repo.rglob("*"))
+    rc, err = _run(capsys, "export", "--run", str(tmp_path / "run"), "--output", str(repo))
+    assert rc == 2
+    line = _one_error(err)
+    assert f"--output {str(repo)!r} is a folder that is not an earlier export" in line
+    assert sorted(p.relative_to(repo).as_posix() for p in repo.rglob("*")) == before
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    rc, err = _run(capsys, "export", "--run", str(tmp_path / "run"), "--output", str(afile))
+    assert rc == 2 and "is a file: expected a folder" in _one_error(err)
+    assert afile.read_text() == "x"
+    earlier = tmp_path / "earlier"  # an earlier export (its marker) passes: the run is next
+    (earlier / MARKER).parent.mkdir(parents=True)
+    (earlier / MARKER).write_text("{}")
+    rc, err = _run(capsys, "export", "--run", str(tmp_path / "run"), "--output", str(earlier))
+    assert rc == 2 and "not an earlier export" not in _one_error(err)
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--intra-op-threads", "-1"], "--intra-op-threads: expected an integer >= 0, got '-1'"),
+        (["--inter-op-threads", "-2"], "--inter-op-threads: expected an integer >= 0, got '-2'"),
+        (["--port", "70000"], "--port: expected a port in [0, 65535], got 70000"),
+        (["--port", "-1"], "--port: expected a port in [0, 65535], got -1"),
+        (["--metrics-port", "99999"], "--metrics-port: expected a port in [0, 65535]"),
+        (["--http-port", "65536"], "--http-port: expected a port in [0, 65535]"),
+        (["--max-message-mb", "100000000"], "--max-message-mb: expected at most 2047 MiB"),
+        (["--poll-seconds", "-1"], "--poll-seconds: expected a finite number >= 0, got '-1'"),
+        (["--poll-seconds", "nan"], "--poll-seconds: expected a finite number >= 0, got 'nan'"),
+        (["--grace-seconds", "-1"], "--grace-seconds: expected a finite number >= 0"),
+        (["--log-level", "bogus"], "--log-level: invalid choice: 'BOGUS'"),
+    ],
+)
+def test_serve_flag_values(tmp_path, capsys, flags, expected):
+    assert expected in _flag_error(capsys, "serve", "--repo", str(tmp_path), *flags)
+
+
+def test_serve_refuses_before_starting(tmp_path, capsys):
+    rc, err = _run(capsys, "serve", "--repo", str(tmp_path), "--token", "")
+    assert rc == 2 and "--token is empty" in _one_error(err)
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    rc, err = _run(capsys, "serve", "--repo", str(tmp_path), "--log-dir", str(afile))
+    assert rc == 2 and f"--log-dir {str(afile)!r} is a file" in _one_error(err)
+
+
+def test_serve_on_a_port_in_use_is_one_error_line(tmp_path, capsys):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        rc, err = _run(
+            capsys, "serve", "--repo", str(tmp_path), "--host", "127.0.0.1", "--port", str(port)
+        )
+    assert rc == 2
+    assert f"cannot bind the gRPC address '127.0.0.1:{port}'" in _one_error(err)
+
+
+def test_seeds_and_demo_sizes(tmp_path, capsys):
+    line = _flag_error(capsys, "refit", "--run", str(tmp_path), "--seed", "-1", "--output", "o")
+    assert "--seed: expected an integer in [0, 2**32), got '-1'" in line
+    line = _flag_error(capsys, "demo", "--rows", "0", "--output", str(tmp_path / "d"))
+    assert "--rows: expected an integer >= 1, got 0" in line
+    line = _flag_error(capsys, "demo", "--epochs", "0", "--output", str(tmp_path / "d"))
+    assert "--epochs: expected an integer >= 1, got 0" in line
+    assert not (tmp_path / "d").exists()
+    data = write_tiny_dataset(tmp_path, rows=64, train_rows=48)
+    config = write_run_config(tmp_path / "c.toml", data, tmp_path / "run", {}, {"seed": -1})
+    with pytest.raises(ConfigError, match=r"seed must be an integer in \[0, 2\*\*32\), got -1"):
+        load_config(config)

@@ -151,6 +151,16 @@ def test_a_dispatcher_that_does_not_answer_is_one_error_line(
     assert len(err) == 1 and "no tf.data service dispatcher answers at grpc://127.0.0.1:" in err[0]
 
 
+def test_a_worker_without_its_dispatcher_is_one_error_line(capsys, monkeypatch):
+    monkeypatch.setattr(service, "REACH_SECONDS", 1.0)
+    nobody = f"127.0.0.1:{free_ports(1)[0]}"
+    t0 = time.monotonic()
+    assert main(["data-service", "worker", "--dispatcher", nobody, "--port", "0"]) == 2
+    assert time.monotonic() - t0 < 30  # tf.data service's worker alone waits forever
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --dispatcher: no tf.data service dispatcher")
+
+
 def test_data_service_settings_are_checked(tmp_path, shared_tiny_data, capsys, monkeypatch):
     with pytest.raises(ConfigError, match=r"data_service_timeout must be > 0 seconds, got 0"):
         _cfg(tmp_path, shared_tiny_data, "t", 'data_service = "h:1"\ndata_service_timeout = 0')

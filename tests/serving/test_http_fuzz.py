@@ -4,6 +4,7 @@ error with a 4xx code (no 500), nothing large is allocated, and the server answe
 
 from __future__ import annotations
 
+import gzip
 import json
 import random
 import re
@@ -149,6 +150,20 @@ def test_huge_and_chunked_bodies(url):
     _check(requests.post(f"{url}/v1/models/lin:predict", data=chunks(2 * MAX_BODY)), 413)
     good = json.dumps(GOOD_TFS).encode()
     r = requests.post(f"{url}/v1/models/lin:predict", data=iter([good[:5], good[5:]]))
+    assert _check(r, 200)["predictions"][0]["score"] > 0
+
+
+def test_compressed_bodies(url):
+    good = json.dumps(GOOD_TFS).encode()
+    predict = f"{url}/v1/models/lin:predict"
+    for encoding in ("gzip", "deflate"):  # not the compression the header names: 400, not 500
+        body = _check(
+            requests.post(predict, data=b"xx", headers={"Content-Encoding": encoding}), 400
+        )
+        assert f"could not be decoded as {encoding}" in json.dumps(body)
+    body = _check(requests.post(predict, data=good, headers={"Content-Encoding": "br"}), 415)
+    assert "Content-Encoding 'br' is not supported" in json.dumps(body)
+    r = requests.post(predict, data=gzip.compress(good), headers={"Content-Encoding": "gzip"})
     assert _check(r, 200)["predictions"][0]["score"] > 0
 
 
