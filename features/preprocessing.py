@@ -230,9 +230,9 @@ class FeaturePreprocessor(tf.keras.layers.Layer):
         for p in self.plans:
             if p["op"] == "sequence" and p["table"] == p["name"]:
                 p = {**p, "op": "lookup" if p["lookup"] == "vocabulary" else "hash"}
-            if p["op"] in ("lookup", "code") and (p["op"] == "lookup" or p["vocabulary"]):
+            if p["op"] in ("lookup", "code") and p["vocabulary"]:  # else every value is OOV
                 self._lookups[p["name"]] = tf.keras.layers.StringLookup(
-                    vocabulary=tuple(p["vocabulary"]) or None,  # a tuple: not tracked
+                    vocabulary=tuple(p["vocabulary"]),  # a tuple: not tracked
                     num_oov_indices=1,
                     mask_token=None,
                     name=f"lookup_{_safe(p['name'])}",
@@ -328,7 +328,15 @@ class FeaturePreprocessor(tf.keras.layers.Layer):
             x = tf.strings.as_string(x)
         if plan["multi"]:
             x = tf.strings.split(x, sep=plan["separator"])
-        return tf.cast(self._lookups[plan["name"]](x), tf.int64)
+        return self._vocabulary_ids(plan["name"], x)
+
+    def _vocabulary_ids(self, name: str, x: Any) -> Any:
+        """int64 ids of string values ``x`` (a tensor or ragged tensor) by field ``name``'s
+        lookup (its vocabulary: 1..V for known values, 0 (OOV) for others; or its hash); all 0
+        for a field whose vocabulary is empty (every training value rarer than ``min_count``)."""
+        if name not in self._lookups:
+            return tf.zeros_like(x, dtype=tf.int64)
+        return tf.cast(self._lookups[name](x), tf.int64)
 
     def _sequence_ids(self, plan: dict[str, Any], x: tf.Tensor) -> tf.RaggedTensor:
         """int64 ragged ``[batch, None]``: the first ``max_len`` values of each cell, looked up
@@ -342,8 +350,7 @@ class FeaturePreprocessor(tf.keras.layers.Layer):
         table = self._plans[plan["table"]] if plan["table"] != plan["name"] else plan
         if table["op"] == "code":
             return values.with_flat_values(self._value_codes(table, values.flat_values))
-        flat = self._lookups[table["name"]](values.flat_values)
-        return values.with_flat_values(tf.cast(flat, tf.int64))
+        return values.with_flat_values(self._vocabulary_ids(table["name"], values.flat_values))
 
     def _codes(self, plan: dict[str, Any], x: tf.Tensor) -> tf.Tensor | tf.RaggedTensor:
         """Unique non-negative int64 codes: 0 for a missing value; with ``vocabulary`` the
@@ -361,7 +368,7 @@ class FeaturePreprocessor(tf.keras.layers.Layer):
         if plan["codes"] == "fingerprint":
             codes = fingerprint
         else:
-            ids = tf.cast(self._lookups[plan["name"]](x), tf.int64)
+            ids = self._vocabulary_ids(plan["name"], x)
             unseen = tf.bitwise.bitwise_or(
                 tf.bitwise.bitwise_and(fingerprint, (1 << UNSEEN_BIT) - 1),
                 tf.constant(1 << UNSEEN_BIT, tf.int64),

@@ -1,3 +1,5 @@
+import dataclasses
+
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
@@ -132,3 +134,30 @@ def test_codes_are_unique_for_known_unseen_and_missing_values(setup):
         build_preprocessor(schema, stats, codes={"user": "md5"})
     with pytest.raises(ValueError, match="categorical"):
         build_preprocessor(schema, stats, codes={"price": "vocabulary"})
+
+
+def test_a_field_with_an_empty_vocabulary_maps_every_value_to_oov(setup):
+    # every training value rarer than min_count: the field has no vocabulary word
+    schema, stats = setup
+    fields = {
+        **stats.fields,
+        **{n: dataclasses.replace(stats[n], vocab=[]) for n in ("user", "tags")},
+    }
+    stats = dataclasses.replace(stats, fields=fields)
+    feats = {
+        "user": tf.constant(["u1", "", "never-seen"]),
+        "item": tf.constant([1, 2, 3], tf.int64),
+        "tags": tf.constant(["a|b", "", "c"]),
+        "price": tf.constant([1.0] * 3),
+        "age": tf.constant([30.0] * 3),
+    }
+    pre = build_preprocessor(schema, stats)
+    ids, _ = pre(feats)
+    assert ids["user"].numpy().tolist() == [0, 0, 0]
+    assert ids["tags"].to_list() == [[0, 0], [0], [0]]
+    assert pre.embedded_fields["user"] == 1 and pre.embedded_fields["tags"] == 1
+    again, _ = FeaturePreprocessor.from_config(pre.get_config())(feats)
+    assert again["user"].numpy().tolist() == [0, 0, 0]
+    codes, _ = build_preprocessor(schema, stats, codes={"user": "vocabulary"})(feats)
+    user = codes["user"].numpy().tolist()
+    assert user[1] == 0 and user[0] >= 1 << 62 and user[2] >= 1 << 62 and user[0] != user[2]
