@@ -163,7 +163,7 @@ def tune(sub: Subparsers) -> None:
         help="trials of the study in total (a continued study runs the rest)",
     )
     t.add_argument(
-        "--timeout", type=float, help="seconds after which this call starts no new trial"
+        "--timeout", type=positive_float, help="seconds after which this call starts no new trial"
     )
     t.add_argument("--output", help="tune folder (default: <output_dir>-tune)")
     t.add_argument(
@@ -379,7 +379,7 @@ def fuse(sub: Subparsers) -> None:
         "--batch", type=int, action="append", default=None, help="batch to tune (repeatable; 4096)"
     )
     t.add_argument("--trials", type=int, default=32, help="schedules measured per op and batch")
-    t.add_argument("--timeout", type=float, default=600.0, help="seconds per op and batch")
+    t.add_argument("--timeout", type=positive_float, default=600.0, help="seconds per op and batch")
     t.add_argument("--data", default=None, help="Parquet shards of the model's schema: real ids")
     t.add_argument("--seed", type=int, default=0, help="seed of the random schedules")
     t.add_argument("--json", default=None, help="also write every trial to this file")

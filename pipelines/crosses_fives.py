@@ -21,8 +21,9 @@ from features.crosses.fives_encoding import read_table
 from features.crosses.fives_search import search
 from pipelines.cli_args import FIVES_ARTIFACT
 from pipelines.config import load_config, parse_override
+from pipelines.config_types import type_error
 from pipelines.engines import engine_config, open_runner
-from pipelines.errors import UsageError
+from pipelines.errors import UsageError, check_output_path
 from pipelines.run.data import prepare_data
 from pipelines.run.paths import RunPaths
 
@@ -44,6 +45,9 @@ def fives_config(args: argparse.Namespace) -> FivesConfig:
             values[key] = getattr(args, key)
     if getattr(args, "no_screen", False):
         values["screen_orders"] = ()
+    problem = type_error(FivesConfig, values)
+    if problem:
+        raise UsageError(f"--set: FIVES setting {problem}")
     try:
         return FivesConfig(**values)
     except ValueError as e:  # FivesConfig checks each value and names it
@@ -56,6 +60,8 @@ def cmd_fives(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config)
     config = fives_config(args)
+    if args.out:
+        check_output_path(args.out, "--out", folder=False)
     if args.max_rows < 0:
         raise UsageError(f"--max-rows must be >= 0, got {args.max_rows}")
     paths = RunPaths(Path(cfg.output_dir))

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
+from google.protobuf.message import DecodeError
 from tensorflow.core.protobuf import saved_model_pb2
 
 from compiler_opt import cost, floor, ir, planner, realize, registry, toolchain, tune
@@ -37,7 +38,7 @@ from compiler_opt.fused_signature import FusedSignature, read_spec
 from compiler_opt.row_op import spec as row_def
 from features.schema import load_schema
 from features.shard_reader import column_to_numpy, iter_record_batches, list_parquet
-from pipelines.errors import UsageError
+from pipelines.errors import UsageError, check_output_path
 
 
 def _generated_forms(args: argparse.Namespace, coefficients: Any) -> str:
@@ -109,7 +110,13 @@ def _check_signature(saved_model: str, signature: str) -> None:
     pb = Path(saved_model) / "saved_model.pb"
     if not pb.is_file():
         return
-    meta_graphs = saved_model_pb2.SavedModel.FromString(pb.read_bytes()).meta_graphs
+    try:
+        meta_graphs = saved_model_pb2.SavedModel.FromString(pb.read_bytes()).meta_graphs
+    except DecodeError as e:
+        raise UsageError(
+            f"{saved_model!r} is not a complete SavedModel: its saved_model.pb does not parse "
+            f"({e}); expected the folder `stitchrec export` writes"
+        ) from None
     names = sorted({n for mg in meta_graphs for n in mg.signature_def if not n.startswith("__")})
     if signature not in names:
         raise UsageError(
@@ -124,6 +131,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
             raise UsageError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     if args.max_args < 2:
         raise UsageError(f"--max-args must be >= 2, got {args.max_args}")
+    if args.json:
+        check_output_path(args.json, "--json", folder=False)
     _check_signature(args.saved_model, args.signature)
     emb_assets.load_for_saved_model(args.saved_model)  # an --fuse-kernels export's ops first
     graph = ir.from_saved_model(args.saved_model, args.signature)
@@ -228,6 +237,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     export searched at each ``--batch`` (``compiler_opt.tune.search``, each schedule's op timed
     alone on the export's own inputs to it; the best and the default measured 5 more times,
     alternating), the fastest recorded for this device."""
+    if args.json:
+        check_output_path(args.json, "--json", folder=False)
     batches = args.batch or [4096]
     for name, value in (("batch", min(batches)), ("trials", args.trials)):
         if value < (2 if name == "trials" else 1):

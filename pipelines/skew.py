@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 from features.schema import FeatureKind, Schema, load_schema
 from features.stats import STATS_FILE, DatasetStats, transform_numeric
 from pipelines import skew_report
-from pipelines.errors import UsageError
+from pipelines.errors import UsageError, check_output_path
 from pipelines.run.paths import RunPaths
 from pipelines.skew_fields import (
     Thresholds,
@@ -273,6 +273,8 @@ def _positive_float(value: float, flag: str) -> float:
 
 
 def cmd_skew(args: argparse.Namespace) -> int:
+    if args.output:
+        check_output_path(args.output)
     th = Thresholds(
         psi=_positive_float(args.threshold_psi, "--threshold-psi"),
         watch_psi=_positive_float(args.watch_psi, "--watch-psi"),

@@ -374,3 +374,26 @@ def test_seeds_and_demo_sizes(tmp_path, capsys):
     config = write_run_config(tmp_path / "c.toml", data, tmp_path / "run", {}, {"seed": -1})
     with pytest.raises(ConfigError, match=r"seed must be an integer in \[0, 2\*\*32\), got -1"):
         load_config(config)
+
+
+def test_fuse_crosses_skew_and_tune_inputs(tmp_path, capsys):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "saved_model.pb").write_bytes(b"junk")
+    rc, err = _run(capsys, "fuse", "explain", str(model))
+    assert rc == 2 and "its saved_model.pb does not parse" in _one_error(err)
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    rc, err = _run(capsys, "fuse", "explain", str(model), "--json", str(afile / "x.json"))
+    assert rc == 2 and f"{str(afile)!r} is a file, so nothing can be written" in _one_error(err)
+    data = write_tiny_dataset(tmp_path, rows=64, train_rows=48)
+    config = write_run_config(tmp_path / "c.toml", data, tmp_path / "run", {}, {})
+    rc, err = _run(capsys, "crosses", "fives", "--config", str(config), "--set", "sparsity=abc")
+    assert rc == 2 and "--set: FIVES setting sparsity must be a finite number" in _one_error(err)
+    rc, err = _run(capsys, "crosses", "fives", "--config", str(config), "--out", str(tmp_path))
+    assert rc == 2 and f"--out {str(tmp_path)!r} is a folder" in _one_error(err)
+    run = tmp_path / "run"
+    rc, err = _run(capsys, "skew", "--run", str(run), "--data", "d", "--output", str(afile))
+    assert rc == 2 and f"--output {str(afile)!r} is a file" in _one_error(err)
+    line = _flag_error(capsys, "tune", "--config", str(config), "--trials", "2", "--timeout", "0")
+    assert "--timeout: expected a number > 0, got '0'" in line
