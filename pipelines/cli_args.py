@@ -386,6 +386,9 @@ def fuse(sub: Subparsers) -> None:
     t.set_defaults(handler="pipelines.fuse:cmd_tune")
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
 def serve(sub: Subparsers) -> None:
     p = sub.add_parser("serve", help="serve a model repository over gRPC (and HTTP)")
     p.add_argument("--repo", required=True, help="model repository: <repo>/<name>/<version>/")
@@ -478,13 +481,7 @@ def serve(sub: Subparsers) -> None:
         action="store_true",
         help="serve exports made with `stitchrec export --fuse` unfused",
     )
-    p.add_argument(
-        "--log-level",
-        type=str.upper,
-        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
-        default="INFO",
-        help="server log level",
-    )
+    p.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, default="INFO", help="logs")
     p.add_argument(
         "--intra-op-threads", type=non_negative_int, default=0, help="TensorFlow; 0: default"
     )
