@@ -6,6 +6,22 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T", int, float)
+
+
+def _checked(text: str, convert: Callable[[str], T], ok: Callable[[T], bool], expected: str) -> T:
+    """``convert(text)`` when it converts and ``ok`` accepts it, else ``ArgumentTypeError``
+    ("expected ``expected``, got ``text``")."""
+    try:
+        value = convert(text)
+    except ValueError:
+        value = None
+    if value is None or not ok(value):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+    return value
 
 
 def int_list(text: str) -> tuple[int, ...]:
@@ -20,76 +36,42 @@ def int_list(text: str) -> tuple[int, ...]:
 
 def positive(text: str) -> int:
     """An integer >= 1 (an argparse type)."""
-    v = int(text)
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text}")
-    return v
+    return _checked(text, int, lambda v: v >= 1, "an integer >= 1")
 
 
 def non_negative_int(text: str) -> int:
     """An integer >= 0 (an argparse type)."""
-    try:
-        v = int(text)
-    except ValueError:
-        v = -1
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return v
+    return _checked(text, int, lambda v: v >= 0, "an integer >= 0")
 
 
-def positive_float(text: str) -> float:
-    """A finite number > 0 (an argparse type)."""
-    try:
-        v = float(text)
-    except ValueError:
-        v = -1.0
-    if not 0 < v < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
-    return v
-
-
-def share(text: str) -> float:
-    """A number in [0, 1] (an argparse type)."""
-    try:
-        v = float(text)
-    except ValueError:
-        v = math.nan
-    if not 0.0 <= v <= 1.0:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}")
-    return v
-
-
-def split_share(text: str) -> float:
-    """A number in [0, 1): the share of rows a split takes (an argparse type)."""
-    try:
-        v = float(text)
-    except ValueError:
-        v = math.nan
-    if not 0.0 <= v < 1.0:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1), got {text!r}")
-    return v
-
-
-def non_negative(text: str) -> float:
-    """A finite number >= 0 (an argparse type)."""
-    try:
-        v = float(text)
-    except ValueError:
-        v = math.nan
-    if not 0.0 <= v < math.inf:
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
-    return v
+def seed(text: str) -> int:
+    """A random seed: an integer in [0, 2**32) (an argparse type)."""
+    return _checked(text, int, lambda v: 0 <= v < 2**32, "an integer in [0, 2**32)")
 
 
 def port(text: str) -> int:
     """A TCP port, 0 (any free port) to 65535 (an argparse type)."""
-    try:
-        v = int(text)
-    except ValueError:
-        v = -1
-    if not 0 <= v <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a port in [0, 65535], got {text}")
-    return v
+    return _checked(text, int, lambda v: 0 <= v <= 65535, "a port in [0, 65535]")
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0 (an argparse type)."""
+    return _checked(text, float, lambda v: 0 < v < math.inf, "a number > 0")
+
+
+def non_negative(text: str) -> float:
+    """A finite number >= 0 (an argparse type)."""
+    return _checked(text, float, lambda v: 0 <= v < math.inf, "a finite number >= 0")
+
+
+def share(text: str) -> float:
+    """A number in [0, 1] (an argparse type)."""
+    return _checked(text, float, lambda v: 0 <= v <= 1, "a number in [0, 1]")
+
+
+def split_share(text: str) -> float:
+    """A number in [0, 1): the share of rows a split takes (an argparse type)."""
+    return _checked(text, float, lambda v: 0 <= v < 1, "a number in [0, 1)")
 
 
 def message_mb(text: str) -> float:
@@ -97,15 +79,4 @@ def message_mb(text: str) -> float:
     v = positive_float(text)
     if v * 1024 * 1024 >= 2**31:
         raise argparse.ArgumentTypeError(f"expected at most 2047 MiB (gRPC's limit), got {text!r}")
-    return v
-
-
-def seed(text: str) -> int:
-    """A random seed: an integer in [0, 2**32) (an argparse type)."""
-    try:
-        v = int(text)
-    except ValueError:
-        v = -1
-    if not 0 <= v < 2**32:
-        raise argparse.ArgumentTypeError(f"expected an integer in [0, 2**32), got {text!r}")
     return v

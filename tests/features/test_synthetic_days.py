@@ -299,7 +299,7 @@ def test_cli_day_options_need_days_and_refuse_other_extras(tmp_path, capsys) -> 
     with pytest.raises(SystemExit) as e:  # the flag's value, checked by the parser
         main(["generate", "--output", out, "--days", "2", "--rows", "0"])
     assert e.value.code == 2
-    assert "argument --rows: expected an integer >= 1, got 0" in capsys.readouterr().err
+    assert "argument --rows: expected an integer >= 1, got '0'" in capsys.readouterr().err
     assert not Path(out).exists()
 
 

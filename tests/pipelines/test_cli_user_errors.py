@@ -39,6 +39,11 @@ def _run(capsys, *argv: str) -> tuple[int, str]:
     return rc, capsys.readouterr().err
 
 
+def _data(capsys, command: str, schema: Path, csv: Path, out: Path) -> tuple[int, str]:
+    """``stitchrec COMMAND --schema S --input CSV --output OUT``: (status, stderr)."""
+    return _run(capsys, command, "--schema", str(schema), "--input", str(csv), "--output", str(out))
+
+
 def _one_error(err: str) -> str:
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: "), err
@@ -68,16 +73,7 @@ def small(tmp_path: Path) -> tuple[Path, Path]:
 def test_a_header_naming_a_column_twice(tmp_path, capsys, small, command):
     schema, csv = small
     csv.write_text(csv.read_text().replace("y,a,x", "y,a,a", 1))
-    rc, err = _run(
-        capsys,
-        command,
-        "--schema",
-        str(schema),
-        "--input",
-        str(csv),
-        "--output",
-        str(tmp_path / "o"),
-    )
+    rc, err = _data(capsys, command, schema, csv, tmp_path / "o")
     assert rc == 2
     line = _one_error(err)
     assert "column 'a' appears 2 times in the header line" in line and "small.csv" in line
@@ -129,7 +125,7 @@ def test_train_output_that_is_a_file(tmp_path, capsys):
         (["convert", "--test-fraction", "-0.1"], "expected a number in [0, 1), got '-0.1'"),
         (["convert", "--max-bad-rows", "-1"], "expected an integer >= 0, got '-1'"),
         (["stats", "--max-bad-rows", "-3"], "expected an integer >= 0, got '-3'"),
-        (["generate", "--rows", "0"], "expected an integer >= 1, got 0"),
+        (["generate", "--rows", "0"], "expected an integer >= 1, got '0'"),
         (["generate", "--test-fraction", "2"], "expected a number in [0, 1), got '2'"),
     ],
 )
@@ -162,16 +158,7 @@ def test_a_schema_that_is_not_utf8(tmp_path, capsys, small):
     _, csv = small
     schema = tmp_path / "bad.toml"
     schema.write_bytes(SCHEMA.encode() + b"# \xff\n")
-    rc, err = _run(
-        capsys,
-        "stats",
-        "--schema",
-        str(schema),
-        "--input",
-        str(csv),
-        "--output",
-        str(tmp_path / "o"),
-    )
+    rc, err = _data(capsys, "stats", schema, csv, tmp_path / "o")
     assert rc == 2
     assert "bad.toml' is not UTF-8 text" in _one_error(err)
 
@@ -199,16 +186,7 @@ def test_a_row_longer_than_a_block_names_its_line(tmp_path, capsys, small):
     lines = csv.read_text().splitlines()
     lines[5] = "1,v" + "z" * (2 << 20) + ",3.0"
     csv.write_text("\n".join(lines) + "\n")
-    rc, err = _run(
-        capsys,
-        "stats",
-        "--schema",
-        str(schema),
-        "--input",
-        str(csv),
-        "--output",
-        str(tmp_path / "o"),
-    )
+    rc, err = _data(capsys, "stats", schema, csv, tmp_path / "o")
     assert rc == 2
     line = _one_error(err)
     assert "is longer than 1 MiB, the most one row may hold" in line and "straddl" not in line
@@ -326,8 +304,8 @@ def test_export_never_replaces_a_folder_that_is_not_an_export(tmp_path, capsys):
     [
         (["--intra-op-threads", "-1"], "--intra-op-threads: expected an integer >= 0, got '-1'"),
         (["--inter-op-threads", "-2"], "--inter-op-threads: expected an integer >= 0, got '-2'"),
-        (["--port", "70000"], "--port: expected a port in [0, 65535], got 70000"),
-        (["--port", "-1"], "--port: expected a port in [0, 65535], got -1"),
+        (["--port", "70000"], "--port: expected a port in [0, 65535], got '70000'"),
+        (["--port", "-1"], "--port: expected a port in [0, 65535], got '-1'"),
         (["--metrics-port", "99999"], "--metrics-port: expected a port in [0, 65535]"),
         (["--http-port", "65536"], "--http-port: expected a port in [0, 65535]"),
         (["--max-message-mb", "100000000"], "--max-message-mb: expected at most 2047 MiB"),
@@ -366,9 +344,9 @@ def test_seeds_and_demo_sizes(tmp_path, capsys):
     line = _flag_error(capsys, "refit", "--run", str(tmp_path), "--seed", "-1", "--output", "o")
     assert "--seed: expected an integer in [0, 2**32), got '-1'" in line
     line = _flag_error(capsys, "demo", "--rows", "0", "--output", str(tmp_path / "d"))
-    assert "--rows: expected an integer >= 1, got 0" in line
+    assert "--rows: expected an integer >= 1, got '0'" in line
     line = _flag_error(capsys, "demo", "--epochs", "0", "--output", str(tmp_path / "d"))
-    assert "--epochs: expected an integer >= 1, got 0" in line
+    assert "--epochs: expected an integer >= 1, got '0'" in line
     assert not (tmp_path / "d").exists()
     data = write_tiny_dataset(tmp_path, rows=64, train_rows=48)
     config = write_run_config(tmp_path / "c.toml", data, tmp_path / "run", {}, {"seed": -1})

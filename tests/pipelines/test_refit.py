@@ -125,5 +125,5 @@ def test_what_cannot_be_refit_is_one_error_line(run, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["refit", "--run", str(run), "--epochs", "0"])
     assert e.value.code == 2
-    assert "argument --epochs: expected an integer >= 1, got 0" in capsys.readouterr().err
+    assert "argument --epochs: expected an integer >= 1, got '0'" in capsys.readouterr().err
     assert not (tmp_path / "plain-refit").exists()
