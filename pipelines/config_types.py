@@ -1,12 +1,13 @@
 """Type checks of config values against the annotations of the dataclass they build.
 
 ``check_values(cls, values)`` compares each TOML value with its field's annotation, read with
-``typing.get_type_hints``: ``int`` (not a boolean), ``float`` (a finite number; an integer too), ``bool`` (only
-``true``/``false``), ``str``, ``tuple[X, ...]`` / ``list[X]`` (a TOML array of X),
-``tuple[X, Y]`` (an array of exactly those), ``dict[K, V]`` / ``dict`` (a TOML table), a
+``typing.get_type_hints``: ``int`` (not a boolean), ``float`` (a finite number; an integer
+too), ``bool`` (only ``true``/``false``), ``str``, ``tuple[X, ...]`` / ``list[X]`` (a TOML array
+of X), ``tuple[X, Y]`` (an array of exactly those), ``dict[K, V]`` / ``dict`` (a TOML table), a
 dataclass (a TOML table whose known keys fit its fields; unknown and missing keys are the
-dataclass builder's to report), unions and ``Optional``. It runs before the dataclass is built, so ``mlp = "64"`` or
-``deterministic = "false"`` never reach a ``__post_init__`` that would read them loosely.
+dataclass builder's to report), unions and ``Optional``. It runs before the dataclass is built,
+so ``mlp = "64"`` or ``deterministic = "false"`` never reach a ``__post_init__`` that would read
+them loosely.
 """
 
 from __future__ import annotations

@@ -139,7 +139,7 @@ async def read_body(request: web.Request) -> bytes:
     limit = request.app[OPTIONS].max_message_bytes
     if request.content_length is not None and request.content_length > limit:
         raise _too_large(request.content_length, limit)
-    encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+    encoding = request.headers.get("Content-Encoding", "").strip().lower() or "identity"
     if encoding not in BODY_ENCODINGS:
         raise HttpError(
             415,
