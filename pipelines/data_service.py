@@ -12,7 +12,7 @@ from typing import Any
 
 from features.tfrecord.address import service_address
 from features.tfrecord.service import check_reachable, start_dispatcher, start_worker, worker_port
-from pipelines.errors import UsageError
+from pipelines.errors import UsageError, check_output_path
 
 
 def _serve_until_signal(server: Any, role: str, address: str) -> int:
@@ -39,6 +39,8 @@ def _started(start: Callable[[], Any], role: str, port: int) -> Any:
 
 
 def cmd_dispatcher(args: argparse.Namespace) -> int:
+    if args.work_dir:
+        check_output_path(args.work_dir, "--work-dir")
     server = _started(lambda: start_dispatcher(args.port, args.work_dir), "dispatcher", args.port)
     return _serve_until_signal(server, "dispatcher", server.target)
 

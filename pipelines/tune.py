@@ -254,21 +254,55 @@ class Objective:
         return value
 
 
+def drop_torn_line(journal: Path) -> bool:
+    """Cuts a last line without its newline off the study journal (a record whose write a kill
+    interrupted: it never took effect, and a continued study re-queues its trial); True when it
+    cut one."""
+    if not journal.is_file():
+        return False
+    data = journal.read_bytes()
+    if not data or data.endswith(b"\n"):
+        return False
+    with journal.open("r+b") as f:
+        f.truncate(data.rfind(b"\n") + 1)
+    return True
+
+
+def _first_bad_line(journal: Path) -> int:
+    """The 1-based number of the journal's first line that is not JSON (0: none)."""
+    with journal.open("rb") as f:
+        for number, line in enumerate(f, start=1):
+            try:
+                json.loads(line)
+            except ValueError:
+                return number
+    return 0
+
+
 def open_study(tuning: Tuning) -> Any:
     """The study of the tune folder (created, or loaded to continue), with its TPE sampler
     seeded by ``[train] seed`` plus the trials it holds and the median pruner."""
     tuning.root.mkdir(parents=True, exist_ok=True)
-    storage = optuna.storages.JournalStorage(
-        optuna.storages.journal.JournalFileBackend(str(tuning.root / JOURNAL))
-    )
+    journal = tuning.root / JOURNAL
+    drop_torn_line(journal)
     pruner = optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0)
-    study = optuna.create_study(
-        storage=storage,
-        study_name=STUDY_NAME,
-        direction=tuning.direction,
-        pruner=pruner,
-        load_if_exists=True,
-    )
+    try:
+        storage = optuna.storages.JournalStorage(
+            optuna.storages.journal.JournalFileBackend(str(journal))
+        )
+        study = optuna.create_study(
+            storage=storage,
+            study_name=STUDY_NAME,
+            direction=tuning.direction,
+            pruner=pruner,
+            load_if_exists=True,
+        )
+    except json.JSONDecodeError as e:
+        raise ConfigError(
+            f"{journal}: line {_first_bad_line(journal)} of the study journal is not an Optuna "
+            f"record ({e.msg}); expected the file `stitchrec tune` writes: restore it, or use "
+            "another --output"
+        ) from None
     if study.direction.name.lower() != tuning.direction:
         raise ConfigError(
             f"{tuning.root} holds a study that {study.direction.name.lower()}s its metric; this "

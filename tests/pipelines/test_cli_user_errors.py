@@ -375,3 +375,10 @@ def test_fuse_crosses_skew_and_tune_inputs(tmp_path, capsys):
     assert rc == 2 and f"--output {str(afile)!r} is a file" in _one_error(err)
     line = _flag_error(capsys, "tune", "--config", str(config), "--trials", "2", "--timeout", "0")
     assert "--timeout: expected a number > 0, got '0'" in line
+
+
+def test_a_dispatcher_work_dir_that_is_a_file(tmp_path, capsys):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    rc, err = _run(capsys, "data-service", "dispatcher", "--port", "0", "--work-dir", str(afile))
+    assert rc == 2 and f"--work-dir {str(afile)!r} is a file: expected a folder" in _one_error(err)

@@ -18,7 +18,7 @@ import pytest
 
 import pipelines
 from pipelines import cli, tune, tune_space
-from pipelines.config import load_config
+from pipelines.config import ConfigError, load_config
 from tests.testdata import write_run_config, write_tiny_dataset
 
 SPACE = """
@@ -294,3 +294,19 @@ def test_an_exact_lr_fit_is_not_tuned(tmp_path, capsys):
     rc, _, err = _tune(capsys, "--config", str(config), "--trials", "1", *lbfgs[:2])
     assert rc == 2 and "set [train] optimizer = 'ftrl' to search" in err, err
     assert not (tmp_path / "run-tune").exists()
+
+
+def test_a_journal_line_torn_by_a_kill_is_dropped_and_a_bad_one_is_one_error(tmp_path):
+    config, out = _config(tmp_path), tmp_path / "tune"
+    tuning = tune.load_tuning(config, output=out)
+    tune.open_study(tuning).ask()  # the journal holds the study and one running trial
+    journal = out / tune.JOURNAL
+    whole = journal.read_bytes()
+    journal.write_bytes(whole + b'{"op_code": 4, "worker_id": "x", "tri')  # a write cut short
+    assert [t.number for t in tune.open_study(tuning).trials] == [0]
+    after = journal.read_bytes()
+    assert after.startswith(whole) and b'"worker_id": "x"' not in after
+    lines = whole.splitlines(keepends=True)
+    journal.write_bytes(lines[0] + b"not json\n" + b"".join(lines[1:]))
+    with pytest.raises(ConfigError, match=r"line 2 of the study journal is not an Optuna record"):
+        tune.open_study(tuning)
