@@ -124,6 +124,11 @@ def check_window(window: Path) -> None:
     Parquet shards too, or a folder holding at least one raw file."""
     if not window.is_dir():
         raise UsageError(f"daily --window {str(window)!r}: expected a folder of one window")
+    if (window / "schema.toml").is_file() and not is_shard_window(window):
+        raise UsageError(
+            f"daily --window {str(window)!r}: no Parquet shards in train/ (a window of shards "
+            "holds schema.toml, train/ and test/, as `stitchrec generate` writes)"
+        )
     if not is_shard_window(window):
         if not any(p.is_file() and not p.name.startswith(".") for p in window.rglob("*")):
             raise UsageError(

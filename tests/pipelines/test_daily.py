@@ -231,6 +231,10 @@ def test_bad_arguments_print_one_error_line_and_exit_2(days, tmp_path, capsys):
     no_test.mkdir()
     shutil.copy(Path(window) / "schema.toml", no_test / "schema.toml")
     shutil.copytree(Path(window) / "train", no_test / "train")
+    no_train = tmp_path / "no_train"  # a window of shards without train/ shards
+    no_train.mkdir()
+    shutil.copy(Path(window) / "schema.toml", no_train / "schema.toml")
+    shutil.copytree(Path(window) / "test", no_train / "test")
     base = ["daily", "--config", str(root / "daily.toml"), "--repo", str(days["repo"])]
     runs = ["--runs", str(root / "runs")]
     lbfgs = ["--set", 'model.type="lr"', "--set", 'train.optimizer="lbfgs"']
@@ -241,6 +245,7 @@ def test_bad_arguments_print_one_error_line_and_exit_2(days, tmp_path, capsys):
         (["--window", str(tmp_path / "none"), *runs], "expected a folder of one window"),
         (["--window", str(tmp_path / "empty"), *runs], "': no files (a window holds"),
         (["--window", str(no_test), *runs], "no Parquet shards in test/"),
+        (["--window", str(no_train), *runs], "no Parquet shards in train/"),
         (
             ["--window", window, *lbfgs, *runs],
             "'lbfgs' fits each run exactly and cannot continue the day before",
