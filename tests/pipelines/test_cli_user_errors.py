@@ -296,7 +296,8 @@ def test_export_never_replaces_a_folder_that_is_not_an_export(tmp_path, capsys):
     (earlier / MARKER).parent.mkdir(parents=True)
     (earlier / MARKER).write_text("{}")
     rc, err = _run(capsys, "export", "--run", str(tmp_path / "run"), "--output", str(earlier))
-    assert rc == 2 and "not an earlier export" not in _one_error(err)
+    line = _one_error(err)
+    assert rc == 2 and "not an earlier export" not in line and "is not a training run" in line
 
 
 @pytest.mark.parametrize(
