@@ -19,6 +19,8 @@
     stitchrec_log_rows_total{model}                    prediction log rows written
     stitchrec_log_dropped_total{model}                 sampled prediction log rows dropped
         (buffer full, failed write; see serving.prediction_log)
+    stitchrec_trace_spans_lost_total{reason}           spans never exported: ``full`` (the span
+        buffer was full), ``failed`` (the collector refused them or was away); serving.tracing
 
 Each server owns a registry (several servers can live in one process, as in the tests).
 
@@ -143,6 +145,12 @@ class Metrics:
             ["model"],
             registry=r,
         )
+        self.spans_lost = prom.Counter(
+            "stitchrec_trace_spans_lost",
+            "Trace spans never exported (full: the span buffer was full; failed: export failed)",
+            ["reason"],
+            registry=r,
+        )
         self._http = None
 
     def record_rpc(self, method: str, code: str, seconds: float) -> None:
@@ -170,6 +178,9 @@ class Metrics:
 
     def record_shadow(self, model: str, outcome: str) -> None:
         self.shadow.labels(model, outcome).inc()
+
+    def record_lost_spans(self, reason: str, spans: int) -> None:
+        self.spans_lost.labels(reason).inc(spans)
 
     def record_traffic_error(self, model: str) -> None:
         self.traffic_errors.labels(model).inc()

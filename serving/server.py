@@ -294,6 +294,8 @@ async def _start(
 ) -> tuple[ServingServer, int]:
     """``create_server`` once tracing is set up (``traced``: installed by this server)."""
     metrics = Metrics()
+    if traced:
+        tracing.count_lost(metrics.record_lost_spans)
     repository = _repository(repo, options, metrics)
     server = _grpc_server(options)
     gate = admission.Admission(options.max_inflight, metrics, options.retry_after_ms)

@@ -24,24 +24,27 @@ Propagation is W3C trace context: ``traceparent`` / ``tracestate`` read from gRP
 metadata or HTTP headers (``call_span``'s ``carrier``), so a client's trace continues on the
 server; ``response_headers`` gives the ``traceparent`` of the server's call span for the answer.
 
-Off by default: no SDK tracer provider is installed and every function here returns at once
-(``call_span`` and ``span`` hand out the API's no-op span, ``INVALID_SPAN``). ``install`` (called
-by ``create_server`` for ``ServerOptions.otlp_endpoint``) turns tracing on for the process with an
-SDK ``TracerProvider`` (resource ``service.name=stitchrec``), a ``BatchSpanProcessor`` and the
-given exporter; ``shutdown`` flushes and turns it off.
+Off by default: nothing is installed and every function here returns at once (``call_span``
+and ``span`` hand out the API's no-op span, ``INVALID_SPAN``). ``install`` (called by
+``create_server`` for ``ServerOptions.otlp_endpoint``) turns tracing on for the process; ``shutdown``
+flushes and turns it off. Spans are OpenTelemetry API spans made by ``serving.trace_spans``
+(resource ``service.name=stitchrec``), not by the SDK's tracer: they keep the server's own
+attributes in a plain dict, and ``serving.otlp_wire`` encodes them as OTLP without the SDK's
+objects, which costs a recorded call 3x to 4x less CPU (``python -m
+bench.serving.tracing_cost``). Any SDK ``SpanExporter`` still works (``install`` hands it the
+SDK's ``ReadableSpan`` objects).
 
 Sampling: a call that continues a client's trace (a valid ``traceparent``) follows the client's
 sampled flag; any other call is recorded with probability ``sample_rate``, drawn before any span
-is made, so an unsampled call costs a random draw (about a microsecond) instead of the SDK's
-non-recording spans (about 20 us). Child spans (``span``) are made only under a recorded span.
-The processor exports at most ``EXPORT_BATCH_SPANS`` spans at a time: encoding a batch holds the
-interpreter lock that the server's event loop needs (about 22 us per span), and sending it
-releases the lock, so small batches keep each hold near a millisecond instead of the SDK's
-default 512 spans (about 11 ms).
+is made, so an unsampled call costs a random draw (about a microsecond). Child spans (``span``)
+are made only under a recorded span. Ended spans wait in a bounded buffer
+(``MAX_QUEUED_SPANS``; more are dropped and counted) and are exported at most
+``EXPORT_BATCH_SPANS`` at a time from the buffer's thread: encoding a batch holds the
+interpreter lock that the server's event loop needs, and sending it releases the lock, so small
+batches keep each hold short.
 
-The provider is the module's own (not OpenTelemetry's global one), so a process can install and
-shut down tracing more than once; it is one per process (a second ``install`` replaces the
-first).
+Tracing is one per process (a second ``install`` replaces the first), and a process can install
+and shut it down more than once.
 """
 
 from __future__ import annotations
@@ -50,34 +53,36 @@ import contextlib
 import dataclasses
 import random
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
-from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
+from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from serving.calls import current_call
 from serving.config import TRACE_DETAILS as DETAILS
+from serving.otlp_wire import OtlpSender
+from serving.trace_spans import RecordedSpan, SpanBuffer, SpanSink, sdk_sink, start_span
 
 SERVICE_NAME = "stitchrec"
 CALL_SPAN = "stitchrec.call"
 TRACE_HEADERS = ("traceparent", "tracestate")
 EXPORT_TIMEOUT_S = 5.0  # the OTLP exporter's limit on one export (and on the flush at shutdown)
 EXPORT_BATCH_SPANS = 64  # spans per export: the longest hold of the interpreter lock (docstring)
+MAX_QUEUED_SPANS = 2048  # ended spans held for export; more are dropped and counted
+EXPORT_INTERVAL_S = 5.0  # the longest a span waits for its export while fewer than a batch wait
 
 _propagator = TraceContextTextMapPropagator()
 
 
 @dataclasses.dataclass
 class _State:
-    provider: TracerProvider | None = None
-    tracer: trace.Tracer | None = None
+    buffer: SpanBuffer | None = None
+    close: Callable[[], object] | None = None  # the exporter's shutdown
     detail: str = "stages"
     sample_rate: float = 1.0
 
@@ -104,70 +109,72 @@ OFF = _Off()  # the no-op context manager (``with OFF as span``: span is INVALID
 # setup
 
 
-def install(
-    exporter: SpanExporter, sample_rate: float = 1.0, detail: str = "stages"
-) -> TracerProvider:
-    """Turns tracing on: an SDK ``TracerProvider`` exporting through ``exporter`` in batches.
+def resource() -> Resource:
+    """The resource of the server's spans: ``service.name=stitchrec`` and the SDK's
+    ``telemetry.sdk.*`` attributes."""
+    return Resource.create({"service.name": SERVICE_NAME})
 
-    ``sample_rate``: the share of root traces recorded (a call that continues a client's trace
-    follows the client's sampled flag). ``detail``: ``stages`` (a span per stage) or ``call``
-    (one span per call, the stages as its attributes; module docstring). Replaces (and shuts
-    down) a provider installed before.
+
+def install(
+    exporter: SpanExporter | SpanSink, sample_rate: float = 1.0, detail: str = "stages"
+) -> SpanBuffer:
+    """Turns tracing on: spans recorded by ``serving.trace_spans`` and exported in batches.
+
+    ``exporter``: a ``SpanSink`` such as the ``OtlpSender`` of ``otlp_exporter``, or any
+    OpenTelemetry SDK ``SpanExporter`` (handed the SDK's ``ReadableSpan`` objects). ``sample_rate``: the share of
+    root traces recorded (a call that continues a client's trace follows the client's sampled
+    flag). ``detail``: ``stages`` (a span per stage) or ``call`` (one span per call, the stages
+    as its attributes; module docstring). Replaces (and shuts down) what was installed before.
     """
     if not 0.0 <= sample_rate <= 1.0:
         raise ValueError(f"trace sample rate must be in [0, 1], got {sample_rate}")
     if detail not in DETAILS:
         raise ValueError(f"trace detail must be one of {DETAILS}, got {detail!r}")
     shutdown()
-    # root calls are sampled in call_span; the provider records every span it is asked for
-    # under a recorded or remote-sampled parent
-    provider = TracerProvider(
-        resource=Resource.create({"service.name": SERVICE_NAME}),
-        sampler=ParentBased(ALWAYS_ON),
-    )
-    provider.add_span_processor(
-        BatchSpanProcessor(
-            exporter,
-            max_export_batch_size=EXPORT_BATCH_SPANS,
-            export_timeout_millis=int(EXPORT_TIMEOUT_S * 1e3),
-        )
-    )
-    _state.provider = provider
-    _state.tracer = provider.get_tracer("stitchrec.serving")
+    if isinstance(exporter, SpanExporter):
+        sink, close = sdk_sink(exporter, resource()), exporter.shutdown
+    else:
+        sink, close = exporter, exporter.close
+    buffer = SpanBuffer(sink, MAX_QUEUED_SPANS, EXPORT_BATCH_SPANS, EXPORT_INTERVAL_S)
+    _state.buffer, _state.close = buffer, close
     _state.detail = detail
     _state.sample_rate = sample_rate
-    return provider
+    return buffer
 
 
-def otlp_exporter(endpoint: str) -> SpanExporter:
+def otlp_exporter(endpoint: str) -> OtlpSender:
     """The OTLP/gRPC span exporter to a collector at ``endpoint``: ``HOST:PORT`` or
     ``http://HOST:PORT`` (plaintext), ``https://HOST:PORT`` (TLS)."""
-    # imported here: the exporter pulls in the OTLP protobuf modules, needed only when a server
-    # exports spans
-    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    return OtlpSender(endpoint, EXPORT_TIMEOUT_S, resource())
 
-    secure = endpoint.startswith("https://")
-    return OTLPSpanExporter(endpoint=endpoint, insecure=not secure, timeout=EXPORT_TIMEOUT_S)
+
+def count_lost(on_lost: Callable[[str, int], None]) -> None:
+    """Tells ``on_lost(reason, spans)`` of spans that will never be exported: ``full`` (the
+    buffer held ``MAX_QUEUED_SPANS``), ``failed`` (the exporter did not take them)."""
+    if _state.buffer is not None:
+        _state.buffer.on_lost = on_lost
 
 
 def enabled() -> bool:
     """Whether tracing is installed."""
-    return _state.tracer is not None
+    return _state.buffer is not None
 
 
 def flush(timeout_s: float = EXPORT_TIMEOUT_S) -> bool:
     """Exports the finished spans now; False when they did not all go out in time."""
-    if _state.provider is None:
+    if _state.buffer is None:
         return True
-    return _state.provider.force_flush(int(timeout_s * 1e3))
+    return _state.buffer.flush(timeout_s)
 
 
 def shutdown() -> None:
     """Flushes the spans and turns tracing off (blocks up to the export timeout)."""
-    provider = _state.provider
-    _state.provider = _state.tracer = None
-    if provider is not None:
-        provider.shutdown()
+    buffer, close = _state.buffer, _state.close
+    _state.buffer = _state.close = None
+    if buffer is not None:
+        buffer.shutdown(EXPORT_TIMEOUT_S)
+    if close is not None:
+        close()
 
 
 # --------------------------------------------------------------------------------------------
@@ -187,37 +194,47 @@ def call_span(
     exception leaving the block marks the span ERROR; ``set_status`` records the answered code.
     A call that is not sampled (module docstring) gets ``OFF``: no span at all.
     """
-    if _state.tracer is None:
+    buffer = _state.buffer
+    if buffer is None:
         return OFF
     parent = None
     if carrier and carrier.get("traceparent"):
-        parent = _propagator.extract(carrier)
-        if not trace.get_current_span(parent).get_span_context().is_valid:
-            parent = None  # a malformed traceparent: a root call
+        client = trace.get_current_span(_propagator.extract(carrier)).get_span_context()
+        if client.is_valid:  # else a malformed traceparent: a root call
+            if not client.trace_flags.sampled:
+                return OFF
+            parent = client
     if parent is None and random.random() >= _state.sample_rate:
         return OFF
-    return _call(_state.tracer, method, parent, protocol)
-
-
-@contextlib.contextmanager
-def _call(
-    tracer: trace.Tracer, method: str, parent: otel_context.Context | None, protocol: str
-) -> Iterator[Span]:
     info = current_call()
     attributes: dict[str, Any] = {"rpc.system": protocol, "rpc.method": method}
     if info is not None:
         attributes["stitchrec.request_id"] = info.request_id
-    with tracer.start_as_current_span(
-        CALL_SPAN, context=parent, kind=SpanKind.SERVER, attributes=attributes
-    ) as span:
-        if info is not None and span.is_recording():
-            info.trace_id = trace.format_trace_id(span.get_span_context().trace_id)
+    span = start_span(buffer, CALL_SPAN, parent, SpanKind.SERVER, attributes)
+    if info is not None:
+        info.trace_id = trace.format_trace_id(span.context.trace_id)
+    return _current(span)
+
+
+@contextlib.contextmanager
+def _current(span: RecordedSpan) -> Iterator[Span]:
+    """``span`` current while the block runs, then ended; an exception leaving the block is
+    recorded on it and marks it ERROR (as the SDK's ``start_as_current_span`` does)."""
+    token = otel_context.attach(trace.set_span_in_context(span))
+    try:
         yield span
+    except BaseException as e:
+        span.record_exception(e, escaped=True)
+        span.set_status(Status(StatusCode.ERROR, f"{type(e).__name__}: {e}"))
+        raise
+    finally:
+        otel_context.detach(token)
+        span.end()
 
 
 def grpc_carrier(metadata: Any) -> dict[str, str]:
     """The trace headers of gRPC invocation metadata (``(key, value)`` pairs) as a carrier."""
-    if _state.tracer is None or not metadata:
+    if _state.buffer is None or not metadata:
         return {}
     return {k: v for k, v in metadata if k in TRACE_HEADERS and isinstance(v, str)}
 
@@ -225,7 +242,7 @@ def grpc_carrier(metadata: Any) -> dict[str, str]:
 def set_status(code: str, error: bool) -> None:
     """Records the answered status on the current call span: ``stitchrec.status_code`` (a gRPC
     code name like ``OK``, or an HTTP status like ``200``); ``error`` marks the span ERROR."""
-    if _state.tracer is None:
+    if _state.buffer is None:
         return
     span = trace.get_current_span()
     span.set_attribute("stitchrec.status_code", code)
@@ -236,7 +253,7 @@ def set_status(code: str, error: bool) -> None:
 def response_headers() -> dict[str, str]:
     """``{"traceparent": ...}`` of the current call span for the response ({} when off or not
     sampled)."""
-    if _state.tracer is None:
+    if _state.buffer is None:
         return {}
     out: dict[str, str] = {}
     if trace.get_current_span().get_span_context().trace_flags.sampled:
@@ -257,7 +274,7 @@ def log_fields(request_id_fallback: str | bytes | None = None) -> dict[str, str]
     else:
         rid = request_id_fallback or ""
     out = {"request_id": rid}
-    if _state.tracer is not None and info is not None and info.trace_id:
+    if _state.buffer is not None and info is not None and info.trace_id:
         out["trace_id"] = info.trace_id
     return out
 
@@ -270,11 +287,13 @@ def span(name: str, **attributes: Any) -> contextlib.AbstractContextManager[Span
     """A child span of the current span (e.g. ``inference``), current while the block runs;
     with detail ``call``, the block's time as the current span's ``stitchrec.<name>_ms``.
     ``OFF`` unless the current span is recorded."""
-    if _state.tracer is None or not trace.get_current_span().is_recording():
+    buffer = _state.buffer
+    current = trace.get_current_span()
+    if buffer is None or not current.is_recording():
         return OFF
     if _state.detail == "call":
         return _timed(name)
-    return _state.tracer.start_as_current_span(name, attributes=attributes or None)
+    return _current(start_span(buffer, name, current.get_span_context(), attributes=attributes))
 
 
 @contextlib.contextmanager
@@ -292,10 +311,9 @@ def decoded(model: str, version: int, signature: str, rows: int) -> None:
     """Records the ``decode`` span (from the call span's start until now: parsing, decoding and
     checks) and the call's model, version, signature and rows on the call span (the current
     span)."""
-    if _state.tracer is None:
-        return
+    buffer = _state.buffer
     current = trace.get_current_span()
-    if not current.is_recording():
+    if buffer is None or not isinstance(current, RecordedSpan) or not current.is_recording():
         return
     current.set_attributes(
         {
@@ -305,16 +323,17 @@ def decoded(model: str, version: int, signature: str, rows: int) -> None:
             "stitchrec.rows": rows,
         }
     )
-    started_ns = getattr(current, "start_time", None) or time.time_ns()
+    started_ns = current.start_time
     if _state.detail == "call":
         current.set_attribute("stitchrec.decode_ms", (time.time_ns() - started_ns) / 1e6)
         return
-    _state.tracer.start_span("decode", start_time=started_ns, attributes={"rows": rows}).end()
+    parent = current.context
+    start_span(buffer, "decode", parent, attributes={"rows": rows}, start_time=started_ns).end()
 
 
 def capture() -> otel_context.Context | None:
     """The current trace context when its span is recorded (for a queued request), else None."""
-    if _state.tracer is None or not trace.get_current_span().is_recording():
+    if _state.buffer is None or not trace.get_current_span().is_recording():
         return None
     return otel_context.get_current()
 
@@ -340,8 +359,8 @@ def record_batch(
     """Writes ``queue_wait``, ``batch`` and ``inference`` spans for each request of a batch that
     has a trace context (``contexts[i]``, from ``capture``; ``enqueued[i]``: its monotonic
     enqueue time). ``error``: the batch failed (its spans are marked ERROR)."""
-    tracer = _state.tracer
-    if tracer is None or not any(c is not None for c in contexts):
+    buffer = _state.buffer
+    if buffer is None or not any(c is not None for c in contexts):
         return
     if _state.detail == "call":
         _batch_attributes(contexts, enqueued, rows, times, error)
@@ -352,19 +371,22 @@ def record_batch(
     def ns(t: float) -> int:
         return offset + int(t * 1e9)
 
-    batch_attrs = {"stitchrec.batch.rows": sum(rows), "stitchrec.batch.requests": len(rows)}
+    total = sum(rows)
     for ctx, t_in, r in zip(contexts, enqueued, rows, strict=True):
-        if ctx is None:
+        call = trace.get_current_span(ctx).get_span_context() if ctx is not None else None
+        if call is None or not call.is_valid:
             continue
-        tracer.start_span("queue_wait", context=ctx, start_time=ns(t_in)).end(ns(times.start))
-        batch = tracer.start_span(
-            "batch", context=ctx, start_time=ns(times.start), attributes={**batch_attrs, "rows": r}
+        start_span(buffer, "queue_wait", call, start_time=ns(t_in)).end(ns(times.start))
+        batch_attrs = {"stitchrec.batch.rows": total, "stitchrec.batch.requests": len(rows)}
+        batch = start_span(
+            buffer, "batch", call, attributes={**batch_attrs, "rows": r}, start_time=ns(times.start)
         )
-        model = tracer.start_span(
+        model = start_span(
+            buffer,
             "inference",
-            context=trace.set_span_in_context(batch, ctx),
+            batch.context,
+            attributes={"stitchrec.batch.rows": total},
             start_time=ns(times.model_start),
-            attributes={"stitchrec.batch.rows": sum(rows)},
         )
         if error is not None:
             for s in (model, batch):

@@ -7,15 +7,20 @@ Times the tracing calls one call makes (``call_span`` with a client ``traceparen
 ``log_fields``) in four states: off (no tracer provider, the default); on with every trace
 recorded, at detail ``stages`` (5 spans per call) and at detail ``call`` (one span per call);
 and on with a sample rate of 0 and no client trace (nothing recorded). Recorded spans go through
-the server's batch span processor to an exporter that encodes them as an OTLP export request and
-drops the bytes: the CPU an OTLP exporter spends, without the network. Prints one JSON line of
-CPU microseconds per call (the best of 5 repeats), the stages / call ratio and the load average.
+the server's span buffer to a sink that encodes them as an OTLP export request
+(``serving.otlp_wire.encode_request``, what the server's OTLP exporter sends) and drops the
+bytes: the CPU the export costs, without the network. Prints one JSON line of CPU microseconds
+per call (the best of 5 repeats), the stages / call ratio and the load average.
+
+``encode_us_per_span``: CPU microseconds to encode one recorded ``stitchrec.call`` span (detail
+``call``, fourteen attributes) as OTLP, by ``serving.otlp_wire`` (``wire``) and by the
+OpenTelemetry SDK's encoder from the SDK's ``ReadableSpan`` (``sdk``), in batches of 64.
 
 ``export_lock_wait_ms``: the span export runs in the processor's thread of the server's process
 and holds the interpreter lock while it encodes a batch; sending it releases the lock. The
 spans of ``RECORDED_CALLS`` recorded calls are encoded in batches of the SDK's default size
-(512) and of the server's (``serving.tracing.EXPORT_BATCH_SPANS``), each batch followed by a
-``time.sleep(0)`` in place of the send, while ``bench.serving.lock_wait`` measures how late a
+(512) and of the server's (``serving.tracing.EXPORT_BATCH_SPANS``) by the server's encoder,
+each batch followed by a ``time.sleep(0)`` in place of the send, while ``bench.serving.lock_wait`` measures how late a
 1 ms sleeper (an idle event loop) wakes: max and p99 (ms) per batch size.
 """
 
@@ -29,12 +34,12 @@ import timeit
 from collections.abc import Sequence
 
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
-from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from bench.serving.lock_wait import lock_wait_ms
 from serving import tracing
 from serving.calls import start_call
+from serving.otlp_wire import encode_request, encode_resource
+from serving.trace_spans import RecordedSpan, readable
 
 RECORDED_CALLS = 400  # calls per repeat when every call is recorded
 CLIENT = (("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),)
@@ -43,33 +48,26 @@ CLIENT = (("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-
 SDK_EXPORT_BATCH_SPANS = 512  # BatchSpanProcessor's default max_export_batch_size
 
 
-class KeepingExporter(SpanExporter):
-    """Keeps every exported span."""
+class EncodingSink:
+    """Encodes each batch of spans as the server's OTLP export request and drops it (or, with
+    ``keep``, keeps the spans instead)."""
 
-    def __init__(self) -> None:
-        self.kept: list[ReadableSpan] = []
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        self.kept.extend(spans)
-        return SpanExportResult.SUCCESS
-
-    def shutdown(self) -> None:
-        return None
-
-
-class EncodingExporter(SpanExporter):
-    """Encodes each batch of spans as OTLP's protobuf export request and drops it."""
-
-    def __init__(self) -> None:
+    def __init__(self, keep: bool = False) -> None:
+        self.keep = keep
+        self.kept: list[RecordedSpan] = []
         self.spans = 0
         self.bytes = 0
+        self._resource = encode_resource(tracing.resource())
 
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+    def __call__(self, spans: Sequence[RecordedSpan]) -> bool:
         self.spans += len(spans)
-        self.bytes += len(encode_spans(spans).SerializeToString())
-        return SpanExportResult.SUCCESS
+        if self.keep:
+            self.kept.extend(spans)
+        else:
+            self.bytes += len(encode_request(spans, self._resource))
+        return True
 
-    def shutdown(self) -> None:
+    def close(self) -> None:
         return None
 
 
@@ -108,23 +106,50 @@ def recorded_us(metadata: tuple[tuple[str, str], ...], calls: int) -> float:
     return 1e6 * min(runs) / calls
 
 
-def export_in_batches(spans: Sequence[ReadableSpan], batch: int) -> None:
+def export_in_batches(spans: Sequence[RecordedSpan], batch: int) -> None:
     """Encodes ``spans`` as OTLP export requests of ``batch`` spans, releasing the interpreter
     lock after each as a network send does."""
+    resource = encode_resource(tracing.resource())
     for i in range(0, len(spans), batch):
-        encode_spans(spans[i : i + batch]).SerializeToString()
+        encode_request(spans[i : i + batch], resource)
         time.sleep(0)
+
+
+def recorded_spans(calls: int, detail: str) -> list[RecordedSpan]:
+    """The spans ``calls`` recorded calls make at ``detail``."""
+    keeping = EncodingSink(keep=True)
+    tracing.install(keeping, detail=detail)
+    for _ in range(calls):
+        one_call(CLIENT)
+    tracing.shutdown()
+    return keeping.kept
+
+
+def encode_us_per_span(spans: Sequence[RecordedSpan]) -> dict[str, float]:
+    """CPU microseconds per span to encode ``spans`` in batches of 64, by the server's encoder
+    and by the SDK's (from ``ReadableSpan`` objects, made in the timed region)."""
+    resource = tracing.resource()
+    wire_resource = encode_resource(resource)
+    batches = [spans[i : i + 64] for i in range(0, len(spans), 64)]
+
+    def wire() -> None:
+        for b in batches:
+            encode_request(b, wire_resource)
+
+    def sdk() -> None:
+        for b in batches:
+            encode_spans([readable(s, resource) for s in b]).SerializeToString()
+
+    return {
+        name: 1e6 * min(timeit.repeat(f, timer=time.process_time, number=1, repeat=5)) / len(spans)
+        for name, f in (("wire", wire), ("sdk", sdk))
+    }
 
 
 def export_lock_wait(calls: int) -> dict[str, dict[str, float]]:
     """``lock_wait_ms`` while the spans of ``calls`` recorded calls (detail ``stages``) are
     encoded in batches of the SDK's default size and of the server's."""
-    keeping = KeepingExporter()
-    tracing.install(keeping)
-    for _ in range(calls):
-        one_call(CLIENT)
-    tracing.shutdown()
-    spans = keeping.kept
+    spans = recorded_spans(calls, "stages")
     return {
         f"batch_{n}": lock_wait_ms(lambda n=n: export_in_batches(spans, n))
         for n in (SDK_EXPORT_BATCH_SPANS, tracing.EXPORT_BATCH_SPANS)
@@ -140,17 +165,19 @@ def main(argv: list[str] | None = None) -> int:
     out = {"off_us": per_call_us(CLIENT, args.calls)}
     recorded = min(RECORDED_CALLS, max(1, args.calls // 20))
     for detail in tracing.DETAILS:
-        exporter = EncodingExporter()
+        exporter = EncodingSink()
         tracing.install(exporter, detail=detail)
         out[f"sampled_{detail}_us"] = recorded_us(CLIENT, recorded)
         tracing.shutdown()
         out[f"spans_per_call_{detail}"] = exporter.spans / (5 * recorded)
-    tracing.install(EncodingExporter(), sample_rate=0.0)
+    tracing.install(EncodingSink(), sample_rate=0.0)
     out["not_sampled_us"] = per_call_us((), max(1, args.calls // 20))
     tracing.shutdown()
     out["stages_over_call"] = out["sampled_stages_us"] / out["sampled_call_us"]
     waits = export_lock_wait(recorded)
+    encode = encode_us_per_span(recorded_spans(recorded, "call"))
     out = {k: round(v, 2) for k, v in out.items()}
+    out["encode_us_per_span"] = {k: round(v, 2) for k, v in encode.items()}
     print(json.dumps(out | {"export_lock_wait_ms": waits, "load": os.getloadavg()[0]}))
     return 0
 

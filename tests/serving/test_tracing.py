@@ -292,6 +292,36 @@ def test_spans_reach_an_otlp_grpc_receiver_by_the_server_stop(repo):
     assert services == {"stitchrec"}
 
 
+class _Refusing(trace_service_pb2_grpc.TraceServiceServicer):
+    def __init__(self):
+        self.calls = 0
+
+    def Export(self, request, context):
+        self.calls += 1
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, "refused")
+
+
+def test_spans_a_collector_refuses_are_counted_and_the_calls_still_answer(repo):
+    receiver = _Refusing()
+    collector = grpc.server(concurrent.futures.ThreadPoolExecutor(2))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(receiver, collector)
+    port = collector.add_insecure_port("127.0.0.1:0")
+    collector.start()
+    try:
+        with ServerThread(repo, ServerOptions(otlp_endpoint=f"127.0.0.1:{port}")) as s:
+            for _ in range(3):
+                assert len(_rank(s)[0].scores) == 3
+            assert tracing.flush()
+            registry = s.server.metrics.registry
+            lost = registry.get_sample_value(
+                "stitchrec_trace_spans_lost_total", {"reason": "failed"}
+            )
+    finally:
+        collector.stop(None)
+    assert receiver.calls >= 1
+    assert lost == 15  # five spans a call, none exported
+
+
 @pytest.mark.parametrize("endpoint", ["localhost", "127.0.0.1:0", "host:99999", "ftp://h:1", ""])
 def test_bad_otlp_endpoint_is_refused_naming_it(endpoint):
     with pytest.raises(ValueError, match=r"otlp endpoint .*expected HOST:PORT"):
