@@ -167,8 +167,10 @@ def start_span(
 class SpanBuffer:
     """Ended spans waiting for export, and the thread that exports them.
 
-    The thread wakes when ``batch`` spans are waiting or ``interval_s`` has passed and hands the
-    sink batches of at most ``batch`` spans. ``max_queue`` bounds the spans held; more are
+    The thread wakes when ``batch`` spans are waiting and hands the sink full batches of
+    ``batch`` spans; when ``interval_s`` has passed without a full batch, or on ``flush``, it
+    also sends what is left (a smaller batch): each export is a request to the collector, so
+    full batches keep their number low. ``max_queue`` bounds the spans held; more are
     dropped and counted in ``dropped``. ``failed`` counts spans of batches the sink did not
     export. ``on_lost(reason, spans)``, when set, is told of each loss (``full`` / ``failed``).
     """
@@ -187,6 +189,7 @@ class SpanBuffer:
         self._interval_s = interval_s
         self._spans: collections.deque[RecordedSpan] = collections.deque()
         self._wake = threading.Event()
+        self._flushing = False
         self._idle = threading.Condition()
         self._busy = False
         self._stopped = False
@@ -209,15 +212,17 @@ class SpanBuffer:
 
     def _run(self) -> None:
         while not self._stopped:
-            self._wake.wait(self._interval_s)
+            woken = self._wake.wait(self._interval_s)
             self._wake.clear()
-            self._drain()
+            everything, self._flushing = not woken or self._flushing or self._stopped, False
+            self._drain(everything)
 
-    def _drain(self) -> None:
+    def _drain(self, everything: bool) -> None:
+        """Exports the full batches waiting, and with ``everything`` the rest too."""
         with self._idle:
             self._busy = True
         try:
-            while self._spans:
+            while len(self._spans) >= (1 if everything else self._batch):
                 batch = [self._spans.popleft() for _ in range(min(self._batch, len(self._spans)))]
                 try:
                     ok = self._sink(batch)
@@ -236,14 +241,14 @@ class SpanBuffer:
         """Exports the waiting spans now; False when they did not all go out within
         ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
-        self._wake.set()
         with self._idle:
             while self._spans or self._busy:
                 left = deadline - time.monotonic()
                 if left <= 0 or not self._thread.is_alive():
                     return False
-                self._idle.wait(min(left, 0.05))
+                self._flushing = True
                 self._wake.set()
+                self._idle.wait(min(left, 0.05))
         return True
 
     def shutdown(self, timeout_s: float) -> None:

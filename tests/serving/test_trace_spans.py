@@ -90,12 +90,17 @@ def test_batches_hold_at_most_the_batch_size_and_keep_the_order(buffers):
     assert [s for b in keep.batches for s in b] == spans
 
 
-def test_a_full_batch_and_the_interval_each_start_an_export_without_a_flush(buffers):
+def test_a_full_batch_or_the_interval_starts_an_export_and_a_part_batch_waits(buffers):
     keep = _Keep()
     buffer = buffers(keep, batch=3, interval_s=60.0)
     for i in range(3):
         start_span(buffer, f"s{i}", None).end()
     _wait_for(lambda: len(keep.batches) == 1)  # a full batch woke the thread
+    for i in range(2):
+        start_span(buffer, f"t{i}", None).end()
+    time.sleep(0.2)
+    assert len(keep.batches) == 1  # a part batch waits for the interval or a flush
+    assert buffer.flush(5.0) and [len(b) for b in keep.batches] == [3, 2]
     timed = _Keep()
     buffer = buffers(timed, batch=100, interval_s=0.05)
     start_span(buffer, "alone", None).end()
