@@ -12,6 +12,10 @@ the server's span buffer to a sink that encodes them as an OTLP export request
 bytes: the CPU the export costs, without the network. Prints one JSON line of CPU microseconds
 per call (the best of 5 repeats), the stages / call ratio and the load average.
 
+``sdk_<detail>_us``: the baseline, the same spans of a recorded call made through the
+OpenTelemetry SDK's tracer, batch span processor and encoder (``bench.serving.sdk_tracing``), in
+the same process; ``sdk_over_own_<detail>``: its ratio to ``sampled_<detail>_us``.
+
 ``encode_us_per_span``: CPU microseconds to encode one recorded ``stitchrec.call`` span (detail
 ``call``, fourteen attributes) as OTLP, by ``serving.otlp_wire`` (``wire``) and by the
 OpenTelemetry SDK's encoder from the SDK's ``ReadableSpan`` (``sdk``), in batches of 64.
@@ -36,6 +40,7 @@ from collections.abc import Sequence
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
 from bench.serving.lock_wait import lock_wait_ms
+from bench.serving.sdk_tracing import sdk_call_us
 from serving import tracing
 from serving.calls import start_call
 from serving.otlp_wire import encode_request, encode_resource
@@ -170,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         out[f"sampled_{detail}_us"] = recorded_us(CLIENT, recorded)
         tracing.shutdown()
         out[f"spans_per_call_{detail}"] = exporter.spans / (5 * recorded)
+        out[f"sdk_{detail}_us"] = sdk_call_us(detail, recorded)
+        out[f"sdk_over_own_{detail}"] = out[f"sdk_{detail}_us"] / out[f"sampled_{detail}_us"]
     tracing.install(EncodingSink(), sample_rate=0.0)
     out["not_sampled_us"] = per_call_us((), max(1, args.calls // 20))
     tracing.shutdown()

@@ -16,6 +16,10 @@ def test_stages_make_five_spans_per_call_and_call_one(capsys):
     assert out["spans_per_call_stages"] == 5.0 and out["spans_per_call_call"] == 1.0
     for key in ("off_us", "sampled_stages_us", "sampled_call_us", "not_sampled_us"):
         assert out[key] > 0
+    for detail in ("stages", "call"):
+        ratio = out[f"sdk_{detail}_us"] / out[f"sampled_{detail}_us"]
+        assert out[f"sdk_over_own_{detail}"] == pytest.approx(ratio, rel=0.05)
+    assert set(out["encode_us_per_span"]) == {"wire", "sdk"}
     ratio = out["sampled_stages_us"] / out["sampled_call_us"]
     assert out["stages_over_call"] == pytest.approx(ratio, rel=0.05)
     waits = out["export_lock_wait_ms"]
