@@ -213,22 +213,29 @@ def call_span(
     span = start_span(buffer, CALL_SPAN, parent, SpanKind.SERVER, attributes)
     if info is not None:
         info.trace_id = trace.format_trace_id(span.context.trace_id)
-    return _current(span)
+    return _Current(span)
 
 
-@contextlib.contextmanager
-def _current(span: RecordedSpan) -> Iterator[Span]:
-    """``span`` current while the block runs, then ended; an exception leaving the block is
-    recorded on it and marks it ERROR (as the SDK's ``start_as_current_span`` does)."""
-    token = otel_context.attach(trace.set_span_in_context(span))
-    try:
-        yield span
-    except BaseException as e:
-        span.record_exception(e, escaped=True)
-        span.set_status(Status(StatusCode.ERROR, f"{type(e).__name__}: {e}"))
-        raise
-    finally:
-        otel_context.detach(token)
+class _Current:
+    """``span`` current while the ``with`` block runs, then ended; an exception leaving the
+    block is recorded on it and marks it ERROR (as the SDK's ``start_as_current_span`` does)."""
+
+    __slots__ = ("span", "token")
+
+    def __init__(self, span: RecordedSpan) -> None:
+        self.span = span
+        self.token: object = None
+
+    def __enter__(self) -> Span:
+        self.token = otel_context.attach(trace.set_span_in_context(self.span))
+        return self.span
+
+    def __exit__(self, kind: type[BaseException] | None, e: BaseException | None, tb: Any) -> None:
+        span = self.span
+        if e is not None:
+            span.record_exception(e, escaped=True)
+            span.set_status(Status(StatusCode.ERROR, f"{type(e).__name__}: {e}"))
+        otel_context.detach(self.token)
         span.end()
 
 
@@ -293,7 +300,7 @@ def span(name: str, **attributes: Any) -> contextlib.AbstractContextManager[Span
         return OFF
     if _state.detail == "call":
         return _timed(name)
-    return _current(start_span(buffer, name, current.get_span_context(), attributes=attributes))
+    return _Current(start_span(buffer, name, current.get_span_context(), attributes=attributes))
 
 
 @contextlib.contextmanager

@@ -115,3 +115,26 @@ def test_no_export_carries_more_than_the_batch_limit(installed):
     assert tracing.flush()
     assert sum(sizes.sizes) == 600
     assert max(sizes.sizes) <= tracing.EXPORT_BATCH_SPANS < 600
+
+
+def test_an_exception_leaving_a_span_is_recorded_and_marks_it_error(installed):
+    spans = InMemorySpanExporter()
+    installed(spans, 1.0)
+    start_call("grpc", "r")
+    with (
+        pytest.raises(ValueError, match="boom"),
+        tracing.call_span("Rank", {}),
+        tracing.span("inference"),  # made once the call span is current
+    ):
+        raise ValueError("boom")
+    assert tracing.flush()
+    by_name = {s.name: s for s in spans.get_finished_spans()}
+    assert set(by_name) == {"inference", tracing.CALL_SPAN}
+    for s in by_name.values():
+        assert s.status.status_code.name == "ERROR"
+        assert s.status.description == "ValueError: boom"
+        assert [e.name for e in s.events] == ["exception"]
+        assert s.events[0].attributes["exception.type"] == "ValueError"
+    assert by_name["inference"].parent.span_id == by_name[tracing.CALL_SPAN].context.span_id
+    # the context is restored: no span is current after the blocks
+    assert not tracing.trace.get_current_span().is_recording()
