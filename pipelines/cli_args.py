@@ -455,7 +455,8 @@ def serve(sub: Subparsers) -> None:
         default=None,
         metavar="HOST:PORT",
         help="export OpenTelemetry spans of every inference call to this OTLP/gRPC collector "
-        "(default: tracing off)",
+        "(default: tracing off); headers, gzip and TLS roots from OTEL_EXPORTER_OTLP_[TRACES_]"
+        "HEADERS, _COMPRESSION and _CERTIFICATE",
     )
     p.add_argument(
         "--trace-sample-rate",

@@ -33,7 +33,15 @@ import sys
 import time
 
 from pipelines.errors import UsageError, check_output_path
-from serving.config import BatchingConfig, BindError, Limits, ServerOptions, VersionPolicy
+from serving.config import (
+    BatchingConfig,
+    BindError,
+    Limits,
+    OtlpSettings,
+    ServerOptions,
+    VersionPolicy,
+    otlp_settings,
+)
 from serving.metrics import MULTIPROC_ENV, AggregatedMetrics
 
 WAIT_POLL_S = 0.2  # how often the supervisor of `--workers N` looks for exited workers
@@ -116,6 +124,7 @@ def _checked_options(args: argparse.Namespace) -> ServerOptions:
         retry_after_ms=args.retry_after_ms,
         drain_s=args.drain_seconds,
         otlp_endpoint=args.otlp_endpoint,
+        otlp=otlp_settings(os.environ) if args.otlp_endpoint else OtlpSettings(),
         trace_sample_rate=args.trace_sample_rate,
         trace_detail=args.trace_detail,
         freeze_heap=not args.no_heap_freeze,

@@ -12,7 +12,9 @@ from __future__ import annotations
 import dataclasses
 import enum
 import re
-from collections.abc import Iterable
+import urllib.parse
+from collections.abc import Iterable, Mapping
+from pathlib import Path
 
 # serving.tracing's forms: a span per stage of a call, or one span per call with the stages' times
 TRACE_DETAILS = ("stages", "call")
@@ -187,6 +189,8 @@ class ServerOptions:
     (``serving.tracing``; None: tracing off). trace_sample_rate: the share of traces recorded
     for calls that do not continue a client's trace (0 to 1). trace_detail: ``stages`` (a span
     per stage of a call) or ``call`` (one span per call, the stages' times as its attributes).
+    otlp: the exporter's headers, compression and TLS roots (``OtlpSettings``; ``stitchrec
+    serve`` reads them from OpenTelemetry's ``OTEL_EXPORTER_OTLP_*`` variables).
     log_dir: the prediction log folder (``serving.prediction_log``; None: no log).
     log_rates: ``((model, rate), ...)``: the share of a model's calls logged, in [0, 1].
     log_default_rate: the share logged of the other models' calls.
@@ -218,6 +222,7 @@ class ServerOptions:
     retry_after_ms: int = 100
     drain_s: float = 0.0
     otlp_endpoint: str | None = None
+    otlp: OtlpSettings = dataclasses.field(default_factory=lambda: OtlpSettings())
     trace_sample_rate: float = 1.0
     trace_detail: str = "stages"
     log_dir: str | None = None
@@ -287,3 +292,62 @@ def check_otlp_endpoint(endpoint: str | None) -> None:
             f"otlp endpoint {endpoint!r}: expected HOST:PORT (e.g. 127.0.0.1:4317), optionally "
             f"with http:// or https:// in front"
         )
+
+
+_METADATA_KEY = re.compile(r"^[a-z0-9_.-]+$")
+OTLP_VARIABLES = ("HEADERS", "COMPRESSION", "CERTIFICATE")
+
+
+@dataclasses.dataclass(frozen=True)
+class OtlpSettings:
+    """How spans are sent to the collector, beyond its address.
+
+    headers: ``((name, value), ...)`` sent as gRPC metadata with every export (e.g. a
+    collector's API key); names of lower-case letters, digits, ``-``, ``_``, ``.``.
+    gzip: compress the export requests. certificate: a PEM file of the root certificates that
+    an ``https://`` collector's certificate must chain to (None: the system's roots).
+    """
+
+    headers: tuple[tuple[str, str], ...] = ()
+    gzip: bool = False
+    certificate: str | None = None
+
+    def __post_init__(self) -> None:
+        for name, _ in self.headers:
+            if not _METADATA_KEY.match(name) or name.endswith("-bin"):
+                raise ValueError(
+                    f"otlp header {name!r}: expected a name of lower-case letters, digits, "
+                    f"'-', '_' or '.' (not ending in -bin)"
+                )
+        if self.certificate is not None and not Path(self.certificate).is_file():
+            raise ValueError(f"otlp certificate {self.certificate!r}: expected a PEM file")
+
+
+def otlp_settings(environ: Mapping[str, str]) -> OtlpSettings:
+    """``OtlpSettings`` from OpenTelemetry's exporter variables: ``OTEL_EXPORTER_OTLP_TRACES_X``,
+    else ``OTEL_EXPORTER_OTLP_X``, for X in HEADERS (``name=value,...``, values URL-encoded),
+    COMPRESSION (``gzip`` or ``none``) and CERTIFICATE (a PEM file). ValueError naming the
+    variable for a value of another form (a header's value is never repeated in it)."""
+    found: dict[str, tuple[str, str]] = {}
+    for part in OTLP_VARIABLES:
+        for variable in (f"OTEL_EXPORTER_OTLP_TRACES_{part}", f"OTEL_EXPORTER_OTLP_{part}"):
+            if environ.get(variable, "").strip():
+                found[part] = (variable, environ[variable].strip())
+                break
+    headers: list[tuple[str, str]] = []
+    if "HEADERS" in found:
+        variable, text = found["HEADERS"]
+        for i, item in enumerate(text.split(","), 1):
+            name, eq, value = item.partition("=")
+            if not eq or not name.strip():
+                raise ValueError(f"{variable}: entry {i} is not name=value (comma-separated)")
+            name = urllib.parse.unquote(name.strip()).lower()
+            headers.append((name, urllib.parse.unquote(value.strip())))
+    gzip = False
+    if "COMPRESSION" in found:
+        variable, text = found["COMPRESSION"]
+        if text.lower() not in ("gzip", "none"):
+            raise ValueError(f"{variable}={text!r}: expected gzip or none")
+        gzip = text.lower() == "gzip"
+    certificate = found["CERTIFICATE"][1] if "CERTIFICATE" in found else None
+    return OtlpSettings(tuple(headers), gzip, certificate)

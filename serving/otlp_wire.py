@@ -26,6 +26,7 @@ import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from opentelemetry.sdk.resources import Resource
 
+from serving.config import OtlpSettings
 from serving.trace_spans import SCOPE, RecordedSpan
 
 logger = logging.getLogger(__name__)
@@ -197,17 +198,32 @@ class OtlpSender:
     """Exports batches of recorded spans to an OTLP/gRPC collector (a ``SpanBuffer`` sink).
 
     ``endpoint``: ``HOST:PORT`` or ``http://HOST:PORT`` (plaintext), ``https://HOST:PORT``
-    (TLS with the system's roots). A batch the collector refuses with a transient code
+    (TLS, with ``settings.certificate``'s roots or the system's). ``settings``: headers sent with
+    every export, gzip compression. A batch the collector refuses with a transient code
     (``RETRIED``) is sent again after 0.1 s, 0.2 s, ... while ``timeout_s`` lasts; then it is
     dropped (a warning at most every ``WARN_EVERY_S``).
     """
 
-    def __init__(self, endpoint: str, timeout_s: float, resource: Resource) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        timeout_s: float,
+        resource: Resource,
+        settings: OtlpSettings | None = None,
+    ) -> None:
+        settings = settings or OtlpSettings()
         target = endpoint.split("://", 1)[-1]
+        compression = grpc.Compression.Gzip if settings.gzip else None
         if endpoint.startswith("https://"):
-            self._channel = grpc.secure_channel(target, grpc.ssl_channel_credentials())
+            roots = None
+            if settings.certificate is not None:
+                with open(settings.certificate, "rb") as f:
+                    roots = f.read()
+            credentials = grpc.ssl_channel_credentials(root_certificates=roots)
+            self._channel = grpc.secure_channel(target, credentials, compression=compression)
         else:
-            self._channel = grpc.insecure_channel(target)
+            self._channel = grpc.insecure_channel(target, compression=compression)
+        self._metadata = settings.headers or None
         self._call = self._channel.unary_unary(
             EXPORT_METHOD,
             request_serializer=None,  # the request is already bytes
@@ -225,7 +241,7 @@ class OtlpSender:
         while True:
             left = deadline - time.monotonic()
             try:
-                self._call(body, timeout=max(left, 0.01))
+                self._call(body, timeout=max(left, 0.01), metadata=self._metadata)
                 return True
             except grpc.RpcError as e:
                 code = e.code()

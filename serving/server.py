@@ -277,7 +277,7 @@ async def create_server(
     traced = options.otlp_endpoint is not None
     if traced:
         tracing.install(
-            tracing.otlp_exporter(options.otlp_endpoint),
+            tracing.otlp_exporter(options.otlp_endpoint, options.otlp),
             options.trace_sample_rate,
             options.trace_detail,
         )

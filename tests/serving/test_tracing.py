@@ -8,6 +8,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import logging
+import re
 import time
 from pathlib import Path
 
@@ -18,11 +19,12 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from pipelines import serve
 from pipelines.cli import build_parser
+from pipelines.errors import UsageError
 from protos import ranking_service_pb2_grpc as rank_grpc
 from serving import tracing
 from serving.calls import start_call
 from serving.client import make_request
-from serving.config import BatchingConfig, ServerOptions, check_otlp_endpoint
+from serving.config import BatchingConfig, OtlpSettings, ServerOptions, check_otlp_endpoint
 from serving.testing import ServerThread, write_linear_model
 
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -346,3 +348,73 @@ def test_trace_flags_reach_the_options_and_the_workers():
     worker = serve._worker_argv(args, 8500)
     assert worker[worker.index("--trace-detail") + 1] == "call"
     assert serve._options(build_parser().parse_args(argv)).trace_detail == "stages"
+
+
+def test_otlp_variables_reach_the_options(monkeypatch, tmp_path):
+    pem = tmp_path / "roots.pem"
+    pem.write_text("-----BEGIN CERTIFICATE-----\n")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "x-ignored=1")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "X-Api-Key=a%2Cb%3D, team = rec ")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_COMPRESSION", "GZIP")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", str(pem))
+    argv = ["serve", "--repo", "models", "--otlp-endpoint", "https://127.0.0.1:4317"]
+    opts = serve._options(build_parser().parse_args(argv))
+    assert opts.otlp.headers == (("x-api-key", "a,b="), ("team", "rec"))
+    assert opts.otlp.gzip and opts.otlp.certificate == str(pem)
+    # without an endpoint the variables are not read
+    plain = serve._options(build_parser().parse_args(["serve", "--repo", "models"]))
+    assert plain.otlp == OtlpSettings()
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [
+        ("OTEL_EXPORTER_OTLP_COMPRESSION", "br", "OTEL_EXPORTER_OTLP_COMPRESSION='br': expected"),
+        ("OTEL_EXPORTER_OTLP_HEADERS", "key", "OTEL_EXPORTER_OTLP_HEADERS: entry 1 is not"),
+        ("OTEL_EXPORTER_OTLP_HEADERS", "a=1,Bad Name=2", "otlp header 'bad name'"),
+        ("OTEL_EXPORTER_OTLP_CERTIFICATE", "/no/such.pem", "otlp certificate '/no/such.pem'"),
+    ],
+)
+def test_a_bad_otlp_variable_is_one_error_line(monkeypatch, variable, value, message):
+    monkeypatch.setenv(variable, value)
+    argv = ["serve", "--repo", "models", "--otlp-endpoint", "127.0.0.1:4317"]
+    with pytest.raises(UsageError, match=re.escape(message)):
+        serve._options(build_parser().parse_args(argv))
+
+
+class _Headers(trace_service_pb2_grpc.TraceServiceServicer):
+    def __init__(self):
+        self.metadata: list[dict[str, str]] = []
+        self.spans = 0
+
+    def Export(self, request, context):
+        self.metadata.append(dict(context.invocation_metadata()))
+        self.spans += sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+
+@pytest.mark.parametrize("gzip", [False, True])
+def test_the_exporter_sends_the_headers_and_compresses_when_asked(repo, gzip):
+    # a collector that accepts uncompressed messages only: gzip-compressed exports are refused
+    receiver = _Headers()
+    identity_only = [("grpc.compression_enabled_algorithms_bitset", 1)]
+    collector = grpc.server(concurrent.futures.ThreadPoolExecutor(2), options=identity_only)
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(receiver, collector)
+    port = collector.add_insecure_port("127.0.0.1:0")
+    collector.start()
+    settings = OtlpSettings(headers=(("x-api-key", "secret"),), gzip=gzip)
+    try:
+        opts = ServerOptions(otlp_endpoint=f"127.0.0.1:{port}", otlp=settings)
+        with ServerThread(repo, opts) as s:
+            _rank(s)
+            assert tracing.flush()
+            lost = s.server.metrics.registry.get_sample_value(
+                "stitchrec_trace_spans_lost_total", {"reason": "failed"}
+            )
+    finally:
+        collector.stop(None)
+    if gzip:
+        assert receiver.spans == 0 and lost == 5
+    else:
+        assert receiver.spans == 5 and not lost
+        assert [m.get("x-api-key") for m in receiver.metadata] == ["secret"]
