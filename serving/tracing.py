@@ -297,8 +297,10 @@ def span(name: str, **attributes: Any) -> contextlib.AbstractContextManager[Span
     with detail ``call``, the block's time as the current span's ``stitchrec.<name>_ms``.
     ``OFF`` unless the current span is recorded."""
     buffer = _state.buffer
+    if buffer is None:
+        return OFF
     current = trace.get_current_span()
-    if buffer is None or not current.is_recording():
+    if not current.is_recording():
         return OFF
     if _state.detail == "call":
         return _timed(name)
@@ -321,8 +323,10 @@ def decoded(model: str, version: int, signature: str, rows: int) -> None:
     checks) and the call's model, version, signature and rows on the call span (the current
     span)."""
     buffer = _state.buffer
+    if buffer is None:
+        return
     current = trace.get_current_span()
-    if buffer is None or not isinstance(current, RecordedSpan) or not current.is_recording():
+    if not isinstance(current, RecordedSpan) or not current.is_recording():
         return
     current.set_attributes(
         {
