@@ -1,5 +1,6 @@
 """KServe v2 / Open Inference Protocol ``GRPCInferenceService``: liveness, readiness, metadata
-and ModelInfer (typed or raw tensor contents; outputs always raw)."""
+and ModelInfer (typed or raw tensor contents; outputs always raw). ``server_ready`` is the
+server's readiness, which ``GET /v2/health/ready`` (``serving.http.kserve_http``) answers too."""
 
 from __future__ import annotations
 
@@ -46,6 +47,14 @@ def version_arg(text: str, where: str) -> tuple[int | None, str | None]:
     return v, None
 
 
+def server_ready(state: ServerState) -> bool:
+    """KServe ``ServerReady`` (gRPC) and ``GET /v2/health/ready`` (HTTP): the repository holds
+    at least one model, every model has a ready version, and no stop has begun. A server with
+    no model to serve is not ready, so readiness probes keep traffic away from it."""
+    repo = state.repo
+    return bool(repo.model_names()) and repo.ready() and not state.shutting_down
+
+
 def _infer_key(request: kserve_pb2.ModelInferRequest, name: str, limits: Any) -> Any:
     """The split key of a ModelInfer request: the first value of input ``name`` (None if
     none)."""
@@ -73,8 +82,7 @@ class KServeServicer(kserve_grpc.GRPCInferenceServiceServicer):
 
     @rpc("ServerReady", kserve_pb2.ServerReadyRequest)
     async def ServerReady(self, request: Any, context: Any) -> Any:
-        ready = self.state.repo.ready() and not self.state.shutting_down
-        return kserve_pb2.ServerReadyResponse(ready=ready)
+        return kserve_pb2.ServerReadyResponse(ready=server_ready(self.state))
 
     @rpc("ModelReady", kserve_pb2.ModelReadyRequest)
     async def ModelReady(self, request: Any, context: Any) -> Any:

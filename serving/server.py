@@ -51,7 +51,7 @@ from serving.config import BindError, ServerOptions
 from serving.health import NOT_SERVING, SERVING, HealthServicer
 from serving.http.app import start_http
 from serving.interceptors import AccessLogInterceptor, TokenAuthInterceptor
-from serving.kserve import KServeServicer
+from serving.kserve import KServeServicer, server_ready
 from serving.metrics import Metrics
 from serving.prediction_log import PredictionLogger
 from serving.ranking_service import RankingServicer
@@ -245,15 +245,16 @@ def _health_sync(
     state: ServerState, health_servicer: HealthServicer
 ) -> Callable[[], Awaitable[None]]:
     """A coroutine function (run after each repository poll) re-reading the changed
-    ``traffic.toml`` files and setting the server and every service SERVING while every model
-    has a ready version, each model SERVING while it has one, each ready ``<model>/<version>``
-    SERVING (NOT_SERVING everywhere once the server stops)."""
+    ``traffic.toml`` files and setting the server and every service SERVING while it is ready
+    (``serving.kserve.server_ready``: at least one model, every model with a ready version), each
+    model SERVING while it has one, each ready ``<model>/<version>`` SERVING (NOT_SERVING
+    everywhere once the server stops)."""
 
     async def sync_health() -> None:
         repo = state.repo
         state.traffic.refresh(repo.model_names())
         up = not state.shutting_down
-        overall = SERVING if up and repo.ready() else NOT_SERVING
+        overall = SERVING if server_ready(state) else NOT_SERVING
         statuses = dict.fromkeys(("", *SERVICE_NAMES), overall)
         for name in repo.model_names():
             statuses[name] = SERVING if up and repo.ready(name) else NOT_SERVING

@@ -1,7 +1,8 @@
 """KServe v2 (Open Inference Protocol) over HTTP/REST, with the binary tensor data extension.
 
 - ``GET /v2/health/live`` and ``/v2/health/ready``: ``{"live": true}`` / ``{"ready": bool}``;
-  ready answers 503 until every model has a ready version and from the start of a stop.
+  ready (``serving.kserve.server_ready``) answers 503 while the repository holds no model,
+  until every model has a ready version, and from the start of a stop.
 - ``GET /v2``: server metadata; ``GET /v2/models/{m}[/versions/{v}]``: model metadata;
   ``GET .../ready``: 200 ``{"name", "ready": true}``, 503 when not ready, 404 for no such model.
 - ``POST .../infer``: ``{"id", "parameters", "inputs": [{"name", "shape", "datatype", "data"}],
@@ -42,7 +43,7 @@ from serving.http.errors import json_response
 from serving.http.jsonio import json_array, json_object, parse_json, to_json, type_name
 from serving.http.versions import feature_key, resolve_version, route_version
 from serving.inference import check_names, invalid
-from serving.kserve import SERVER_NAME, SERVER_VERSION
+from serving.kserve import SERVER_NAME, SERVER_VERSION, server_ready
 from serving.model_version import ModelNotFound
 from serving.rpc import INLINE_BYTES, check_outputs
 
@@ -78,8 +79,7 @@ async def live(request: web.Request) -> web.Response:
 
 @endpoint("ServerReady")
 async def ready(request: web.Request) -> web.Response:
-    state = state_of(request)
-    up = state.repo.ready() and not state.shutting_down
+    up = server_ready(state_of(request))
     return json_response({"ready": up}, 200 if up else 503)
 
 

@@ -13,11 +13,15 @@ import textwrap
 import time
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
 import requests
 import tensorflow as tf
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from protos import grpc_service_pb2 as kserve_pb2
+from protos import grpc_service_pb2_grpc as kserve_grpc
 from serving.batching import BatchingConfig
 from serving.config import Limits, ServerOptions
 from serving.testing import ServerThread, reference_score, wait_until, write_linear_model
@@ -329,3 +333,24 @@ def test_cli_serve_http_port(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_server_without_models_is_not_ready_on_http_nor_grpc(tmp_path):
+    opts = ServerOptions(http_port=0, warmup_sizes=(1,), poll_interval_s=0.1)
+    with ServerThread(tmp_path, opts) as s:
+        url = f"http://127.0.0.1:{s.server.http_port}/v2/health/ready"
+        channel = grpc.insecure_channel(s.target)
+        stub = kserve_grpc.GRPCInferenceServiceStub(channel)
+        health = health_pb2_grpc.HealthStub(channel)
+
+        def grpc_ready() -> bool:
+            ready = stub.ServerReady(kserve_pb2.ServerReadyRequest(), timeout=5).ready
+            answer = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+            assert ready == (answer.status == health_pb2.HealthCheckResponse.SERVING)
+            return ready
+
+        r = requests.get(url, timeout=5)
+        assert (r.status_code, r.json(), grpc_ready()) == (503, {"ready": False}, False)
+        write_linear_model(tmp_path / "lin" / "1", bias=0.0)
+        wait_until(lambda: requests.get(url, timeout=5).status_code == 200, 60)
+        assert requests.get(url, timeout=5).json() == {"ready": True} and grpc_ready()
