@@ -187,7 +187,10 @@ def export(sub: Subparsers) -> None:
         help="export one cascade SavedModel: --run is the pre-ranking run, RUN the ranking run",
     )
     e.add_argument(
-        "--keep", type=int, default=50, help="candidates the pre-ranking keeps (--cascade-rank)"
+        "--keep",
+        type=positive,
+        metavar="M",
+        help="candidates the cascade's pre-ranking keeps (default 50; only with --cascade-rank)",
     )
     e.add_argument(
         "--fuse-kernels",

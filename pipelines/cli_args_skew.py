@@ -49,7 +49,12 @@ def skew(sub: Subparsers) -> None:
         default=20,
         help="most frequent values with their own bin; the rest of the vocabulary is pooled",
     )
-    s.add_argument("--score-output", default="score", help="the logged output compared")
+    s.add_argument(
+        "--score-output",
+        metavar="NAME",
+        help="the logged output compared (default: score, left out when the logs have none; "
+        "a NAME the logs lack is an error)",
+    )
     s.add_argument("--include-shadow", action="store_true", help="also read shadow rows")
     s.add_argument("--json", action="store_true", help="print skew.json instead of the summary")
     s.set_defaults(handler="pipelines.skew:cmd_skew")

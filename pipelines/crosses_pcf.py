@@ -35,6 +35,7 @@ from features.schema import FeatureKind
 from features.shard_reader import list_parquet
 from pipelines.config import ConfigError, load_config
 from pipelines.engines import engine_config, open_runner
+from pipelines.errors import check_output_path
 from pipelines.run.data import prepare_data
 from pipelines.run.paths import RunPaths
 
@@ -88,6 +89,8 @@ def run_pcf_gnn(cfg: Any, log: Any = _print) -> dict[str, Any]:
         raise ConfigError(
             'the config has no [pair_stats] section; add one with `pairs = [["a", "b"]]`'
         )
+    out = Path(ps.artifact_dir(cfg.output_dir))
+    check_output_path(out, "[pair_stats] artifact")  # before the graph and the pre-training
     paths = RunPaths(Path(cfg.output_dir))
     paths.root.mkdir(parents=True, exist_ok=True)
     with open_runner(cfg.engine, log) as runner:
@@ -111,7 +114,6 @@ def run_pcf_gnn(cfg: Any, log: Any = _print) -> dict[str, Any]:
     t1 = time.time()
     artifact = pretrain(graph, gnn, log=log)
     pretrain_seconds = time.time() - t1
-    out = Path(ps.artifact_dir(cfg.output_dir))
     artifact.save(out, graph)
     report = {
         "artifact": str(out),

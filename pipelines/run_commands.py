@@ -39,6 +39,9 @@ from serving.version_files import MARKER, atomic_dir
 
 _print = functools.partial(print, flush=True)
 
+#: The candidates a cascade's pre-ranking keeps when ``export --cascade-rank`` has no --keep.
+DEFAULT_KEEP = 50
+
 
 def cmd_train(args: argparse.Namespace) -> int:
     overrides = list(args.set)
@@ -78,6 +81,12 @@ def cmd_export(args: argparse.Namespace) -> int:
             loop_matmuls=args.fuse_loop_matmuls,
         )
     _check_quantize(args)
+    if args.keep is not None and not args.cascade_rank:
+        raise UsageError(
+            f"export --keep {args.keep}: only with --cascade-rank (the candidates a cascade's "
+            "pre-ranking keeps); a single model, ensemble or --ensemble-runs export scores "
+            "every candidate: drop --keep or add --cascade-rank RANK_RUN"
+        )
     if args.output:
         _check_export_output(Path(args.output))
     out = Path(args.output) if args.output else next_version(RunPaths(Path(args.run)).exports)
@@ -131,8 +140,9 @@ def _export(args: argparse.Namespace, output: Path, fused: bool) -> None:
     elif args.cascade_rank:
         if not args.output:
             raise UsageError("export --cascade-rank needs --output (the cascade's folder)")
+        keep = DEFAULT_KEEP if args.keep is None else args.keep
         export_cascade_runs(
-            args.run, args.cascade_rank, output, keep=args.keep, kernels=args.fuse_kernels
+            args.run, args.cascade_rank, output, keep=keep, kernels=args.fuse_kernels
         )
     else:
         ensemble = None if args.single else chosen_ensemble(args.run)

@@ -49,6 +49,8 @@ from serving import log_format
 #: Training rows read per numeric field for its reference histogram.
 MAX_REFERENCE_ROWS = 1_000_000
 SKEW_JSON = "skew.json"
+#: The logged output whose shift is measured when ``--score-output`` is not given.
+DEFAULT_SCORE_OUTPUT = "score"
 SKEW_HTML = "skew.html"
 
 
@@ -63,7 +65,7 @@ class SkewOptions:
     output: str | None = None
     thresholds: Thresholds = dataclasses.field(default_factory=Thresholds)
     max_bins: int = 20
-    score_output: str = "score"
+    score_output: str | None = None
     include_shadow: bool = False
 
 
@@ -190,21 +192,29 @@ def field_skews(
 
 
 def _score(table: pa.Table, opts: SkewOptions, model: str) -> dict[str, Any] | None:
+    """The score's shift (``score_skew``) of output ``opts.score_output`` (None: ``score``,
+    or None when the logs have no ``score``); a UsageError names an output the logs lack."""
     outputs = log_format.outputs_of(table)
-    if opts.score_output not in outputs:
-        return None
+    name = DEFAULT_SCORE_OUTPUT if opts.score_output is None else opts.score_output
+    if name not in outputs:
+        if opts.score_output is None:
+            return None
+        raise UsageError(
+            f"--score-output {name!r}: the logs of model {model!r} under "
+            f"{', '.join(opts.data)} have no such output; they have {sorted(outputs)}"
+        )
     reference = None
     if opts.reference:
         ref = served_rows(opts.reference, model, opts.include_shadow, "--reference")
         ref_outputs = log_format.outputs_of(ref)
-        if opts.score_output not in ref_outputs:
+        if name not in ref_outputs:
             raise UsageError(
                 f"--reference {', '.join(opts.reference)}: the logs have no output "
-                f"{opts.score_output!r}; they have {sorted(ref_outputs)}"
+                f"{name!r}; they have {sorted(ref_outputs)}"
             )
-        reference = score_values(ref_outputs[opts.score_output])
-    out = score_skew(score_values(outputs[opts.score_output]), reference, opts.thresholds)
-    out["output"] = opts.score_output
+        reference = score_values(ref_outputs[name])
+    out = score_skew(score_values(outputs[name]), reference, opts.thresholds)
+    out["output"] = name
     out["reference_logs"] = list(opts.reference) if opts.reference else None
     return out
 

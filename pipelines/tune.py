@@ -52,7 +52,7 @@ from pipelines.config import (
 from pipelines.errors import UsageError
 from pipelines.evaluation import svg
 from pipelines.run.paths import RunPaths
-from pipelines.tune_space import Param, default_space, parse_space
+from pipelines.tune_space import Param, check_study_space, default_space, parse_space
 
 try:  # an optional dependency (the `tune` extra): without it the command says how to get it
     import optuna
@@ -308,6 +308,7 @@ def open_study(tuning: Tuning) -> Any:
             f"{tuning.root} holds a study that {study.direction.name.lower()}s its metric; this "
             f"config's select_metric = {tuning.metric!r} {tuning.direction}s: use another --output"
         )
+    check_study_space(study, tuning.space, journal)
     # seeded by the trials it holds: a continued study samples new points, not the first ones
     study.sampler = optuna.samplers.TPESampler(seed=tuning.base.train.seed + len(study.trials))
     return study

@@ -21,7 +21,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from pipelines.config import ConfigError, TrainConfig
@@ -48,6 +49,8 @@ _FIXED = {  # keys a trial may not change: the comparison of the trials depends 
     "train.continue_from": "it is a path, not a hyper-parameter",
 }
 _SPEC_KEYS = {"low", "high", "log", "step", "choices"}
+#: The Optuna study's user attribute that records its search space (``check_study_space``).
+SPACE_ATTR = "space"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,3 +212,41 @@ def default_space(model_type: str) -> list[Param]:
     if model_type in ("dnn", "dcn_v2"):
         table["model.mlp"] = DEFAULT_MLP
     return parse_space(table, "the default space")
+
+
+def space_record(space: Sequence[Param]) -> dict[str, Any]:
+    """The search space as the study journal records it: ``{key: Param.describe()}``, in the
+    form JSON gives back (lists, not tuples)."""
+    return json.loads(json.dumps({p.key: p.describe() for p in space}))
+
+
+def check_study_space(study: Any, space: Sequence[Param], journal: str | Path) -> None:
+    """Records ``space`` in the Optuna ``study`` (user attribute ``SPACE_ATTR``) when it holds
+    none (a new study, or one from a journal written without it: continued as it is), else
+    raises ConfigError naming the study's ``journal`` and the keys whose ranges or choices
+    differ."""
+    current = space_record(space)
+    stored = study.user_attrs.get(SPACE_ATTR)
+    if stored is None:
+        study.set_user_attr(SPACE_ATTR, current)
+        return
+    if stored == current:
+        return
+    changes = [f"{k} added" for k in current if k not in stored]
+    changes += [f"{k} removed" for k in stored if k not in current]
+    changes += [
+        f"{k} was {_fmt_spec(stored[k])}, now {_fmt_spec(current[k])}"
+        for k in current
+        if k in stored and stored[k] != current[k]
+    ]
+    raise ConfigError(
+        f"{journal}: the study was created with another search space ({'; '.join(changes)}); "
+        "continue it with the space it was created with (the config's [tune] section or "
+        "--space file), or start a new study with another --output"
+    )
+
+
+def _fmt_spec(spec: Mapping[str, Any]) -> str:
+    """A recorded range or choice list as text: ``{low = 0.001, high = 0.1, log = true}``."""
+    shown = {k: v for k, v in spec.items() if v is not None and v is not False}
+    return "{" + ", ".join(f"{k} = {json.dumps(v)}" for k, v in shown.items()) + "}"

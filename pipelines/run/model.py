@@ -20,6 +20,7 @@ from features.preprocessing import build_preprocessor
 from features.schema import FeatureKind, FeatureSpec, Schema, load_schema
 from features.stats import DatasetStats
 from pipelines.config import ConfigError, PipelineConfig
+from pipelines.errors import UsageError, read_json_object
 from pipelines.run.adam import FusedAdam
 from pipelines.run.paths import Log, RunPaths
 from ranking.config import ModelConfig
@@ -178,6 +179,11 @@ def pair_stats_layer(ps: Any, output_dir: str) -> Any:
     ``PairStatsGNN`` or the explicit ``PairStatsTable``, from the artifact folder."""
 
     directory = Path(ps.artifact_dir(output_dir))
+    if directory.exists() and not directory.is_dir():
+        raise ConfigError(
+            f"[pair_stats] artifact {str(directory)!r} is a file: expected the folder "
+            "`stitchrec crosses pcf-gnn --config ...` writes"
+        )
     pairs = [tuple(p) for p in ps.pairs]
     if ps.source == "table":
         return table_layer(PairGraph.load(directory / GRAPH_DIR), pairs, ps.output)
@@ -367,7 +373,14 @@ def restore_run_model(paths: RunPaths, prefix: str | Path, schema: Schema) -> Ra
     ``CheckpointManager`` wrote, or a ``Checkpoint.write`` snapshot: read, not restored, so no
     save counter is needed). A run trained with ``[fusion] tables = true`` is read fused, then
     mapped back to the plain model's per-field tables (``compiler_opt.table_fusion``)."""
-    model = tf.keras.layers.deserialize(json.loads(paths.model_json.read_text()))
+    expected = "the model config `stitchrec train` writes (train the run again)"
+    config = read_json_object(paths.model_json, expected)
+    if not (isinstance(config.get("class_name"), str) and isinstance(config.get("config"), dict)):
+        raise UsageError(
+            f"{str(paths.model_json)!r} has no class_name and config of a model: "
+            f"expected {expected}"
+        )
+    model = tf.keras.layers.deserialize(config)
     model(dummy_batch(list(schema.model_inputs)))
     fused = table_fusion.run_has_fused_tables(paths.checkpoints)  # [fusion] tables = true
     if fused:

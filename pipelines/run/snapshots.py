@@ -25,6 +25,7 @@ import tensorflow as tf
 from features.dataset import iter_batches
 from features.schema import Schema
 from pipelines.config import ConfigError
+from pipelines.errors import UsageError, read_json_object
 from pipelines.run import ensemble as ens
 from pipelines.run.paths import Log
 from pipelines.run.schedules import CyclicSchedule, check_lr_schedule
@@ -298,6 +299,26 @@ class SnapshotTaker:
 
 
 def chosen_ensemble(run_dir: str | Path) -> dict[str, Any] | None:
-    """The run's chosen ensemble (``{"combine", "members"}``), or None for a run without one."""
+    """The run's chosen ensemble (``{"combine", "members"}``), or None for a run without one.
+
+    Raises:
+      UsageError: the file is not the JSON object ``SnapshotTaker.choose`` writes (names it).
+    """
     path = Path(run_dir) / ENSEMBLE_FILE
-    return json.loads(path.read_text()) if path.exists() else None
+    if not path.exists():
+        return None
+    expected = (
+        'the ensemble `stitchrec train` chose, {"combine": ..., "members": [checkpoint, ...]} '
+        "(add --single to export the run's selected checkpoint alone)"
+    )
+    chosen = read_json_object(path, expected)
+    members = chosen.get("members")
+    if (
+        chosen.get("combine") not in ens.COMBINES
+        or not isinstance(members, list)
+        or not members
+        or not all(isinstance(m, str) for m in members)
+    ):
+        got = json.dumps({k: chosen.get(k) for k in ("combine", "members")})[:200]
+        raise UsageError(f"{str(path)!r} holds {got}: expected {expected}")
+    return chosen

@@ -4,6 +4,7 @@ traceback."""
 
 from __future__ import annotations
 
+import shutil
 import socket
 from pathlib import Path
 
@@ -383,3 +384,67 @@ def test_a_dispatcher_work_dir_that_is_a_file(tmp_path, capsys):
     afile.write_text("x")
     rc, err = _run(capsys, "data-service", "dispatcher", "--port", "0", "--work-dir", str(afile))
     assert rc == 2 and f"--work-dir {str(afile)!r} is a file: expected a folder" in _one_error(err)
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory) -> Path:
+    """A finished linear run of the tiny dataset (its model.json, checkpoints and stats)."""
+    root = tmp_path_factory.mktemp("trained")
+    data = write_tiny_dataset(root, rows=300, train_rows=240)
+    config = write_run_config(root / "c.toml", data, root / "run", {"type": "lr"}, {"epochs": 1})
+    assert main(["train", "--config", str(config)]) == 0
+    return root / "run"
+
+
+@pytest.mark.parametrize(
+    ("file", "text", "expected"),
+    [
+        ("model.json", '{"class_name": "Ranki', "is not valid JSON (Unterminated string"),
+        ("model.json", "[1, 2]", "holds a JSON array, not an object"),
+        ("model.json", '{"a": 1}', "has no class_name and config of a model"),
+        ("snapshots/ensemble.json", '{"combine": "logi', "is not valid JSON"),
+        ("snapshots/ensemble.json", '{"combine": "max", "members": []}', "holds {"),
+    ],
+)
+def test_export_of_a_run_with_a_corrupt_json_file(
+    tmp_path, capsys, trained_run, file, text, expected
+):
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run)
+    (run / file).parent.mkdir(exist_ok=True)
+    (run / file).write_text(text)
+    rc, err = _run(capsys, "export", "--run", str(run), "--output", str(tmp_path / "out"))
+    assert rc == 2
+    line = _one_error(err)
+    assert f"{str(run / file)!r} {expected}" in line and ": expected the " in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_export_keep_only_with_a_cascade(tmp_path, capsys, trained_run):
+    out = tmp_path / "out"
+    rc, err = _run(
+        capsys, "export", "--run", str(trained_run), "--keep", "10", "--output", str(out)
+    )
+    assert rc == 2
+    assert "export --keep 10: only with --cascade-rank" in _one_error(err)
+    assert not out.exists()
+    line = _flag_error(capsys, "export", "--run", str(trained_run), "--keep", "0")
+    assert "--keep: expected an integer >= 1, got '0'" in line
+    assert _run(capsys, "export", "--run", str(trained_run), "--output", str(out))[0] == 0
+
+
+def test_a_pair_stats_artifact_that_is_a_file(tmp_path, capsys):
+    data = write_tiny_dataset(tmp_path, rows=300, train_rows=240)
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    pair_stats = f'[pair_stats]\npairs = [["user", "item"]]\nartifact = "{afile}"\nsteps = 2\n'
+    model = {"type": "dnn", "embedding_dim": 4, "mlp": [8]}
+    config = write_run_config(tmp_path / "c.toml", data, tmp_path / "run", model, {}, pair_stats)
+    rc, err = _run(capsys, "crosses", "pcf-gnn", "--config", str(config))
+    assert rc == 2
+    assert f"[pair_stats] artifact {str(afile)!r} is a file: expected a folder" in _one_error(err)
+    rc, err = _run(capsys, "train", "--config", str(config))
+    assert rc == 2
+    line = _one_error(err)
+    assert f"[pair_stats] artifact {str(afile)!r} is a file: expected the folder" in line
+    assert afile.read_text() == "x"

@@ -18,6 +18,7 @@ import pytest
 
 from features.schema import load_schema
 from features.stats import compute_stats
+from pipelines.cli import main
 from pipelines.skew import SkewOptions, run_skew
 from serving.calls import ScoredCall
 from serving.log_format import call_table, file_name, write_file
@@ -172,3 +173,19 @@ def test_cli_json_and_errors_are_one_line_and_exit_2(tmp_path):
     for expected, line in zip(cases, lines[1::2], strict=True):
         assert line.startswith("error: ") and expected in line, line
     assert lines[2::2] == ["exit 2"] * len(cases), p.stderr
+
+
+def test_a_score_output_the_logs_lack_is_one_error_line(tmp_path, capsys):
+    run = _make_run(tmp_path, shards=False)
+    logs = _write_logs(tmp_path / "logs", make_tiny_table(400, seed=3))
+    out = tmp_path / "report"
+    argv = ["skew", "--run", str(run), "--data", str(logs), "--output", str(out)]
+    assert main([*argv, "--score-output", "probability"]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert lines == [
+        f"error: --score-output 'probability': the logs of model 'ctr' under {logs} have no "
+        "such output; they have ['score']"
+    ]
+    assert not out.exists()
+    assert main([*argv, "--score-output", "score", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["score"]["output"] == "score"

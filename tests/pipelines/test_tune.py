@@ -310,3 +310,31 @@ def test_a_journal_line_torn_by_a_kill_is_dropped_and_a_bad_one_is_one_error(tmp
     journal.write_bytes(lines[0] + b"not json\n" + b"".join(lines[1:]))
     with pytest.raises(ConfigError, match=r"line 2 of the study journal is not an Optuna record"):
         tune.open_study(tuning)
+
+
+def test_a_study_continues_only_with_the_space_it_was_created_with(tmp_path, capsys):
+    config, out = _config(tmp_path), tmp_path / "tune"
+    tune.open_study(tune.load_tuning(config, output=out))  # records the config's [tune] space
+    space = tmp_path / "space.toml"
+    space.write_text(
+        "learning_rate = {low = 1e-3, high = 0.5, log = true}\n"
+        "model.embedding_dim = {choices = [4, 8]}\nmodel.l2 = {low = 1e-6, high = 1e-3}\n"
+    )
+    argv = ["--config", str(config), "--trials", "1", "--output", str(out), "--space", str(space)]
+    rc, _, err = _tune(capsys, *argv)
+    assert rc == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"error: {out / tune.JOURNAL}: the study was created with another ")
+    assert "(model.l2 added; model.mlp removed; train.epochs removed; " in err
+    assert "train.learning_rate was {low = 0.001, high = 0.1, log = true}, now " in err
+    assert not (out / "trial-0").exists()
+    # a study whose journal records no space (an older one) continues, and records this one
+    old = tmp_path / "old"
+    old.mkdir()
+    storage = optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(old / tune.JOURNAL))
+    )
+    optuna.create_study(storage=storage, study_name=tune.STUDY_NAME, direction="maximize")
+    tuning = tune.load_tuning(config, space_file=space, output=old)
+    assert tune.open_study(tuning).user_attrs["space"] == tune_space.space_record(tuning.space)
+    with pytest.raises(ConfigError, match="another search space"):
+        tune.open_study(tune.load_tuning(config, output=old))
