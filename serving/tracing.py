@@ -30,7 +30,7 @@ and ``span`` hand out the API's no-op span, ``INVALID_SPAN``). ``install`` (call
 flushes and turns it off. Spans are OpenTelemetry API spans made by ``serving.trace_spans``
 (resource ``service.name=stitchrec``), not by the SDK's tracer: they keep the server's own
 attributes in a plain dict, and ``serving.otlp_wire`` encodes them as OTLP without the SDK's
-objects, which costs a recorded call 3x to 5x less CPU (``python -m
+objects, which costs a recorded call 2.9x to 4x less CPU (``python -m
 bench.serving.tracing_cost``). Any SDK ``SpanExporter`` still works (``install`` hands it the
 SDK's ``ReadableSpan`` objects).
 
