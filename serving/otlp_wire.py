@@ -8,10 +8,11 @@ instrumentation scope, the spans in order); ``OtlpSender`` posts them to a colle
 Why not the protobuf classes: encoding a span of fourteen attributes through the SDK's encoder
 (one generated ``KeyValue`` and ``AnyValue`` object per attribute) costs about 68 us of
 interpreter time, in the server's process and under its interpreter lock; writing the same
-fields as bytes costs about 13 us (``python -m bench.serving.tracing_cost``, 2-core VM). The messages
-written are OTLP's ``trace.proto`` / ``common.proto`` / ``resource.proto`` (field numbers in the
-``_F_*`` constants); ``tests/serving/test_otlp_wire.py`` parses the output with the generated
-classes and compares it with the OpenTelemetry SDK's own encoding of the same spans.
+fields as bytes costs about 13 us (``python -m bench.serving.tracing_cost``, 2-core VM). The
+messages written are OTLP's ``trace.proto`` / ``common.proto`` / ``resource.proto`` (field
+numbers in the ``_F_*`` constants); ``tests/serving/test_otlp_wire.py`` parses the output with
+the generated classes and compares it with the OpenTelemetry SDK's own encoding of the same
+spans.
 """
 
 from __future__ import annotations
