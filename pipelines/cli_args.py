@@ -453,28 +453,7 @@ def serve(sub: Subparsers) -> None:
     _admission_flags(p)
     _prediction_log_flags(p)
     p.add_argument("--access-log", action="store_true", help="one JSON log line per call")
-    p.add_argument(
-        "--otlp-endpoint",
-        default=None,
-        metavar="HOST:PORT",
-        help="export OpenTelemetry spans of every inference call to this OTLP/gRPC collector "
-        "(default: tracing off); headers, gzip and TLS roots from OTEL_EXPORTER_OTLP_[TRACES_]"
-        "HEADERS, _COMPRESSION and _CERTIFICATE",
-    )
-    p.add_argument(
-        "--trace-sample-rate",
-        type=float,
-        default=1.0,
-        metavar="R",
-        help="share of traces recorded (0 to 1) for calls that do not continue a client's trace",
-    )
-    p.add_argument(
-        "--trace-detail",
-        choices=("stages", "call"),
-        default="stages",
-        help="stages: a span per stage of a call (decode, queue_wait, batch, inference); call: "
-        "one span per call with the stages' milliseconds as attributes (cheaper)",
-    )
+    _tracing_flags(p)
     p.add_argument(
         "--no-heap-freeze",
         action="store_true",
@@ -519,6 +498,32 @@ def _admission_flags(p: argparse.ArgumentParser) -> None:
         type=non_negative,
         default=5.0,
         help="on SIGTERM, seconds health reports NOT_SERVING while calls are still served",
+    )
+
+
+def _tracing_flags(p: argparse.ArgumentParser) -> None:
+    """``serve``'s OpenTelemetry tracing flags."""
+    p.add_argument(
+        "--otlp-endpoint",
+        default=None,
+        metavar="HOST:PORT",
+        help="export OpenTelemetry spans of every inference call to this OTLP/gRPC collector "
+        "(default: tracing off); headers, gzip and TLS roots from OTEL_EXPORTER_OTLP_[TRACES_]"
+        "HEADERS, _COMPRESSION and _CERTIFICATE",
+    )
+    p.add_argument(
+        "--trace-sample-rate",
+        type=float,
+        default=1.0,
+        metavar="R",
+        help="share of traces recorded (0 to 1) for calls that do not continue a client's trace",
+    )
+    p.add_argument(
+        "--trace-detail",
+        choices=("stages", "call"),
+        default="stages",
+        help="stages: a span per stage of a call (decode, queue_wait, batch, inference); call: "
+        "one span per call with the stages' milliseconds as attributes (cheaper)",
     )
 
 
