@@ -6,10 +6,12 @@ and the access log carries the request and trace ids."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import logging
 import re
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -268,20 +270,26 @@ class _Receiver(trace_service_pb2_grpc.TraceServiceServicer):
         return trace_service_pb2.ExportTraceServiceResponse()
 
 
+@contextlib.contextmanager
+def _collector(receiver, options=()) -> Iterator[str]:
+    """A real OTLP/gRPC collector on 127.0.0.1 serving ``receiver``; yields its endpoint."""
+    server = grpc.server(concurrent.futures.ThreadPoolExecutor(2), options=list(options))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(receiver, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        server.stop(None)
+
+
 def test_spans_reach_an_otlp_grpc_receiver_by_the_server_stop(repo):
     receiver = _Receiver()
-    collector = grpc.server(concurrent.futures.ThreadPoolExecutor(2))
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(receiver, collector)
-    port = collector.add_insecure_port("127.0.0.1:0")
-    collector.start()
-    try:
-        opts = ServerOptions(otlp_endpoint=f"127.0.0.1:{port}")
-        with ServerThread(repo, opts) as s:
+    with _collector(receiver) as endpoint:
+        with ServerThread(repo, ServerOptions(otlp_endpoint=endpoint)) as s:
             assert tracing.enabled()
             _rank(s, [("x-request-id", "otlp-1")])
         assert not tracing.enabled()  # the stop flushed and removed it
-    finally:
-        collector.stop(None)
     names, services = set(), set()
     for req in receiver.requests:
         for rs in req.resource_spans:
@@ -292,6 +300,12 @@ def test_spans_reach_an_otlp_grpc_receiver_by_the_server_stop(repo):
                 names |= {sp.name for sp in ss.spans}
     assert names == {"stitchrec.call", "decode", "queue_wait", "batch", "inference"}
     assert services == {"stitchrec"}
+
+
+def _lost(server: ServerThread) -> float | None:
+    """The server's count of spans its exports failed to deliver."""
+    registry = server.server.metrics.registry
+    return registry.get_sample_value("stitchrec_trace_spans_lost_total", {"reason": "failed"})
 
 
 class _Refusing(trace_service_pb2_grpc.TraceServiceServicer):
@@ -305,21 +319,14 @@ class _Refusing(trace_service_pb2_grpc.TraceServiceServicer):
 
 def test_spans_a_collector_refuses_are_counted_and_the_calls_still_answer(repo):
     receiver = _Refusing()
-    collector = grpc.server(concurrent.futures.ThreadPoolExecutor(2))
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(receiver, collector)
-    port = collector.add_insecure_port("127.0.0.1:0")
-    collector.start()
-    try:
-        with ServerThread(repo, ServerOptions(otlp_endpoint=f"127.0.0.1:{port}")) as s:
-            for _ in range(3):
-                assert len(_rank(s)[0].scores) == 3
-            assert tracing.flush()
-            registry = s.server.metrics.registry
-            lost = registry.get_sample_value(
-                "stitchrec_trace_spans_lost_total", {"reason": "failed"}
-            )
-    finally:
-        collector.stop(None)
+    with (
+        _collector(receiver) as endpoint,
+        ServerThread(repo, ServerOptions(otlp_endpoint=endpoint)) as s,
+    ):
+        for _ in range(3):
+            assert len(_rank(s)[0].scores) == 3
+        assert tracing.flush()
+        lost = _lost(s)
     assert receiver.calls >= 1
     assert lost == 15  # five spans a call, none exported
 
@@ -398,21 +405,14 @@ def test_the_exporter_sends_the_headers_and_compresses_when_asked(repo, gzip):
     # a collector that accepts uncompressed messages only: gzip-compressed exports are refused
     receiver = _Headers()
     identity_only = [("grpc.compression_enabled_algorithms_bitset", 1)]
-    collector = grpc.server(concurrent.futures.ThreadPoolExecutor(2), options=identity_only)
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(receiver, collector)
-    port = collector.add_insecure_port("127.0.0.1:0")
-    collector.start()
     settings = OtlpSettings(headers=(("x-api-key", "secret"),), gzip=gzip)
-    try:
-        opts = ServerOptions(otlp_endpoint=f"127.0.0.1:{port}", otlp=settings)
-        with ServerThread(repo, opts) as s:
-            _rank(s)
-            assert tracing.flush()
-            lost = s.server.metrics.registry.get_sample_value(
-                "stitchrec_trace_spans_lost_total", {"reason": "failed"}
-            )
-    finally:
-        collector.stop(None)
+    with (
+        _collector(receiver, identity_only) as endpoint,
+        ServerThread(repo, ServerOptions(otlp_endpoint=endpoint, otlp=settings)) as s,
+    ):
+        _rank(s)
+        assert tracing.flush()
+        lost = _lost(s)
     if gzip:
         assert receiver.spans == 0 and lost == 5
     else:
