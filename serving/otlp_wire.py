@@ -41,6 +41,7 @@ RETRIED = frozenset(
         grpc.StatusCode.ABORTED,
     }
 )
+ENCODE_CHUNK_SPANS = 64  # spans encoded between two releases of the interpreter lock
 FIRST_RETRY_S = 0.1  # backoff before the first retry, doubled for each next one
 WARN_EVERY_S = 30.0  # at most one warning about failed exports per this many seconds
 
@@ -189,10 +190,21 @@ def encode_resource(resource: Resource) -> bytes:
 _SCOPE = _len(1, _str(1, SCOPE))  # ScopeSpans.scope: InstrumentationScope(name)
 
 
-def encode_request(spans: Sequence[RecordedSpan], resource: bytes) -> bytes:
-    """An ``ExportTraceServiceRequest`` of ``spans`` under ``resource`` (``encode_resource``)."""
-    scope_spans = _SCOPE + b"".join(_len(2, _span(s)) for s in spans)
-    return _len(1, resource + _len(2, scope_spans))
+def encode_request(
+    spans: Sequence[RecordedSpan], resource: bytes, chunk: int | None = ENCODE_CHUNK_SPANS
+) -> bytes:
+    """An ``ExportTraceServiceRequest`` of ``spans`` under ``resource`` (``encode_resource``).
+
+    The spans are encoded ``chunk`` at a time with a ``time.sleep(0)`` after each chunk: encoding
+    holds the interpreter lock, and the pause lets the server's event loop take it between
+    chunks (None: all in one go)."""
+    step = chunk or max(len(spans), 1)
+    parts = []
+    for i in range(0, len(spans), step):
+        parts.append(b"".join(_len(2, _span(s)) for s in spans[i : i + step]))
+        if chunk and i + step < len(spans):
+            time.sleep(0)
+    return _len(1, resource + _len(2, _SCOPE + b"".join(parts)))
 
 
 class OtlpSender:

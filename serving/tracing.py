@@ -39,9 +39,10 @@ sampled flag; any other call is recorded with probability ``sample_rate``, drawn
 is made, so an unsampled call costs a random draw (about a microsecond). Child spans (``span``)
 are made only under a recorded span. Ended spans wait in a bounded buffer
 (``MAX_QUEUED_SPANS``; more are dropped and counted) and are exported at most
-``EXPORT_BATCH_SPANS`` at a time from the buffer's thread: encoding a batch holds the
-interpreter lock that the server's event loop needs, and sending it releases the lock, so small
-batches keep each hold short.
+``EXPORT_BATCH_SPANS`` at a time from the buffer's thread. Each export request costs a gRPC
+call on both ends, so batches are large; encoding holds the interpreter lock that the server's
+event loop needs, so a batch is encoded 64 spans at a time with the lock released in between
+(``serving.otlp_wire.encode_request``), and sending it releases the lock.
 
 Tracing is one per process (a second ``install`` replaces the first), and a process can install
 and shut it down more than once.
@@ -73,7 +74,7 @@ SERVICE_NAME = "stitchrec"
 CALL_SPAN = "stitchrec.call"
 TRACE_HEADERS = ("traceparent", "tracestate")
 EXPORT_TIMEOUT_S = 5.0  # the OTLP exporter's limit on one export (and on the flush at shutdown)
-EXPORT_BATCH_SPANS = 64  # spans per export: the longest hold of the interpreter lock (docstring)
+EXPORT_BATCH_SPANS = 256  # spans per export request (docstring)
 MAX_QUEUED_SPANS = 2048  # ended spans held for export; more are dropped and counted
 EXPORT_INTERVAL_S = 5.0  # the longest a span waits for its export while fewer than a batch wait
 

@@ -33,6 +33,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
+import sys
 import time
 import timeit
 from collections.abc import Sequence
@@ -43,7 +45,7 @@ from bench.serving.lock_wait import lock_wait_ms
 from bench.serving.sdk_tracing import sdk_call_us
 from serving import tracing
 from serving.calls import start_call
-from serving.otlp_wire import encode_request, encode_resource
+from serving.otlp_wire import ENCODE_CHUNK_SPANS, encode_request, encode_resource
 from serving.trace_spans import RecordedSpan, readable
 
 RECORDED_CALLS = 400  # calls per repeat when every call is recorded
@@ -111,12 +113,13 @@ def recorded_us(metadata: tuple[tuple[str, str], ...], calls: int) -> float:
     return 1e6 * min(runs) / calls
 
 
-def export_in_batches(spans: Sequence[RecordedSpan], batch: int) -> None:
-    """Encodes ``spans`` as OTLP export requests of ``batch`` spans, releasing the interpreter
-    lock after each as a network send does."""
+def export_in_batches(spans: Sequence[RecordedSpan], batch: int, chunk: int | None) -> None:
+    """Encodes ``spans`` as OTLP export requests of ``batch`` spans (``chunk`` at a time,
+    None: each request in one go), releasing the interpreter lock after each request as a
+    network send does."""
     resource = encode_resource(tracing.resource())
     for i in range(0, len(spans), batch):
-        encode_request(spans[i : i + batch], resource)
+        encode_request(spans[i : i + batch], resource, chunk)
         time.sleep(0)
 
 
@@ -153,12 +156,53 @@ def encode_us_per_span(spans: Sequence[RecordedSpan]) -> dict[str, float]:
 
 def export_lock_wait(calls: int) -> dict[str, dict[str, float]]:
     """``lock_wait_ms`` while the spans of ``calls`` recorded calls (detail ``stages``) are
-    encoded in batches of the SDK's default size and of the server's."""
+    encoded in requests of the SDK's default size and of 64 spans, each in one go, and of the
+    server's size in chunks (``serving.otlp_wire.ENCODE_CHUNK_SPANS``)."""
     spans = recorded_spans(calls, "stages")
-    return {
-        f"batch_{n}": lock_wait_ms(lambda n=n: export_in_batches(spans, n))
-        for n in (SDK_EXPORT_BATCH_SPANS, tracing.EXPORT_BATCH_SPANS)
+    server = f"batch_{tracing.EXPORT_BATCH_SPANS}_in_{ENCODE_CHUNK_SPANS}"
+    cases = {
+        f"batch_{SDK_EXPORT_BATCH_SPANS}": (SDK_EXPORT_BATCH_SPANS, None),
+        "batch_64": (64, None),
+        server: (tracing.EXPORT_BATCH_SPANS, ENCODE_CHUNK_SPANS),
     }
+    return {
+        name: lock_wait_ms(lambda b=b, c=c: export_in_batches(spans, b, c))
+        for name, (b, c) in cases.items()
+    }
+
+
+RECEIVER = (
+    "import sys; from bench.serving.otlp_sink import OtlpSink; s = OtlpSink(); "
+    "print(s.endpoint, flush=True); sys.stdin.read(); s.stop()"
+)
+
+
+def export_us_per_span(calls: int) -> dict[str, float]:
+    """CPU microseconds per span (``stages`` detail) that the server's exporter spends to encode
+    and send its spans to an OTLP/gRPC receiver in another process, in requests of 64 spans and
+    of the server's size: each request is a gRPC call, whose cost the larger batch shares out.
+    The best of 3 repeats."""
+    spans = recorded_spans(calls, "stages")
+    receiver = subprocess.Popen(
+        [sys.executable, "-c", RECEIVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        sender = tracing.otlp_exporter(receiver.stdout.readline().strip())
+        sender(spans[:64])  # connects
+        out = {}
+        for batch in (64, tracing.EXPORT_BATCH_SPANS):
+
+            def send(batch: int = batch) -> None:
+                for i in range(0, len(spans), batch):
+                    if not sender(spans[i : i + batch]):
+                        raise RuntimeError("the receiver did not take an export")
+
+            best = min(timeit.repeat(send, timer=time.process_time, number=1, repeat=3))
+            out[f"batch_{batch}"] = round(1e6 * best / len(spans), 2)
+        sender.close()
+        return out
+    finally:
+        receiver.communicate("", timeout=10)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -182,9 +226,11 @@ def main(argv: list[str] | None = None) -> int:
     tracing.shutdown()
     out["stages_over_call"] = out["sampled_stages_us"] / out["sampled_call_us"]
     waits = export_lock_wait(recorded)
+    export = export_us_per_span(recorded)
     encode = encode_us_per_span(recorded_spans(recorded, "call"))
     out = {k: round(v, 2) for k, v in out.items()}
     out["encode_us_per_span"] = {k: round(v, 2) for k, v in encode.items()}
+    out["export_us_per_span"] = export
     print(json.dumps(out | {"export_lock_wait_ms": waits, "load": os.getloadavg()[0]}))
     return 0
 

@@ -8,6 +8,7 @@ import pytest
 
 from bench.serving.tracing_cost import main
 from serving import tracing
+from serving.otlp_wire import ENCODE_CHUNK_SPANS
 
 
 def test_stages_make_five_spans_per_call_and_call_one(capsys):
@@ -23,6 +24,10 @@ def test_stages_make_five_spans_per_call_and_call_one(capsys):
     ratio = out["sampled_stages_us"] / out["sampled_call_us"]
     assert out["stages_over_call"] == pytest.approx(ratio, rel=0.05)
     waits = out["export_lock_wait_ms"]
-    assert set(waits) == {"batch_512", f"batch_{tracing.EXPORT_BATCH_SPANS}"}
+    server = f"batch_{tracing.EXPORT_BATCH_SPANS}_in_{ENCODE_CHUNK_SPANS}"
+    assert set(waits) == {"batch_512", "batch_64", server}
+    sent = out["export_us_per_span"]
+    assert set(sent) == {"batch_64", f"batch_{tracing.EXPORT_BATCH_SPANS}"}
+    assert all(v > 0 for v in sent.values())
     assert all(w["max"] >= w["p99"] >= 0 for w in waits.values())
     assert not tracing.enabled()

@@ -172,3 +172,12 @@ def test_the_sender_stops_retrying_at_its_timeout(collector):
     finally:
         sender.close()
     assert 2 <= receiver.calls <= 4  # 0.1 s, 0.2 s of backoff fit in 0.5 s, 0.4 s more does not
+
+
+def test_encoding_in_chunks_gives_the_same_bytes():
+    spans = _spans()
+    resource = encode_resource(tracing.resource())
+    whole = encode_request(spans, resource, chunk=None)
+    assert encode_request(spans, resource, chunk=2) == whole
+    assert encode_request(spans, resource, chunk=1) == whole
+    assert encode_request([], resource) == encode_request([], resource, chunk=None)
