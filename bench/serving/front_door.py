@@ -29,7 +29,8 @@ measured in the same run, with the load average beside every cell:
    p99 and req/s with shadow / without, interleaved; shadow calls scored and dropped from
    ``stitchrec_shadow_total``.
 
-``--repeats`` (default 3; ``--quick``: 1) runs of every protocols / Triton cell and
+``--sections`` (default ``protocols,overheads,shadow``) picks what runs; Triton runs with the
+protocols. ``--repeats`` (default 3; ``--quick``: 1) runs of every protocols / Triton cell and
 ``--paired-repeats`` (default 6; ``--quick``: 1) of every overheads / shadow cell, each of
 ``--seconds`` (default 3; ``--quick``: 1) after ``--warmup`` (default 1; ``--quick``: 0.5).
 The overheads' and shadow's cells keep ``--concurrency`` streams busy (closed loop: at
@@ -265,14 +266,19 @@ def run_all(b: Bench, args: argparse.Namespace, cache: Path, notes: list[str]) -
     )
     shutil.rmtree(b.out / "prediction-log", ignore_errors=True)
     sink = OtlpSink()
+    wanted = {"protocols": ("protocols",), "overheads": OVERHEADS, "shadow": SHADOW}
+    names = {n for s in args.sections for n in wanted[s]}
     try:
-        servers = launch(b, server_specs(b, sink, slow))
+        specs = server_specs(b, sink, slow)
+        servers = launch(b, {k: v for k, v in specs.items() if k in names})
     except RuntimeError:
         sink.stop()
         raise
     try:
-        rows = run_protocols(b, *servers["protocols"])
-        if args.no_triton:
+        rows = run_protocols(b, *servers["protocols"]) if "protocols" in args.sections else []
+        if "protocols" not in args.sections:
+            notes.append("triton: skipped (no protocols section)")
+        elif args.no_triton:
             notes.append("triton: skipped (--no-triton)")
         else:
             try:
@@ -280,8 +286,10 @@ def run_all(b: Bench, args: argparse.Namespace, cache: Path, notes: list[str]) -
             except (RuntimeError, OSError, ValueError, subprocess.SubprocessError) as e:
                 notes.append(f"triton: not measured: {e}")
                 print(notes[-1], flush=True)
-        rows += run_overheads(b, servers, sink)
-        rows += run_shadow(b, servers)
+        if "overheads" in args.sections:
+            rows += run_overheads(b, servers, sink)
+        if "shadow" in args.sections:
+            rows += run_shadow(b, servers)
     finally:
         for proc, _ in servers.values():
             proc.stop()
@@ -296,6 +304,17 @@ def run_all(b: Bench, args: argparse.Namespace, cache: Path, notes: list[str]) -
 def request_bytes(b: Bench, n: int) -> dict:
     sizes = {k: v for k, v in b.reqs[n].items() if k != "paths"}
     return {**sizes, **{k: v for k, v in b.bodies[n].items() if k != "paths"}}
+
+
+SECTIONS = ("protocols", "overheads", "shadow")
+
+
+def _sections(text: str) -> tuple[str, ...]:
+    names = tuple(s.strip() for s in text.split(",") if s.strip())
+    unknown = sorted(set(names) - set(SECTIONS))
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"expected some of {','.join(SECTIONS)}, got {text!r}")
+    return names
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
@@ -317,6 +336,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rows", type=int, default=20_000, help="synthetic rows of the bench model")
     p.add_argument("--slow-matmuls", type=int, default=24, help="extra layers of the shadow")
     p.add_argument("--no-triton", action="store_true", help="skip Triton")
+    p.add_argument("--sections", type=_sections, default=SECTIONS,
+                   help=f"comma-separated, of {','.join(SECTIONS)} (default: all)")  # fmt: skip
     p.add_argument("--report", metavar="RESULTS", help="print a results.json's tables; no load")
     args = p.parse_args(argv)
     if args.rate is not None and not args.rate > 0:

@@ -5,7 +5,8 @@ the same run.
   latency generator (p99);
 - ``triton``: ours (KServe v2 JSON) / Triton's (KServe v2 JSON) at the same N;
 - ``overheads`` and ``shadow``: per repeat, the variant's figure / the baseline server's of the
-  same repeat (``base``; ``no-shadow``), then the mean, min and max of those ratios.
+  same repeat (``base``; ``no-shadow``), then the mean, min and max of those ratios and the 95%
+  interval of their geometric mean (Student's t on the log ratios; ``ci95``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from scipy import stats
 
 KEY = ("section", "server", "protocol", "candidates", "driver")
 PAIRED = {"overheads": "base", "shadow": "no-shadow"}
@@ -60,8 +62,18 @@ def _paired(rows: list[dict], section: str) -> dict[str, dict]:
         for k in list(d):
             v = d[k]
             d[k] = {"mean": float(np.mean(v)), "min": float(np.min(v)), "max": float(np.max(v)),
-                    "values": [round(x, 4) for x in v]} if v else None  # fmt: skip
+                    "ci95": interval(v), "values": [round(x, 4) for x in v]} if v else None  # fmt: skip
     return out
+
+
+def interval(ratios: list[float]) -> list[float] | None:
+    """The 95% interval of the geometric mean of paired ratios: Student's t on their logs (None
+    for fewer than two ratios or a ratio that is not positive)."""
+    if len(ratios) < 2 or min(ratios) <= 0:
+        return None
+    logs = np.log(np.asarray(ratios, dtype=np.float64))
+    half = stats.t.ppf(0.975, len(logs) - 1) * logs.std(ddof=1) / np.sqrt(len(logs))
+    return [float(np.exp(logs.mean() - half)), float(np.exp(logs.mean() + half))]
 
 
 def aggregate(rows: list[dict]) -> dict:
@@ -98,7 +110,11 @@ def _pm(c: dict, k: str, digits: int) -> str:
 
 
 def _r(d: dict | None) -> str:
-    return f"{d['mean']:.3f} [{d['min']:.3f}, {d['max']:.3f}]" if d else "-"
+    if not d:
+        return "-"
+    ci = d.get("ci95")
+    within = f"; 95% {ci[0]:.3f} to {ci[1]:.3f}" if ci else ""
+    return f"{d['mean']:.3f} [{d['min']:.3f}, {d['max']:.3f}]{within}"
 
 
 def tables(agg: dict) -> str:
@@ -129,8 +145,8 @@ def tables(agg: dict) -> str:
             f"{_ratio(lat, g_l, '')['p99_ms'] if vs and lat else '-'} | "
             f"{' / '.join(x.split()[0] for x in one['load'])} |"
         )
-    lines += ["", "| paired against | variant | p99 ratio mean [min, max] | "
-              "req/s ratio mean [min, max] | p50 ratio mean [min, max] |",
+    lines += ["", "| paired against | variant | p99 ratio mean [min, max]; 95% interval | "
+              "req/s ratio mean [min, max]; 95% interval | p50 ratio mean [min, max]; 95% interval |",
               "|---|---|---|---|---|"]  # fmt: skip
     for section, base in PAIRED.items():
         for name, d in agg["ratios"][section].items():

@@ -19,6 +19,9 @@ the same process; ``sdk_over_own_<detail>``: its ratio to ``sampled_<detail>_us`
 ``encode_us_per_span``: CPU microseconds to encode one recorded ``stitchrec.call`` span (detail
 ``call``, fourteen attributes) as OTLP, by ``serving.otlp_wire`` (``wire``) and by the
 OpenTelemetry SDK's encoder from the SDK's ``ReadableSpan`` (``sdk``), in batches of 64.
+``export_us_per_span``: CPU microseconds per span to encode and send the spans over gRPC to a
+receiver in another process, in requests of 64 spans and of the server's size, on the
+sending and on the receiving side (``receiver_batch_N``).
 
 ``export_lock_wait_ms``: the span export runs in the processor's thread of the server's process
 and holds the interpreter lock while it encodes a batch; sending it releases the lock. The
@@ -171,17 +174,20 @@ def export_lock_wait(calls: int) -> dict[str, dict[str, float]]:
     }
 
 
-RECEIVER = (
-    "import sys; from bench.serving.otlp_sink import OtlpSink; s = OtlpSink(); "
-    "print(s.endpoint, flush=True); sys.stdin.read(); s.stop()"
+RECEIVER = (  # prints its endpoint, then its CPU seconds for every line read
+    "import sys, time; from bench.serving.otlp_sink import OtlpSink; s = OtlpSink(); "
+    "print(s.endpoint, flush=True)\n"
+    "for _ in sys.stdin: print(time.process_time(), flush=True)\n"
+    "s.stop()"
 )
 
 
 def export_us_per_span(calls: int) -> dict[str, float]:
     """CPU microseconds per span (``stages`` detail) that the server's exporter spends to encode
     and send its spans to an OTLP/gRPC receiver in another process, in requests of 64 spans and
-    of the server's size: each request is a gRPC call, whose cost the larger batch shares out.
-    The best of 3 repeats."""
+    of the server's size (``batch_N``), and that the receiver (``bench.serving.otlp_sink``, a
+    Python gRPC server) spends to take them (``receiver_batch_N``): each request is a gRPC
+    call, whose cost the larger batch shares out. The best of 3 repeats."""
     spans = recorded_spans(calls, "stages")
     receiver = subprocess.Popen(
         [sys.executable, "-c", RECEIVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
@@ -190,15 +196,23 @@ def export_us_per_span(calls: int) -> dict[str, float]:
         sender = tracing.otlp_exporter(receiver.stdout.readline().strip())
         sender(spans[:64])  # connects
         out = {}
-        for batch in (64, tracing.EXPORT_BATCH_SPANS):
 
-            def send(batch: int = batch) -> None:
+        def receiver_cpu() -> float:
+            receiver.stdin.write("\n")
+            receiver.stdin.flush()
+            return float(receiver.stdout.readline())
+
+        for batch in (64, tracing.EXPORT_BATCH_SPANS):
+            mine, theirs = [], []
+            for _ in range(3):
+                r0, t0 = receiver_cpu(), time.process_time()
                 for i in range(0, len(spans), batch):
                     if not sender(spans[i : i + batch]):
                         raise RuntimeError("the receiver did not take an export")
-
-            best = min(timeit.repeat(send, timer=time.process_time, number=1, repeat=3))
-            out[f"batch_{batch}"] = round(1e6 * best / len(spans), 2)
+                mine.append(time.process_time() - t0)
+                theirs.append(receiver_cpu() - r0)
+            out[f"batch_{batch}"] = round(1e6 * min(mine) / len(spans), 2)
+            out[f"receiver_batch_{batch}"] = round(1e6 * min(theirs) / len(spans), 2)
         sender.close()
         return out
     finally:

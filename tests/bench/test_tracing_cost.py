@@ -27,7 +27,8 @@ def test_stages_make_five_spans_per_call_and_call_one(capsys):
     server = f"batch_{tracing.EXPORT_BATCH_SPANS}_in_{ENCODE_CHUNK_SPANS}"
     assert set(waits) == {"batch_512", "batch_64", server}
     sent = out["export_us_per_span"]
-    assert set(sent) == {"batch_64", f"batch_{tracing.EXPORT_BATCH_SPANS}"}
+    batches = ("batch_64", f"batch_{tracing.EXPORT_BATCH_SPANS}")
+    assert set(sent) == {*batches, *(f"receiver_{b}" for b in batches)}
     assert all(v > 0 for v in sent.values())
     assert all(w["max"] >= w["p99"] >= 0 for w in waits.values())
     assert not tracing.enabled()
