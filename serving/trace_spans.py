@@ -203,12 +203,15 @@ class SpanBuffer:
         """Queues an ended span (drops it when the buffer is full or stopped)."""
         if self._stopped or len(self._spans) >= self._max_queue:
             self.dropped += 1
-            if self.on_lost is not None:
-                self.on_lost("full", 1)
+            self._lost("full", 1)
             return
         self._spans.append(span)
         if len(self._spans) >= self._batch:
             self._wake.set()
+
+    def _lost(self, reason: str, spans: int) -> None:
+        if self.on_lost is not None:
+            self.on_lost(reason, spans)
 
     def _run(self) -> None:
         while not self._stopped:
@@ -230,8 +233,7 @@ class SpanBuffer:
                     ok = False
                 if not ok:
                     self.failed += len(batch)
-                    if self.on_lost is not None:
-                        self.on_lost("failed", len(batch))
+                    self._lost("failed", len(batch))
         finally:
             with self._idle:
                 self._busy = False

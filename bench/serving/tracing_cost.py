@@ -45,7 +45,7 @@ from collections.abc import Sequence
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
 from bench.serving.lock_wait import lock_wait_ms
-from bench.serving.sdk_tracing import sdk_call_us
+from bench.serving.sdk_tracing import flushed_us, sdk_call_us
 from serving import tracing
 from serving.calls import start_call
 from serving.otlp_wire import ENCODE_CHUNK_SPANS, encode_request, encode_resource
@@ -103,17 +103,10 @@ def per_call_us(metadata: tuple[tuple[str, str], ...], calls: int) -> float:
 
 
 def recorded_us(metadata: tuple[tuple[str, str], ...], calls: int) -> float:
-    """``per_call_us`` with the spans' export in the timed region: each repeat makes ``calls``
-    calls and flushes the batch span processor. ``calls`` is at most ``RECORDED_CALLS``, so that
-    five spans a call fit the processor's queue (2,048 spans) and none is dropped uncounted."""
-    runs = []
-    for _ in range(5):
-        t0 = time.process_time()
-        for _ in range(calls):
-            one_call(metadata)
-        tracing.flush()
-        runs.append(time.process_time() - t0)
-    return 1e6 * min(runs) / calls
+    """``per_call_us`` with the spans' export in the timed region (``flushed_us``). ``calls`` is
+    at most ``RECORDED_CALLS``, so that five spans a call fit the span buffer (2,048 spans) and
+    none is dropped uncounted."""
+    return flushed_us(lambda: one_call(metadata), tracing.flush, calls)
 
 
 def export_in_batches(spans: Sequence[RecordedSpan], batch: int, chunk: int | None) -> None:
