@@ -28,6 +28,7 @@ output.<o>    float32 or  output ``o``: ``float32`` when it has one value per ro
 
 from __future__ import annotations
 
+import operator
 import os
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -63,13 +64,15 @@ META_TYPES = {
     "shadow": pa.bool_(),
 }
 SUFFIX = ".parquet"
-#: the NumPy dtype each metadata value is gathered in before Arrow converts it
-_META_NUMPY = {"timestamp": np.float64, "version": np.int64, "shadow": bool}
-_META_NUMPY |= {c: object for c in ("request_id", "protocol", "model", "signature", "arm")}
+#: columns a file stores with a dictionary (their values repeat: a call's rows share them); the
+#: features' and outputs' values are stored plain (Parquet's default, a dictionary per column,
+#: costs twice the CPU per file and makes its files larger on high-cardinality ids)
+DICTIONARY_COLUMNS = ("request_id", "protocol", "model", "signature", "arm")
 #: with ``pause``: the most rows converted in one piece (a column of a piece: well under 1 ms)
 PIECE_ROWS = 4096
 #: with ``pause``: calls whose layout is read between two pauses
 PIECE_CALLS = 16
+_DTYPE = operator.attrgetter("dtype")
 
 
 def file_name(unix_ms: int, pid: int, sequence: int) -> str:
@@ -113,8 +116,8 @@ def _width(arr: np.ndarray) -> int:
 def _checked_rows(call: ScoredCall) -> int:
     """The rows of ``call``: every feature's and output's first dimension. Raises ValueError
     when they differ."""
-    rows = {len(np.asarray(v)) for v in call.features.values()}
-    rows |= {np.asarray(v).shape[0] if np.ndim(v) else 1 for v in call.outputs.values()}
+    rows = {len(v) for v in call.features.values()}
+    rows |= {np.shape(v)[0] if np.ndim(v) else 1 for v in call.outputs.values()}
     if len(rows) != 1:
         raise ValueError(f"call {call.request_id!r}: features and outputs differ in rows: {rows}")
     return rows.pop()
@@ -192,11 +195,16 @@ def warm_up() -> None:
 
 
 def _layout(call: ScoredCall) -> tuple:
-    """What decides a call's columns: its features' names and dtypes, its outputs' names and
-    widths."""
-    features = tuple((n, np.asarray(call.features[n]).dtype.str) for n in sorted(call.features))
-    outputs = tuple((n, _width(np.asarray(call.outputs[n]))) for n in sorted(call.outputs))
-    return features, outputs
+    """What decides a call's columns: its features' names and dtypes (in the order the call
+    holds them: two calls that differ only in that order start two runs), its outputs' names
+    and widths."""
+    features = call.features
+    try:  # arrays: their dtypes read in C
+        dtypes = tuple(map(_DTYPE, features.values()))
+    except AttributeError:  # a value that is not an array
+        dtypes = tuple(np.asarray(v).dtype for v in features.values())
+    outputs = tuple((n, _width(np.asarray(v))) for n, v in call.outputs.items())
+    return tuple(features), dtypes, outputs
 
 
 def _group_table(
@@ -208,14 +216,15 @@ def _group_table(
     counts = np.array([n for _, n in run], dtype=np.int64)
     total = int(counts.sum())
     starts = np.cumsum(counts) - counts
+    call_of_row = pa.array(np.repeat(np.arange(len(calls)), counts))
 
     columns = {}
     for c in META_COLUMNS:  # a call's value on each of its rows; "row": the row's position
         if c == "row":
-            values = np.arange(total) - np.repeat(starts, counts)
-        else:
-            values = np.repeat(np.array([getattr(k, c) for k in calls], _META_NUMPY[c]), counts)
-        columns[c] = pa.array(values, type=META_TYPES[c])
+            columns[c] = pa.array(np.arange(total) - np.repeat(starts, counts), META_TYPES[c])
+        else:  # one value per call, spread over its rows by Arrow
+            per_call = pa.array([getattr(k, c) for k in calls], type=META_TYPES[c])
+            columns[c] = per_call.take(call_of_row)
         if pause is not None:
             pause()
     first = calls[0]
@@ -233,12 +242,24 @@ def _group_table(
     return pa.table(columns)
 
 
+def parquet_options(columns: Iterable[str]) -> dict:
+    """The ``pyarrow.parquet.write_table`` options of a log file of ``columns``: the
+    ``DICTIONARY_COLUMNS`` dictionary-encoded, the others plain; min/max statistics for the
+    metadata columns only (what a reader filters a log on)."""
+    names = set(columns)
+    return {
+        "use_dictionary": [c for c in DICTIONARY_COLUMNS if c in names],
+        "write_statistics": [c for c in META_COLUMNS if c in names],
+    }
+
+
 def write_file(path: str | Path, table: pa.Table) -> Path:
-    """Writes ``table`` to ``path`` atomically (a hidden temporary file, then a rename)."""
+    """Writes ``table`` to ``path`` atomically (a hidden temporary file, then a rename), with
+    ``parquet_options``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    pq.write_table(table, tmp)
+    pq.write_table(table, tmp, **parquet_options(table.column_names))
     with open(tmp, "rb") as f:
         os.fsync(f.fileno())
     os.replace(tmp, path)

@@ -8,8 +8,12 @@ Calls shaped like the bench model's (26 string and 13 numeric features, one scor
 go (``calls_table``), together in short steps with the writer's pause between them
 (``calls_table(calls, pause=...)``, what the writer does) and one call at a time, then
 concatenated (``call_table`` per call, the writer's fallback when a call cannot be logged). The
-tables are checked equal. Prints one JSON line: CPU microseconds per call of each way (the best
-of 5 repeats), the one-at-a-time / together ratio per size, and the load average.
+tables are checked equal. The flush's table is then written as Parquet to memory twice: with
+the log's options (``log_format.parquet_options``: dictionaries and statistics for the metadata
+columns only) and with pyarrow's defaults (a dictionary and statistics for every column), the
+baseline. Prints one JSON line: CPU microseconds per call of each conversion and each write
+(the best of 5 repeats), the one-at-a-time / together ratio, the default / log write ratio and
+both writes' bytes per size, and the load average.
 
 The writer runs in a thread of the server's process, where the event loop waits for the
 interpreter lock while the writer holds it. ``lock_wait_ms`` (``bench.serving.lock_wait``)
@@ -27,10 +31,11 @@ import time
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from bench.serving.lock_wait import lock_wait_ms
 from serving.calls import ScoredCall
-from serving.log_format import call_table, calls_table, warm_up
+from serving.log_format import call_table, calls_table, parquet_options, warm_up
 from serving.prediction_log import writer_pause
 
 REPEATS = 5
@@ -72,6 +77,19 @@ def cpu_us_per_call(convert, calls: list[ScoredCall]) -> tuple[float, pa.Table]:
     return best / len(calls) * 1e6, table
 
 
+def write_us_per_call(table: pa.Table, calls: int, options: dict) -> tuple[float, int]:
+    """The least CPU microseconds per call of ``REPEATS`` Parquet writes of ``table`` (to
+    memory) with ``options``, and the bytes written."""
+    best, size = float("inf"), 0
+    for _ in range(REPEATS):
+        sink = pa.BufferOutputStream()
+        t = time.process_time()
+        pq.write_table(table, sink, **options)
+        best = min(best, time.process_time() - t)
+        size = sink.getvalue().size
+    return best / calls * 1e6, size
+
+
 def one_at_a_time(calls: list[ScoredCall]) -> pa.Table:
     return pa.concat_tables([call_table(c) for c in calls], promote_options="permissive")
 
@@ -94,11 +112,18 @@ def main(argv: list[str] | None = None) -> int:
         alone, c = cpu_us_per_call(one_at_a_time, calls)
         if not (a.equals(b) and a.equals(c)):
             raise AssertionError(f"the conversions differ at {rows} rows a call")
+        write, size = write_us_per_call(a, len(calls), parquet_options(a.column_names))
+        default, default_size = write_us_per_call(a, len(calls), {})
         out[f"rows_{rows}"] = {
             "together_us": round(together, 1),
             "paused_us": round(steps, 1),
             "one_at_a_time_us": round(alone, 1),
             "ratio": round(alone / together, 2),
+            "write_us": round(write, 1),
+            "write_default_us": round(default, 1),
+            "write_ratio": round(default / write, 2),
+            "bytes": size,
+            "bytes_default": default_size,
             "table_rows": a.num_rows,
             "lock_wait_ms": {
                 "together": lock_wait_ms(lambda c=calls: calls_table(c)),

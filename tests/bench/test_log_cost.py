@@ -1,5 +1,6 @@
 """bench.serving.log_cost with few calls: the conversions made equal tables, and the JSON line
-has their CPU per call and the lock waits (no timing assertions)."""
+has their CPU per call, both Parquet writes' CPU and bytes, and the lock waits (no timing
+assertions)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ def test_quick_run_compares_the_two_conversions(capsys):
         cell = out[f"rows_{rows}"]
         assert cell["table_rows"] == 20 * rows
         assert cell["together_us"] > 0 and cell["one_at_a_time_us"] > 0 and cell["paused_us"] > 0
+        assert cell["write_us"] > 0 and cell["write_default_us"] > 0 and cell["write_ratio"] > 0
+        assert cell["bytes"] > 0 and cell["bytes_default"] > 0
         for way in ("together", "paused"):
             waits = cell["lock_wait_ms"][way]
             assert 0 <= waits["p99"] <= waits["max"]

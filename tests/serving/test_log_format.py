@@ -86,6 +86,38 @@ def test_files_are_atomic_and_read_back_in_order(tmp_path):
         read_logs([tmp_path / "lin"])
 
 
+def test_files_keep_dictionaries_and_statistics_for_the_metadata_only(tmp_path):
+    """A log file dictionary-encodes the metadata strings (a call's rows repeat them) and stores
+    features and outputs plain, with min/max statistics for the metadata columns only; it
+    reads back equal."""
+    table = calls_table([_call(f"r{i}", rows=4) for i in range(3)])
+    path = write_file(tmp_path / "lin" / file_name(1, 1, 0), table)
+    assert pq.read_table(path).equals(table)
+    group = pq.ParquetFile(path).metadata.row_group(0)
+    chunks = {group.column(i).path_in_schema: group.column(i) for i in range(group.num_columns)}
+    for name, chunk in chunks.items():
+        dictionary = "RLE_DICTIONARY" in chunk.encodings
+        assert dictionary == (name in log_format.DICTIONARY_COLUMNS), (name, chunk.encodings)
+        assert chunk.is_stats_set == (name in META_COLUMNS), name
+    assert {"feature.user", "output.score", "request_id", "row"} <= set(chunks)
+
+
+def test_calls_whose_features_differ_in_order_or_kind_convert_as_one_by_one():
+    """The features of a call in another order, or as lists rather than arrays, make runs of
+    their own; the rows equal those of each call converted alone."""
+    a = _call("a")
+    b = dataclasses.replace(a, request_id="b", features=dict(reversed(a.features.items())))
+    c = dataclasses.replace(a, request_id="c", features={k: list(v) for k, v in a.features.items()})
+    calls = [a, b, c, a]
+    one_by_one = pa.concat_tables([call_table(k) for k in calls], promote_options="permissive")
+    together = calls_table(calls)
+    assert together.equals(one_by_one)
+    assert (
+        together.column("request_id").to_pylist() == ["a"] * 3 + ["b"] * 3 + ["c"] * 3 + ["a"] * 3
+    )
+    assert together.column("feature.user").to_pylist() == [b"u1"] * 12
+
+
 def _varied(i: int) -> ScoredCall:
     """Calls of three layouts and odd values: str, bytes and numpy string features, a 2-D
     feature, a scalar and a wide output, an empty call."""
