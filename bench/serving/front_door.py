@@ -30,7 +30,7 @@ measured in the same run, with the load average beside every cell:
    ``stitchrec_shadow_total``.
 
 ``--sections`` (default ``protocols,overheads,shadow``) picks what runs; Triton runs with the
-protocols. ``--repeats`` (default 3; ``--quick``: 1) runs of every protocols / Triton cell and
+protocols. ``--variants`` (default all four) picks the overheads measured against ``base``. ``--repeats`` (default 3; ``--quick``: 1) runs of every protocols / Triton cell and
 ``--paired-repeats`` (default 6; ``--quick``: 1) of every overheads / shadow cell, each of
 ``--seconds`` (default 3; ``--quick``: 1) after ``--warmup`` (default 1; ``--quick``: 0.5).
 The overheads' and shadow's cells keep ``--concurrency`` streams busy (closed loop: at
@@ -234,13 +234,16 @@ def server_specs(b: Bench, sink: OtlpSink, slow: Path) -> dict[str, tuple[Path, 
     }
 
 
-def run_overheads(b: Bench, servers: dict[str, tuple[Proc, int]], sink: OtlpSink) -> list[dict]:
+def run_overheads(
+    b: Bench, servers: dict[str, tuple[Proc, int]], sink: OtlpSink, variants: tuple[str, ...]
+) -> list[dict]:
     def spans(before: dict | None) -> dict:
         now = sink.counts()
         return now if before is None else {"spans": now["spans"] - before["spans"]}
 
-    hooks = {k: spans for k in OVERHEADS if "trace" in k}
-    return interleaved(b, {k: servers[k] for k in OVERHEADS}, "overheads", hooks)
+    names = ("base", *variants)
+    hooks = {k: spans for k in names if "trace" in k}
+    return interleaved(b, {k: servers[k] for k in names}, "overheads", hooks)
 
 
 def run_shadow(b: Bench, servers: dict[str, tuple[Proc, int]]) -> list[dict]:
@@ -266,7 +269,7 @@ def run_all(b: Bench, args: argparse.Namespace, cache: Path, notes: list[str]) -
     )
     shutil.rmtree(b.out / "prediction-log", ignore_errors=True)
     sink = OtlpSink()
-    wanted = {"protocols": ("protocols",), "overheads": OVERHEADS, "shadow": SHADOW}
+    wanted = {"protocols": ("protocols",), "overheads": ("base", *args.variants), "shadow": SHADOW}
     names = {n for s in args.sections for n in wanted[s]}
     try:
         specs = server_specs(b, sink, slow)
@@ -287,7 +290,7 @@ def run_all(b: Bench, args: argparse.Namespace, cache: Path, notes: list[str]) -
                 notes.append(f"triton: not measured: {e}")
                 print(notes[-1], flush=True)
         if "overheads" in args.sections:
-            rows += run_overheads(b, servers, sink)
+            rows += run_overheads(b, servers, sink, args.variants)
         if "shadow" in args.sections:
             rows += run_shadow(b, servers)
     finally:
@@ -317,6 +320,16 @@ def _sections(text: str) -> tuple[str, ...]:
     return names
 
 
+def _variants(text: str) -> tuple[str, ...]:
+    names = tuple(s.strip() for s in text.split(",") if s.strip())
+    unknown = sorted(set(names) - set(OVERHEADS[1:]))
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"expected some of {','.join(OVERHEADS[1:])}, got {text!r}"
+        )
+    return names
+
+
 def _args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="the HTTP front door's load test")
     p.add_argument("--out", default="runs/bench-front-door")
@@ -338,6 +351,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-triton", action="store_true", help="skip Triton")
     p.add_argument("--sections", type=_sections, default=SECTIONS,
                    help=f"comma-separated, of {','.join(SECTIONS)} (default: all)")  # fmt: skip
+    p.add_argument("--variants", type=_variants, default=OVERHEADS[1:],
+                   help="comma-separated overheads measured against base, of "
+                   f"{','.join(OVERHEADS[1:])} (default: all)")  # fmt: skip
     p.add_argument("--report", metavar="RESULTS", help="print a results.json's tables; no load")
     args = p.parse_args(argv)
     if args.rate is not None and not args.rate > 0:

@@ -59,3 +59,11 @@ def test_sections_are_checked():
     assert _args([]).sections == ("protocols", "overheads", "shadow")
     with pytest.raises(SystemExit):
         _args(["--sections", "overheads,speed"])
+
+
+def test_variants_are_checked():
+    assert _args(["--variants", "log-10%"]).variants == ("log-10%",)
+    assert _args([]).variants == ("log-10%", "trace-1.0", "trace-1.0-call", "trace-0.1")
+    for bad in ("log-10%,trace-2", "base", ""):
+        with pytest.raises(SystemExit):
+            _args(["--variants", bad])
