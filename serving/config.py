@@ -295,7 +295,9 @@ def check_otlp_endpoint(endpoint: str | None) -> None:
 
 
 _METADATA_KEY = re.compile(r"^[a-z0-9_.-]+$")
-OTLP_VARIABLES = ("HEADERS", "COMPRESSION", "CERTIFICATE")
+OTLP_VARIABLES = ("HEADERS", "COMPRESSION", "CERTIFICATE", "TIMEOUT")
+#: the longest an export may take (its retries included) unless ``..._TIMEOUT`` says otherwise
+OTLP_TIMEOUT_S = 5.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -306,11 +308,13 @@ class OtlpSettings:
     collector's API key); names of lower-case letters, digits, ``-``, ``_``, ``.``.
     gzip: compress the export requests. certificate: a PEM file of the root certificates that
     an ``https://`` collector's certificate must chain to (None: the system's roots).
+    timeout_s: the longest one export may take, its retries included (> 0).
     """
 
     headers: tuple[tuple[str, str], ...] = ()
     gzip: bool = False
     certificate: str | None = None
+    timeout_s: float = OTLP_TIMEOUT_S
 
     def __post_init__(self) -> None:
         for name, _ in self.headers:
@@ -321,13 +325,16 @@ class OtlpSettings:
                 )
         if self.certificate is not None and not Path(self.certificate).is_file():
             raise ValueError(f"otlp certificate {self.certificate!r}: expected a PEM file")
+        if not 0 < self.timeout_s <= 3600:
+            raise ValueError(f"otlp timeout {self.timeout_s:g} s: expected (0, 3600] seconds")
 
 
 def otlp_settings(environ: Mapping[str, str]) -> OtlpSettings:
     """``OtlpSettings`` from OpenTelemetry's exporter variables: ``OTEL_EXPORTER_OTLP_TRACES_X``,
     else ``OTEL_EXPORTER_OTLP_X``, for X in HEADERS (``name=value,...``, values URL-encoded),
-    COMPRESSION (``gzip`` or ``none``) and CERTIFICATE (a PEM file). ValueError naming the
-    variable for a value of another form (a header's value is never repeated in it)."""
+    COMPRESSION (``gzip`` or ``none``), CERTIFICATE (a PEM file) and TIMEOUT (milliseconds, as
+    the OTLP exporter specification has it). ValueError naming the variable for a value of
+    another form (a header's value is never repeated in it)."""
     found: dict[str, tuple[str, str]] = {}
     for part in OTLP_VARIABLES:
         for variable in (f"OTEL_EXPORTER_OTLP_TRACES_{part}", f"OTEL_EXPORTER_OTLP_{part}"):
@@ -350,4 +357,13 @@ def otlp_settings(environ: Mapping[str, str]) -> OtlpSettings:
             raise ValueError(f"{variable}={text!r}: expected gzip or none")
         gzip = text.lower() == "gzip"
     certificate = found["CERTIFICATE"][1] if "CERTIFICATE" in found else None
-    return OtlpSettings(tuple(headers), gzip, certificate)
+    timeout_s = OTLP_TIMEOUT_S
+    if "TIMEOUT" in found:
+        variable, text = found["TIMEOUT"]
+        try:
+            timeout_s = float(text) / 1000
+        except ValueError:
+            timeout_s = float("nan")
+        if not 0 < timeout_s <= 3600:
+            raise ValueError(f"{variable}={text!r}: expected milliseconds in (0, 3600000]")
+    return OtlpSettings(tuple(headers), gzip, certificate, timeout_s)

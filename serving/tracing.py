@@ -73,7 +73,7 @@ from serving.trace_spans import RecordedSpan, SpanBuffer, SpanSink, sdk_sink, st
 SERVICE_NAME = "stitchrec"
 CALL_SPAN = "stitchrec.call"
 TRACE_HEADERS = ("traceparent", "tracestate")
-EXPORT_TIMEOUT_S = 5.0  # the OTLP exporter's limit on one export (and on the flush at shutdown)
+EXPORT_TIMEOUT_S = 5.0  # how long flush() and the stop wait for the exporter
 EXPORT_BATCH_SPANS = 256  # spans per export request (docstring)
 MAX_QUEUED_SPANS = 2048  # ended spans held for export; more are dropped and counted
 EXPORT_INTERVAL_S = 5.0  # the longest a span waits for its export while fewer than a batch wait
@@ -147,8 +147,9 @@ def install(
 def otlp_exporter(endpoint: str, settings: OtlpSettings | None = None) -> OtlpSender:
     """The OTLP/gRPC span exporter to a collector at ``endpoint``: ``HOST:PORT`` or
     ``http://HOST:PORT`` (plaintext), ``https://HOST:PORT`` (TLS); ``settings``: its headers,
-    compression and TLS roots."""
-    return OtlpSender(endpoint, EXPORT_TIMEOUT_S, resource(), settings)
+    compression, TLS roots and export timeout."""
+    settings = settings or OtlpSettings()
+    return OtlpSender(endpoint, settings.timeout_s, resource(), settings)
 
 
 def count_lost(on_lost: Callable[[str, int], None]) -> None:

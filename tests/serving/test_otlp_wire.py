@@ -14,6 +14,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
 from serving import tracing
+from serving.config import OtlpSettings
 from serving.otlp_wire import OtlpSender, encode_request, encode_resource
 from serving.trace_spans import RecordedSpan, SpanBuffer, readable, start_span
 
@@ -172,6 +173,18 @@ def test_the_sender_stops_retrying_at_its_timeout(collector):
     finally:
         sender.close()
     assert 2 <= receiver.calls <= 4  # 0.1 s, 0.2 s of backoff fit in 0.5 s, 0.4 s more does not
+
+
+def test_the_exporter_s_timeout_is_the_settings_one(collector):
+    receiver = _Receiver(refuse=1000)
+    sender = tracing.otlp_exporter(collector(receiver), OtlpSettings(timeout_s=0.5))
+    try:
+        assert not sender(_spans())
+    finally:
+        sender.close()
+    assert 2 <= receiver.calls <= 4  # as above: 0.5 s, not the default 5 s (about 6 calls)
+    with pytest.raises(ValueError, match=r"otlp timeout 0 s: expected \(0, 3600\] seconds"):
+        OtlpSettings(timeout_s=0)
 
 
 def test_encoding_in_chunks_gives_the_same_bytes():

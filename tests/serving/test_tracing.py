@@ -364,10 +364,12 @@ def test_otlp_variables_reach_the_options(monkeypatch, tmp_path):
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "X-Api-Key=a%2Cb%3D, team = rec ")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_COMPRESSION", "GZIP")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", str(pem))
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "2500")
     argv = ["serve", "--repo", "models", "--otlp-endpoint", "https://127.0.0.1:4317"]
     opts = serve._options(build_parser().parse_args(argv))
     assert opts.otlp.headers == (("x-api-key", "a,b="), ("team", "rec"))
     assert opts.otlp.gzip and opts.otlp.certificate == str(pem)
+    assert opts.otlp.timeout_s == 2.5  # milliseconds, as the OTLP exporter specification says
     # without an endpoint the variables are not read
     plain = serve._options(build_parser().parse_args(["serve", "--repo", "models"]))
     assert plain.otlp == OtlpSettings()
@@ -380,6 +382,16 @@ def test_otlp_variables_reach_the_options(monkeypatch, tmp_path):
         ("OTEL_EXPORTER_OTLP_HEADERS", "key", "OTEL_EXPORTER_OTLP_HEADERS: entry 1 is not"),
         ("OTEL_EXPORTER_OTLP_HEADERS", "a=1,Bad Name=2", "otlp header 'bad name'"),
         ("OTEL_EXPORTER_OTLP_CERTIFICATE", "/no/such.pem", "otlp certificate '/no/such.pem'"),
+        (
+            "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
+            "10s",
+            "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT='10s': exp",
+        ),
+        (
+            "OTEL_EXPORTER_OTLP_TIMEOUT",
+            "0",
+            "OTEL_EXPORTER_OTLP_TIMEOUT='0': expected milliseconds",
+        ),
     ],
 )
 def test_a_bad_otlp_variable_is_one_error_line(monkeypatch, variable, value, message):
