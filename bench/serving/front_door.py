@@ -30,7 +30,8 @@ measured in the same run, with the load average beside every cell:
    ``stitchrec_shadow_total``.
 
 ``--sections`` (default ``protocols,overheads,shadow``) picks what runs; Triton runs with the
-protocols. ``--variants`` (default all four) picks the overheads measured against ``base``. ``--repeats`` (default 3; ``--quick``: 1) runs of every protocols / Triton cell and
+protocols. ``--variants`` (default all four) picks the overheads measured against ``base``.
+``--repeats`` (default 3; ``--quick``: 1) runs of every protocols / Triton cell and
 ``--paired-repeats`` (default 6; ``--quick``: 1) of every overheads / shadow cell, each of
 ``--seconds`` (default 3; ``--quick``: 1) after ``--warmup`` (default 1; ``--quick``: 0.5).
 The overheads' and shadow's cells keep ``--concurrency`` streams busy (closed loop: at
