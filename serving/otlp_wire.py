@@ -212,15 +212,14 @@ class OtlpSender:
 
     ``endpoint``: ``HOST:PORT`` or ``http://HOST:PORT`` (plaintext), ``https://HOST:PORT``
     (TLS, with ``settings.certificate``'s roots or the system's). ``settings``: headers sent with
-    every export, gzip compression. A batch the collector refuses with a transient code
-    (``RETRIED``) is sent again after 0.1 s, 0.2 s, ... while ``timeout_s`` lasts; then it is
-    dropped (a warning at most every ``WARN_EVERY_S``).
+    every export, gzip compression, the export timeout. A batch the collector refuses with a
+    transient code (``RETRIED``) is sent again after 0.1 s, 0.2 s, ... while ``settings.timeout_s``
+    lasts; then it is dropped (a warning at most every ``WARN_EVERY_S``).
     """
 
     def __init__(
         self,
         endpoint: str,
-        timeout_s: float,
         resource: Resource,
         settings: OtlpSettings | None = None,
     ) -> None:
@@ -243,7 +242,7 @@ class OtlpSender:
             response_deserializer=trace_service_pb2.ExportTraceServiceResponse.FromString,
         )
         self._endpoint = endpoint
-        self._timeout_s = timeout_s
+        self._timeout_s = settings.timeout_s
         self._resource = encode_resource(resource)
         self._warned = -WARN_EVERY_S
 

@@ -27,10 +27,10 @@ server; ``response_headers`` gives the ``traceparent`` of the server's call span
 Off by default: nothing is installed and every function here returns at once (``call_span``
 and ``span`` hand out the API's no-op span, ``INVALID_SPAN``). ``install`` (called by
 ``create_server`` for ``ServerOptions.otlp_endpoint``) turns tracing on for the process;
-``shutdown`` flushes and turns it off. Spans are OpenTelemetry API spans made by ``serving.trace_spans``
-(resource ``service.name=stitchrec``), not by the SDK's tracer: they keep the server's own
-attributes in a plain dict, and ``serving.otlp_wire`` encodes them as OTLP without the SDK's
-objects, which costs a recorded call 2.9x to 4x less CPU (``python -m
+``shutdown`` flushes and turns it off. Spans are OpenTelemetry API spans made by
+``serving.trace_spans`` (resource ``service.name=stitchrec``), not by the SDK's tracer: they
+keep the server's own attributes in a plain dict, and ``serving.otlp_wire`` encodes them as
+OTLP without the SDK's objects, which costs a recorded call 2.9x to 4x less CPU (``python -m
 bench.serving.tracing_cost``). Any SDK ``SpanExporter`` still works (``install`` hands it the
 SDK's ``ReadableSpan`` objects).
 
@@ -125,8 +125,9 @@ def install(
     ``exporter``: a ``SpanSink`` such as the ``OtlpSender`` of ``otlp_exporter``, or any
     OpenTelemetry SDK ``SpanExporter`` (handed the SDK's ``ReadableSpan`` objects).
     ``sample_rate``: the share of root traces recorded (a call that continues a client's trace
-    follows the client's sampled flag). ``detail``: ``stages`` (a span per stage) or ``call`` (one span per call, the stages
-    as its attributes; module docstring). Replaces (and shuts down) what was installed before.
+    follows the client's sampled flag). ``detail``: ``stages`` (a span per stage) or ``call``
+    (one span per call, the stages as its attributes; module docstring). Replaces (and shuts
+    down) what was installed before.
     """
     if not 0.0 <= sample_rate <= 1.0:
         raise ValueError(f"trace sample rate must be in [0, 1], got {sample_rate}")
@@ -148,8 +149,7 @@ def otlp_exporter(endpoint: str, settings: OtlpSettings | None = None) -> OtlpSe
     """The OTLP/gRPC span exporter to a collector at ``endpoint``: ``HOST:PORT`` or
     ``http://HOST:PORT`` (plaintext), ``https://HOST:PORT`` (TLS); ``settings``: its headers,
     compression, TLS roots and export timeout."""
-    settings = settings or OtlpSettings()
-    return OtlpSender(endpoint, settings.timeout_s, resource(), settings)
+    return OtlpSender(endpoint, resource(), settings)
 
 
 def count_lost(on_lost: Callable[[str, int], None]) -> None:
