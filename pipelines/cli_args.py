@@ -508,8 +508,8 @@ def _tracing_flags(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="HOST:PORT",
         help="export OpenTelemetry spans of every inference call to this OTLP/gRPC collector "
-        "(default: tracing off); headers, gzip and TLS roots from OTEL_EXPORTER_OTLP_[TRACES_]"
-        "HEADERS, _COMPRESSION and _CERTIFICATE",
+        "(default: tracing off); headers, gzip, TLS roots and the export timeout (ms) from "
+        "OTEL_EXPORTER_OTLP_[TRACES_]HEADERS, _COMPRESSION, _CERTIFICATE and _TIMEOUT",
     )
     p.add_argument(
         "--trace-sample-rate",
