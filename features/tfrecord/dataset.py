@@ -30,7 +30,7 @@ import tensorflow as tf
 
 from features.dataset import input_fields
 from features.schema import Schema
-from features.tfrecord.encode import BYTES, FLOAT, INT64, encode_columns, example, list_type
+from features.tfrecord.encode import BYTES, FLOAT, INT64, list_type
 from features.tfrecord.manifest import check_fields, list_tfrecord
 from features.tfrecord.plan import Window, epoch_windows
 
@@ -43,19 +43,17 @@ _OPTIONS.experimental_warm_start = True  # the first window is parsed from the i
 
 
 def _pack(windows: list[Window]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], int]:
-    """(the segments of every window in order, as one flat table: ``path``, ``first``,
-    ``count`` and ``pad``, the empty records that fill the window's last segment up to the
-    same record count; the windows' metadata, ``starts``/``ends`` padded the same way and
-    ``segments``, the window's ``[first, end)`` rows of that table; that record count)."""
+    """(the segments of every window in order, as one flat table: ``path``, ``first`` and
+    ``count``; the windows' metadata: ``starts``/``ends`` padded with empty ``[0, 0)`` ranges
+    to the largest record count of a window, and ``segments``, the window's ``[first, end)``
+    rows of that table; that record count)."""
     records = max([len(w.starts) for w in windows] + [1])
-    segments: dict[str, list] = {"path": [], "first": [], "count": [], "pad": []}
+    segments: dict[str, list] = {"path": [], "first": [], "count": []}
     for w in windows:
-        for i, (path, first, count) in enumerate(w.segments):
-            last = i == len(w.segments) - 1
+        for path, first, count in w.segments:
             segments["path"].append(path)
             segments["first"].append(first)
             segments["count"].append(count)
-            segments["pad"].append(records - len(w.starts) if last else 0)
     n = len(windows)
     count = np.array([len(w.segments) for w in windows], np.int64)
     meta = {
@@ -70,20 +68,19 @@ def _pack(windows: list[Window]) -> tuple[dict[str, np.ndarray], dict[str, np.nd
         meta["ends"][i, : len(w.ends)] = w.ends
     flat = {
         "path": np.array(segments["path"], dtype=object).reshape(-1),
-        **{k: np.array(segments[k], np.int64).reshape(-1) for k in ("first", "count", "pad")},
+        **{k: np.array(segments[k], np.int64).reshape(-1) for k in ("first", "count")},
     }
     return flat, meta, records
 
 
-def _segment(segment: dict[str, tf.Tensor], fill: bytes) -> tf.data.Dataset:
-    """The records of one segment, then ``pad`` fill records (``fill``)."""
+def _segment(segment: dict[str, tf.Tensor]) -> tf.data.Dataset:
+    """The records of one segment."""
     read = tf.data.TFRecordDataset(segment["path"], buffer_size=_READ_BUFFER)
-    read = read.skip(segment["first"]).take(segment["count"])
-    return read.concatenate(tf.data.Dataset.from_tensors(tf.constant(fill)).repeat(segment["pad"]))
+    return read.skip(segment["first"]).take(segment["count"])
 
 
 def _serialized_windows(
-    segments: dict[str, np.ndarray], meta: dict[str, np.ndarray], fill: bytes, records: int
+    segments: dict[str, np.ndarray], meta: dict[str, np.ndarray], records: int
 ) -> tf.data.Dataset:
     """``(serialized, meta)``: each window's ``[records]`` records and its metadata, from a
     source of one element per window (its metadata) whose map reads the window's segments in
@@ -94,7 +91,7 @@ def _serialized_windows(
     def read(meta: dict[str, tf.Tensor]) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
         lo, hi = meta["segments"][0], meta["segments"][1]
         own = tf.data.Dataset.from_tensor_slices({k: v[lo:hi] for k, v in table.items()})
-        own = own.flat_map(lambda s: _segment(s, fill)).batch(records)
+        own = own.flat_map(_segment).batch(records)
         return own.get_single_element(), meta
 
     read = tf.autograph.experimental.do_not_convert(read)
@@ -150,12 +147,6 @@ def _window_function(
     return window
 
 
-def _fill_record(fields: list, block_rows: int) -> bytes:
-    """A record of ``block_rows`` fill rows: it pads a window's records to a fixed count."""
-    empty = pa.table({f.name: pa.array([], _ARROW[list_type(f)]) for f in fields})
-    return example(encode_columns(empty, fields), 0, 0, pad=block_rows)
-
-
 def make_tfrecord_dataset(
     schema: Schema,
     paths: str | Path | Sequence[str | Path],
@@ -203,8 +194,7 @@ def make_tfrecord_dataset(
     layout = tuple((f.name, list_type(f)) for f in fields)
     window = _window_function(layout, block, batch_size, shuffle)
     segments, meta, records = _pack(windows)
-    fill = _fill_record(fields, block)
-    ds = _serialized_windows(segments, meta, fill, records)
+    ds = _serialized_windows(segments, meta, records)
     ds = ds.map(window, num_parallel_calls=tf.data.AUTOTUNE)
     # the plan already left out a short last batch under drop_remainder: [None] either way
     ds = ds.rebatch(batch_size).prefetch(tf.data.AUTOTUNE)
