@@ -13,6 +13,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from features.read_report import DataError
 from features.schema import VALUE_KINDS
 
 STATS_FILE = "stats.json"
@@ -135,21 +136,19 @@ class DatasetStats:
 
     @classmethod
     def load(cls, directory: str | Path) -> DatasetStats:
+        """The statistics ``save`` wrote under ``directory``.
+
+        Raises:
+          FileNotFoundError: no ``stats.json`` there.
+          DataError: ``stats.json`` or a vocabulary file it names cannot be read as what
+            ``save`` writes (the message names the file and what is wrong).
+        """
         d = Path(directory)
         path = d / STATS_FILE
         if not path.exists():
             raise FileNotFoundError(f"no {STATS_FILE} in {str(d)!r}: run `stitchrec stats` first")
-        raw = json.loads(path.read_text())
-        fields = {}
-        for name, s in raw["fields"].items():
-            vocab_file = s.pop("vocab_file", None)
-            s.pop("vocab_size", None)
-            fs = FieldStats(**s)
-            if vocab_file:
-                t = pq.read_table(d / vocab_file)
-                fs.vocab = t.column("value").to_pylist()
-                fs.vocab_counts = t.column("count").to_pylist()
-            fields[name] = fs
+        raw = _stats_object(path)
+        fields = {name: _field_stats(d, path, name, s) for name, s in raw["fields"].items()}
         return cls(
             rows=raw["rows"],
             positives=raw["positives"],
@@ -157,3 +156,54 @@ class DatasetStats:
             label_positives=dict(raw.get("label_positives", {})),
             parent_positives=dict(raw.get("parent_positives", {})),
         )
+
+
+_EXPECTED = "expected the statistics `stitchrec stats` or `stitchrec train` writes"
+_STATS_KEYS = {"rows": (int,), "positives": (int, float), "fields": (dict,)}
+_FIELD_KEYS = {f.name for f in dataclasses.fields(FieldStats)} - {"all_counts", "vocab"}
+
+
+def _stats_object(path: Path) -> dict[str, Any]:
+    """``stats.json``'s object, its top-level keys checked; DataError naming ``path``."""
+    try:
+        raw = json.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise DataError(f"{str(path)!r} is not JSON text ({e}): {_EXPECTED}") from None
+    if not isinstance(raw, dict):
+        raise DataError(f"{str(path)!r} holds a {type(raw).__name__}, not an object: {_EXPECTED}")
+    for key, kinds in _STATS_KEYS.items():
+        if isinstance(raw.get(key), bool) or not isinstance(raw.get(key), kinds):
+            names = " or ".join(k.__name__ for k in kinds)
+            raise DataError(f"{str(path)!r}: {key!r} is {raw.get(key)!r}, not {names}: {_EXPECTED}")
+    return raw
+
+
+def _field_stats(d: Path, path: Path, name: str, s: Any) -> FieldStats:
+    """One field's ``FieldStats`` from its ``stats.json`` entry and vocabulary file."""
+    where = f"{str(path)!r}, field {name!r}"
+    if not isinstance(s, dict):
+        raise DataError(f"{where}: {s!r} is not an object: {_EXPECTED}")
+    unknown = sorted(set(s) - _FIELD_KEYS - {"vocab_file", "vocab_size"})
+    if unknown or "name" not in s or "kind" not in s:
+        what = f"unknown keys {unknown}" if unknown else "no name or kind"
+        raise DataError(f"{where}: {what}: {_EXPECTED}")
+    s = dict(s)
+    vocab_file = s.pop("vocab_file", None)
+    s.pop("vocab_size", None)
+    fs = FieldStats(**s)
+    if vocab_file:
+        vocab_path = d / str(vocab_file)
+        try:
+            t = pq.read_table(vocab_path)
+        except (OSError, pa.ArrowException) as e:
+            raise DataError(
+                f"{where}: its vocabulary {str(vocab_path)!r} cannot be read ({e}): {_EXPECTED}"
+            ) from None
+        if not {"value", "count"} <= set(t.column_names):
+            raise DataError(
+                f"{where}: its vocabulary {str(vocab_path)!r} has columns {t.column_names}, "
+                f"not value and count: {_EXPECTED}"
+            )
+        fs.vocab = t.column("value").to_pylist()
+        fs.vocab_counts = t.column("count").to_pylist()
+    return fs

@@ -36,6 +36,7 @@ from embeddings.protocols import HasServingForm
 from embeddings.quantize import DEFAULT_MIN_ROWS, quantized_model
 from features.dataset import input_signature
 from features.schema import FeatureSpec, Schema, load_schema
+from features.stats_types import STATS_FILE, DatasetStats
 from pipelines.evaluation.tasks import task_logits, tasks_of_model
 from pipelines.run.ensemble import COMBINES
 from pipelines.run.model import load_trained_model, restore_run_model
@@ -233,6 +234,7 @@ def export_run(
     see ``export_saved_model``)."""
     model, schema, ckpt = load_trained_model(run_dir)
     paths = RunPaths(Path(run_dir))
+    stats = run_stats(paths)
     out = Path(output) if output else next_version(paths.exports)
     with atomic_dir(out) as tmp:
         export_saved_model(
@@ -244,8 +246,15 @@ def export_run(
             quantize=quantize,
             quantize_min_rows=quantize_min_rows,
         )
-        shutil.copy(paths.stats / "stats.json", tmp / ASSETS_EXTRA / "stats.json")
+        shutil.copy(stats, tmp / ASSETS_EXTRA / STATS_FILE)
     return out
+
+
+def run_stats(paths: RunPaths) -> Path:
+    """The run's ``stats.json``, read first (``DatasetStats.load``): statistics that cannot be
+    read stop an export with an error naming the file instead of being copied into it."""
+    DatasetStats.load(paths.stats)
+    return paths.stats / STATS_FILE
 
 
 def saved_model_bytes(path: str | Path) -> dict[str, int]:
@@ -420,6 +429,7 @@ def _save_ensemble(
     """The SavedModel of ``EnsembleServingModule(models)`` at ``out`` (replaced), with the
     assets of run ``paths`` and ``meta`` in ``stitchrec.json``."""
     schema = load_schema(paths.schema)
+    stats = run_stats(paths)
     fields = list(schema.model_inputs)
     module = EnsembleServingModule(models, fields, combine)
     with atomic_dir(out) as tmp:
@@ -430,5 +440,5 @@ def _save_ensemble(
         if records:
             meta["tasks"] = records
         write_assets_extra(tmp, schema, fields, meta)
-        shutil.copy(paths.stats / "stats.json", tmp / ASSETS_EXTRA / "stats.json")
+        shutil.copy(stats, tmp / ASSETS_EXTRA / STATS_FILE)
     return out

@@ -1,9 +1,12 @@
+import json
 import math
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
+from features.read_report import DataError
 from features.schema import FeatureSpec, Schema, SourceSpec
 from features.stats import (
     MIN_PENDING,
@@ -93,6 +96,41 @@ def test_save_load_round_trip(tmp_path):
         assert a.vocab == b.vocab and a.vocab_counts == b.vocab_counts
         assert a.boundaries == b.boundaries
         assert (math.isnan(a.min) and math.isnan(b.min)) or a.min == b.min
+
+
+def _edit_summary(path, edit) -> None:
+    summary = json.loads(path.read_text())
+    edit(summary)
+    path.write_text(json.dumps(summary))
+
+
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        (lambda s: s["fields"].update(c=[1]), "field 'c': [1] is not an object"),
+        (lambda s: s["fields"]["c"].update(colour=1), "field 'c': unknown keys ['colour']"),
+        (lambda s: s["fields"]["c"].pop("kind"), "field 'c': no name or kind"),
+        (lambda s: s.update(rows="7"), "'rows' is '7', not int"),
+        (lambda s: s.update(positives=True), "'positives' is True, not int or float"),
+    ],
+)
+def test_load_names_the_file_and_what_is_wrong(tmp_path, edit, expected):
+    path = compute_stats(_schema(), _batches()).save(tmp_path) / "stats.json"
+    _edit_summary(path, edit)
+    with pytest.raises(DataError) as err:
+        DatasetStats.load(tmp_path)
+    assert str(err.value).startswith(f"{str(path)!r}") and expected in str(err.value)
+    assert str(err.value).endswith(
+        "expected the statistics `stitchrec stats` or `stitchrec train` writes"
+    )
+
+
+def test_load_checks_the_vocabulary_columns(tmp_path):
+    compute_stats(_schema(), _batches()).save(tmp_path)
+    vocab = sorted((tmp_path / "vocab").glob("*.parquet"))[0]
+    pq.write_table(pa.table({"value": ["a"]}), vocab)
+    with pytest.raises(DataError, match=r"has columns \['value'\], not value and count"):
+        DatasetStats.load(tmp_path)
 
 
 def test_large_vocabulary_is_merged_across_batches():

@@ -420,6 +420,40 @@ def test_export_of_a_run_with_a_corrupt_json_file(
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('{"rows": 3', "is not JSON text (Expecting"),
+        ("[]", "holds a list, not an object"),
+        ('{"rows": 1, "positives": 0}', ": 'fields' is None, not dict"),
+        (None, "its vocabulary"),  # a vocabulary file that is not Parquet
+    ],
+)
+def test_export_and_train_of_a_run_with_corrupt_statistics(
+    tmp_path, capsys, trained_run, text, expected
+):
+    """Statistics that cannot be read stop an export (never copied into it) and a training
+    run that would continue from them, with one line naming the file."""
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run)
+    stats = run / "stats" / "stats.json"
+    if text is None:
+        vocab = sorted((run / "stats" / "vocab").glob("*.parquet"))[0]
+        vocab.write_bytes(b"not parquet")
+    else:
+        stats.write_text(text)
+    rc, err = _run(capsys, "export", "--run", str(run), "--output", str(tmp_path / "out"))
+    assert rc == 2
+    line = _one_error(err)
+    assert f"{str(stats)!r}" in line and expected in line, line
+    assert "expected the statistics `stitchrec stats` or `stitchrec train` writes" in line
+    assert not (tmp_path / "out").exists()
+    config = tmp_path / "c.toml"  # the run's config, its output the copy
+    config.write_text((run / "config.toml").read_text().replace(str(trained_run), str(run)))
+    rc, err = _run(capsys, "train", "--config", str(config))
+    assert rc == 2 and expected in _one_error(err)
+
+
 def test_export_keep_only_with_a_cascade(tmp_path, capsys, trained_run):
     out = tmp_path / "out"
     rc, err = _run(
