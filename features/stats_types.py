@@ -13,6 +13,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from features.json_files import read_json_object
 from features.read_report import DataError
 from features.schema import VALUE_KINDS
 
@@ -158,19 +159,15 @@ class DatasetStats:
         )
 
 
-_EXPECTED = "expected the statistics `stitchrec stats` or `stitchrec train` writes"
+_WHAT = "the statistics `stitchrec stats` or `stitchrec train` writes"
+_EXPECTED = f"expected {_WHAT}"
 _STATS_KEYS = {"rows": (int,), "positives": (int, float), "fields": (dict,)}
 _FIELD_KEYS = {f.name for f in dataclasses.fields(FieldStats)} - {"all_counts", "vocab"}
 
 
 def _stats_object(path: Path) -> dict[str, Any]:
     """``stats.json``'s object, its top-level keys checked; DataError naming ``path``."""
-    try:
-        raw = json.loads(path.read_bytes().decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise DataError(f"{str(path)!r} is not JSON text ({e}): {_EXPECTED}") from None
-    if not isinstance(raw, dict):
-        raise DataError(f"{str(path)!r} holds a {type(raw).__name__}, not an object: {_EXPECTED}")
+    raw = read_json_object(path, _WHAT)
     for key, kinds in _STATS_KEYS.items():
         if isinstance(raw.get(key), bool) or not isinstance(raw.get(key), kinds):
             names = " or ".join(k.__name__ for k in kinds)

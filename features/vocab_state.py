@@ -41,12 +41,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from features.json_files import read_json_object
+from features.read_report import DataError
 from features.schema import VALUE_KINDS, FeatureSpec, Schema, SchemaError
 
 if TYPE_CHECKING:  # annotations only: features.stats pulls in pandas, which config users skip
     from features.stats import DatasetStats
 
 STATE_DIR = "vocab_state"
+_STATE_WHAT = "the vocabulary state `stitchrec train` writes for a run with a [vocab] section"
 STATE_FILE = "state.json"
 _COLUMNS = pa.schema(
     [("value", pa.string()), ("count", pa.float64()), ("last_seen", pa.int64()), ("id", pa.int64())]
@@ -229,27 +232,48 @@ class VocabState:
 
     @classmethod
     def load(cls, stats_dir: str | Path) -> VocabState:
+        """The state ``save`` wrote under ``stats_dir``.
+
+        Raises:
+          FileNotFoundError: no ``state.json`` there.
+          DataError: ``state.json`` or a field's table cannot be read as what ``save`` writes
+            (the message names the file and what is wrong).
+        """
         d = Path(stats_dir) / STATE_DIR
-        if not (d / STATE_FILE).is_file():
+        path = d / STATE_FILE
+        if not path.is_file():
             raise FileNotFoundError(f"no vocabulary state in {str(d)!r} ({STATE_FILE} missing)")
-        raw = json.loads((d / STATE_FILE).read_text())
+        raw = read_json_object(path, _STATE_WHAT)
+        fields, window = raw.get("fields"), raw.get("window")
+        if not isinstance(fields, dict) or isinstance(window, bool) or not isinstance(window, int):
+            raise DataError(
+                f"{str(path)!r} has no fields object and window number: expected {_STATE_WHAT}"
+            )
+        try:
+            options = VocabOptions(**raw.get("options", {}))
+        except (TypeError, ValueError) as e:
+            raise DataError(f"{str(path)!r}: options: {e}: expected {_STATE_WHAT}") from None
         tables = {}
-        for name, file in raw["fields"].items():
-            tables[name] = pq.read_table(d / file)
-            _check_table(tables[name], repr(str(d / file)))
-        return cls(tables, raw["window"], VocabOptions(**raw["options"]))
+        for name, file in fields.items():
+            where = repr(str(d / str(file)))
+            try:
+                tables[name] = pq.read_table(d / str(file))
+            except (OSError, pa.ArrowException) as e:
+                raise DataError(f"{where} (field {name!r}) cannot be read: {e}") from None
+            _check_table(tables[name], where)
+        return cls(tables, window, options)
 
 
 def _check_table(t: pa.Table, where: str) -> None:
-    """Raises ValueError unless ``t`` has the state's columns and its first rows hold ids 1..V."""
+    """Raises DataError unless ``t`` has the state's columns and its first rows hold ids 1..V."""
     if not t.schema.equals(_COLUMNS):
         got = ", ".join(f"{f.name} {f.type}" for f in t.schema)
         want = ", ".join(f"{f.name} {f.type}" for f in _COLUMNS)
-        raise ValueError(f"{where}: columns {got}; expected {want}")
+        raise DataError(f"{where}: columns {got}; expected {want}")
     ids = t.column("id").to_numpy()
     size = int((ids > 0).sum())
     if not np.array_equal(ids[:size], np.arange(1, size + 1)):
-        raise ValueError(f"{where}: the first {size} rows must hold ids 1..{size} in order")
+        raise DataError(f"{where}: the first {size} rows must hold ids 1..{size} in order")
 
 
 def _table(values: pa.Array, count: np.ndarray, last: np.ndarray, ids: np.ndarray) -> pa.Table:

@@ -19,12 +19,14 @@ import os
 from pathlib import Path
 from typing import Any
 
+from features.json_files import read_json_object
 from pipelines.errors import UsageError
 from pipelines.run.paths import ASSETS_EXTRA
 from serving.repository import version_dirs
 from serving.version_files import COMPLETE, version_state
 
 JOURNAL_FILE = "daily_journal.json"
+_JOURNAL_WHAT = "the journal `stitchrec daily` keeps"
 REPORT_FILE = "daily_report.json"
 #: The steps of a day, in the order the journal records them.
 STEPS = ("trained", "scored", "decided", "exported")
@@ -78,7 +80,12 @@ class Journal:
         path = Path(run_dir) / JOURNAL_FILE
         if not path.exists():
             return None
-        saved = json.loads(path.read_text())
+        saved = read_json_object(path, _JOURNAL_WHAT)
+        if not isinstance(saved.get("call"), dict) or not isinstance(saved.get("steps"), dict):
+            raise UsageError(
+                f"{str(path)!r} has no call and steps objects: expected {_JOURNAL_WHAT} (remove "
+                "it to run the day from its start)"
+            )
         changed = [k for k in CALL_KEYS if saved["call"].get(k) != call.get(k)]
         if changed:
             was = ", ".join(f"--{k} {saved['call'].get(k)}" for k in changed)

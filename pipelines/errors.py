@@ -1,6 +1,5 @@
-"""The error a command raises for a flag or argument it cannot use, the check of an output
-path every writing command makes before it starts, and the reading of a JSON file a command
-takes from the user's folders (``read_json_object``).
+"""The error a command raises for a flag or argument it cannot use, and the check of an output
+path every writing command makes before it starts.
 
 ``stitchrec`` (``pipelines.cli``) prints a user error as one ``error:`` line and exits with
 status 2; any other exception is a bug and propagates with its traceback.
@@ -8,9 +7,7 @@ status 2; any other exception is a bug and propagates with its traceback.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
 
 class UsageError(ValueError):
@@ -37,35 +34,3 @@ def check_output_path(path: str | Path, flag: str = "--output", folder: bool = T
                     f"under it; expected a path under a folder"
                 )
             return
-
-
-_JSON_KINDS = {
-    list: "array",
-    str: "string",
-    int: "number",
-    float: "number",
-    bool: "boolean",
-    type(None): "null",
-}
-
-
-def read_json_object(path: str | Path, expected: str) -> dict[str, Any]:
-    """The JSON object in the file ``path``; UsageError naming the file and ``expected`` (what
-    should be there, e.g. "the model config `stitchrec train` writes") when the file is not
-    UTF-8 JSON text or holds another JSON value than an object."""
-    p = Path(path)
-    try:
-        value = json.loads(p.read_bytes().decode("utf-8"))
-    except UnicodeDecodeError as e:
-        raise UsageError(
-            f"{str(p)!r} is not UTF-8 text (byte {e.start}): expected {expected}"
-        ) from None
-    except json.JSONDecodeError as e:
-        raise UsageError(
-            f"{str(p)!r} is not valid JSON ({e.msg}: line {e.lineno} column {e.colno}): "
-            f"expected {expected}"
-        ) from None
-    if not isinstance(value, dict):
-        kind = _JSON_KINDS.get(type(value), "value")
-        raise UsageError(f"{str(p)!r} holds a JSON {kind}, not an object: expected {expected}")
-    return value

@@ -42,7 +42,12 @@ from features.shard_reader import column_to_numpy, iter_record_batches, list_par
 from features.tasks import TaskRunner, atomic_path, runner_or_local
 from pipelines.engines import chunk_bytes, engine_config, open_runner
 from pipelines.errors import UsageError
-from pipelines.evaluation.tasks import ModelTask, needed_outputs, unloadable_saved_model
+from pipelines.evaluation.tasks import (
+    needed_outputs,
+    read_model_meta,
+    recorded_tasks,
+    unloadable_saved_model,
+)
 
 _print = functools.partial(print, flush=True)
 SUCCESS = "_SUCCESS"
@@ -147,9 +152,8 @@ def _model(model: str | Path) -> tuple[Schema, tuple[str, ...]]:
     schema_file = Path(model) / "assets.extra" / "schema.toml"
     if not schema_file.is_file():
         raise UsageError(f"--model {str(model)!r} is not a StitchRec SavedModel: no {schema_file}")
-    meta_file = schema_file.parent / "stitchrec.json"
-    meta = json.loads(meta_file.read_text()) if meta_file.is_file() else {}
-    tasks = [ModelTask(**r) for r in meta.get("tasks") or ()]
+    where = repr(str(schema_file.parent / "stitchrec.json"))
+    tasks = recorded_tasks(read_model_meta(model), where)
     return load_schema(schema_file), tuple(needed_outputs(tasks)) if tasks else ("score",)
 
 

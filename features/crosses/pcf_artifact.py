@@ -6,15 +6,19 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import zipfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from features.crosses.artifact import CrossArtifactError
 from features.crosses.pcf_graph import PairGraph, field_offsets
+from features.json_files import read_json_object
 
 ARTIFACT_FILE = "pcf_gnn.json"
 ARRAYS_FILE = "pcf_gnn.npz"
+_WHAT = "the folder `stitchrec crosses pcf-gnn` writes"
 GRAPH_DIR = "graph"
 _LOGIT_CLIP = 1e-4
 
@@ -120,23 +124,28 @@ class PCFArtifact:
             raise FileNotFoundError(
                 f"{d}: no {ARTIFACT_FILE}; create it with `stitchrec crosses pcf-gnn --config ...`"
             )
-        meta = json.loads((d / ARTIFACT_FILE).read_text())
-        with np.load(d / ARRAYS_FILE) as z:
-            nodes = z["nodes"]
-            relations = z["relations"]
-            head = [
-                (z[f"head_{i}_kernel"], z[f"head_{i}_bias"]) for i in range(meta["head_layers"])
-            ]
-        return cls(
-            fields=meta["fields"],
-            vocab=meta["vocab"],
-            multi=meta["multi"],
-            pairs=[(p[0], p[1]) for p in meta["pairs"]],
-            nodes=nodes,
-            relations=relations,
-            head=head,
-            prior=meta["prior"],
-            alpha=meta["alpha"],
-            config=meta.get("config", {}),
-            history=meta.get("history", []),
-        )
+        meta = read_json_object(d / ARTIFACT_FILE, _WHAT)
+        try:
+            with np.load(d / ARRAYS_FILE) as z:
+                nodes = z["nodes"]
+                relations = z["relations"]
+                layers = range(meta["head_layers"])
+                head = [(z[f"head_{i}_kernel"], z[f"head_{i}_bias"]) for i in layers]
+            return cls(
+                fields=meta["fields"],
+                vocab=meta["vocab"],
+                multi=meta["multi"],
+                pairs=[(p[0], p[1]) for p in meta["pairs"]],
+                nodes=nodes,
+                relations=relations,
+                head=head,
+                prior=meta["prior"],
+                alpha=meta["alpha"],
+                config=meta.get("config", {}),
+                history=meta.get("history", []),
+            )
+        except (KeyError, IndexError, TypeError, ValueError, OSError, zipfile.BadZipFile) as e:
+            raise CrossArtifactError(
+                f"PCF-GNN artifact {str(d)!r} cannot be read ({type(e).__name__}: {e}): "
+                f"expected {_WHAT}"
+            ) from None

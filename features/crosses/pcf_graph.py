@@ -46,9 +46,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from features.json_files import read_json_object
 from features.read_report import DataError
 
 GRAPH_FILE = "graph.json"
+_GRAPH_WHAT = "the pair graph `stitchrec crosses pcf-gnn` writes"
 
 Log = Callable[[str], None]
 
@@ -250,7 +252,17 @@ class PairGraph:
         d = Path(directory)
         if not (d / GRAPH_FILE).exists():
             raise FileNotFoundError(f"{d}: no {GRAPH_FILE} (not a PCF-GNN pair graph)")
-        meta = json.loads((d / GRAPH_FILE).read_text())
+        meta = read_json_object(d / GRAPH_FILE, _GRAPH_WHAT)
+        try:
+            return cls._read(d, meta)
+        except (KeyError, IndexError, TypeError, ValueError, OSError, pa.ArrowException) as e:
+            raise DataError(
+                f"PCF-GNN pair graph {str(d)!r} cannot be read ({type(e).__name__}: {e}): "
+                f"expected {_GRAPH_WHAT}"
+            ) from None
+
+    @classmethod
+    def _read(cls, d: Path, meta: dict[str, Any]) -> PairGraph:
         vocab, counts = {}, {}
         for i, f in enumerate(meta["fields"]):
             t = pq.read_table(d / "vocab" / f"{i}.parquet")

@@ -16,13 +16,13 @@ probability given the parent (P(buy | click)), scored on the parent-positive row
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from features.json_files import read_json_object
 from features.schema import Schema, load_schema
 from ranking import metrics
 
@@ -46,16 +46,43 @@ class ModelTask:
         return dataclasses.asdict(self)
 
 
-def model_tasks(meta: Mapping[str, Any], schema: Schema) -> list[ModelTask]:
-    """The tasks of the export whose ``stitchrec.json`` is ``meta`` and whose schema (with its
-    labels) is ``schema``, primary task first."""
-    records = meta.get("tasks")
+#: what a SavedModel's ``assets.extra/stitchrec.json`` holds
+META_WHAT = "the model metadata `stitchrec export` writes"
+
+
+def read_model_meta(model_dir: str | Path) -> dict[str, Any]:
+    """A SavedModel's ``assets.extra/stitchrec.json`` ({} when it has none). Raises DataError
+    when it is not a JSON object."""
+    meta_file = Path(model_dir) / "assets.extra" / "stitchrec.json"
+    return read_json_object(meta_file, META_WHAT) if meta_file.is_file() else {}
+
+
+def recorded_tasks(meta: Mapping[str, Any], where: str = "stitchrec.json") -> list[ModelTask]:
+    """The task records of ``meta`` (``[]`` without any). Raises TaskError naming ``where``
+    when ``tasks`` is not a list of task objects."""
+    records = meta.get("tasks") or []
+    fields = {f.name for f in dataclasses.fields(ModelTask)}
+    if not isinstance(records, list) or not all(
+        isinstance(r, dict) and set(r) <= fields and {"name", "label"} <= set(r) for r in records
+    ):
+        raise TaskError(
+            f"{where}: tasks {records!r} are not task records: expected a list of objects with "
+            f"name and label (and {', '.join(sorted(fields - {'name', 'label'}))}) in {META_WHAT}"
+        )
+    return [ModelTask(**r) for r in records]
+
+
+def model_tasks(
+    meta: Mapping[str, Any], schema: Schema, where: str = "stitchrec.json"
+) -> list[ModelTask]:
+    """The tasks of the export whose ``stitchrec.json`` (``where``) is ``meta`` and whose
+    schema (with its labels) is ``schema``, primary task first."""
+    records = recorded_tasks(meta, where)
     if not records:
         return [ModelTask(name=schema.label.name, label=schema.label.name)]
     labels = {f.name for f in schema.fields if f.kind == "label"}
     tasks = []
-    for r in records:
-        task = ModelTask(**r)
+    for task in records:
         if task.label not in labels or (task.parent is not None and task.parent not in labels):
             raise TaskError(
                 f"task {task.name!r} reads label {task.label!r} (parent {task.parent!r}), which "
@@ -176,7 +203,6 @@ def saved_model_tasks(model_dir: str | Path) -> tuple[Schema, list[ModelTask]]:
     schema_file = extra / "schema.toml"
     if not schema_file.exists():
         raise FileNotFoundError(f"{model_dir} is not a StitchRec SavedModel: no {schema_file}")
-    meta_file = extra / "stitchrec.json"
-    meta = json.loads(meta_file.read_text()) if meta_file.exists() else {}
+    meta = read_model_meta(model_dir)
     schema = load_schema(schema_file)
-    return schema, model_tasks(meta, schema)
+    return schema, model_tasks(meta, schema, repr(str(extra / "stitchrec.json")))

@@ -16,11 +16,12 @@ from embeddings.protocols import WarmStartable
 from features.crosses.pcf_artifact import GRAPH_DIR, PCFArtifact
 from features.crosses.pcf_graph import PairGraph
 from features.dataset import field_tf_dtype, make_dataset
+from features.json_files import read_json_object
 from features.preprocessing import build_preprocessor
 from features.schema import FeatureKind, FeatureSpec, Schema, load_schema
 from features.stats import DatasetStats
 from pipelines.config import ConfigError, PipelineConfig
-from pipelines.errors import UsageError, read_json_object
+from pipelines.errors import UsageError
 from pipelines.run.adam import FusedAdam
 from pipelines.run.paths import Log, RunPaths
 from ranking.config import ModelConfig

@@ -23,9 +23,10 @@ import numpy as np
 import tensorflow as tf
 
 from features.dataset import iter_batches
+from features.json_files import read_json_object
 from features.schema import Schema
 from pipelines.config import ConfigError
-from pipelines.errors import UsageError, read_json_object
+from pipelines.errors import UsageError
 from pipelines.run import ensemble as ens
 from pipelines.run.paths import Log
 from pipelines.run.schedules import CyclicSchedule, check_lr_schedule

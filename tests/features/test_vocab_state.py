@@ -2,10 +2,12 @@ import json
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import tensorflow as tf
 
 from features.preprocessing import build_preprocessor, plan_fields
+from features.read_report import DataError
 from features.schema import FeatureSpec, Schema, SchemaError, SourceSpec
 from features.stats import compute_stats
 from features.vocab_state import FieldChange, VocabOptions, VocabState, vocab_fields
@@ -204,6 +206,33 @@ def test_save_load_round_trip(tmp_path):
     assert VocabState.load(tmp_path).tables["item"].equals(state.tables["item"])
     with pytest.raises(FileNotFoundError, match=r"state\.json"):
         VocabState.load(tmp_path / "nowhere")
+
+
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        (lambda d: (d / "state.json").write_text('{"window": 1'), "is not valid JSON"),
+        (lambda d: (d / "state.json").write_text("[1]"), "holds a JSON array, not an object"),
+        (lambda d: (d / "state.json").write_text('{"window": 1}'), "has no fields object"),
+        (
+            lambda d: (d / "state.json").write_text(
+                '{"window": 1, "options": {"decay": 7}, "fields": {}}'
+            ),
+            "options: VocabOptions decay = 7: expected a number in (0, 1]",
+        ),
+        (lambda d: (d / "item.parquet").write_bytes(b"x"), "(field 'item') cannot be read"),
+        (
+            lambda d: pq.write_table(pa.table({"value": ["a"]}), d / "item.parquet"),
+            "item.parquet': columns value string; expected value string, count double",
+        ),
+    ],
+)
+def test_load_names_the_file_and_what_is_wrong(tmp_path, edit, expected):
+    state, _ = _run(_schema(), VocabOptions(), [list("abcd")])
+    edit(state.save(tmp_path))
+    with pytest.raises(DataError) as err:
+        VocabState.load(tmp_path)
+    assert str(tmp_path / "vocab_state") in str(err.value) and expected in str(err.value)
 
 
 def test_tables_must_hold_dense_ids_first():

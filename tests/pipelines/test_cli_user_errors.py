@@ -278,6 +278,35 @@ def test_an_unloadable_saved_model(tmp_path, capsys):
         assert "expected the folder `stitchrec export` writes" in line
 
 
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('{"tasks": [', "is not valid JSON (Expecting value"),
+        ('"tasks"', "holds a JSON string, not an object"),
+        ('{"tasks": {"name": "click"}}', "tasks {'name': 'click'} are not task records"),
+        ('{"tasks": [{"name": "click"}]}', "are not task records: expected a list of objects"),
+    ],
+)
+def test_a_saved_model_with_corrupt_metadata(tmp_path, capsys, text, expected):
+    model = tmp_path / "model"
+    (model / "assets.extra").mkdir(parents=True)
+    (model / "assets.extra" / "schema.toml").write_text(SCHEMA)
+    (model / "assets.extra" / "stitchrec.json").write_text(text)
+    (model / "saved_model.pb").write_bytes(b"\x0a\xff\xff\xff")
+    data = write_small_csv(tmp_path / "small.csv", 10)
+    schema = tmp_path / "small.toml"
+    schema.write_text(SCHEMA)
+    meta = repr(str(model / "assets.extra" / "stitchrec.json"))
+    for command in ("evaluate", "predict"):
+        extra = ["--output", str(tmp_path / "scores")] if command == "predict" else []
+        argv = ["--model", str(model), "--data", str(data), "--schema", str(schema), *extra]
+        rc, err = _run(capsys, command, *argv)
+        assert rc == 2, err
+        line = _one_error(err)
+        assert meta in line and expected in line, line
+        assert "the model metadata `stitchrec export` writes" in line
+
+
 def test_export_never_replaces_a_folder_that_is_not_an_export(tmp_path, capsys):
     repo = tmp_path / "models"
     (repo / "ml" / "1").mkdir(parents=True)
@@ -423,8 +452,8 @@ def test_export_of_a_run_with_a_corrupt_json_file(
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ('{"rows": 3', "is not JSON text (Expecting"),
-        ("[]", "holds a list, not an object"),
+        ('{"rows": 3', "is not valid JSON (Expecting"),
+        ("[]", "holds a JSON array, not an object"),
         ('{"rows": 1, "positives": 0}', ": 'fields' is None, not dict"),
         (None, "its vocabulary"),  # a vocabulary file that is not Parquet
     ],

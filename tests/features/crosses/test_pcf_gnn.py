@@ -3,12 +3,15 @@ the artifact round trip and bad input."""
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from features.crosses.artifact import CrossArtifactError
 from features.crosses.pcf_artifact import PCFArtifact, head_forward
 from features.crosses.pcf_config import PCFGNNConfig
 from features.crosses.pcf_gnn import PCFGNN, evaluate_pairs, pretrain, table_lookup
@@ -152,6 +155,29 @@ def test_pretraining_learns_and_generalises(tmp_path: Path) -> None:
     )
     with pytest.raises(FileNotFoundError, match="crosses pcf-gnn"):
         PCFArtifact.load(tmp_path)
+    _damaged_artifacts_are_one_error(tmp_path / "a")
+
+
+def _damaged_artifacts_are_one_error(a: Path) -> None:
+    """A damaged artifact is one error naming its folder (a copy per damage)."""
+    damages = {
+        "pcf_gnn.json": (b"[1]", DataError, "holds a JSON array, not an object"),
+        "pcf_gnn.npz": (b"not a zip", CrossArtifactError, "cannot be read (ValueError"),
+    }
+    for name, (raw, error, expected) in damages.items():
+        copy = a.parent / f"damaged-{name}"
+        shutil.copytree(a, copy)
+        (copy / name).write_bytes(raw)
+        with pytest.raises(error) as err:
+            PCFArtifact.load(copy)
+        assert str(copy) in str(err.value) and expected in str(err.value), err.value
+    copy = a.parent / "damaged-meta"
+    shutil.copytree(a, copy)
+    meta = json.loads((copy / "pcf_gnn.json").read_text())
+    del meta["head_layers"]
+    (copy / "pcf_gnn.json").write_text(json.dumps(meta))
+    with pytest.raises(CrossArtifactError, match=r"cannot be read \(KeyError: 'head_layers'\)"):
+        PCFArtifact.load(copy)
 
 
 def test_table_lookup_by_hand() -> None:

@@ -139,6 +139,24 @@ def test_save_load_round_trip(hand: dict, tmp_path: Path) -> None:
         PairGraph.load(tmp_path)
 
 
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        (lambda d: (d / "graph.json").write_text("{"), "graph.json' is not valid JSON"),
+        (lambda d: (d / "graph.json").write_text('{"fields": ["user"]}'), "(KeyError: 'pairs')"),
+        (lambda d: (d / "edges" / "0.parquet").write_bytes(b"x"), "cannot be read (ArrowInvalid"),
+        (lambda d: (d / "vocab" / "0.parquet").unlink(), "cannot be read (FileNotFoundError"),
+    ],
+)
+def test_a_damaged_graph_is_one_error_naming_it(hand: dict, tmp_path: Path, edit, expected):
+    d = build_graph(hand["schema"], hand["files"], [("user", "item")]).save(tmp_path / "g")
+    edit(d)
+    with pytest.raises(DataError) as err:
+        PairGraph.load(d)
+    assert str(d) in str(err.value) and expected in str(err.value), err.value
+    assert "the pair graph `stitchrec crosses pcf-gnn` writes" in str(err.value)
+
+
 def _graph(clicks, impressions, alpha=1.0):
     rel = Relation(
         ("u", "v"),
