@@ -29,13 +29,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import json
 from pathlib import Path
 
+from features.json_files import read_json_object
 from pipelines.config import DataConfig, PipelineConfig, TrainConfig, load_config
 from pipelines.errors import UsageError
 from pipelines.run.data import prepare_data
-from pipelines.run.model import trained_optimizer
+from pipelines.run.model import REPORT_WHAT, trained_optimizer
 from pipelines.run.paths import RunPaths
 from pipelines.run_commands import train_and_report
 
@@ -146,7 +146,7 @@ def _continued(
 def _selected_c(run: Path, paths: RunPaths) -> float:
     """The ``C`` an L-BFGS run selected (its report's ``lbfgs.selected_c``; a run of one ``C``:
     that one)."""
-    report = json.loads(paths.report.read_text())
+    report = read_json_object(paths.report, REPORT_WHAT)
     block = report.get("lbfgs") or {}
     chosen = block.get("selected_c")
     if chosen is None and len(block.get("c_path", [])) == 1:

@@ -334,6 +334,10 @@ def dummy_batch(fields: list[FeatureSpec]) -> dict[str, tf.Tensor]:
 BEST_DIR = "best"
 
 
+#: what a run's ``train_report.json`` holds
+REPORT_WHAT = "the report `stitchrec train` writes"
+
+
 def selected_checkpoint(checkpoints: Path) -> str | None:
     """The checkpoint a run's model is taken from: the best validation checkpoint
     (``checkpoints/best/``) when the run kept one, else the latest; None before the first."""
@@ -346,7 +350,7 @@ def trained_optimizer(cfg: PipelineConfig, paths: RunPaths) -> str:
     choice as its ``train_report.json`` records it (``ftrl`` for a run without one)."""
     if cfg.train.optimizer != "auto":
         return cfg.train.optimizer
-    report = json.loads(paths.report.read_text()) if paths.report.is_file() else {}
+    report = read_json_object(paths.report, REPORT_WHAT) if paths.report.is_file() else {}
     return str(report.get("optimizer", "ftrl"))
 
 

@@ -13,9 +13,11 @@ import pyarrow.parquet as pq
 import pytest
 import tensorflow as tf
 
+from features.read_report import DataError
 from features.stats import DatasetStats
 from pipelines.cli import main
 from pipelines.config import load_config
+from pipelines.run.model import trained_optimizer
 from pipelines.run.paths import RunPaths
 from pipelines.train import train
 from tests.testdata import NO_VALIDATION, TINY_SCHEMA, make_tiny_table, write_run_config
@@ -127,3 +129,20 @@ def test_what_cannot_be_refit_is_one_error_line(run, tmp_path, capsys):
     assert e.value.code == 2
     assert "argument --epochs: expected an integer >= 1, got '0'" in capsys.readouterr().err
     assert not (tmp_path / "plain-refit").exists()
+
+
+def test_a_damaged_report_is_one_error_naming_it(tmp_path):
+    """A run trained with ``optimizer = "auto"`` is refit (or continued) with the optimizer
+    its report records: a report that is not JSON is one error naming it."""
+    data = _log(tmp_path / "data")
+    out = tmp_path / "run"
+    config = write_run_config(tmp_path / "c.toml", data, out, {"type": "lr"}, {"optimizer": "auto"})
+    paths = RunPaths(out)
+    paths.root.mkdir()
+    paths.report.write_text('{"optimizer": ')
+    with pytest.raises(DataError) as err:
+        trained_optimizer(load_config(config), paths)
+    assert str(err.value).startswith(f"{str(paths.report)!r} is not valid JSON")
+    assert str(err.value).endswith("expected the report `stitchrec train` writes")
+    paths.report.write_text('{"optimizer": "lbfgs"}')
+    assert trained_optimizer(load_config(config), paths) == "lbfgs"
