@@ -49,8 +49,8 @@ if TYPE_CHECKING:  # annotations only: features.stats pulls in pandas, which con
     from features.stats import DatasetStats
 
 STATE_DIR = "vocab_state"
-_STATE_WHAT = "the vocabulary state `stitchrec train` writes for a run with a [vocab] section"
 STATE_FILE = "state.json"
+_STATE_WHAT = "the vocabulary state `stitchrec train` writes for a run with a [vocab] section"
 _COLUMNS = pa.schema(
     [("value", pa.string()), ("count", pa.float64()), ("last_seen", pa.int64()), ("id", pa.int64())]
 )
