@@ -145,9 +145,7 @@ class DatasetStats:
             ``save`` writes (the message names the file and what is wrong).
         """
         d = Path(directory)
-        path = d / STATS_FILE
-        if not path.exists():
-            raise FileNotFoundError(f"no {STATS_FILE} in {str(d)!r}: run `stitchrec stats` first")
+        path = _stats_path(d)
         raw = _stats_object(path)
         fields = {name: _field_stats(d, path, name, s) for name, s in raw["fields"].items()}
         return cls(
@@ -158,11 +156,27 @@ class DatasetStats:
             parent_positives=dict(raw.get("parent_positives", {})),
         )
 
+    @staticmethod
+    def check(directory: str | Path) -> Path:
+        """Checks what ``load`` reads (the vocabulary files by their Parquet footers, their
+        values unread); returns the ``stats.json`` path. Raises as ``load``."""
+        path = _stats_path(Path(directory))
+        for name, s in _stats_object(path)["fields"].items():
+            _field_stats(Path(directory), path, name, s, values=False)
+        return path
+
 
 _WHAT = "the statistics `stitchrec stats` or `stitchrec train` writes"
 _EXPECTED = f"expected {_WHAT}"
 _STATS_KEYS = {"rows": (int,), "positives": (int, float), "fields": (dict,)}
 _FIELD_KEYS = {f.name for f in dataclasses.fields(FieldStats)} - {"all_counts", "vocab"}
+
+
+def _stats_path(d: Path) -> Path:
+    """``d/stats.json``; FileNotFoundError when it is not there."""
+    if not (d / STATS_FILE).exists():
+        raise FileNotFoundError(f"no {STATS_FILE} in {str(d)!r}: run `stitchrec stats` first")
+    return d / STATS_FILE
 
 
 def _stats_object(path: Path) -> dict[str, Any]:
@@ -175,8 +189,9 @@ def _stats_object(path: Path) -> dict[str, Any]:
     return raw
 
 
-def _field_stats(d: Path, path: Path, name: str, s: Any) -> FieldStats:
-    """One field's ``FieldStats`` from its ``stats.json`` entry and vocabulary file."""
+def _field_stats(d: Path, path: Path, name: str, s: Any, values: bool = True) -> FieldStats:
+    """One field's ``FieldStats`` from its ``stats.json`` entry and vocabulary file (its
+    values read when ``values``; else only the file's Parquet footer)."""
     where = f"{str(path)!r}, field {name!r}"
     if not isinstance(s, dict):
         raise DataError(f"{where}: {s!r} is not an object: {_EXPECTED}")
@@ -191,16 +206,18 @@ def _field_stats(d: Path, path: Path, name: str, s: Any) -> FieldStats:
     if vocab_file:
         vocab_path = d / str(vocab_file)
         try:
-            t = pq.read_table(vocab_path)
+            columns = pq.read_schema(vocab_path).names
+            if {"value", "count"} <= set(columns) and values:
+                t = pq.read_table(vocab_path, columns=["value", "count"])
+                fs.vocab = t.column("value").to_pylist()
+                fs.vocab_counts = t.column("count").to_pylist()
         except (OSError, pa.ArrowException) as e:
             raise DataError(
                 f"{where}: its vocabulary {str(vocab_path)!r} cannot be read ({e}): {_EXPECTED}"
             ) from None
-        if not {"value", "count"} <= set(t.column_names):
+        if not {"value", "count"} <= set(columns):
             raise DataError(
-                f"{where}: its vocabulary {str(vocab_path)!r} has columns {t.column_names}, "
+                f"{where}: its vocabulary {str(vocab_path)!r} has columns {columns}, "
                 f"not value and count: {_EXPECTED}"
             )
-        fs.vocab = t.column("value").to_pylist()
-        fs.vocab_counts = t.column("count").to_pylist()
     return fs

@@ -251,10 +251,9 @@ def export_run(
 
 
 def run_stats(paths: RunPaths) -> Path:
-    """The run's ``stats.json``, read first (``DatasetStats.load``): statistics that cannot be
-    read stop an export with an error naming the file instead of being copied into it."""
-    DatasetStats.load(paths.stats)
-    return paths.stats / STATS_FILE
+    """The run's ``stats.json``, checked first (``DatasetStats.check``): statistics that cannot
+    be read stop an export with an error naming the file instead of being copied into it."""
+    return DatasetStats.check(paths.stats)
 
 
 def saved_model_bytes(path: str | Path) -> dict[str, int]:

@@ -128,9 +128,11 @@ def test_load_names_the_file_and_what_is_wrong(tmp_path, edit, expected):
 def test_load_checks_the_vocabulary_columns(tmp_path):
     compute_stats(_schema(), _batches()).save(tmp_path)
     vocab = sorted((tmp_path / "vocab").glob("*.parquet"))[0]
+    assert DatasetStats.check(tmp_path) == tmp_path / "stats.json"
     pq.write_table(pa.table({"value": ["a"]}), vocab)
-    with pytest.raises(DataError, match=r"has columns \['value'\], not value and count"):
-        DatasetStats.load(tmp_path)
+    for read in (DatasetStats.load, DatasetStats.check):  # check: the footer only
+        with pytest.raises(DataError, match=r"has columns \['value'\], not value and count"):
+            read(tmp_path)
 
 
 def test_large_vocabulary_is_merged_across_batches():
