@@ -408,6 +408,15 @@ def serve(sub: Subparsers) -> None:
     )
     p.add_argument("--http-host", default=None, help="HTTP address; default: --host")
     p.add_argument(
+        "--probe-port",
+        type=port,
+        default=None,
+        help="health probes (GET /v2/health/live and /ready) answered by a process of their own "
+        "from the server's heartbeat, never held up by a busy server; default: none",
+    )
+    p.add_argument("--probe-host", default=None, help="probe address; default: --host")
+    p.add_argument("--heartbeat-file", default=None, help=argparse.SUPPRESS)  # a worker's
+    p.add_argument(
         "--version-policy",
         action="append",
         default=[],

@@ -1,7 +1,7 @@
 """``stitchrec serve --repo DIR``: the gRPC (and HTTP) inference server (see ``serving/``).
 
     stitchrec serve --repo models/ [--host H] [--port P] [--metrics-port M] [--workers N]
-                    [--http-port P [--http-host H]]
+                    [--http-port P [--http-host H]] [--probe-port P [--probe-host H]]
                     [--version-policy [NAME=]latest|latest:N|all|specific:V,..]...
                     [--poll-seconds S] [--max-batch-size B] [--max-queue-delay-us U]
                     [--preferred-batch-sizes 256,1024] [--max-queue-size Q] [--no-batching]
@@ -16,8 +16,10 @@ With ``--workers N > 1`` the command reserves the port (and the HTTP port), star
 processes that bind them with SO_REUSEPORT, forwards SIGTERM/SIGINT to them and waits. With
 ``--metrics-port`` the workers write their metrics to one folder (Prometheus multiprocess mode:
 the operator's ``PROMETHEUS_MULTIPROC_DIR``, or a temporary folder removed at exit) and this
-process serves one ``/metrics`` adding them up (``serving.metrics.AggregatedMetrics``). The flags
-are defined in ``pipelines.cli_args``.
+process serves one ``/metrics`` adding them up (``serving.metrics.AggregatedMetrics``). With
+``--probe-port`` this process runs the probe process (``serving.probes``) over one heartbeat file
+per worker: live and ready when every worker is. The flags are defined in
+``pipelines.cli_args``.
 """
 
 from __future__ import annotations
@@ -26,11 +28,14 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 from pipelines.errors import UsageError, check_output_path
 from serving.config import (
@@ -43,6 +48,7 @@ from serving.config import (
     otlp_settings,
 )
 from serving.metrics import MULTIPROC_ENV, AggregatedMetrics
+from serving.probes import Heartbeat, ProbeProcess
 
 WAIT_POLL_S = 0.2  # how often the supervisor of `--workers N` looks for exited workers
 
@@ -134,6 +140,9 @@ def _checked_options(args: argparse.Namespace) -> ServerOptions:
         log_flush_s=args.log_flush_seconds,
         http_port=args.http_port,
         http_host=args.http_host or args.host,
+        probe_port=args.probe_port if args.workers == 1 else None,  # else the supervisor's
+        probe_host=args.probe_host or args.host,
+        heartbeat_file=args.heartbeat_file,
         reuse_port=args.workers > 1 or os.environ.get("STITCHREC_WORKER_INDEX") is not None,
     )
 
@@ -154,17 +163,23 @@ def _run_workers(args: argparse.Namespace) -> int:
     env = {k: v for k, v in os.environ.items() if k != MULTIPROC_ENV}
     metrics = None
     http = None
+    probes = None
     try:
         if args.http_port is not None:
             http = _reserve_port(args.http_host or args.host, args.http_port)
             args.http_port = http.getsockname()[1]
         line["http_port"] = args.http_port
+        if args.probe_port is not None:
+            probes = _WorkerProbes(args)
+            line["probe_port"] = probes.process.port
         if args.metrics_port is not None:
             metrics, line["metrics_port"] = _aggregated_metrics(args)
             env[MULTIPROC_ENV] = line["metrics_dir"] = metrics.folder
         procs = []
         for i in range(args.workers):
             cmd = [sys.executable, "-m", "pipelines.cli", *_worker_argv(args, port)]
+            if probes is not None:
+                cmd += ["--heartbeat-file", str(probes.files[i])]
             procs.append(subprocess.Popen(cmd, env={**env, "STITCHREC_WORKER_INDEX": str(i)}))
         print(json.dumps(line), flush=True)
 
@@ -182,6 +197,28 @@ def _run_workers(args: argparse.Namespace) -> int:
             http.close()
         if metrics is not None:
             metrics.close()
+        if probes is not None:
+            probes.close()
+
+
+class _WorkerProbes:
+    """The supervisor's probe process over one heartbeat file per worker (``files``), in a
+    folder of its own removed by ``close``."""
+
+    def __init__(self, args: argparse.Namespace):
+        self.folder = Path(tempfile.mkdtemp(prefix="stitchrec-heartbeats-"))
+        self.files = [self.folder / f"worker-{i}" for i in range(args.workers)]
+        for f in self.files:  # no beat yet: neither live nor ready until the worker beats
+            Heartbeat(f).close()
+        try:
+            self.process = ProbeProcess(args.probe_host or args.host, args.probe_port, self.files)
+        except OSError as e:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            raise UsageError(f"--probe-port {args.probe_port}: {e}") from None
+
+    def close(self) -> None:
+        self.process.stop()
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def _aggregated_metrics(args: argparse.Namespace) -> tuple[AggregatedMetrics, int]:
@@ -202,13 +239,14 @@ def _aggregated_metrics(args: argparse.Namespace) -> tuple[AggregatedMetrics, in
 
 
 def _wait_workers(procs: list[subprocess.Popen], metrics: AggregatedMetrics | None) -> int:
-    """Waits for every worker; the worst exit status. An exited worker's live gauges are
-    dropped from the aggregated metrics at once (its counters still count)."""
+    """Waits for every worker; the worst exit status (a worker ended by signal N counts as
+    128 + N, as a shell reports it). An exited worker's live gauges are dropped from the
+    aggregated metrics at once (its counters still count)."""
     codes: dict[int, int] = {}
     while len(codes) < len(procs):
         for p in procs:
             if p.pid not in codes and p.poll() is not None:
-                codes[p.pid] = p.returncode
+                codes[p.pid] = p.returncode if p.returncode >= 0 else 128 - p.returncode
                 if metrics is not None:
                     metrics.process_exited(p.pid)
         if len(codes) < len(procs):

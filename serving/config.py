@@ -199,6 +199,10 @@ class ServerOptions:
     (``serving.repository``), so the collector's full passes skip the models' objects.
     http_port / http_host: the HTTP port (TF Serving REST, KServe v2 REST, ``/v1/rank``) served
     by the same process and event loop as gRPC (None: off; 0: any free port), and its address.
+    probe_port / probe_host: the health probes answered by a process of their own from the
+    event loop's heartbeat (``serving.probes``; None: off; 0: any free port), and its address.
+    heartbeat_file: write the heartbeat there (a worker of ``stitchrec serve --workers``, whose
+    supervisor runs the probe process); None: only with ``probe_port``, in a folder of its own.
     """
 
     batching: BatchingConfig = BatchingConfig()
@@ -231,6 +235,9 @@ class ServerOptions:
     log_flush_s: float = 5.0
     http_port: int | None = None
     http_host: str = "127.0.0.1"
+    probe_port: int | None = None
+    probe_host: str = "127.0.0.1"
+    heartbeat_file: str | None = None
     freeze_heap: bool = True
 
     def __post_init__(self) -> None:
@@ -243,11 +250,12 @@ class ServerOptions:
                 f"trace_detail must be one of {TRACE_DETAILS}, got {self.trace_detail!r}"
             )
         self._check_log()
-        port = self.http_port
-        if port is not None and (
-            isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535
-        ):
-            raise ValueError(f"http_port must be an integer in [0, 65535] or None, got {port!r}")
+        for name in ("http_port", "probe_port"):
+            port = getattr(self, name)
+            if port is not None and (
+                isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535
+            ):
+                raise ValueError(f"{name} must be an integer in [0, 65535] or None, got {port!r}")
         if isinstance(self.max_inflight, bool) or not isinstance(self.max_inflight, int):
             raise ValueError(f"max_inflight must be an integer >= 1, got {self.max_inflight!r}")
         if self.max_inflight < 1:

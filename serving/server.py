@@ -49,6 +49,7 @@ from protos import ranking_service_pb2 as rank_pb2
 from serving import admission, tracing
 from serving.config import BindError, ServerOptions
 from serving.health import NOT_SERVING, SERVING, HealthServicer
+from serving.heartbeats import ServerProbes
 from serving.http.app import start_http
 from serving.interceptors import AccessLogInterceptor, TokenAuthInterceptor
 from serving.kserve import KServeServicer, server_ready
@@ -89,6 +90,7 @@ class ServingServer:
         prediction_log: PredictionLogger | None = None,
         http_runner: web.AppRunner | None = None,
         http_port: int | None = None,
+        probes: ServerProbes | None = None,
     ):
         self.grpc_server = grpc_server
         self.state = state
@@ -102,6 +104,8 @@ class ServingServer:
         self.prediction_log = prediction_log
         self.http_runner = http_runner
         self.http_port = http_port  # None: no HTTP
+        self.probes = probes
+        self.probe_port = probes.port if probes is not None else None  # None: no probe port
         self._stopped = False
 
     async def stop(self, grace: float | None = 10.0, drain: float | None = None) -> None:
@@ -143,6 +147,8 @@ class ServingServer:
         if self.traced:
             # the last spans go out to the collector (blocking up to its export timeout)
             await asyncio.get_running_loop().run_in_executor(None, tracing.shutdown)
+        if self.probes is not None:  # not ready (then gone) until the process exits
+            await self.probes.stop()
         log.info(
             json.dumps(
                 {
@@ -320,11 +326,18 @@ async def _start(
     await sync_health()  # NOT_SERVING until the first load
     await server.start()  # live (ServerLive) while the models load; ready after
     http_runner, http_port = None, None
+    probes = None
+    if options.probe_port is not None or options.heartbeat_file is not None:
+        probes = ServerProbes(state, options)
     try:
+        if probes is not None:  # live while the models load, ready after
+            await probes.start()
         if options.http_port is not None:
             http_runner, http_port = await start_http(state, options)
         await repository.start()
     except BaseException:
+        if probes is not None:
+            await probes.stop()
         if http_runner is not None:
             await http_runner.cleanup()
         await server.stop(None)
@@ -344,6 +357,7 @@ async def _start(
                 "port": port,
                 "metrics_port": metrics_port,
                 "http_port": http_port,
+                "probe_port": probes.port if probes is not None else None,
                 "models": {n: repository.live_versions(n) for n in repository.model_names()},
                 "devices": repository.devices,
                 "tls": options.tls_cert is not None,
@@ -364,6 +378,7 @@ async def _start(
         prediction_log=prediction_log,
         http_runner=http_runner,
         http_port=http_port,
+        probes=probes,
     )
     return serving, port
 
@@ -416,6 +431,7 @@ async def serve_forever(
                 "port": port,
                 "metrics_port": server.metrics_port,
                 "http_port": server.http_port,
+                "probe_port": server.probe_port,
             }
         ),
         flush=True,

@@ -7,13 +7,18 @@ For each request the bench resets the server process's peak RSS (``/proc/PID/cle
 sends the request, and prints the status it got, how long the answer took, the growth of the
 server's peak RSS (``VmHWM``) against the request's wire size, and the worst ``ServerLive``
 latency seen by a second client polling every 5 ms meanwhile, with the idle ``ServerLive``
-latency of the same run as the baseline.
+latency of the same run as the baseline; and the same for a third client polling ``GET
+/v2/health/live`` on the server's probe port (``--probe-port``, ``serving.probes``).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import http.client
 import json
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -108,15 +113,63 @@ def _poll_live(stub: kserve_grpc.GRPCInferenceServiceStub, stop: threading.Event
     return waits
 
 
-def measure(pid: int, target: str, call: Callable[[], object], wire: int) -> dict:
+def _poll_probe(port: int, stop: threading.Event) -> list[float]:
+    """``GET /v2/health/live`` on the probe port every 5 ms (one kept-alive connection)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    waits = []
+    while not stop.is_set():
+        t0 = time.perf_counter()
+        conn.request("GET", "/v2/health/live")
+        conn.getresponse().read()
+        waits.append(time.perf_counter() - t0)
+        time.sleep(0.005)
+    conn.close()
+    return waits
+
+
+def _summary(waits: list[float], prefix: str) -> dict:
+    if not waits:
+        return {f"{prefix}_p50_ms": None, f"{prefix}_worst_ms": None, f"{prefix}_samples": 0}
+    return {
+        f"{prefix}_p50_ms": round(float(np.percentile(waits, 50)) * 1000, 1),
+        f"{prefix}_worst_ms": round(max(waits) * 1000, 1),
+        f"{prefix}_samples": len(waits),
+    }
+
+
+def poll_main() -> None:
+    """The pollers' process (``python -c``; argv: gRPC target, probe port): polls
+    ``ServerLive`` and the probe port in two threads until its standard input closes, then
+    prints ``{"live": [...], "probe": [...]}`` (seconds). In a process of its own, a poll never
+    waits for the interpreter lock of the client sending the big request."""
+    target, probe_port = sys.argv[1], int(sys.argv[2])
     live = kserve_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(target))
     live.ServerLive(kserve_pb2.ServerLiveRequest(), timeout=30)
+    stop = threading.Event()
+    waits: dict[str, list[float]] = {"live": [], "probe": []}
+    pollers = [
+        threading.Thread(target=lambda: waits["live"].extend(_poll_live(live, stop))),
+        threading.Thread(target=lambda: waits["probe"].extend(_poll_probe(probe_port, stop))),
+    ]
+    for poller in pollers:
+        poller.start()
+    print("polling", flush=True)
+    sys.stdin.read()
+    stop.set()
+    for poller in pollers:
+        poller.join()
+    print(json.dumps(waits), flush=True)
+
+
+def measure(pid: int, target: str, call: Callable[[], object], wire: int, probe_port: int) -> dict:
     _reset_peak(pid)
     base_kb = _status_kb(pid, "VmRSS")
-    stop = threading.Event()
-    waits: list[float] = []
-    poller = threading.Thread(target=lambda: waits.extend(_poll_live(live, stop)))
-    poller.start()
+    code = "from bench.serving.adversarial import poll_main; poll_main()"
+    poller = subprocess.Popen(
+        [sys.executable, "-c", code, target, str(probe_port)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert poller.stdout.readline().strip() == "polling", "the poller did not start"
     t0 = time.perf_counter()
     try:
         call()
@@ -124,8 +177,8 @@ def measure(pid: int, target: str, call: Callable[[], object], wire: int) -> dic
     except grpc.RpcError as e:
         code = e.code().name
     seconds = time.perf_counter() - t0
-    stop.set()
-    poller.join()
+    waits, _ = poller.communicate(timeout=60)
+    waits = json.loads(waits.strip().splitlines()[-1])
     growth = (_status_kb(pid, "VmHWM") - base_kb) * 1024
     return {
         "code": code,
@@ -133,9 +186,8 @@ def measure(pid: int, target: str, call: Callable[[], object], wire: int) -> dic
         "wire_bytes": wire,
         "peak_rss_growth_mb": round(growth / MB, 1),
         "bound_mb": round(max(64 * MB, 8 * wire) / MB, 1),
-        "live_p50_ms": round(float(np.percentile(waits, 50)) * 1000, 1) if waits else None,
-        "live_worst_ms": round(max(waits) * 1000, 1) if waits else None,
-        "live_samples": len(waits),
+        **_summary(waits["live"], "live"),
+        **_summary(waits["probe"], "probe"),
     }
 
 
@@ -173,17 +225,23 @@ def main(argv: list[str] | None = None) -> int:
         repo = Path(args.repo) if args.repo else Path(tmp)
         if not args.repo:
             write_linear_model(repo / args.model / "1", bias=0.0)
-        proc, port = start_ours(repo, out, "adversarial", ["--max-message-mb", "128"])
+        extra = ["--max-message-mb", "128", "--probe-port", "0"]
+        proc, port = start_ours(repo, out, "adversarial", extra)
+        probe = int(proc.info["probe_port"])
         try:
             target = f"127.0.0.1:{port}"
             stubs = _stubs(target)
             pid = proc.p.pid
-            idle = measure(pid, target, lambda: time.sleep(0.5), 0)
-            print(f"idle ServerLive worst: {idle['live_worst_ms']} ms ({idle['live_samples']})")
+            idle = measure(pid, target, lambda: time.sleep(0.5), 0, probe)
+            print(
+                f"idle: ServerLive worst {idle['live_worst_ms']} ms ({idle['live_samples']}), "
+                f"probe port worst {idle['probe_worst_ms']} ms ({idle['probe_samples']})"
+            )
             rows = []
             for title, kind, req in cases(args.model):
                 wire = len(req.SerializeToString())
-                r = measure(pid, target, lambda k=kind, q=req: stubs[k](q, timeout=120), wire)
+                call = functools.partial(stubs[kind], req, timeout=120)
+                r = measure(pid, target, call, wire, probe)
                 r["request"] = title
                 rows.append(r)
                 print(json.dumps(r), flush=True)
