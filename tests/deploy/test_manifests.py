@@ -30,7 +30,7 @@ MANIFESTS = sorted(KUBE.glob("*.yaml"))
 K8S_VERSION = "1.32"
 #: the HTTP front door's flags (serving/http); a build without it has no such serve flags
 HTTP_FLAGS = ("--http-port", "--http-host")
-PORTS = {"grpc": 8500, "http": 8080, "metrics": 9090}
+PORTS = {"grpc": 8500, "http": 8080, "probe": 8081, "metrics": 9090}
 
 
 def _docs(path: Path) -> list[dict]:
@@ -87,6 +87,7 @@ def _ports(args: argparse.Namespace, raw: dict[str, str]) -> dict[str, int]:
     return {
         "grpc": args.port,
         "http": int(raw["--http-port"]),
+        "probe": args.probe_port,
         "metrics": args.metrics_port,
     }
 
@@ -160,7 +161,7 @@ def test_dockerfile_runs_stitchrec_serve_on_the_documented_ports(path):
     assert d["expose"] == set(PORTS.values())
     assert args.host == raw["--http-host"] == args.metrics_host == "0.0.0.0"
     url = urlparse(re.search(r"http://[^'\" ]+", d["healthcheck"]).group(0))
-    assert (url.port, url.path) == (PORTS["http"], "/v2/health/live")
+    assert (url.port, url.path) == (PORTS["probe"], "/v2/health/live")
 
 
 def test_http_flags_are_serve_flags():
@@ -185,9 +186,10 @@ def test_deployment_agrees_with_the_image_and_the_server():
         get = c[kind]["httpGet"]
         return get["path"], named.get(get["port"], get["port"])
 
-    assert probe("livenessProbe") == ("/v2/health/live", PORTS["http"])
-    assert probe("readinessProbe") == ("/v2/health/ready", PORTS["http"])
-    assert probe("startupProbe")[1] == PORTS["http"]
+    # the probe port: answered from the heartbeat, never held up by a busy server
+    assert probe("livenessProbe") == ("/v2/health/live", PORTS["probe"])
+    assert probe("readinessProbe") == ("/v2/health/ready", PORTS["probe"])
+    assert probe("startupProbe")[1] == PORTS["probe"]
     start = c["startupProbe"]
     assert start["periodSeconds"] * start["failureThreshold"] >= 120  # room to load models
     # stop: preStop sleep = the server's drain; the pod's grace covers sleep + drain + grace
@@ -202,7 +204,8 @@ def test_deployment_agrees_with_the_image_and_the_server():
 
     assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
     ports = {p["name"]: (p["port"], p["targetPort"]) for p in service["spec"]["ports"]}
-    assert ports == {name: (port, name) for name, port in PORTS.items()}
+    # clients' ports; the kubelet probes the pod itself
+    assert ports == {name: (port, name) for name, port in PORTS.items() if name != "probe"}
     notes = service["metadata"]["annotations"]
     assert notes["prometheus.io/scrape"] == "true"
     assert int(notes["prometheus.io/port"]) == PORTS["metrics"]
