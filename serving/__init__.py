@@ -7,7 +7,8 @@
   or one on the CPU), its signatures and batcher;
 - ``batching``: the dynamic batcher (max batch size, queue delay, preferred sizes, bounded queue);
 - ``admission``: in-flight bounds and retry hints; ``health``: grpc.health.v1 per service and per
-  model; ``reflection``: server reflection v1 and v1alpha;
+  model; ``reflection``: server reflection v1 and v1alpha; ``probes``: the heartbeat and the
+  probe process answering ``--probe-port`` from it; ``heartbeats``: the server's side of them;
 - ``inference``: feature checks and the predict / rank calls every protocol shares;
 - ``traffic``: ``<model>/traffic.toml`` (version labels, traffic split, shadow), re-read when
   it changes; ``routing``: which version and arm answer a request (``choose``);
