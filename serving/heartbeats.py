@@ -10,7 +10,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from serving.config import ServerOptions
+from serving.config import BindError, ServerOptions
 from serving.kserve import server_ready
 from serving.probes import BEAT_S, Heartbeat, ProbeProcess
 from serving.rpc import ServerState
@@ -40,12 +40,13 @@ class ServerProbes:
         self.heartbeat.beat(server_ready(self.state))
         self._task = asyncio.get_running_loop().create_task(self._beat())
         if self.options.probe_port is not None:
-            self._process = await asyncio.to_thread(
-                ProbeProcess,
-                self.options.probe_host,
-                self.options.probe_port,
-                [self.heartbeat.path],
-            )
+            host, port = self.options.probe_host, self.options.probe_port
+            try:
+                self._process = await asyncio.to_thread(
+                    ProbeProcess, host, port, [self.heartbeat.path]
+                )
+            except OSError as e:
+                raise BindError(f"cannot serve the probes on {host}:{port}: {e}") from None
             self.port = self._process.port
 
     async def _beat(self) -> None:

@@ -15,6 +15,7 @@ import pytest
 
 from pipelines.cli import build_parser, main
 from pipelines.config import ConfigError, load_config
+from serving.testing import write_linear_model
 from serving.version_files import MARKER
 from tests.testdata import write_run_config, write_small_csv, write_tiny_dataset
 
@@ -369,6 +370,20 @@ def test_serve_on_a_port_in_use_is_one_error_line(tmp_path, capsys):
         )
     assert rc == 2
     assert f"cannot bind the gRPC address '127.0.0.1:{port}'" in _one_error(err)
+
+
+def test_serve_on_a_probe_port_in_use_is_one_error_line(tmp_path, capsys):
+    write_linear_model(tmp_path / "lin" / "1", bias=0.0)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for workers in ("1", "2"):
+            argv = ["--repo", str(tmp_path), "--host", "127.0.0.1", "--port", "0"]
+            rc, err = _run(capsys, "serve", *argv, "--probe-port", str(port), "--workers", workers)
+            assert rc == 2, err
+            line = _one_error(err)
+            assert f"{port}" in line and "the probe listener did not start" in line, line
 
 
 def test_seeds_and_demo_sizes(tmp_path, capsys):
