@@ -556,6 +556,13 @@ def _prediction_log_flags(p: argparse.ArgumentParser) -> None:
         default=5.0,
         help="seconds between prediction log files (a SIGKILL loses at most these)",
     )
+    p.add_argument(
+        "--log-compression",
+        choices=("snappy", "zstd", "none"),
+        default="snappy",
+        help="the prediction log files' Parquet compression: snappy (default), zstd (smaller "
+        "files, more CPU) or none (the least CPU, larger files)",
+    )
 
 
 def _batching_flags(p: argparse.ArgumentParser) -> None:

@@ -10,7 +10,8 @@
                     [--no-fusion] [--no-heap-freeze] [--max-inflight N] [--max-queued-rows R]
                     [--retry-after-ms MS] [--drain-seconds D]
                     [--otlp-endpoint HOST:PORT [--trace-sample-rate R] [--trace-detail D]]
-                    [--log-dir DIR [--log-rate [MODEL=]R]... [--log-flush-seconds S]]
+                    [--log-dir DIR [--log-rate [MODEL=]R]... [--log-flush-seconds S]
+                     [--log-compression snappy|zstd|none]]
 
 With ``--workers N > 1`` the command reserves the port (and the HTTP port), starts N server
 processes that bind them with SO_REUSEPORT, forwards SIGTERM/SIGINT to them and waits. With
@@ -138,6 +139,7 @@ def _checked_options(args: argparse.Namespace) -> ServerOptions:
         log_rates=log_rates,
         log_default_rate=log_default_rate,
         log_flush_s=args.log_flush_seconds,
+        log_compression=args.log_compression,
         http_port=args.http_port,
         http_host=args.http_host or args.host,
         probe_port=args.probe_port if args.workers == 1 else None,  # else the supervisor's
@@ -284,6 +286,7 @@ def _worker_argv(args: argparse.Namespace, port: int) -> list[str]:
         "drain_seconds",
         "log_dir",
         "log_flush_seconds",
+        "log_compression",
         "log_level",
         "intra_op_threads",
         "inter_op_threads",

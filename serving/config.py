@@ -195,6 +195,7 @@ class ServerOptions:
     log_rates: ``((model, rate), ...)``: the share of a model's calls logged, in [0, 1].
     log_default_rate: the share logged of the other models' calls.
     log_flush_s: seconds between the log's flushes (at most this much is lost to a SIGKILL).
+    log_compression: the log files' Parquet compression (``snappy``, ``zstd`` or ``none``).
     freeze_heap: after every model-version change, collect garbage and freeze the heap
     (``serving.repository``), so the collector's full passes skip the models' objects.
     http_port / http_host: the HTTP port (TF Serving REST, KServe v2 REST, ``/v1/rank``) served
@@ -233,6 +234,7 @@ class ServerOptions:
     log_rates: tuple[tuple[str, float], ...] = ()
     log_default_rate: float = 1.0
     log_flush_s: float = 5.0
+    log_compression: str = "snappy"
     http_port: int | None = None
     http_host: str = "127.0.0.1"
     probe_port: int | None = None
@@ -284,6 +286,10 @@ class ServerOptions:
                 raise ValueError(f"{what} must be a number in [0, 1], got {rate!r}")
         if not 0 < self.log_flush_s <= 3600:
             raise ValueError(f"log_flush_s must be in (0, 3600] seconds, got {self.log_flush_s}")
+        if self.log_compression not in ("snappy", "zstd", "none"):
+            raise ValueError(
+                f"log_compression must be snappy, zstd or none, got {self.log_compression!r}"
+            )
 
 
 _ENDPOINT = re.compile(r"^(https?://)?(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})/?$")

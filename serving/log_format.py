@@ -68,6 +68,9 @@ SUFFIX = ".parquet"
 #: features' and outputs' values are stored plain (Parquet's default, a dictionary per column,
 #: costs twice the CPU per file and makes its files larger on high-cardinality ids)
 DICTIONARY_COLUMNS = ("request_id", "protocol", "model", "signature", "arm")
+#: the log files' Parquet compressions: snappy (the default: every reader reads it), zstd
+#: (smaller, more CPU to write), none (the least CPU, the largest files)
+COMPRESSIONS = ("snappy", "zstd", "none")
 #: with ``pause``: the most rows converted in one piece (a column of a piece: well under 1 ms)
 PIECE_ROWS = 4096
 #: with ``pause``: calls whose layout is read between two pauses
@@ -242,24 +245,28 @@ def _group_table(
     return pa.table(columns)
 
 
-def parquet_options(columns: Iterable[str]) -> dict:
+def parquet_options(columns: Iterable[str], compression: str = "snappy") -> dict:
     """The ``pyarrow.parquet.write_table`` options of a log file of ``columns``: the
     ``DICTIONARY_COLUMNS`` dictionary-encoded, the others plain; min/max statistics for the
-    metadata columns only (what a reader filters a log on)."""
+    metadata columns only (what a reader filters a log on); ``compression``, one of
+    ``COMPRESSIONS``."""
+    if compression not in COMPRESSIONS:
+        raise ValueError(f"log compression must be one of {COMPRESSIONS}, got {compression!r}")
     names = set(columns)
     return {
         "use_dictionary": [c for c in DICTIONARY_COLUMNS if c in names],
         "write_statistics": [c for c in META_COLUMNS if c in names],
+        "compression": compression,
     }
 
 
-def write_file(path: str | Path, table: pa.Table) -> Path:
+def write_file(path: str | Path, table: pa.Table, compression: str = "snappy") -> Path:
     """Writes ``table`` to ``path`` atomically (a hidden temporary file, then a rename), with
     ``parquet_options``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    pq.write_table(table, tmp, **parquet_options(table.column_names))
+    pq.write_table(table, tmp, **parquet_options(table.column_names, compression))
     with open(tmp, "rb") as f:
         os.fsync(f.fileno())
     os.replace(tmp, path)

@@ -99,6 +99,7 @@ class PredictionLogger:
       metrics: the server's metrics (``stitchrec_log_rows_total``,
         ``stitchrec_log_dropped_total``); None: counted on ``rows_written`` / ``rows_dropped``
         only.
+      compression: the files' Parquet compression (``log_format.COMPRESSIONS``).
     """
 
     def __init__(
@@ -110,6 +111,7 @@ class PredictionLogger:
         flush_s: float = 5.0,
         max_buffer_rows: int = 100_000,
         metrics: Metrics | None = None,
+        compression: str = "snappy",
     ):
         self.folder = Path(folder)
         self.rates = {
@@ -121,6 +123,12 @@ class PredictionLogger:
         if isinstance(flush_s, bool) or not isinstance(flush_s, int | float) or flush_s <= 0:
             raise ValueError(f"prediction log: flush_s must be a number > 0, got {flush_s!r}")
         self.flush_s = float(flush_s)
+        if compression not in log_format.COMPRESSIONS:
+            raise ValueError(
+                f"prediction log: compression must be one of {log_format.COMPRESSIONS}, "
+                f"got {compression!r}"
+            )
+        self.compression = compression
         self.metrics = metrics
         self.folder.mkdir(parents=True, exist_ok=True)
         self.rows_written: dict[str, int] = {}
@@ -213,7 +221,7 @@ class PredictionLogger:
             return None
         name = log_format.file_name(int(time.time() * 1000), os.getpid(), next(_SEQUENCE))
         try:
-            path = log_format.write_file(self.folder / model / name, table)
+            path = log_format.write_file(self.folder / model / name, table, self.compression)
         except (OSError, pa.ArrowException) as e:
             log.error(json.dumps({"event": "log_write_error", "model": model, "error": str(e)}))
             with self._lock:

@@ -319,6 +319,7 @@ async def _start(
             options.log_default_rate,
             flush_s=options.log_flush_s,
             metrics=metrics,
+            compression=options.log_compression,
         )
         state.observers.add(prediction_log)
     sync_health = _health_sync(state, health_servicer)

@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 
 from bench.serving.lock_wait import lock_wait_ms
 from serving.calls import ScoredCall
-from serving.log_format import call_table, calls_table, parquet_options, warm_up
+from serving.log_format import COMPRESSIONS, call_table, calls_table, parquet_options, warm_up
 from serving.prediction_log import writer_pause
 
 REPEATS = 5
@@ -114,6 +114,10 @@ def main(argv: list[str] | None = None) -> int:
             raise AssertionError(f"the conversions differ at {rows} rows a call")
         write, size = write_us_per_call(a, len(calls), parquet_options(a.column_names))
         default, default_size = write_us_per_call(a, len(calls), {})
+        by_compression = {
+            c: write_us_per_call(a, len(calls), parquet_options(a.column_names, c))
+            for c in COMPRESSIONS
+        }
         out[f"rows_{rows}"] = {
             "together_us": round(together, 1),
             "paused_us": round(steps, 1),
@@ -124,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
             "write_ratio": round(default / write, 2),
             "bytes": size,
             "bytes_default": default_size,
+            "compressions": {
+                c: {"write_us": round(us, 1), "bytes": n} for c, (us, n) in by_compression.items()
+            },
             "table_rows": a.num_rows,
             "lock_wait_ms": {
                 "together": lock_wait_ms(lambda c=calls: calls_table(c)),

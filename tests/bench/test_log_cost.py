@@ -18,6 +18,10 @@ def test_quick_run_compares_the_two_conversions(capsys):
         assert cell["together_us"] > 0 and cell["one_at_a_time_us"] > 0 and cell["paused_us"] > 0
         assert cell["write_us"] > 0 and cell["write_default_us"] > 0 and cell["write_ratio"] > 0
         assert cell["bytes"] > 0 and cell["bytes_default"] > 0
+        by = cell["compressions"]
+        assert set(by) == {"snappy", "zstd", "none"}
+        assert by["snappy"]["bytes"] == cell["bytes"]  # the log's default options
+        assert all(c["write_us"] > 0 and c["bytes"] > 0 for c in by.values())
         for way in ("together", "paused"):
             waits = cell["lock_wait_ms"][way]
             assert 0 <= waits["p99"] <= waits["max"]

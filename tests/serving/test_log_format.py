@@ -102,6 +102,24 @@ def test_files_keep_dictionaries_and_statistics_for_the_metadata_only(tmp_path):
     assert {"feature.user", "output.score", "request_id", "row"} <= set(chunks)
 
 
+@pytest.mark.parametrize(
+    ("compression", "stored"), [("snappy", "SNAPPY"), ("zstd", "ZSTD"), ("none", "UNCOMPRESSED")]
+)
+def test_files_are_written_with_the_compression_asked_for(tmp_path, compression, stored):
+    table = calls_table([_call(f"r{i}", rows=4) for i in range(3)])
+    path = write_file(tmp_path / "lin" / file_name(1, 1, 0), table, compression)
+    assert pq.read_table(path).equals(table)
+    group = pq.ParquetFile(path).metadata.row_group(0)
+    assert {group.column(i).compression for i in range(group.num_columns)} == {stored}
+
+
+def test_an_unknown_compression_is_refused(tmp_path):
+    table = calls_table([_call("r0")])
+    with pytest.raises(ValueError, match=r"log compression must be one of \('snappy'"):
+        write_file(tmp_path / "x.parquet", table, "gzip")
+    assert not list(tmp_path.iterdir())
+
+
 def test_calls_whose_features_differ_in_order_or_kind_convert_as_one_by_one():
     """The features of a call in another order, or as lists rather than arrays, make runs of
     their own; the rows equal those of each call converted alone."""

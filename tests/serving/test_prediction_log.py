@@ -60,7 +60,7 @@ def _predict(stub, feats: dict[str, np.ndarray], request_id: str) -> np.ndarray:
 def test_logged_rows_replay_to_the_served_scores(tmp_path):
     model = write_linear_model(tmp_path / "repo" / "lin" / "1", bias=-0.25)
     logs = tmp_path / "logs"
-    options = ServerOptions(log_dir=str(logs), log_flush_s=30.0)
+    options = ServerOptions(log_dir=str(logs), log_flush_s=30.0, log_compression="zstd")
     served = {}
     with ServerThread(tmp_path / "repo", options) as s:
         stub = prediction_service_pb2_grpc.PredictionServiceStub(grpc.insecure_channel(s.target))
@@ -77,6 +77,8 @@ def test_logged_rows_replay_to_the_served_scores(tmp_path):
     table = read_logs([logs])
     assert table.num_rows == sum(v.size for v in served.values()) == 15
     assert set(table.column("model").to_pylist()) == {"lin"}
+    group = pq.ParquetFile(log_files([logs])[0]).metadata.row_group(0)
+    assert group.column(0).compression == "ZSTD"  # the server's log_compression
     ids = table.column("request_id").to_pylist()
     rows = table.column("row").to_numpy()
     logged = table.column("output.score").to_numpy()
@@ -189,6 +191,7 @@ def test_the_first_flush_imports_nothing(tmp_path):
         ({"rates": {"lin": -0.1}}, "rate of model 'lin' must be a number in [0, 1]"),
         ({"flush_s": 0}, "flush_s must be a number > 0, got 0"),
         ({"max_buffer_rows": 0}, "max_buffer_rows must be an integer >= 1, got 0"),
+        ({"compression": "lz4"}, "compression must be one of ('snappy', 'zstd', 'none'), got"),
     ],
 )
 def test_logger_rejects_bad_settings(tmp_path, kwargs, message):
@@ -275,16 +278,19 @@ def test_sigkill_under_load_leaves_only_readable_files(tmp_path):
 def test_log_flags_reach_the_options_and_the_workers():
     argv = ["serve", "--repo", "models", "--log-dir", "logs", "--log-rate", "0.25"]
     argv += ["--log-rate", "ctr=1", "--log-flush-seconds", "2", "--workers", "2"]
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args([*argv, "--log-compression", "zstd"])
     opts = serve._options(args)
     assert (opts.log_dir, opts.log_default_rate, opts.log_flush_s) == ("logs", 0.25, 2.0)
+    assert opts.log_compression == "zstd"
     assert opts.log_rates == (("ctr", 1.0),)
     worker = serve._worker_argv(args, 8500)
     assert worker[worker.index("--log-dir") + 1] == "logs"
     assert [worker[i + 1] for i, a in enumerate(worker) if a == "--log-rate"] == ["0.25", "ctr=1"]
     assert worker[worker.index("--log-flush-seconds") + 1] == "2.0"
+    assert worker[worker.index("--log-compression") + 1] == "zstd"
     defaults = serve._options(build_parser().parse_args(["serve", "--repo", "models"]))
     assert (defaults.log_dir, defaults.log_default_rate, defaults.log_rates) == (None, 1.0, ())
+    assert defaults.log_compression == "snappy"
 
 
 @pytest.mark.parametrize(
@@ -294,6 +300,7 @@ def test_log_flags_reach_the_options_and_the_workers():
         ({"log_rates": (("", 0.5),)}, "log_rates: a model name must be a non-empty string"),
         ({"log_default_rate": -1}, "log_default_rate must be a number in [0, 1], got -1"),
         ({"log_dir": ""}, "log_dir must be a folder path or None, got ''"),
+        ({"log_compression": "lz4"}, "log_compression must be snappy, zstd or none, got 'lz4'"),
     ],
 )
 def test_server_options_check_the_log_settings(kwargs, message):
