@@ -191,7 +191,7 @@ def test_the_first_flush_imports_nothing(tmp_path):
         ({"rates": {"lin": -0.1}}, "rate of model 'lin' must be a number in [0, 1]"),
         ({"flush_s": 0}, "flush_s must be a number > 0, got 0"),
         ({"max_buffer_rows": 0}, "max_buffer_rows must be an integer >= 1, got 0"),
-        ({"compression": "lz4"}, "compression must be one of ('snappy', 'zstd', 'none'), got"),
+        ({"compression": "lz4"}, "prediction log: compression must be one of"),
     ],
 )
 def test_logger_rejects_bad_settings(tmp_path, kwargs, message):
