@@ -26,8 +26,8 @@
     stitchrec fuse explain SAVED_MODEL [--batch N] [--signature NAME] [--json FILE] ...
 
 Each command's flags come from its function in ``pipelines.cli_args`` or, for the data
-commands, ``pipelines.cli_args_data``, for ``daily``, ``pipelines.cli_args_daily``, for ``skew``,
-``pipelines.cli_args_skew`` (argparse
+commands, ``pipelines.cli_args_data``, for ``daily``, ``pipelines.cli_args_daily``, for ``serve``,
+``pipelines.cli_args_serve``, for ``skew``, ``pipelines.cli_args_skew`` (argparse
 only); the module that runs it (TensorFlow and all) is imported only when the command runs, so
 ``stitchrec --help`` starts in a fraction of a second.
 
@@ -54,7 +54,7 @@ from features.crosses.fives_config import FivesDataError
 from features.read_report import DataError
 from features.schema import SchemaError
 from features.tasks import JobError
-from pipelines import cli_args, cli_args_daily, cli_args_data, cli_args_skew
+from pipelines import cli_args, cli_args_daily, cli_args_data, cli_args_serve, cli_args_skew
 from pipelines.config import ConfigError
 from pipelines.errors import UsageError
 from pipelines.stderr_filter import filtered_stderr
@@ -81,7 +81,7 @@ COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     cli_args.evaluate,
     cli_args_data.predict,
     cli_args.crosses,
-    cli_args.serve,
+    cli_args_serve.serve,
     cli_args.ab,
     cli_args_skew.skew,
     cli_args_daily.daily,

@@ -20,7 +20,7 @@ the operator's ``PROMETHEUS_MULTIPROC_DIR``, or a temporary folder removed at ex
 process serves one ``/metrics`` adding them up (``serving.metrics.AggregatedMetrics``). With
 ``--probe-port`` this process runs the probe process (``serving.probes``) over one heartbeat file
 per worker: live and ready when every worker is. The flags are defined in
-``pipelines.cli_args``.
+``pipelines.cli_args_serve``.
 """
 
 from __future__ import annotations

@@ -24,6 +24,8 @@ import json
 import math
 import os
 import shutil
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -74,6 +76,24 @@ class ServerThread:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def serve_process(*args: str) -> tuple[subprocess.Popen, dict[str, Any]]:
+    """``stitchrec serve ARGS`` in a child process (this checkout first on its PYTHONPATH,
+    standard output piped) and the JSON line it prints once serving."""
+    root = Path(__file__).resolve().parents[1]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])),
+    }
+    cmd = [sys.executable, "-m", "pipelines.cli", "serve", *args]
+    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        return proc, json.loads(proc.stdout.readline())
+    except ValueError:
+        proc.kill()
+        proc.wait()
+        raise RuntimeError(f"stitchrec serve {' '.join(args)} printed no JSON line") from None
 
 
 def wait_until(cond: Any, timeout: float = 30.0) -> None:

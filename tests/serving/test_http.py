@@ -24,7 +24,13 @@ from protos import grpc_service_pb2 as kserve_pb2
 from protos import grpc_service_pb2_grpc as kserve_grpc
 from serving.batching import BatchingConfig
 from serving.config import Limits, ServerOptions
-from serving.testing import ServerThread, reference_score, wait_until, write_linear_model
+from serving.testing import (
+    ServerThread,
+    reference_score,
+    serve_process,
+    wait_until,
+    write_linear_model,
+)
 from serving.version_files import atomic_dir
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -313,15 +319,12 @@ def test_tokens_then_ready_is_503_from_the_start_of_the_drain(repo):
 
 def test_cli_serve_http_port(tmp_path):
     write_linear_model(tmp_path / "lin" / "1", bias=0.0)
-    cmd = [
-        sys.executable, "-m", "pipelines.cli", "serve", "--repo", str(tmp_path), "--host",
-        "127.0.0.1", "--port", "0", "--http-port", "0", "--poll-seconds", "0",
-        "--log-level", "WARNING", "--drain-seconds", "0", "--grace-seconds", "1",
-    ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
+    proc, line = serve_process(
+        "--repo", str(tmp_path), "--host", "127.0.0.1", "--port", "0", "--http-port", "0",
+        "--poll-seconds", "0", "--log-level", "WARNING", "--drain-seconds", "0",
+        "--grace-seconds", "1",
+    )  # fmt: skip
     try:
-        line = json.loads(proc.stdout.readline())
         port = line["http_port"]
         assert isinstance(port, int) and port > 0
         t0 = time.monotonic()

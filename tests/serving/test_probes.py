@@ -8,8 +8,6 @@ import http.client
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,9 +16,7 @@ import pytest
 from serving import probes
 from serving.config import ServerOptions
 from serving.probes import Heartbeat, ProbeProcess, health, read_beat
-from serving.testing import ServerThread, wait_until, write_linear_model
-
-ROOT = Path(__file__).resolve().parents[2]
+from serving.testing import ServerThread, serve_process, wait_until, write_linear_model
 
 
 def _get(port: int, path: str) -> tuple[int, dict, float]:
@@ -123,14 +119,11 @@ def test_workers_are_probed_together(tmp_path):
     """``--workers 2 --probe-port 0``: ready once both workers beat; a worker killed makes
     the server not ready (its heartbeat ages); SIGTERM ends the probe process too."""
     write_linear_model(tmp_path / "lin" / "1", bias=0.0)
-    cmd = [
-        sys.executable, "-m", "pipelines.cli", "serve", "--repo", str(tmp_path), "--port", "0",
-        "--workers", "2", "--probe-port", "0", "--poll-seconds", "0", "--log-level", "WARNING",
-    ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
+    proc, line = serve_process(
+        "--repo", str(tmp_path), "--port", "0", "--workers", "2", "--probe-port", "0",
+        "--poll-seconds", "0", "--log-level", "WARNING",
+    )  # fmt: skip
     try:
-        line = json.loads(proc.stdout.readline())
         port = line["probe_port"]
         wait_until(lambda: _get(port, "/v2/health/ready")[0] == 200, timeout=120)
         assert _get(port, "/v2/health/live")[:2] == (200, {"live": True})
