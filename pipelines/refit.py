@@ -87,6 +87,7 @@ def refit_config(
         raise UsageError(
             f"--run {str(run)!r} was fitted by L-BFGS (no learning rate): leave out --learning-rate"
         )
+    selected_c = _selected_c(run, paths) if exact else None  # read before anything is written
     out = (output if output is not None else run.with_name(run.name + SUFFIX)).resolve()
     schema = out / SCHEMA_FILE  # the schema RUN read its shards with (columns named by field)
     out.mkdir(parents=True, exist_ok=True)
@@ -110,7 +111,7 @@ def refit_config(
         tc = dataclasses.replace(
             cfg.train,
             optimizer=trained,
-            lbfgs_c=(_selected_c(run, paths),),
+            lbfgs_c=(selected_c,),
             early_stopping=None,
             seed=seed,
         )

@@ -226,3 +226,10 @@ def test_refit_fits_the_selected_c_on_training_and_validation_rows(tmp_path, cap
     te = pq.read_table(data["test"]).to_pandas()
     got = serve(**{k: tf.constant(te[k].to_numpy().astype(str)) for k in ("a", "b")})["score"]
     np.testing.assert_allclose(got.numpy(), expected, atol=1e-4)
+    (tmp_path / "run" / "train_report.json").write_text('{"lbfgs": ')  # damaged
+    again = tmp_path / "again"
+    assert main(["refit", "--run", str(tmp_path / "run"), "--output", str(again)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "train_report.json' is not valid JSON" in err[0], err
+    assert err[0].endswith("expected the report `stitchrec train` writes")
+    assert not again.exists()  # refused before anything is written
