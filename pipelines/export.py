@@ -234,7 +234,7 @@ def export_run(
     see ``export_saved_model``)."""
     model, schema, ckpt = load_trained_model(run_dir)
     paths = RunPaths(Path(run_dir))
-    stats = run_stats(paths)
+    stats = DatasetStats.check(paths.stats)  # unreadable statistics stop it before any work
     out = Path(output) if output else next_version(paths.exports)
     with atomic_dir(out) as tmp:
         export_saved_model(
@@ -248,12 +248,6 @@ def export_run(
         )
         shutil.copy(stats, tmp / ASSETS_EXTRA / STATS_FILE)
     return out
-
-
-def run_stats(paths: RunPaths) -> Path:
-    """The run's ``stats.json``, checked first (``DatasetStats.check``): statistics that cannot
-    be read stop an export with an error naming the file instead of being copied into it."""
-    return DatasetStats.check(paths.stats)
 
 
 def saved_model_bytes(path: str | Path) -> dict[str, int]:
@@ -428,7 +422,7 @@ def _save_ensemble(
     """The SavedModel of ``EnsembleServingModule(models)`` at ``out`` (replaced), with the
     assets of run ``paths`` and ``meta`` in ``stitchrec.json``."""
     schema = load_schema(paths.schema)
-    stats = run_stats(paths)
+    stats = DatasetStats.check(paths.stats)
     fields = list(schema.model_inputs)
     module = EnsembleServingModule(models, fields, combine)
     with atomic_dir(out) as tmp:

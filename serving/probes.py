@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import mmap
-import os
 import signal
 import struct
 import subprocess
@@ -143,11 +142,8 @@ class ProbeProcess:
         argv = [sys.executable, "-m", "serving.probes", "--host", host, "--port", str(port)]
         for path in paths:
             argv += ["--heartbeat", str(path)]
-        root = str(Path(__file__).resolve().parents[1])
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(x for x in (root, env.get("PYTHONPATH")) if x)
-        self.process = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True
+        self.process = subprocess.Popen(  # as the workers of --workers: the installed package
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
         )
         line = self.process.stdout.readline()
         try:
