@@ -18,6 +18,9 @@ from pathlib import Path
 
 # serving.tracing's forms: a span per stage of a call, or one span per call with the stages' times
 TRACE_DETAILS = ("stages", "call")
+#: the prediction log files' Parquet compressions: snappy (the default: every reader reads it),
+#: zstd (smaller, more CPU to write), none (the least CPU, the largest files)
+LOG_COMPRESSIONS = ("snappy", "zstd", "none")
 
 
 class BindError(ValueError):
@@ -286,7 +289,7 @@ class ServerOptions:
                 raise ValueError(f"{what} must be a number in [0, 1], got {rate!r}")
         if not 0 < self.log_flush_s <= 3600:
             raise ValueError(f"log_flush_s must be in (0, 3600] seconds, got {self.log_flush_s}")
-        if self.log_compression not in ("snappy", "zstd", "none"):
+        if self.log_compression not in LOG_COMPRESSIONS:
             raise ValueError(
                 f"log_compression must be snappy, zstd or none, got {self.log_compression!r}"
             )

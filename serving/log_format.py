@@ -38,6 +38,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from serving.calls import ScoredCall
+from serving.config import LOG_COMPRESSIONS
 
 FEATURE_PREFIX = "feature."
 OUTPUT_PREFIX = "output."
@@ -68,9 +69,8 @@ SUFFIX = ".parquet"
 #: features' and outputs' values are stored plain (Parquet's default, a dictionary per column,
 #: costs twice the CPU per file and makes its files larger on high-cardinality ids)
 DICTIONARY_COLUMNS = ("request_id", "protocol", "model", "signature", "arm")
-#: the log files' Parquet compressions: snappy (the default: every reader reads it), zstd
-#: (smaller, more CPU to write), none (the least CPU, the largest files)
-COMPRESSIONS = ("snappy", "zstd", "none")
+#: the log files' Parquet compressions (``serving.config.LOG_COMPRESSIONS``)
+COMPRESSIONS = LOG_COMPRESSIONS
 #: with ``pause``: the most rows converted in one piece (a column of a piece: well under 1 ms)
 PIECE_ROWS = 4096
 #: with ``pause``: calls whose layout is read between two pauses
