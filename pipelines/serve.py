@@ -14,7 +14,8 @@
                      [--log-compression snappy|zstd|none]]
 
 With ``--workers N > 1`` the command reserves the port (and the HTTP port), starts N server
-processes that bind them with SO_REUSEPORT, forwards SIGTERM/SIGINT to them and waits. With
+processes that bind them with SO_REUSEPORT, forwards SIGTERM/SIGINT to them and waits; a
+worker gets SIGTERM from the kernel if the supervisor dies (``_follow_supervisor``). With
 ``--metrics-port`` the workers write their metrics to one folder (Prometheus multiprocess mode:
 the operator's ``PROMETHEUS_MULTIPROC_DIR``, or a temporary folder removed at exit) and this
 process serves one ``/metrics`` adding them up (``serving.metrics.AggregatedMetrics``). With
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
 import json
 import os
 import shutil
@@ -52,6 +54,9 @@ from serving.metrics import MULTIPROC_ENV, AggregatedMetrics
 from serving.probes import Heartbeat, ProbeProcess
 
 WAIT_POLL_S = 0.2  # how often the supervisor of `--workers N` looks for exited workers
+#: the supervisor's process id, in each worker's environment (``_follow_supervisor``)
+SUPERVISOR_ENV = "STITCHREC_SUPERVISOR_PID"
+_PR_SET_PDEATHSIG = 1  # prctl(2)
 
 
 def _options(args: argparse.Namespace) -> ServerOptions:
@@ -182,7 +187,8 @@ def _run_workers(args: argparse.Namespace) -> int:
             cmd = [sys.executable, "-m", "pipelines.cli", *_worker_argv(args, port)]
             if probes is not None:
                 cmd += ["--heartbeat-file", str(probes.files[i])]
-            procs.append(subprocess.Popen(cmd, env={**env, "STITCHREC_WORKER_INDEX": str(i)}))
+            worker_env = {**env, "STITCHREC_WORKER_INDEX": str(i), SUPERVISOR_ENV: str(os.getpid())}
+            procs.append(subprocess.Popen(cmd, env=worker_env))
         print(json.dumps(line), flush=True)
 
         def forward(signum: int, _frame: object) -> None:
@@ -205,7 +211,8 @@ def _run_workers(args: argparse.Namespace) -> int:
 
 class _WorkerProbes:
     """The supervisor's probe process over one heartbeat file per worker (``files``), in a
-    folder of its own removed by ``close``."""
+    folder of its own removed by ``close`` (or by the probe process, when the supervisor
+    dies)."""
 
     def __init__(self, args: argparse.Namespace):
         self.folder = Path(tempfile.mkdtemp(prefix="stitchrec-heartbeats-"))
@@ -213,7 +220,9 @@ class _WorkerProbes:
         for f in self.files:  # no beat yet: neither live nor ready until the worker beats
             Heartbeat(f).close()
         try:
-            self.process = ProbeProcess(args.probe_host or args.host, args.probe_port, self.files)
+            self.process = ProbeProcess(
+                args.probe_host or args.host, args.probe_port, self.files, remove=self.folder
+            )
         except OSError as e:
             shutil.rmtree(self.folder, ignore_errors=True)
             raise UsageError(f"--probe-port {args.probe_port}: {e}") from None
@@ -321,6 +330,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace, options: ServerOptions) -> int:
     """One server process: the only one, or a worker of ``--workers N``."""
+    supervisor = os.environ.get(SUPERVISOR_ENV)
+    if supervisor is not None and not _follow_supervisor(int(supervisor)):
+        return 0  # the supervisor of --workers is gone already: nothing to serve for
     # TensorFlow and the server load here, not at the top: the supervisor of `--workers N`
     # (``_run_workers``) only starts and signals the workers and stays a small process.
     import tensorflow as tf
@@ -337,3 +349,12 @@ def _serve(args: argparse.Namespace, options: ServerOptions) -> int:
         return asyncio.run(serve_forever(address, args.repo, options, grace=args.grace_seconds))
     except BindError as e:  # a port in use or an address not of this machine
         raise UsageError(str(e)) from None
+
+
+def _follow_supervisor(pid: int) -> bool:
+    """Asks the kernel to send this worker of ``--workers`` SIGTERM (the graceful stop) when
+    its supervisor, process ``pid``, dies, even by SIGKILL (Linux's ``PR_SET_PDEATHSIG``; on
+    other systems nothing). False when the supervisor is gone already."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
+    return os.getppid() == pid

@@ -43,7 +43,7 @@ class ServerProbes:
             host, port = self.options.probe_host, self.options.probe_port
             try:
                 self._process = await asyncio.to_thread(
-                    ProbeProcess, host, port, [self.heartbeat.path]
+                    ProbeProcess, host, port, [self.heartbeat.path], self._folder
                 )
             except OSError as e:
                 raise BindError(f"cannot serve the probes on {host}:{port}: {e}") from None

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import mmap
+import shutil
 import signal
 import struct
 import subprocess
@@ -121,9 +122,10 @@ def _handler(paths: list[str]) -> type[BaseHTTPRequestHandler]:
     return Probe
 
 
-def serve(host: str, port: int, paths: list[str]) -> None:
+def serve(host: str, port: int, paths: list[str], remove: str | None = None) -> None:
     """Serves the probes on ``host:port`` (0: any free port), printing ``{"port": N}`` as the
-    first line of standard output; returns when standard input closes."""
+    first line of standard output; returns when standard input closes (the parent stopped it
+    or died), then removes the folder ``remove`` (the heartbeats' own) if given."""
     server = ThreadingHTTPServer((host, port), _handler(paths))
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -132,16 +134,24 @@ def serve(host: str, port: int, paths: list[str]) -> None:
     sys.stdin.buffer.read()  # until the parent closes it (or dies)
     server.shutdown()
     server.server_close()
+    if remove is not None:
+        shutil.rmtree(remove, ignore_errors=True)
 
 
 class ProbeProcess:
     """The probe process over the heartbeat files ``paths``, on ``host:port`` (0: a free
-    port, then ``port`` is the one it bound)."""
+    port, then ``port`` is the one it bound). With ``remove`` (a folder: the heartbeats'),
+    the process removes that folder when it ends, which it does when its parent stops it or
+    dies, so a parent killed by SIGKILL leaves no folder behind."""
 
-    def __init__(self, host: str, port: int, paths: list[str | Path]):
+    def __init__(
+        self, host: str, port: int, paths: list[str | Path], remove: str | Path | None = None
+    ):
         argv = [sys.executable, "-m", "serving.probes", "--host", host, "--port", str(port)]
         for path in paths:
             argv += ["--heartbeat", str(path)]
+        if remove is not None:
+            argv += ["--remove-on-exit", str(remove)]
         self.process = subprocess.Popen(  # as the workers of --workers: the installed package
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
         )
@@ -171,9 +181,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--heartbeat", action="append", required=True, help="a heartbeat file")
+    p.add_argument("--remove-on-exit", help="a folder to remove when the process ends")
     args = p.parse_args(argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a stop is the parent's: it closes our input
-    serve(args.host, args.port, args.heartbeat)
+    serve(args.host, args.port, args.heartbeat, args.remove_on_exit)
     return 0
 
 

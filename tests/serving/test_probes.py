@@ -75,6 +75,18 @@ def test_the_probe_process_answers_from_the_heartbeat(tmp_path):
     assert proc.process.returncode == 0
 
 
+def test_the_probe_process_removes_its_folder_when_its_parent_closes_its_input(tmp_path):
+    folder = tmp_path / "beats"
+    folder.mkdir()
+    _write_beat(folder / "beat", 0.0, True)
+    proc = ProbeProcess("127.0.0.1", 0, [folder / "beat"], remove=folder)
+    assert _get(proc.port, "/v2/health/ready")[0] == 200
+    proc.process.stdin.close()  # what a parent's death does to it
+    assert proc.process.wait(30) == 0
+    assert not folder.exists()
+    proc.stop()
+
+
 def test_a_server_is_probed_while_its_event_loop_is_held_up(tmp_path):
     write_linear_model(tmp_path / "lin" / "1", bias=0.0)
     srv = ServerThread(tmp_path, ServerOptions(probe_port=0, poll_interval_s=0, drain_s=1.0))
@@ -139,6 +151,41 @@ def test_workers_are_probed_together(tmp_path):
             proc.wait(30)
     with pytest.raises(OSError):
         _get(port, "/v2/health/live")
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_killed_supervisor_stops_its_workers_and_leaves_no_heartbeats(tmp_path, monkeypatch):
+    """SIGKILL of ``serve --workers 2 --probe-port 0``: the workers get SIGTERM from the kernel
+    (and drain), the probe process ends and removes the heartbeat folder."""
+    write_linear_model(tmp_path / "lin" / "1", bias=0.0)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    proc, line = serve_process(
+        "--repo", str(tmp_path), "--port", "0", "--workers", "2", "--probe-port", "0",
+        "--poll-seconds", "0", "--drain-seconds", "0", "--log-level", "WARNING",
+    )  # fmt: skip
+    try:
+        wait_until(lambda: _get(line["probe_port"], "/v2/health/ready")[0] == 200, timeout=120)
+        children = _children(proc.pid)
+        assert len(children) == 3  # two workers, one probe process
+        assert [f.name[:21] for f in tmp.iterdir()] == ["stitchrec-heartbeats-"]
+    finally:
+        proc.kill()
+        proc.wait(30)
+    try:
+        wait_until(lambda: not any(_running(c) for c in children), timeout=60)
+    finally:
+        for c in filter(_running, children):  # left running: the test fails, nothing stays
+            os.kill(c, signal.SIGKILL)
+    assert list(tmp.iterdir()) == []
 
 
 def _cmdline(pid: int) -> bytes:
