@@ -211,14 +211,6 @@ class ModelVersion:
             return {}
         return {f["name"]: f["group"] for f in fields if "name" in f and f.get("group")}
 
-    @property
-    def metadata(self) -> dict[str, Any]:
-        meta = self.path / "assets.extra" / "stitchrec.json"
-        try:
-            return json.loads(meta.read_text()) if meta.exists() else {}
-        except json.JSONDecodeError:
-            return {}
-
     def next_instance(self) -> int:
         """The instance for a call outside the batcher (round robin)."""
         return next(self._round_robin)
