@@ -220,10 +220,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         (out / f"seed-{args.seed}.json").write_text(json.dumps(child(args)))
         return 0
-    from bench.compiler import workload
+    from bench.compiler.data import write_data  # no TensorFlow in this process: the children
 
     t0 = time.time()
-    workload.write_data(out / "work", args.rows)
+    write_data(out / "work", args.rows)
     procs = []
     for i in range(args.processes):
         seed = args.seed + i

@@ -25,11 +25,11 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from bench.compiler.data import write_data  # noqa: F401  (the data of every workload)
 from compiler_opt import FuseSpec, fuse
 from compiler_opt.embedding_op import layer as emb_layer
 from compiler_opt.table_fusion import HorizontalEmbeddingCollection, load_unfused
 from embeddings.forms import Embedded, Form
-from features import synthetic, synthetic_config
 from features.dataset import input_signature, iter_batches, iter_record_batches, list_parquet
 from features.schema import load_schema
 from features.stats import compute_stats
@@ -68,14 +68,6 @@ def sgd_step(model: Any, optimizer: Any, core: Any) -> Any:
         return loss
 
     return train_step
-
-
-def write_data(work: Path, rows: int, seed: int = 0) -> Path:
-    """Synthetic Criteo-layout data under ``work/data`` (reused when present)."""
-    data_dir = work / "data"
-    if not (data_dir / "ground_truth.json").exists():
-        synthetic.write_dataset(synthetic_config.SyntheticConfig(rows=rows, seed=seed), data_dir)
-    return data_dir
 
 
 def build(
