@@ -23,7 +23,8 @@ cannot leak into its input (a table built on the same rows would hand the model 
    and 300 / 1,500 steps against the table, on the synthetic split.
 
 Writes ``results.json`` under ``--out`` and prints the tables docs/pcf_gnn.md shows.
-``--prepare-only`` stops after writing the data, its A/B split and the pair choice.
+``--prepare-only`` stops after writing the data, its A/B split and the pair choice (it loads no
+TensorFlow: the modules that train import it where they run).
 """
 
 from __future__ import annotations
@@ -45,14 +46,10 @@ import pipelines  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow load
 from features import convert, synthetic, synthetic_config
 from features.crosses.pcf_build import build_graph, count_pairs
 from features.crosses.pcf_config import PCFGNNConfig
-from features.crosses.pcf_gnn import evaluate_pairs, pair_graph_like, pretrain
 from features.crosses.pcf_graph import PairGraph, Relation
-from features.dataset import iter_record_batches, list_parquet
 from features.schema import Schema, load_schema
+from features.shard_reader import iter_record_batches, list_parquet
 from pipelines.config import config_from_dict
-from pipelines.run.model import table_layer
-from pipelines.train import train
-from ranking.pair_stats import PairStatsGNN
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARED = Path(os.environ.get("STITCHREC_SHARED_DATA", ROOT.parent / "shared" / "data"))
@@ -145,6 +142,8 @@ def prepare_synthetic(work: Path, rows: int, fraction: float) -> dict[str, Any]:
 
 
 def held_out_graph(schema: Schema, graph: PairGraph, files: list[Path]) -> PairGraph:
+    from features.crosses.pcf_gnn import pair_graph_like
+
     tables, _ = count_pairs(schema, iter_record_batches(schema, files), graph.pairs, graph.vocab)
     rels = [
         Relation(
@@ -160,6 +159,8 @@ def held_out_graph(schema: Schema, graph: PairGraph, files: list[Path]) -> PairG
 
 
 def _train_run(ds: dict[str, Any], run: Path, seed: int, variant: str, artifact: Path) -> float:
+    from pipelines.train import train
+
     train_dirs = [str(ds["A"]), str(ds["B"])] if variant == "base_AB" else [str(ds["B"])]
     cfg: dict[str, Any] = {
         "output_dir": str(run),
@@ -190,6 +191,10 @@ def _mean_std(values: list[float]) -> dict[str, float]:
 def run_dataset(
     ds: dict[str, Any], seeds: list[int], work: Path, gnn: dict[str, Any], small_dim: int
 ) -> dict:
+    from features.crosses.pcf_gnn import evaluate_pairs, pretrain
+    from pipelines.run.model import table_layer
+    from ranking.pair_stats import PairStatsGNN
+
     schema = load_schema(ds["schema"])
     name = ds["name"]
     t0 = time.time()
@@ -258,6 +263,8 @@ def _summary(gm: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def run_cost(work: Path, rows: int, gnn: dict[str, Any]) -> dict[str, Any]:
+    from features.crosses.pcf_gnn import pretrain
+
     d = work / f"synthetic_{rows}"
     if not (d / "ground_truth.json").exists():
         synthetic.write_dataset(synthetic_config.SyntheticConfig(rows=rows, seed=0), d)
@@ -292,6 +299,10 @@ def run_cost(work: Path, rows: int, gnn: dict[str, Any]) -> dict[str, Any]:
 def run_capacity(ds: dict[str, Any], work: Path, gnn: dict[str, Any]) -> dict[str, Any]:
     """Statistic prediction only (seed 0): does more capacity or training close the gap to the
     table on seen pairs? Node size x steps, against the table, per pair."""
+    from features.crosses.pcf_gnn import evaluate_pairs, pretrain
+    from pipelines.run.model import table_layer
+    from ranking.pair_stats import PairStatsGNN
+
     schema = load_schema(ds["schema"])
     graph = build_graph(schema, list_parquet(ds["A"]), ds["pairs"], log=_log)
     held = held_out_graph(schema, graph, list_parquet([ds["B"], ds["test"]]))
