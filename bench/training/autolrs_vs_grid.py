@@ -10,7 +10,9 @@ with ``--seeds`` seeds each. Printed per dataset:
 - steps to reach the grid choice's best validation AUC (seed 0's): the first evaluation at or
   above it; for AutoLRS the trained steps plus the search steps spent up to there (None when
   it never gets there), and their ratio;
-- test AUC of each run's selected (best validation) checkpoint, at equal trained steps;
+- test AUC of each run's selected (best validation) checkpoint, at equal trained steps, with
+  the paired bootstrap of AutoLRS minus the grid choice per seed and of its mean over the seeds
+  (``bench.training.quality.paired_over_seeds``);
 - wall time (training and validation, AutoLRS's search included; not the data preparation):
   the whole grid against one AutoLRS run.
 
@@ -32,7 +34,7 @@ import pyarrow.parquet as pq
 import tensorflow as tf
 
 from bench.training.lr_baseline import REPO, bench_parser, converted, dataset_configs
-from bench.training.quality import paired, test_scores
+from bench.training.quality import paired, paired_over_seeds, test_scores
 from features.dataset import list_parquet
 from features.schema import load_schema
 from pipelines.config import config_from_dict
@@ -114,6 +116,7 @@ def bench_dataset(name: str, args: Any, work: Path) -> dict[str, Any] | None:
             run(shards, work / f"a{seed}", seed, {"lr_schedule": "autolrs"}, args, spe)
         )
     pairs = []  # the paired bootstrap of test AUC, autolrs - grid choice, seed by seed
+    scores: dict[str, list[np.ndarray]] = {"grid": [], "autolrs": []}
     for seed in range(args.seeds):
         grid_dir = work / (
             "grid" + str([k for k, _ in GRID].index(choice)) if not seed else f"c{seed}"
@@ -125,7 +128,9 @@ def bench_dataset(name: str, args: Any, work: Path) -> dict[str, Any] | None:
                 for f in list_parquet(test)
             ]
         )
-        pairs.append(paired(y, test_scores(grid_dir, test), test_scores(work / f"a{seed}", test)))
+        scores["grid"].append(test_scores(grid_dir, test))
+        scores["autolrs"].append(test_scores(work / f"a{seed}", test))
+        pairs.append(paired(y, scores["grid"][-1], scores["autolrs"][-1]))
     return {
         "name": name,
         "choice": choice,
@@ -133,6 +138,7 @@ def bench_dataset(name: str, args: Any, work: Path) -> dict[str, Any] | None:
         "runs": runs,
         "grid_s": t_grid,
         "pairs": pairs,
+        "over_seeds": paired_over_seeds(y, scores["grid"], scores["autolrs"]),
     }
 
 
@@ -168,9 +174,15 @@ def report(result: dict[str, Any]) -> dict[str, Any]:
             f"{p['delta']:+.4f} [{p['ci_low']:+.4f}, {p['ci_high']:+.4f}]" for p in result["pairs"]
         )
     )
+    pooled = result["over_seeds"]
+    print(
+        f"  mean over the {len(result['pairs'])} seeds: {pooled['delta']:+.4f} "
+        f"[{pooled['ci_low']:+.4f}, {pooled['ci_high']:+.4f}] ({pooled['verdict']})"
+    )
     summary["paired"] = [
         {k: p[k] for k in ("delta", "ci_low", "ci_high", "verdict")} for p in result["pairs"]
     ]
+    summary["over_seeds"] = {k: pooled[k] for k in ("delta", "ci_low", "ci_high", "verdict")}
     return summary
 
 
