@@ -197,8 +197,9 @@ def paired_over_seeds(
 ) -> dict[str, Any]:
     """The paired bootstrap of the mean over seeds of test AUC, treatment - control: seed i's
     treatment against seed i's control, every seed on the same resamples of the test rows (1,000,
-    as ``paired``). Where one seed's interval holds 0, this one answers whether the recipe is
-    better on average over seeds."""
+    as ``paired``). The interval is over the test rows with these seeds' runs fixed: it says
+    whether these runs are better on average on the rows' population, not how another seed's
+    run would do (the spread of the seeds' own deltas says that)."""
     kernels = {}
     for i, (c, t) in enumerate(zip(controls, treatments, strict=True)):
         kernels[("control", i)] = bootstrap.AUCKernel(labels, c)
