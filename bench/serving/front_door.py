@@ -62,7 +62,15 @@ from bench.serving import front_door_cells as cells
 from bench.serving.drive import Plan, uptime
 from bench.serving.front_door_report import aggregate, show
 from bench.serving.otlp_sink import OtlpSink
-from bench.serving.servers import MODEL, Proc, launch_ours, start_triton, triton_venv, wait_ours
+from bench.serving.servers import (
+    MODEL,
+    Proc,
+    launch_ours,
+    start_triton,
+    stop_all,
+    triton_venv,
+    wait_ours,
+)
 
 RANK = "/stitchrec.serving.RankingService/Rank"
 BATCHING = ["--max-queue-delay-us", "500", "--max-batch-size", "4096"]
@@ -125,8 +133,7 @@ def launch(b: Bench, servers: dict[str, tuple[Path, list[str]]]) -> dict[str, tu
     try:
         return {name: (p, wait_ours(p)) for name, p in procs.items()}
     except RuntimeError:
-        for p in procs.values():
-            p.stop()
+        stop_all(list(procs.values()))
         raise
 
 
@@ -295,8 +302,7 @@ def run_all(b: Bench, args: argparse.Namespace, cache: Path, notes: list[str]) -
         if "shadow" in args.sections:
             rows += run_shadow(b, servers)
     finally:
-        for proc, _ in servers.values():
-            proc.stop()
+        stop_all([proc for proc, _ in servers.values()])
         time.sleep(1.0)  # the exporters' last batches
         extra = {"spans_received": sink.counts(), "log_rows": log_rows(b.out / "prediction-log"),
                  "slow_matmuls": args.slow_matmuls, "shadow_version": 1, "primary_version": 2,

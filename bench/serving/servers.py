@@ -52,6 +52,7 @@ class Proc:
         self.kind = "stitchrec"
         self.info: dict = {}
         self.http_port: int | None = None
+        self.terminated = False
 
     def line(self, timeout: float = 300) -> dict:
         result: list[str] = []
@@ -62,9 +63,15 @@ class Proc:
             raise RuntimeError(f"server did not start; see {self.log.name}")
         return json.loads(result[0])
 
+    def terminate(self) -> None:
+        """Sends SIGTERM once, without waiting (``stop`` waits)."""
+        if self.p.poll() is None and not self.terminated:
+            self.p.send_signal(signal.SIGTERM)
+            self.terminated = True
+
     def stop(self) -> int:
         if self.p.poll() is None:
-            self.p.send_signal(signal.SIGTERM)
+            self.terminate()
             try:
                 self.p.wait(30)
             except subprocess.TimeoutExpired:
@@ -72,6 +79,14 @@ class Proc:
                 self.p.wait()
         self.log.close()
         return self.p.returncode
+
+
+def stop_all(procs: list[Proc]) -> None:
+    """Stops servers together: SIGTERM to every one, then waits for each (``Proc.stop``)."""
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        p.stop()
 
 
 def launch_ours(repo: Path, out: Path, tag: str, extra: list[str], workers: int = 1) -> Proc:

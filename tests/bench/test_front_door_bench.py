@@ -19,7 +19,7 @@ FORMS = {"grpc", "rank", "v2-json", "v2-binary", "tfs"}
 def test_quick_run_answers_every_cell(tmp_path):
     cmd = [
         sys.executable, "-m", "bench.serving.front_door", "--quick", "--no-triton",
-        "--model", "linear", "--sizes", "1", "--seconds", "0.5", "--warmup", "0.2",
+        "--model", "linear", "--sizes", "1", "--seconds", "0.3", "--warmup", "0.1",
         "--concurrency", "4", "--slow-matmuls", "4", "--rate", "50",
         "--cache", str(tmp_path / "cache"), "--out", str(tmp_path / "out"),
     ]  # fmt: skip
