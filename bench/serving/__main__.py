@@ -29,7 +29,8 @@ Then ``bench.serving.overload`` (bench model, Rank, 100 candidates, or ``--overl
 and a hot swap under load: the batching server polls its repository every 0.2 s while a
 version 2 is copied in and later removed; the generator counts failed requests and versions.
 
-Each cell runs ``--repeats`` times (default 3; ``--quick``: once, 1 s) after 1 s of warm-up.
+Each cell runs ``--repeats`` times (default 3; ``--quick``: once, 1 s) after ``--warmup`` seconds
+of warm-up (default 1; ``--quick``: 0.5).
 Ratios are of the means against Triton's on the same model, N and driver. Writes
 ``results.json`` under ``--out``, the load average beside every cell; ``--report results.json``
 prints an earlier run's tables again. The drivers share the machine's cores with the server.
@@ -217,6 +218,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--cache", default=str(Path.home() / ".cache" / "stitchrec-bench-serving"))
     p.add_argument("--quick", action="store_true", help="1 s per cell, once: checks it works")
     p.add_argument("--seconds", type=float, default=None, help="measured seconds per cell")
+    p.add_argument("--warmup", type=float, default=None,
+                   help="warm-up seconds per cell (default 1; --quick: 0.5)")  # fmt: skip
     p.add_argument("--repeats", type=int, default=None, help="runs of each cell (default 3)")
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--sizes", default="1,100", help="candidates per request, comma-separated")
@@ -241,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         return report(Path(args.report))
     plan = Plan(
         seconds=args.seconds or (1.0 if args.quick else 5.0),
-        warmup=0.5 if args.quick else 1.0,
+        warmup=args.warmup if args.warmup is not None else (0.5 if args.quick else 1.0),
         concurrency=args.concurrency,
         sizes=tuple(int(s) for s in args.sizes.split(",")),
         swap_seconds=4.0 if args.quick else 15.0,

@@ -182,7 +182,8 @@ def test_open_loop_sends_at_its_rate_whatever_the_answers(tmp_path):
 
 def test_quick_bench_on_the_linear_model(tmp_path):
     _bench(
-        "bench.serving", "--quick", "--seconds", "0.5", "--models", "linear", "--sizes", "100",
+        "bench.serving", "--quick", "--seconds", "0.3", "--warmup", "0.1", "--models", "linear",
+        "--sizes", "100",
         "--servers", "batching", "--overload-model", "linear", "--skip-hot-swap",
         "--out", str(tmp_path), "--cache", str(tmp_path / "cache"),
     )  # fmt: skip
