@@ -164,7 +164,7 @@ def test_autolrs_is_refused_without_validation_split_or_under_a_strategy(tiny_da
 def test_autolrs_with_dropout_resumes_after_sigkill_bitwise(tmp_path):
     """Killed mid-run, the resumed run continues the stage it was in (or searches again the one
     it was searching) and ends bitwise where the uninterrupted run ends, dropout included."""
-    data = write_tiny_dataset(tmp_path, rows=24_000, train_rows=20_000, seed=1)
+    data = write_tiny_dataset(tmp_path, rows=15_000, train_rows=12_000, seed=1)
     options = {"tau": 60, "tau_prime": 6, "candidates": 3, "val_every": 2}
     keys = {"batch_size": 64, "epochs": 1, "checkpoint_every": 20, "lr_schedule": "autolrs"}
 
