@@ -34,7 +34,9 @@ ab``, 1,000 resamples of the test rows) compares every seed's test scores with `
 the row prints the mean difference and how many seeds' 95% intervals exclude 0 on either side.
 ``--continue-over-validation`` adds a second table per dataset: every run continued for one
 epoch over its validation rows, against scikit-learn's LR refit on the training and validation
-rows (``bench.training.continued``). ``--latency`` also times the exported ensemble's ``serving_default`` against the single
+rows (``bench.training.continued``). ``--ensemble-cycles-per-epoch K`` and
+``--ensemble-learning-rate LR`` change the ``dcn_ensemble`` recipe's cycles (K per epoch, each
+from LR down to 0; docs/ensembles.md). ``--latency`` also times the exported ensemble's ``serving_default`` against the single
 model's (median of 50 calls on 512 test rows, same process).
 
 Datasets (``--datasets``): ``movielens`` (random 80/20 split), ``movielens_time`` (the last 20%
@@ -49,6 +51,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import platform
 import statistics
 import tempfile
@@ -57,6 +60,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow.parquet as pq
 import tensorflow as tf
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
@@ -66,6 +70,7 @@ from bench.training.lr_baseline import REPO, bench_parser, converted, dataset_co
 from features.dataset import field_tf_dtype, iter_batches, list_parquet
 from features.schema import load_schema
 from pipelines.config import config_from_dict
+from pipelines.config_train import TrainConfig
 from pipelines.evaluation import bootstrap
 from pipelines.evaluation.compare import compare_scores
 from pipelines.export import export_ensemble, export_run, load_checkpoint_model
@@ -80,8 +85,18 @@ METHODS = ("lr", "dcn", "dcn_plain", "dcn_autolrs", "dcn_ensemble")
 _TYPES = {"dcn": "dcn_v2", "fm": "fm", "dnn": "dnn"}
 
 
-def method_config(method: str, data: dict, out: Path, seed: int, epochs: int) -> Any:
-    """The config of one recipe's run."""
+def method_config(
+    method: str,
+    data: dict,
+    out: Path,
+    seed: int,
+    epochs: int,
+    cycles_per_epoch: int = 1,
+    ensemble_lr: float = 0.0,
+) -> Any:
+    """The config of one recipe's run. ``dcn_ensemble``: ``cycles_per_epoch`` > 1 sets the
+    cyclic schedule's ``cycle_steps`` to that fraction of an epoch of ``data["train"]``, and
+    ``ensemble_lr`` (> 0) the top of every cycle; else the config defaults."""
     base = method.split("_")[0]
     model: dict[str, Any] = {"type": _TYPES.get(base, "lr")}
     tc: dict[str, Any] = {"seed": seed, "log_every": 10**6}
@@ -91,6 +106,13 @@ def method_config(method: str, data: dict, out: Path, seed: int, epochs: int) ->
         tc["lr_schedule"] = "autolrs"
     if method == "dcn_ensemble":
         tc["ensemble"] = "auto"
+        if ensemble_lr > 0:
+            tc["learning_rate"] = ensemble_lr
+        if cycles_per_epoch > 1:
+            rows = sum(pq.ParquetFile(f).metadata.num_rows for f in list_parquet(data["train"]))
+            epoch = math.ceil(rows / TrainConfig.batch_size)
+            tc["lr_schedule"] = "cyclic"
+            tc["lr_schedule_options"] = {"cycle_steps": max(2, epoch // cycles_per_epoch)}
     if method.endswith("_plain"):  # no weight average, so Adam's rate 1e-3
         tc["weight_average"] = "none"
     if method.endswith("_wide"):
@@ -258,7 +280,16 @@ def run_method(method: str, data: dict, work: Path, seed: int, args: Any) -> dic
     if (out / "train_report.json").exists():  # finished by an earlier call: read back
         report = json.loads((out / "train_report.json").read_text())
     else:
-        report = train(method_config(method, data, out, seed, args.epochs), lambda _line: None)
+        cfg = method_config(
+            method,
+            data,
+            out,
+            seed,
+            args.epochs,
+            args.ensemble_cycles_per_epoch,
+            args.ensemble_learning_rate,
+        )
+        report = train(cfg, lambda _line: None)
     test_files = converted(out, data)["test"]  # the run's own test shards when it converted
     row = run_row(out, report, seed, test_files)
     ens = report.get("ensemble")
@@ -415,6 +446,18 @@ def main(argv: list[str] | None = None) -> None:
         default=0.0,
         help="movielens_time: validate on this fraction of the most recent training ratings "
         "(0: a random tenth of them)",
+    )
+    p.add_argument(
+        "--ensemble-cycles-per-epoch",
+        type=int,
+        default=1,
+        help="dcn_ensemble: cycles of the cyclic schedule per epoch (1: the default, one)",
+    )
+    p.add_argument(
+        "--ensemble-learning-rate",
+        type=float,
+        default=0.0,
+        help="dcn_ensemble: the top of every cycle (0: the config default)",
     )
     p.add_argument("--json", default="", help="write the summary here")
     args = p.parse_args(argv)

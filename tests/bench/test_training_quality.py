@@ -1,12 +1,15 @@
-"""bench.training.quality.paired_over_seeds: the paired bootstrap of the mean over seeds of test
-AUC, against AUCs computed by hand."""
+"""bench.training.quality: paired_over_seeds (the paired bootstrap of the mean over seeds of test
+AUC) against AUCs computed by hand, and the ensemble recipe's cycle options."""
 
 from __future__ import annotations
 
 import numpy as np
+import pyarrow.parquet as pq
 from sklearn.metrics import roc_auc_score
 
-from bench.training.quality import paired, paired_over_seeds
+from bench.training.quality import method_config, paired, paired_over_seeds
+from features.synthetic import write_dataset
+from features.synthetic_config import SyntheticConfig
 
 
 def _scores(rng: np.random.Generator, labels: np.ndarray, signal: float) -> np.ndarray:
@@ -42,3 +45,20 @@ def test_equal_arms_give_zero_and_one_seed_matches_the_seeds_own_pair():
     one, own = paired_over_seeds(y, [s], [t]), paired(y, s, t)
     assert abs(one["delta"] - own["delta"]) < 1e-12
     assert abs(one["ci_low"] - own["ci_low"]) < 0.01 and abs(one["ci_high"] - own["ci_high"]) < 0.01
+
+
+def test_the_ensemble_recipe_takes_shorter_cycles_and_a_top_rate(tmp_path):
+    write_dataset(SyntheticConfig(rows=3000, n_single=8, seed=0), tmp_path / "d", test_fraction=0.2)
+    data = {
+        "schema": str(tmp_path / "d" / "schema.toml"),
+        "train": [str(tmp_path / "d" / "train")],
+        "test": [str(tmp_path / "d" / "test")],
+    }
+    train_rows = sum(
+        pq.ParquetFile(f).metadata.num_rows for f in (tmp_path / "d" / "train").glob("*.parquet")
+    )
+    cfg = method_config("dcn_ensemble", data, tmp_path / "run", 0, 0, 4, 0.003)
+    assert cfg.train.lr_schedule == "cyclic" and cfg.train.learning_rate == 0.003
+    assert cfg.train.lr_schedule_options == {"cycle_steps": -(-train_rows // 256) // 4}
+    default = method_config("dcn_ensemble", data, tmp_path / "run", 0, 0)
+    assert default.train.lr_schedule != "cyclic" and default.train.learning_rate == 1e-3
