@@ -8,6 +8,15 @@ import json
 import os
 from pathlib import Path
 
+# Idle BLAS and OpenMP threads sleep at once instead of spinning. Under `-n 2` both cores are
+# busy, and a spinning thread takes the core its partner (or the other worker) needs: an
+# xgboost fit on 2 threads took 4 s spinning, 0.4 s passive; the scikit-learn fits of
+# test_synthetic 34 s, 4 s. The threads and how work is split among them stay the same: only
+# where they wait changes, not results. Set before numpy loads OpenBLAS (it reads them then);
+# subprocesses inherit them.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # libgomp: xgboost, scikit-learn
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")  # OpenBLAS (numpy, scipy): 2^4 cycles
+
 import pytest
 
 from tests import shared_runs
@@ -15,10 +24,6 @@ from tests.testdata import write_tiny_dataset
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-# OpenMP threads (xgboost, scikit-learn) sleep when idle instead of spinning: under `-n 2` both
-# cores are busy, and a spinning thread steals the core its partner needs (an xgboost fit on 2
-# threads took 4 s spinning, 0.4 s passive). Only where the threads wait changes, not results.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 ROOT = Path(__file__).resolve().parents[1]
 #: seconds of worker time per test file, measured on a 2-core machine (a fresh checkout's order)
