@@ -272,7 +272,8 @@ def run_dataset(name: str, args: argparse.Namespace, out: Path) -> dict[str, Any
     return {"dataset": name, "config": cfg.to_dict(), "runs": runs, "summary": summarize(runs)}
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m bench.preranking``."""
     p = argparse.ArgumentParser(
         prog="python -m bench.preranking", description=__doc__.split("\n")[0]
     )
@@ -346,7 +347,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=200)
     p.add_argument("--max-steps", type=int, default=0, help="cap training steps (smoke runs)")
     p.add_argument("--markdown", type=Path, help="print the tables of this results.json and exit")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     if args.markdown:
         print(markdown(json.loads(args.markdown.read_text())))
         return 0

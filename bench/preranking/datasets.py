@@ -93,7 +93,7 @@ def synthetic_groups(truth: dict[str, Any], rule: str) -> dict[str, str]:
 
 
 def synthetic_config(out: Path, args: argparse.Namespace) -> PipelineConfig:
-    data = out / "data"
+    data = out / "source"  # the generated files; the run converts them into out / "data"
     scfg = SyntheticConfig(
         rows=args.rows,
         num_numeric=4,
