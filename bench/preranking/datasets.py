@@ -43,9 +43,9 @@ def log(msg: str) -> None:
     print(msg, flush=True)
 
 
-def movielens_config(out: Path, args: argparse.Namespace) -> PipelineConfig:
-    cfg = load_config(ROOT / "configs" / "movielens.toml")
-    pr = PrerankConfig(
+def prerank_config(args: argparse.Namespace) -> PrerankConfig:
+    """The ``[preranking]`` section from the command line."""
+    return PrerankConfig(
         fscd_epochs=args.fscd_epochs,
         finetune_epochs=args.finetune_epochs,
         mlp=tuple(args.prerank_mlp),
@@ -53,6 +53,11 @@ def movielens_config(out: Path, args: argparse.Namespace) -> PipelineConfig:
         reg_weight=args.reg_weight,
         request_fields=args.request_fields,
     )
+
+
+def movielens_config(out: Path, args: argparse.Namespace) -> PipelineConfig:
+    cfg = load_config(ROOT / "configs" / "movielens.toml")
+    pr = prerank_config(args)
     train = dataclasses.replace(cfg.train, epochs=args.epochs, max_steps=args.max_steps)
     return dataclasses.replace(cfg, output_dir=str(out), train=train, preranking=pr)
 
@@ -118,14 +123,7 @@ def synthetic_config(out: Path, args: argparse.Namespace) -> PipelineConfig:
             schema = schema.replace_field(f.name, group=groups[f.name], cost=1.0)
     grouped = data / f"schema_grouped_{args.synthetic_groups}.toml"
     schema.save(grouped)
-    pr = PrerankConfig(
-        fscd_epochs=args.fscd_epochs,
-        finetune_epochs=args.finetune_epochs,
-        mlp=tuple(args.prerank_mlp),
-        model=args.prerank_model,
-        reg_weight=args.reg_weight,
-        request_fields=args.request_fields,
-    )
+    pr = prerank_config(args)
     return PipelineConfig(
         output_dir=str(out),
         data=DataConfig(
