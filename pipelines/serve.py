@@ -154,12 +154,19 @@ def _checked_options(args: argparse.Namespace) -> ServerOptions:
     )
 
 
-def _reserve_port(host: str, port: int) -> socket.socket:
-    """Binds (without listening) with SO_REUSEPORT, so workers can bind the same port."""
+def _reserve_port(host: str, port: int, what: str = "gRPC") -> socket.socket:
+    """Binds (without listening) with SO_REUSEPORT, so workers can bind the same port; an
+    address in use or not of this machine is a ``UsageError`` naming it (``what``: its
+    protocol)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     s = socket.socket(family, socket.SOCK_STREAM)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    s.bind((host, port))
+    try:
+        s.bind((host, port))
+    except OSError as e:
+        s.close()
+        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        raise UsageError(f"cannot bind the {what} address {address!r}: {e.strerror or e}") from None
     return s
 
 
@@ -173,7 +180,7 @@ def _run_workers(args: argparse.Namespace) -> int:
     probes = None
     try:
         if args.http_port is not None:
-            http = _reserve_port(args.http_host or args.host, args.http_port)
+            http = _reserve_port(args.http_host or args.host, args.http_port, "HTTP")
             args.http_port = http.getsockname()[1]
         line["http_port"] = args.http_port
         if args.probe_port is not None:
@@ -321,6 +328,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.workers < 1:
         raise UsageError(f"--workers must be >= 1, got {args.workers}")
     options = _options(args)  # validate before starting anything
+    if not Path(args.repo).is_dir():
+        raise UsageError(f"model repository {args.repo!r} is not a directory")
     if args.log_dir:
         check_output_path(args.log_dir, "--log-dir")
     if args.workers > 1:

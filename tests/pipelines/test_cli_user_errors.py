@@ -365,11 +365,22 @@ def test_serve_on_a_port_in_use_is_one_error_line(tmp_path, capsys):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        rc, err = _run(
-            capsys, "serve", "--repo", str(tmp_path), "--host", "127.0.0.1", "--port", str(port)
-        )
-    assert rc == 2
-    assert f"cannot bind the gRPC address '127.0.0.1:{port}'" in _one_error(err)
+        argv = ["serve", "--repo", str(tmp_path), "--host", "127.0.0.1"]
+        for workers in ("1", "2"):
+            rc, err = _run(capsys, *argv, "--port", str(port), "--workers", workers)
+            assert rc == 2, err
+            assert f"cannot bind the gRPC address '127.0.0.1:{port}'" in _one_error(err)
+        rc, err = _run(capsys, *argv, "--port", "0", "--http-port", str(port), "--workers", "2")
+        assert rc == 2, err
+        assert f"cannot bind the HTTP address '127.0.0.1:{port}'" in _one_error(err)
+
+
+def test_serve_workers_of_a_missing_repository_is_one_error_line(tmp_path, capsys):
+    missing = str(tmp_path / "missing")
+    rc = main(["serve", "--repo", missing, "--port", "0", "--workers", "2"])
+    out, err = capsys.readouterr()
+    assert rc == 2 and f"model repository {missing!r} is not a directory" in _one_error(err)
+    assert out == ""  # no worker started, no "serving" line
 
 
 def test_serve_on_a_probe_port_in_use_is_one_error_line(tmp_path, capsys):
