@@ -330,6 +330,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     options = _options(args)  # validate before starting anything
     if not Path(args.repo).is_dir():
         raise UsageError(f"model repository {args.repo!r} is not a directory")
+    options.check_tls_files()
     if args.log_dir:
         check_output_path(args.log_dir, "--log-dir")
     if args.workers > 1:

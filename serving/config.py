@@ -276,6 +276,13 @@ class ServerOptions:
         if self.tls_client_ca is not None and self.tls_cert is None:
             raise ValueError("tls_client_ca needs tls_cert and tls_key")
 
+    def check_tls_files(self) -> None:
+        """Raises FileNotFoundError naming a TLS file (certificate, key, client CA) that does
+        not exist: read when the server binds, checked before it starts anything."""
+        for path in (self.tls_cert, self.tls_key, self.tls_client_ca):
+            if path is not None and not Path(path).is_file():
+                raise FileNotFoundError(f"TLS file {path!r} does not exist")
+
     def _check_log(self) -> None:
         if self.log_dir is not None and (not isinstance(self.log_dir, str) or not self.log_dir):
             raise ValueError(f"log_dir must be a folder path or None, got {self.log_dir!r}")

@@ -163,13 +163,6 @@ class ServingServer:
         await self.grpc_server.wait_for_termination()
 
 
-def _read(path: str) -> bytes:
-    p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"TLS file {path!r} does not exist")
-    return p.read_bytes()
-
-
 def _repository(
     repo: str | Path | ModelRepository, options: ServerOptions, metrics: Metrics
 ) -> ModelRepository:
@@ -230,11 +223,14 @@ def _add_services(server: grpc.aio.Server, state: ServerState) -> HealthServicer
 
 def _bind(server: grpc.aio.Server, address: str, options: ServerOptions) -> int:
     """Binds ``address`` (TLS when ``options`` has a certificate and key); returns the port."""
+    options.check_tls_files()
     try:
         if options.tls_cert is not None and options.tls_key is not None:
             creds = grpc.ssl_server_credentials(
-                [(_read(options.tls_key), _read(options.tls_cert))],
-                root_certificates=_read(options.tls_client_ca) if options.tls_client_ca else None,
+                [(Path(options.tls_key).read_bytes(), Path(options.tls_cert).read_bytes())],
+                root_certificates=(
+                    Path(options.tls_client_ca).read_bytes() if options.tls_client_ca else None
+                ),
                 require_client_auth=options.tls_client_ca is not None,
             )
             port = server.add_secure_port(address, creds)

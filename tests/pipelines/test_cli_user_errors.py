@@ -375,12 +375,18 @@ def test_serve_on_a_port_in_use_is_one_error_line(tmp_path, capsys):
         assert f"cannot bind the HTTP address '127.0.0.1:{port}'" in _one_error(err)
 
 
-def test_serve_workers_of_a_missing_repository_is_one_error_line(tmp_path, capsys):
+def test_serve_workers_of_a_missing_repository_or_tls_file_is_one_error_line(tmp_path, capsys):
     missing = str(tmp_path / "missing")
     rc = main(["serve", "--repo", missing, "--port", "0", "--workers", "2"])
     out, err = capsys.readouterr()
     assert rc == 2 and f"model repository {missing!r} is not a directory" in _one_error(err)
     assert out == ""  # no worker started, no "serving" line
+    tls = ["--tls-cert", missing, "--tls-key", missing]
+    for workers in ("1", "2"):
+        rc = main(["serve", "--repo", str(tmp_path), "--port", "0", *tls, "--workers", workers])
+        out, err = capsys.readouterr()
+        assert rc == 2 and f"TLS file {missing!r} does not exist" in _one_error(err)
+        assert out == ""
 
 
 def test_serve_on_a_probe_port_in_use_is_one_error_line(tmp_path, capsys):
