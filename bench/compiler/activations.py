@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.compiler.data import write_data  # no TensorFlow: only the child processes load it
+
 ROOT = Path(__file__).resolve().parents[2]
 VARIANTS = ("backprop", "forward_ad", "recompute")
 #: the children's environment: the BFC allocator on the CPU, whose byte counters the memory
@@ -220,8 +222,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         (out / f"seed-{args.seed}.json").write_text(json.dumps(child(args)))
         return 0
-    from bench.compiler.data import write_data  # no TensorFlow in this process: the children
-
     t0 = time.time()
     write_data(out / "work", args.rows)
     procs = []
