@@ -5,6 +5,7 @@ tests on both workers instead of one worker finishing a long test alone."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -71,6 +72,18 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     recorded = cache.get(CACHE_KEY, {})
     recorded.update({k: round(v, 2) for k, v in _DURATIONS.items()})
     cache.set(CACHE_KEY, recorded)
+
+
+@pytest.fixture(autouse=True)
+def _stitchrec_logger_restored():
+    """Puts the ``stitchrec`` logger back as it was after each test. A command run in the test's
+    process (``main(["serve", ...])``) configures it as the server does: a handler on the
+    test's captured stderr, closed once the test ends, and no propagation to pytest's log
+    capture. Left so, every later test in the process would lose its log records."""
+    logger = logging.getLogger("stitchrec")
+    saved = (list(logger.handlers), logger.level, logger.propagate)
+    yield
+    logger.handlers[:], logger.level, logger.propagate = saved[0], saved[1], saved[2]
 
 
 def shared_data_dir() -> Path:
