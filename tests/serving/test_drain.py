@@ -103,9 +103,11 @@ def test_stop_drains_then_refuses_and_cancels_nothing(repo):
     assert during and {c for _, c in during} == {grpc.StatusCode.OK}
     assert NOT_SERVING in {st for t, st in health if t_stop < t < t_stop + DRAIN_S - 0.1}
     assert all(st == SERVING for t, st in health if t < t_stop)
-    # refused after the drain, not before
-    refused = [t0 for t0, _, c in calls if c == grpc.StatusCode.UNAVAILABLE]
-    assert len(refused) == 8 and min(refused) > t_stop + DRAIN_S - 0.1
+    # refused after the drain, not before: the server starts its drain after t_stop, so no
+    # refusal can reach the client before t_stop + DRAIN_S (when a refused call was sent says
+    # nothing: under load it may reach the server well after it was sent)
+    refused = [t1 for _, t1, c in calls if c == grpc.StatusCode.UNAVAILABLE]
+    assert len(refused) == 8 and min(refused) >= t_stop + DRAIN_S - 0.005
     # the Watch stream saw SERVING, then NOT_SERVING, and ended at the start of the stop
     assert [st for _, st in watch] == [SERVING, NOT_SERVING, "ended"]
     assert watch[-1][0] - t_stop < DRAIN_S / 2
