@@ -53,7 +53,9 @@ class ServingModule(tf.Module):
     def __init__(self, model: RankingModel, fields: list[FeatureSpec]):
         super().__init__(name="stitchrec_serving")
         self.model = model
-        self.serve = tf.function(self._serve, input_signature=[input_signature(fields)])
+        self.serve = tf.function(
+            self._serve, input_signature=[input_signature(fields)], autograph=False
+        )
 
     def _serve(self, features: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
         if not isinstance(self.model, MultiTaskModel):
@@ -276,7 +278,9 @@ class EnsembleServingModule(tf.Module):
             raise ValueError(f"combine = {combine!r}: expected one of {list(COMBINES)}")
         self.members = list(models)
         self.combine = combine
-        self.serve = tf.function(self._serve, input_signature=[input_signature(fields)])
+        self.serve = tf.function(
+            self._serve, input_signature=[input_signature(fields)], autograph=False
+        )
 
     def _serve(self, features: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
         # [members, batch] (or [members, batch, T] for multi-task members)

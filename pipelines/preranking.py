@@ -362,7 +362,7 @@ def measure_field_latency(
             ids, dense = pre(features)
             return layer(ids[name]) if layer is not None else dense
 
-        fn = tf.function(one, input_signature=[spec])
+        fn = tf.function(one, input_signature=[spec], autograph=False)
         x = {name: tf.constant(batch[name])}
         fn(x)
         times = []

@@ -99,13 +99,13 @@ class CascadeModule(tf.Module):
             f: tf.TensorSpec([1] if f in self.request_names else [None], self.dtypes[f], name=f)
             for f in self.fields
         }
-        self.rank_request = tf.function(self._rank_request, input_signature=[spec])
+        self.rank_request = tf.function(self._rank_request, input_signature=[spec], autograph=False)
         rank_spec = {
             f: tf.TensorSpec([None], self.dtypes[f], name=f)
             for f in self.fields
             if f in set(model_inputs(rank))
         }
-        self.serve = tf.function(self._serve, input_signature=[rank_spec])
+        self.serve = tf.function(self._serve, input_signature=[rank_spec], autograph=False)
 
     def _serve(self, features: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
         logits = self.rank_model(features, training=False)

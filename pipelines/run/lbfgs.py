@@ -149,7 +149,7 @@ class GraphObjective(Objective):
 
     def __init__(self, model: tf.keras.Model, batches: list[tuple[Any, Any, tf.Tensor]]):
         super().__init__(model, batches)
-        self._sum = tf.function(self._batch_sum, reduce_retracing=True)
+        self._sum = tf.function(self._batch_sum, reduce_retracing=True, autograph=False)
 
     def _batch_sum(self, ids: Any, dense: Any, labels: tf.Tensor) -> tuple[tf.Tensor, list]:
         with tf.GradientTape() as tape:

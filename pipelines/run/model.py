@@ -385,7 +385,10 @@ def restore_run_model(paths: RunPaths, prefix: str | Path, schema: Schema) -> Ra
             f"{str(paths.model_json)!r} has no class_name and config of a model: "
             f"expected {expected}"
         )
-    model = tf.keras.layers.deserialize(config)
+    # built by one eager call on a dummy batch, not by Keras from the config's `build_config`:
+    # Keras would call the model in a graph, converting every layer's `call` with AutoGraph
+    # first (seconds per process); the variables and their values are the same either way
+    model = tf.keras.layers.deserialize({k: v for k, v in config.items() if k != "build_config"})
     model(dummy_batch(list(schema.model_inputs)))
     fused = table_fusion.run_has_fused_tables(paths.checkpoints)  # [fusion] tables = true
     if fused:
