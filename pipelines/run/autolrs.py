@@ -528,7 +528,7 @@ def validation_loss_fn(
     inference logits against ``model.labels_of(features)`` over ``batches`` (a fixed held-out
     slice of the training data); ``label`` (a ``[batch]`` column) counts the rows."""
 
-    @tf.function
+    @tf.function(autograph=False)
     def batch_loss(features: Mapping[str, tf.Tensor]) -> tuple[tf.Tensor, tf.Tensor]:
         rows = tf.cast(tf.shape(features[label])[0], tf.float32)
         logits = model(features, training=False)

@@ -54,7 +54,7 @@ class WeightAverage:
         module.updates = self.updates
         return module
 
-    @tf.function
+    @tf.function(autograph=False)
     def update(self) -> None:
         """One step of the average toward the current weights."""
         n = tf.cast(self.updates, tf.float32)
@@ -63,7 +63,7 @@ class WeightAverage:
             s.assign(d * s + (1.0 - d) * tf.cast(w, s.dtype))
         self.updates.assign_add(1)
 
-    @tf.function
+    @tf.function(autograph=False)
     def _swap(self) -> None:
         for w, s in zip(self.weights, self.averages, strict=True):
             trained = tf.identity(w)
