@@ -165,9 +165,14 @@ def _reserve_port(host: str, port: int, what: str = "gRPC") -> socket.socket:
         s.bind((host, port))
     except OSError as e:
         s.close()
-        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        address = _address(host, port)
         raise UsageError(f"cannot bind the {what} address {address!r}: {e.strerror or e}") from None
     return s
+
+
+def _address(host: str, port: int) -> str:
+    """``host:port``, the host in brackets when it is an IPv6 address."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _run_workers(args: argparse.Namespace) -> int:
@@ -354,7 +359,7 @@ def _serve(args: argparse.Namespace, options: ServerOptions) -> int:
         tf.config.threading.set_intra_op_parallelism_threads(args.intra_op_threads)
     if args.inter_op_threads:
         tf.config.threading.set_inter_op_parallelism_threads(args.inter_op_threads)
-    address = f"[{args.host}]:{args.port}" if ":" in args.host else f"{args.host}:{args.port}"
+    address = _address(args.host, args.port)
     try:
         return asyncio.run(serve_forever(address, args.repo, options, grace=args.grace_seconds))
     except BindError as e:  # a port in use or an address not of this machine

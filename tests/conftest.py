@@ -77,13 +77,13 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 @pytest.fixture(autouse=True)
 def _stitchrec_logger_restored():
     """Puts the ``stitchrec`` logger back as it was after each test. A command run in the test's
-    process (``main(["serve", ...])``) configures it as the server does: a handler on the
-    test's captured stderr, closed once the test ends, and no propagation to pytest's log
-    capture. Left so, every later test in the process would lose its log records."""
+    process (``main(["serve", ...])``) configures it as the server does: its handler writes to
+    the test's captured stderr, which is closed once the test ends. Left so, every later log
+    line in the process would end in ``Logging error ... I/O operation on closed file``."""
     logger = logging.getLogger("stitchrec")
     saved = (list(logger.handlers), logger.level, logger.propagate)
     yield
-    logger.handlers[:], logger.level, logger.propagate = saved[0], saved[1], saved[2]
+    logger.handlers[:], logger.level, logger.propagate = saved
 
 
 def shared_data_dir() -> Path:
