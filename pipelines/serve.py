@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import ctypes
+import errno
 import json
 import os
 import shutil
@@ -157,16 +158,53 @@ def _checked_options(args: argparse.Namespace) -> ServerOptions:
 def _reserve_port(host: str, port: int, what: str = "gRPC") -> socket.socket:
     """Binds (without listening) with SO_REUSEPORT, so workers can bind the same port; an
     address in use or not of this machine is a ``UsageError`` naming it (``what``: its
-    protocol)."""
+    protocol).
+
+    The kernel lets any process of the same user join a port bound with SO_REUSEPORT, so the
+    port is first bound alone (:func:`_bind_alone`): a second supervisor, or its workers, on the
+    port of a running one fails instead of sharing its connections."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    s = socket.socket(family, socket.SOCK_STREAM)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
-        s.bind((host, port))
+        port = _bind_alone(family, host, port)
+        return _bind_shared(family, host, port)
     except OSError as e:
-        s.close()
         address = _address(host, port)
         raise UsageError(f"cannot bind the {what} address {address!r}: {e.strerror or e}") from None
+
+
+def _bind_alone(family: int, host: str, port: int) -> int:
+    """Binds ``(host, port)`` without SO_REUSEPORT and releases it; returns the port (a free
+    one for 0). Raises OSError where a process listens on the port or holds it bound, with
+    SO_REUSEPORT or not; SO_REUSEADDR lets it pass a port with only closed connections of an
+    earlier server (TIME_WAIT)."""
+    with socket.socket(family, socket.SOCK_STREAM) as alone:
+        alone.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        alone.bind((host, port))
+        return alone.getsockname()[1]
+
+
+def _bind_shared(family: int, host: str, port: int) -> socket.socket:
+    """A socket bound to ``(host, port)`` with SO_REUSEPORT. Closed connections (TIME_WAIT) of
+    an earlier server without SO_REUSEPORT (``serve`` without ``--workers``) block that bind;
+    then it is bound with SO_REUSEADDR as well, as the workers' listeners are."""
+    try:
+        return _bound(family, host, port, (socket.SO_REUSEPORT,))
+    except OSError as e:
+        if e.errno != errno.EADDRINUSE:
+            raise
+    return _bound(family, host, port, (socket.SO_REUSEPORT, socket.SO_REUSEADDR))
+
+
+def _bound(family: int, host: str, port: int, options: tuple[int, ...]) -> socket.socket:
+    """A socket with the SOL_SOCKET ``options`` set, bound to ``(host, port)``."""
+    s = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        for option in options:
+            s.setsockopt(socket.SOL_SOCKET, option, 1)
+        s.bind((host, port))
+    except OSError:
+        s.close()
+        raise
     return s
 
 

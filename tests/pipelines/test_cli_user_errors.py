@@ -4,6 +4,7 @@ traceback."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import socket
 from pathlib import Path
@@ -15,6 +16,8 @@ import pytest
 
 from pipelines.cli import build_parser, main
 from pipelines.config import ConfigError, load_config
+from pipelines.errors import UsageError
+from pipelines.serve import _reserve_port
 from serving.testing import write_linear_model
 from serving.version_files import MARKER
 from tests.testdata import write_run_config, write_small_csv, write_tiny_dataset
@@ -373,6 +376,48 @@ def test_serve_on_a_port_in_use_is_one_error_line(tmp_path, capsys):
         rc, err = _run(capsys, *argv, "--port", "0", "--http-port", str(port), "--workers", "2")
         assert rc == 2, err
         assert f"cannot bind the HTTP address '127.0.0.1:{port}'" in _one_error(err)
+
+
+def _time_wait_on(port: int) -> None:
+    """Leaves a closed connection of a server on ``port`` in TIME_WAIT (the server closed it
+    first), the listener itself closed, as a stopped server leaves its port."""
+    with socket.socket() as server:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC's listeners
+        server.bind(("127.0.0.1", port))
+        server.listen()
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            conn, _ = server.accept()
+            conn.close()
+            client.recv(1)  # the server's FIN: the server's side goes to TIME_WAIT
+
+
+def test_serve_workers_do_not_join_the_port_of_a_running_supervisor_or_worker():
+    address = "cannot bind the gRPC address '127.0.0.1:{}'"
+    held = _reserve_port("127.0.0.1", 0)  # what a running `serve --workers` holds
+    port = held.getsockname()[1]
+    try:
+        with pytest.raises(UsageError, match=re.escape(address.format(port))):
+            _reserve_port("127.0.0.1", port)
+    finally:
+        held.close()
+    with socket.socket() as worker:  # a worker's listener: gRPC with SO_REUSEPORT
+        worker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        worker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        worker.bind(("127.0.0.1", 0))
+        worker.listen()
+        port = worker.getsockname()[1]
+        with pytest.raises(UsageError, match=re.escape(address.format(port))):
+            _reserve_port("127.0.0.1", port, "gRPC")
+    _time_wait_on(port)  # the port a stopped `serve` (no SO_REUSEPORT) left is free again
+    reserved = _reserve_port("127.0.0.1", port)
+    try:  # and the workers' listeners bind it beside the reservation
+        with socket.socket() as worker:
+            worker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            worker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            worker.bind(("127.0.0.1", port))
+            worker.listen()
+    finally:
+        reserved.close()
 
 
 def test_serve_workers_of_a_missing_repository_or_tls_file_is_one_error_line(tmp_path, capsys):
