@@ -51,12 +51,15 @@ from serving.config import (
     VersionPolicy,
     otlp_settings,
 )
-from serving.metrics import MULTIPROC_ENV, AggregatedMetrics
+from serving.metrics import MULTIPROC_ENV, AggregatedMetrics, remove_process_files
 from serving.probes import Heartbeat, ProbeProcess
 
 WAIT_POLL_S = 0.2  # how often the supervisor of `--workers N` looks for exited workers
 #: the supervisor's process id, in each worker's environment (``_follow_supervisor``)
 SUPERVISOR_ENV = "STITCHREC_SUPERVISOR_PID"
+#: "1" in the workers' environment when their metrics folder is the supervisor's temporary one:
+#: workers outliving their supervisor remove it (``_leave_no_metrics``)
+METRICS_TEMPORARY_ENV = "STITCHREC_METRICS_TEMPORARY"
 _PR_SET_PDEATHSIG = 1  # prctl(2)
 
 
@@ -232,6 +235,8 @@ def _run_workers(args: argparse.Namespace) -> int:
         if args.metrics_port is not None:
             metrics, line["metrics_port"] = _aggregated_metrics(args)
             env[MULTIPROC_ENV] = line["metrics_dir"] = metrics.folder
+            if metrics.owned:
+                env[METRICS_TEMPORARY_ENV] = "1"
         procs = []
         for i in range(args.workers):
             cmd = [sys.executable, "-m", "pipelines.cli", *_worker_argv(args, port)]
@@ -402,6 +407,17 @@ def _serve(args: argparse.Namespace, options: ServerOptions) -> int:
         return asyncio.run(serve_forever(address, args.repo, options, grace=args.grace_seconds))
     except BindError as e:  # a port in use or an address not of this machine
         raise UsageError(str(e)) from None
+    finally:
+        if supervisor is not None:
+            _leave_no_metrics(int(supervisor))
+
+
+def _leave_no_metrics(supervisor: int) -> None:
+    """A worker whose supervisor died (SIGKILL: it could not remove its temporary metrics
+    folder) removes its own metric files, and the folder when it is the last worker."""
+    folder = os.environ.get(MULTIPROC_ENV)
+    if folder and os.environ.get(METRICS_TEMPORARY_ENV) == "1" and os.getppid() != supervisor:
+        remove_process_files(folder, os.getpid())
 
 
 def _follow_supervisor(pid: int) -> bool:

@@ -38,6 +38,7 @@ import glob
 import os
 import shutil
 import tempfile
+from pathlib import Path
 from wsgiref.simple_server import WSGIServer
 
 import prometheus_client as prom
@@ -234,6 +235,22 @@ class AggregatedMetrics:
         self._http = None
         if self.owned:
             shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def remove_process_files(folder: str, pid: int) -> bool:
+    """Removes the metric files process ``pid`` wrote to ``folder`` (``*_<pid>.db``), then the
+    folder when no file is left in it; True when the folder is gone. For a worker whose
+    supervisor died without removing its temporary folder: each worker removes its own files
+    as it exits, the last one the folder."""
+    for path in glob.glob(os.path.join(glob.escape(folder), f"*_{pid}.db")):
+        Path(path).unlink(missing_ok=True)
+    try:
+        os.rmdir(folder)
+    except FileNotFoundError:
+        return True  # another worker removed it
+    except OSError:
+        return False  # files of a worker still running (or not ours) are left
+    return True
 
 
 def _start_http(port: int, host: str, registry: prom.CollectorRegistry) -> WSGIServer:

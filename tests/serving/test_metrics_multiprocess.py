@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from serving.metrics import MULTIPROC_ENV, AggregatedMetrics
+from serving.metrics import MULTIPROC_ENV, AggregatedMetrics, remove_process_files
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORD = """
@@ -90,3 +90,16 @@ def test_temporary_folder_is_removed_and_a_file_is_refused(tmp_path):
         ValueError, match=f"PROMETHEUS_MULTIPROC_DIR '{not_a_folder}' is not a folder"
     ):
         AggregatedMetrics(str(not_a_folder))
+
+
+def test_each_process_removes_its_own_files_and_the_last_one_the_folder(tmp_path):
+    folder = tmp_path / "metrics"
+    folder.mkdir()
+    for name in ("counter_41.db", "gauge_livesum_41.db", "histogram_42.db", "counter_411.db"):
+        (folder / name).write_bytes(b"x")
+    assert not remove_process_files(str(folder), 41)  # 42's and 411's files stay
+    assert sorted(p.name for p in folder.iterdir()) == ["counter_411.db", "histogram_42.db"]
+    assert not remove_process_files(str(folder), 42)
+    assert remove_process_files(str(folder), 411)
+    assert not folder.exists()
+    assert remove_process_files(str(folder), 42)  # a worker after the last: nothing to do

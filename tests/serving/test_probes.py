@@ -161,9 +161,12 @@ def _running(pid: int) -> bool:
         return False
 
 
-def test_a_killed_supervisor_stops_its_workers_and_leaves_no_heartbeats(tmp_path, monkeypatch):
-    """SIGKILL of ``serve --workers 2 --probe-port 0``: the workers get SIGTERM from the kernel
-    (and drain), the probe process ends and removes the heartbeat folder."""
+def test_a_killed_supervisor_stops_its_workers_and_leaves_no_temporary_folder(
+    tmp_path, monkeypatch
+):
+    """SIGKILL of ``serve --workers 2 --probe-port 0 --metrics-port 0``: the workers get
+    SIGTERM from the kernel (and drain), the probe process ends and removes the heartbeat
+    folder, and the workers remove their metric files and the supervisor's metrics folder."""
     write_linear_model(tmp_path / "lin" / "1", bias=0.0)
     tmp = tmp_path / "tmp"
     tmp.mkdir()
@@ -171,12 +174,15 @@ def test_a_killed_supervisor_stops_its_workers_and_leaves_no_heartbeats(tmp_path
     proc, line = serve_process(
         "--repo", str(tmp_path), "--port", "0", "--workers", "2", "--probe-port", "0",
         "--poll-seconds", "0", "--drain-seconds", "0", "--log-level", "WARNING",
+        "--metrics-port", "0",
     )  # fmt: skip
     try:
         wait_until(lambda: _get(line["probe_port"], "/v2/health/ready")[0] == 200, timeout=120)
         children = _children(proc.pid)
         assert len(children) == 3  # two workers, one probe process
-        assert [f.name[:21] for f in tmp.iterdir()] == ["stitchrec-heartbeats-"]
+        folders = sorted(f.name.split("-")[1] for f in tmp.iterdir())
+        assert folders == ["heartbeats", "metrics"]
+        assert list(Path(line["metrics_dir"]).glob("*.db"))  # the workers' metric files
     finally:
         proc.kill()
         proc.wait(30)
