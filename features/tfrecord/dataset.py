@@ -12,6 +12,8 @@ function). A window holds whole batches
 Windows are parsed in parallel (``num_parallel_calls=AUTOTUNE``), each read when its parse
 starts, and batches prefetched. The dataset holds no Python function, so tf.data service can run it
 (``features.tfrecord.service``), its dynamic sharding handing whole windows to its workers.
+The pipeline is built by one function traced once per process and layout
+(``_epoch_function``): each epoch's dataset is that graph run with the epoch's plan.
 
 Memory: a window in flight holds its parsed rows twice (parsed and permuted), about 0.7 KiB
 per row for 26 strings and 14 numbers; ``shuffle_buffer`` bounds a window's rows.
