@@ -180,9 +180,7 @@ def _bind_alone(family: int, host: str, port: int) -> int:
     one for 0). Raises OSError where a process listens on the port or holds it bound, with
     SO_REUSEPORT or not; SO_REUSEADDR lets it pass a port with only closed connections of an
     earlier server (TIME_WAIT)."""
-    with socket.socket(family, socket.SOCK_STREAM) as alone:
-        alone.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        alone.bind((host, port))
+    with _bound(family, host, port, (socket.SO_REUSEADDR,)) as alone:
         return alone.getsockname()[1]
 
 

@@ -391,6 +391,16 @@ def _time_wait_on(port: int) -> None:
             client.recv(1)  # the server's FIN: the server's side goes to TIME_WAIT
 
 
+def _worker_listener(port: int) -> socket.socket:
+    """A listener bound as a worker's gRPC server binds (SO_REUSEADDR and SO_REUSEPORT)."""
+    worker = socket.socket()
+    worker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    worker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    worker.bind(("127.0.0.1", port))
+    worker.listen()
+    return worker
+
+
 def test_serve_workers_do_not_join_the_port_of_a_running_supervisor_or_worker():
     address = "cannot bind the gRPC address '127.0.0.1:{}'"
     held = _reserve_port("127.0.0.1", 0)  # what a running `serve --workers` holds
@@ -400,22 +410,14 @@ def test_serve_workers_do_not_join_the_port_of_a_running_supervisor_or_worker():
             _reserve_port("127.0.0.1", port)
     finally:
         held.close()
-    with socket.socket() as worker:  # a worker's listener: gRPC with SO_REUSEPORT
-        worker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        worker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        worker.bind(("127.0.0.1", 0))
-        worker.listen()
+    with _worker_listener(0) as worker:
         port = worker.getsockname()[1]
         with pytest.raises(UsageError, match=re.escape(address.format(port))):
             _reserve_port("127.0.0.1", port, "gRPC")
     _time_wait_on(port)  # the port a stopped `serve` (no SO_REUSEPORT) left is free again
     reserved = _reserve_port("127.0.0.1", port)
     try:  # and the workers' listeners bind it beside the reservation
-        with socket.socket() as worker:
-            worker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            worker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            worker.bind(("127.0.0.1", port))
-            worker.listen()
+        _worker_listener(port).close()
     finally:
         reserved.close()
 
