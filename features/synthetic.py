@@ -73,7 +73,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from sklearn.metrics import roc_auc_score
 
 from features.readers import rebatch
 from features.shards import ShardWriter
@@ -97,6 +96,7 @@ from features.synthetic_model import (
     sigmoid,
 )
 from features.synthetic_sequences import HistoryDraw, history_columns
+from ranking.metrics import auc
 
 # Private columns of the drawn batches (not written): the true click probability and the split
 # draw of each row (and, with ``conversion``, the true pCVR).
@@ -341,7 +341,7 @@ def write_splits(
 def oracle_auc(labels: np.ndarray, scores: np.ndarray) -> float | None:
     """ROC AUC, None for an empty or one-class set."""
     positives = labels.sum()
-    return float(roc_auc_score(labels, scores)) if 0 < positives < labels.size else None
+    return auc(labels, scores) if 0 < positives < labels.size else None
 
 
 def _oracle_aucs(test: pa.Table) -> dict[str, float | None]:

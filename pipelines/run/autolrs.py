@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
-from scipy import optimize, stats
+from scipy import optimize, special
 
 from pipelines.config import ConfigError
 
@@ -155,7 +155,8 @@ def acquisition_scores(mu: np.ndarray, sd: np.ndarray, best: float, kind: str) -
         return -(mu - 2.0 * sd)
     improvement = best - mu
     z = improvement / sd
-    return improvement * stats.norm.cdf(z) + sd * stats.norm.pdf(z)
+    # the standard normal's cdf and density, without scipy.stats (0.4 s to import)
+    return improvement * special.ndtr(z) + sd * np.exp(-0.5 * z * z) / np.sqrt(2.0 * np.pi)
 
 
 class BayesOpt1D:

@@ -14,6 +14,7 @@ from pipelines.config import ConfigError
 from pipelines.run.autolrs import (
     AutoLRS,
     GaussianProcess,
+    acquisition_scores,
     fit_exponential,
     forecast_loss,
     make_autolrs,
@@ -68,6 +69,16 @@ def test_gaussian_process_interpolates_and_is_uncertain_away_from_data():
     assert sd_far[0] > 5 * sd.max()
     fitted = GaussianProcess().fit(x, y)  # length scale by marginal likelihood
     assert 0.1 - 1e-12 <= fitted.ls <= 1.0 + 1e-12
+
+
+def test_expected_improvement_and_lower_bound_by_hand():
+    # EI = (best - mu) Phi(z) + sd phi(z), z = (best - mu) / sd; Phi(0) = 1/2, phi(0) = 0.398942,
+    # Phi(1) = 0.841345, phi(1) = 0.241971, Phi(-2) = 0.022750, phi(-2) = 0.053991
+    mu, sd = np.array([0.0, 1.0, 1.0, 3.0]), np.array([1.0, 2.0, 0.5, 1.0])
+    ei = acquisition_scores(mu, sd, best=1.0, kind="ei")
+    by_hand = [1.0 * 0.841345 + 0.241971, 2.0 * 0.398942, 0.5 * 0.398942, -2.0 * 0.022750 + 0.053991]
+    assert ei == pytest.approx(by_hand, abs=2e-6)
+    assert acquisition_scores(mu, sd, best=1.0, kind="lcb") == pytest.approx([2.0, 3.0, 0.0, -1.0])
 
 
 @pytest.mark.parametrize("acquisition", ["ei", "lcb"])
