@@ -76,7 +76,12 @@ def test_expected_improvement_and_lower_bound_by_hand():
     # Phi(1) = 0.841345, phi(1) = 0.241971, Phi(-2) = 0.022750, phi(-2) = 0.053991
     mu, sd = np.array([0.0, 1.0, 1.0, 3.0]), np.array([1.0, 2.0, 0.5, 1.0])
     ei = acquisition_scores(mu, sd, best=1.0, kind="ei")
-    by_hand = [1.0 * 0.841345 + 0.241971, 2.0 * 0.398942, 0.5 * 0.398942, -2.0 * 0.022750 + 0.053991]
+    by_hand = [
+        1.0 * 0.841345 + 0.241971,
+        2.0 * 0.398942,
+        0.5 * 0.398942,
+        -2.0 * 0.022750 + 0.053991,
+    ]
     assert ei == pytest.approx(by_hand, abs=2e-6)
     assert acquisition_scores(mu, sd, best=1.0, kind="lcb") == pytest.approx([2.0, 3.0, 0.0, -1.0])
 
