@@ -39,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from pipelines.errors import UsageError, check_output_path
@@ -214,11 +215,25 @@ def _address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+def workers_env(environ: Mapping[str, str], metrics: AggregatedMetrics | None) -> dict[str, str]:
+    """The environment the workers start with: this process's, their metrics folder set only
+    by ``metrics`` (``MULTIPROC_ENV``; none without ``--metrics-port``), and
+    ``METRICS_TEMPORARY_ENV`` only when that folder is the supervisor's temporary one (a value
+    inherited from this process's own environment would have workers remove an operator's
+    folder)."""
+    env = {k: v for k, v in environ.items() if k not in (MULTIPROC_ENV, METRICS_TEMPORARY_ENV)}
+    if metrics is not None:
+        env[MULTIPROC_ENV] = metrics.folder
+        if metrics.owned:
+            env[METRICS_TEMPORARY_ENV] = "1"
+    return env
+
+
 def _run_workers(args: argparse.Namespace) -> int:
     reserved = _reserve_port(args.host, args.port)
     port = reserved.getsockname()[1]
     line: dict[str, object] = {"serving": args.host, "port": port, "workers": args.workers}
-    env = {k: v for k, v in os.environ.items() if k != MULTIPROC_ENV}
+    env = workers_env(os.environ, None)
     metrics = None
     http = None
     probes = None
@@ -232,9 +247,8 @@ def _run_workers(args: argparse.Namespace) -> int:
             line["probe_port"] = probes.process.port
         if args.metrics_port is not None:
             metrics, line["metrics_port"] = _aggregated_metrics(args)
-            env[MULTIPROC_ENV] = line["metrics_dir"] = metrics.folder
-            if metrics.owned:
-                env[METRICS_TEMPORARY_ENV] = "1"
+            env = workers_env(os.environ, metrics)
+            line["metrics_dir"] = metrics.folder
         procs = []
         for i in range(args.workers):
             cmd = [sys.executable, "-m", "pipelines.cli", *_worker_argv(args, port)]

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from pipelines.serve import METRICS_TEMPORARY_ENV, workers_env
 from serving.metrics import MULTIPROC_ENV, AggregatedMetrics, remove_process_files
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -103,3 +104,17 @@ def test_each_process_removes_its_own_files_and_the_last_one_the_folder(tmp_path
     assert remove_process_files(str(folder), 411)
     assert not folder.exists()
     assert remove_process_files(str(folder), 42)  # a worker after the last: nothing to do
+
+
+def test_workers_mark_only_the_supervisors_temporary_folder_as_theirs_to_remove(tmp_path):
+    inherited = {"PATH": "/bin", MULTIPROC_ENV: "/elsewhere", METRICS_TEMPORARY_ENV: "1"}
+    assert workers_env(inherited, None) == {"PATH": "/bin"}  # no --metrics-port: no folder
+    operator = AggregatedMetrics(str(tmp_path / "operator"))
+    env = workers_env(inherited, operator)  # the marker inherited from the supervisor's own env
+    assert env == {"PATH": "/bin", MULTIPROC_ENV: str(tmp_path / "operator")}
+    temporary = AggregatedMetrics()
+    try:
+        env = workers_env(inherited, temporary)
+        assert env == {"PATH": "/bin", MULTIPROC_ENV: temporary.folder, METRICS_TEMPORARY_ENV: "1"}
+    finally:
+        temporary.close()
