@@ -160,6 +160,15 @@ def test_every_handler_and_named_error_resolves():
         assert cli._loaded((module, name)) == (getattr(sys.modules[module], name),)
 
 
+def _last_line_printed(code: str) -> str:
+    """The last line ``code`` prints, run in a fresh interpreter with this checkout's packages."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env, cwd=ROOT
+    ).stdout
+    return out.splitlines()[-1]
+
+
 def test_help_does_not_import_tensorflow():
     code = (
         "import sys\n"
@@ -171,11 +180,7 @@ def test_help_does_not_import_tensorflow():
         "        pass\n"
         "print(sorted(m for m in ('tensorflow', 'pandas') if m in sys.modules))\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env, cwd=ROOT
-    ).stdout
-    assert out.splitlines()[-1] == "[]"
+    assert _last_line_printed(code) == "[]"
 
 
 def test_train_serve_and_data_commands_load_neither_scikit_learn_nor_scipy_stats():
@@ -185,11 +190,7 @@ def test_train_serve_and_data_commands_load_neither_scikit_learn_nor_scipy_stats
         "import pipelines.data_commands, pipelines.run_commands, serving.server\n"
         "print(sorted(m for m in ('sklearn', 'scipy.stats') if m in sys.modules))\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env, cwd=ROOT
-    ).stdout
-    assert out.splitlines()[-1] == "[]"
+    assert _last_line_printed(code) == "[]"
 
 
 def test_an_internal_value_error_is_a_traceback_not_a_user_error(tmp_path, monkeypatch, capsys):
