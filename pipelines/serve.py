@@ -233,7 +233,6 @@ def _run_workers(args: argparse.Namespace) -> int:
     reserved = _reserve_port(args.host, args.port)
     port = reserved.getsockname()[1]
     line: dict[str, object] = {"serving": args.host, "port": port, "workers": args.workers}
-    env = workers_env(os.environ, None)
     metrics = None
     http = None
     probes = None
@@ -247,8 +246,8 @@ def _run_workers(args: argparse.Namespace) -> int:
             line["probe_port"] = probes.process.port
         if args.metrics_port is not None:
             metrics, line["metrics_port"] = _aggregated_metrics(args)
-            env = workers_env(os.environ, metrics)
             line["metrics_dir"] = metrics.folder
+        env = workers_env(os.environ, metrics)
         procs = []
         for i in range(args.workers):
             cmd = [sys.executable, "-m", "pipelines.cli", *_worker_argv(args, port)]
