@@ -57,6 +57,7 @@ from features.tasks import JobError
 from pipelines import cli_args, cli_args_daily, cli_args_data, cli_args_serve, cli_args_skew
 from pipelines.config import ConfigError
 from pipelines.errors import UsageError
+from pipelines.loading import loading_modules, pause_collector_when_loading
 from pipelines.stderr_filter import filtered_stderr
 
 DESCRIPTION = "StitchRec: data, training, export, serving and evaluation of ranking models."
@@ -174,7 +175,8 @@ def handler(args: argparse.Namespace) -> Callable[[argparse.Namespace], int]:
     module, _, name = args.handler.partition(":")
     # The command's module (and TensorFlow, pandas, ... with it) loads only when the command
     # runs: the parser imports none of them, which keeps `stitchrec --help` fast.
-    return getattr(importlib.import_module(module), name)
+    with loading_modules():
+        return getattr(importlib.import_module(module), name)
 
 
 def exit_status(error: Exception) -> int | None:
@@ -208,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
 def entry() -> int:
     """The ``stitchrec`` console script: ``main`` with TensorFlow's start-up noise dropped from
     standard error (``pipelines.stderr_filter``)."""
+    pause_collector_when_loading()  # this process is the command's own (``pipelines.loading``)
     with filtered_stderr():
         return main()
 

@@ -43,6 +43,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from pipelines.errors import UsageError, check_output_path
+from pipelines.loading import loading_modules
 from serving.config import (
     BatchingConfig,
     BindError,
@@ -404,9 +405,10 @@ def _serve(args: argparse.Namespace, options: ServerOptions) -> int:
         return 0  # the supervisor of --workers is gone already: nothing to serve for
     # TensorFlow and the server load here, not at the top: the supervisor of `--workers N`
     # (``_run_workers``) only starts and signals the workers and stays a small process.
-    import tensorflow as tf
+    with loading_modules():
+        import tensorflow as tf
 
-    from serving.server import configure_logging, serve_forever
+        from serving.server import configure_logging, serve_forever
 
     configure_logging(args.log_level)
     if args.intra_op_threads:
