@@ -254,7 +254,9 @@ def test_config_and_saved_model_round_trip(block, tmp_path: Path):
     tf.saved_model.save(_Module(block), str(tmp_path / "sm"))
     loaded = tf.saved_model.load(str(tmp_path / "sm"))
     after = loaded.f(tf.constant(HISTORY), tf.constant(MASK), tf.constant(TARGET)).numpy()
-    np.testing.assert_allclose(after, before, rtol=1e-6)
+    # the loaded graph runs other float32 kernels than eager calls (grappler's rewrites, the
+    # reduction order of the process's thread pools): equal to rounding, not bit for bit
+    np.testing.assert_allclose(after, before, rtol=1e-6, atol=1e-6)
 
 
 def test_dice_config_round_trip():
