@@ -47,9 +47,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     overrides = list(args.set)
     if args.max_bad_rows is not None:
         overrides.append(f"data.max_bad_rows={args.max_bad_rows}")
+    if args.output:  # the config may then leave output_dir out
+        overrides.append(f"output_dir={json.dumps(str(Path(args.output).resolve()))}")
     cfg = load_config(args.config, overrides)
-    if args.output:
-        cfg = dataclasses.replace(cfg, output_dir=str(Path(args.output).resolve()))
     check_output_path(cfg.output_dir, "--output" if args.output else "output_dir")
     if args.continue_from:  # relative to the working directory, as --output
         cont = str(Path(args.continue_from).resolve())

@@ -11,7 +11,8 @@ default space; ``pipelines.tune_space``)::
     learning_rate = {low = 1e-4, high = 1e-1, log = true}
     model.mlp = {choices = [[64], [128, 64]]}
 
-The tune folder (default ``<output_dir>-tune``)::
+The tune folder (``--output``; default ``<output_dir>-tune``, and with ``--output`` the config
+may leave ``output_dir`` out: ``best_config.toml`` then trains into ``<tune dir>/best``)::
 
     <tune dir>/
       study.journal     the Optuna study (JournalStorage): the same command again continues it
@@ -116,6 +117,8 @@ def load_tuning(
     table = data.pop("tune", None)
     for text in overrides:
         set_path(data, *parse_override(text))
+    if output and "output_dir" not in data:  # best_config.toml then trains into the tune folder
+        data["output_dir"] = str(Path(output).resolve() / "best")
     base_dir = path.resolve().parent
     base = config_from_dict(data, base_dir=base_dir, where=where)
     if base.preranking is not None:

@@ -233,6 +233,26 @@ def test_usage_errors_exit_2_and_a_lost_peer_exits_3(monkeypatch, capsys):
         assert capsys.readouterr().err == f"error: {error}\n"
 
 
+def test_train_output_flag_stands_in_for_a_missing_output_dir(tmp_path, capsys, monkeypatch):
+    from tests.testdata import TINY_SCHEMA, make_tiny_table
+
+    make_tiny_table(300).to_pandas().to_csv(tmp_path / "log.csv", index=False)
+    (tmp_path / "schema.toml").write_text(
+        TINY_SCHEMA.replace('format = "parquet"', 'format = "csv"')
+    )
+    (tmp_path / "c.toml").write_text(
+        '[data]\nschema = "schema.toml"\nraw = ["log.csv"]\n'
+        '[model]\ntype = "lr"\n[train]\noptimizer = "ftrl"\nbatch_size = 64\nmax_steps = 2\n'
+    )
+    rc, _, err = _run(capsys, "train", "--config", str(tmp_path / "c.toml"))
+    assert rc == 2 and "missing `output_dir`" in err
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")  # --output is relative to the working directory
+    rc, out, _ = _run(capsys, "train", "--config", "../c.toml", "--output", "run")
+    assert rc == 0 and "test auc" in out
+    assert (tmp_path / "work" / "run" / "train_report.json").is_file()
+
+
 def test_train_from_raw_csv_skips_counted_bad_rows(tmp_path, capsys):
     from tests.testdata import TINY_SCHEMA, make_tiny_table
 

@@ -191,6 +191,19 @@ def test_a_space_file_replaces_the_section_and_the_default_space_is_valid(tmp_pa
     assert keys == [*tune_space.DEFAULT_SPACE, "model.mlp"]
 
 
+def test_with_output_the_config_may_leave_output_dir_out(tmp_path, capsys):
+    config = _config(tmp_path)
+    plain = tmp_path / "no_output_dir.toml"
+    plain.write_text(
+        "\n".join(ln for ln in config.read_text().splitlines() if "output_dir" not in ln)
+    )
+    rc, _, err = _tune(capsys, "--config", str(plain), "--trials", "1")
+    assert rc == 2 and "missing `output_dir`" in err
+    tuning = tune.load_tuning(plain, output=tmp_path / "t")
+    assert tuning.root == tmp_path / "t"
+    assert tuning.base.output_dir == str(tmp_path / "t" / "best")
+
+
 def test_a_run_without_a_validation_split_cannot_be_tuned(tmp_path, capsys):
     config = _config(tmp_path)
     rc, _, err = _tune(
