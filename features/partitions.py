@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 
 from features.file_batches import csv_batches, parquet_batches
 from features.joins import SideTable
-from features.read_report import BadRowBudget, DataError, ReadReport
+from features.read_report import BadRowBudget, DataError, ReadReport, not_parquet
 from features.readers import check_not_empty, typed_events
 from features.schema import Schema
 from features.tasks import TaskRunner
@@ -307,7 +307,7 @@ def shard_parts(files: Sequence[Path], part_rows: int = CHUNK_ROWS) -> list[Shar
     for f in files:
         for c in parquet_chunks(Path(f), part_rows):
             if c.error:  # as features.shard_reader.iter_record_batches says it
-                raise DataError(f"{f}: not a readable Parquet file ({c.error})")
+                raise not_parquet(f, c.error)
             if c.rows:
                 out.append(ShardPart(str(f), c.first_row, c.rows, offset))
             offset += c.rows

@@ -1,17 +1,32 @@
-"""Bad input data and what a read did: ``DataError``, ``ReadReport``, the bad-row budget of
-one read (``max_bad_rows``) and the short name lists of the messages.
+"""Bad input data and what a read did: ``DataError`` (``not_parquet``: a shard that does not
+open), ``ReadReport``, the bad-row budget of one read (``max_bad_rows``) and the short name lists
+of the messages.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from pathlib import Path
 
 _MAX_EXAMPLES = 10
 
 
 class DataError(ValueError):
     """Bad input data; the message names the file, line/row, column, value and expectation."""
+
+
+#: suffixes of raw text logs (plain or compressed), which are read through a schema
+TEXT_SUFFIXES = frozenset({".csv", ".tsv", ".txt", ".gz", ".bz2", ".zst"})
+
+
+def not_parquet(path: str | Path, error: object) -> DataError:
+    """The error for a Parquet shard that does not open, pointing a raw text file (by its
+    suffix) to the schema it is read with."""
+    message = f"{path}: not a readable Parquet file ({error})"
+    if Path(path).suffix.lower() in TEXT_SUFFIXES:
+        message += "; a raw text file is read through its schema (--schema NAME)"
+    return DataError(message)
 
 
 @dataclasses.dataclass

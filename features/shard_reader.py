@@ -21,7 +21,7 @@ from features.cells import is_list_type, join_sequence, row_errors
 from features.columns import filled_column
 from features.completion import check_complete
 from features.file_batches import check_scalar_columns
-from features.read_report import DataError
+from features.read_report import DataError, not_parquet
 from features.schema import FeatureKind, FeatureSpec, Schema
 
 
@@ -184,7 +184,7 @@ def _open_parquet(path: Path) -> pq.ParquetFile:
     try:
         return pq.ParquetFile(path)
     except (pa.ArrowException, OSError) as e:
-        raise DataError(f"{path}: not a readable Parquet file ({e})") from None
+        raise not_parquet(path, e) from None
 
 
 def iter_record_batches(

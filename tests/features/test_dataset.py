@@ -166,6 +166,9 @@ def test_corrupt_parquet_names_the_file(tmp_path, tiny_data):
     (tmp_path / "broken.parquet").write_bytes(b"PAR1 this is not parquet")
     with pytest.raises(DataError, match=r"broken\.parquet: not a readable Parquet file"):
         list(iter_batches(schema, [tmp_path / "broken.parquet"], batch_size=8, shuffle=False))
+    (tmp_path / "log.csv.gz").write_bytes(b"\x1f\x8b not parquet")
+    with pytest.raises(DataError, match=r"read through its schema \(--schema NAME\)"):
+        list(iter_batches(schema, [tmp_path / "log.csv.gz"], batch_size=8, shuffle=False))
 
 
 @pytest.mark.parametrize(

@@ -88,5 +88,9 @@ def test_parquet_chunks_and_shard_parts_are_whole_row_groups(tmp_path):
     (tmp_path / "c.parquet").write_bytes(b"not parquet")
     [broken] = partitions.parquet_chunks(tmp_path / "c.parquet")
     assert broken.error
-    with pytest.raises(DataError, match=r"c\.parquet: not a readable Parquet file \("):
+    with pytest.raises(DataError, match=r"c\.parquet: not a readable Parquet file \(") as e:
         partitions.shard_parts([tmp_path / "c.parquet"])
+    assert "--schema" not in str(e.value)
+    (tmp_path / "log.csv").write_text("user,item,click\n1,2,0\n")
+    with pytest.raises(DataError, match=r"log\.csv: not a readable Parquet file \(.*\); a raw"):
+        partitions.shard_parts([tmp_path / "log.csv"])
