@@ -121,7 +121,9 @@ class MLP(tf.keras.layers.Layer):
             if seed is not None and self.gradient == "forward_ad":
                 if not layer.built:
                     layer(x)  # builds the layer; the unused result is pruned from the graph
-                x = dense_relu_dropout(x, layer.kernel, layer.bias, self.dropout, seed)
+                # a next layer keeps this one's output as its input
+                kept = i < len(self._dense) - 1
+                x = dense_relu_dropout(x, layer.kernel, layer.bias, self.dropout, seed, kept)
                 continue
             x = layer(x)
             if seed is not None:
