@@ -7,9 +7,9 @@ DCN-v2 of ``bench/compiler/workload.py`` (full embeddings, 3 cross layers, MLP `
 256-128 by default) with ``--dropout`` (0.1) on the MLP, one SGD step on preprocessed inputs, at each ``--batches``:
 
 * ``backprop``: TensorFlow's gradients (plain back-propagation);
-* ``forward_ad``: the tower with ``gradient = "forward_ad"`` (``ranking.forward_ad``: a boolean
-  derivative kept instead of the ReLU's output and the keep mask), what ``[fusion] activations
-  = "forward_ad"`` trains;
+* ``forward_ad``: the tower with ``gradient = "forward_ad"`` (``ranking.forward_ad``: at most a
+  boolean derivative kept instead of the ReLU's output and the keep mask), what ``[fusion]
+  activations = "forward_ad"`` trains;
 * ``recompute``: the tower under ``tf.recompute_grad`` (its activations recomputed in the
   backward pass from its input; the dropout masks keyed as in the plain step).
 
