@@ -233,17 +233,22 @@ def test_usage_errors_exit_2_and_a_lost_peer_exits_3(monkeypatch, capsys):
         assert capsys.readouterr().err == f"error: {error}\n"
 
 
-def test_train_output_flag_stands_in_for_a_missing_output_dir(tmp_path, capsys, monkeypatch):
+def _csv_run_config(folder: Path, rows: int, head: str, train: str) -> list[str]:
+    """A tiny CSV log (``log.csv``), its schema and a config ``c.toml`` (``head`` before its
+    ``[data]``, ``train`` its ``[train]`` keys) of an ``lr`` run in ``folder``; the log's lines."""
     from tests.testdata import TINY_SCHEMA, make_tiny_table
 
-    make_tiny_table(300).to_pandas().to_csv(tmp_path / "log.csv", index=False)
-    (tmp_path / "schema.toml").write_text(
-        TINY_SCHEMA.replace('format = "parquet"', 'format = "csv"')
+    make_tiny_table(rows).to_pandas().to_csv(folder / "log.csv", index=False)
+    (folder / "schema.toml").write_text(TINY_SCHEMA.replace('format = "parquet"', 'format = "csv"'))
+    (folder / "c.toml").write_text(
+        f'{head}[data]\nschema = "schema.toml"\nraw = ["log.csv"]\n'
+        f'[model]\ntype = "lr"\n[train]\n{train}'
     )
-    (tmp_path / "c.toml").write_text(
-        '[data]\nschema = "schema.toml"\nraw = ["log.csv"]\n'
-        '[model]\ntype = "lr"\n[train]\noptimizer = "ftrl"\nbatch_size = 64\nmax_steps = 2\n'
-    )
+    return (folder / "log.csv").read_text().splitlines()
+
+
+def test_train_output_flag_stands_in_for_a_missing_output_dir(tmp_path, capsys, monkeypatch):
+    _csv_run_config(tmp_path, 300, "", 'optimizer = "ftrl"\nbatch_size = 64\nmax_steps = 2\n')
     rc, _, err = _run(capsys, "train", "--config", str(tmp_path / "c.toml"))
     assert rc == 2 and "missing `output_dir`" in err
     (tmp_path / "work").mkdir()
@@ -254,20 +259,11 @@ def test_train_output_flag_stands_in_for_a_missing_output_dir(tmp_path, capsys, 
 
 
 def test_train_from_raw_csv_skips_counted_bad_rows(tmp_path, capsys):
-    from tests.testdata import TINY_SCHEMA, make_tiny_table
-
-    df = make_tiny_table(600).to_pandas()
-    df.to_csv(tmp_path / "log.csv", index=False)
-    lines = (tmp_path / "log.csv").read_text().splitlines()
+    lines = _csv_run_config(
+        tmp_path, 600, 'output_dir = "run"\n', "batch_size = 64\nmax_steps = 3\n"
+    )
     lines[3] = lines[3].rsplit(",", 1)[0] + ",7"  # label 7 on line 4
     (tmp_path / "log.csv").write_text("\n".join(lines) + "\n")
-    (tmp_path / "schema.toml").write_text(
-        TINY_SCHEMA.replace('format = "parquet"', 'format = "csv"')
-    )
-    (tmp_path / "c.toml").write_text(
-        'output_dir = "run"\n[data]\nschema = "schema.toml"\nraw = ["log.csv"]\n'
-        '[model]\ntype = "lr"\n[train]\nbatch_size = 64\nmax_steps = 3\n'
-    )
     rc, _, err = _run(capsys, "train", "--config", str(tmp_path / "c.toml"))
     assert rc == 2 and "log.csv" in err and "line 4" in err and "label" in err
     rc, out, _ = _run(capsys, "train", "--config", str(tmp_path / "c.toml"), "--max-bad-rows", "1")
