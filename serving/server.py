@@ -221,6 +221,11 @@ def _add_services(server: grpc.aio.Server, state: ServerState) -> HealthServicer
     return health_servicer
 
 
+def bound_address(address: str, port: int) -> str:
+    """``address`` (``host:port``) with the port it was bound to (port 0 asks for any)."""
+    return f"{address.rpartition(':')[0]}:{port}"
+
+
 def _bind(server: grpc.aio.Server, address: str, options: ServerOptions) -> int:
     """Binds ``address`` (TLS when ``options`` has a certificate and key); returns the port."""
     options.check_tls_files()
@@ -350,7 +355,7 @@ async def _start(
         json.dumps(
             {
                 "event": "serving",
-                "address": address,
+                "address": bound_address(address, port),
                 "port": port,
                 "metrics_port": metrics_port,
                 "http_port": http_port,
@@ -424,7 +429,7 @@ async def serve_forever(
     print(
         json.dumps(
             {
-                "serving": address,
+                "serving": bound_address(address, port),
                 "port": port,
                 "metrics_port": server.metrics_port,
                 "http_port": server.http_port,

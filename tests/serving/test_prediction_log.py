@@ -244,7 +244,9 @@ def test_sigkill_under_load_leaves_only_readable_files(tmp_path):
     answered: list[tuple[str, float]] = []
     sent: list[str] = []
     try:
-        port = json.loads(proc.stdout.readline())["port"]
+        line = json.loads(proc.stdout.readline())
+        port = line["port"]
+        assert port > 0 and line["serving"] == f"127.0.0.1:{port}"  # the bound address
         target = f"127.0.0.1:{port}"
         wait_serving(target)
         threads = [
