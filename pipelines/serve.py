@@ -233,7 +233,11 @@ def workers_env(environ: Mapping[str, str], metrics: AggregatedMetrics | None) -
 def _run_workers(args: argparse.Namespace) -> int:
     reserved = _reserve_port(args.host, args.port)
     port = reserved.getsockname()[1]
-    line: dict[str, object] = {"serving": args.host, "port": port, "workers": args.workers}
+    line: dict[str, object] = {
+        "serving": _address(args.host, port),
+        "port": port,
+        "workers": args.workers,
+    }
     metrics = None
     http = None
     probes = None

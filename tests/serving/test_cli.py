@@ -79,6 +79,7 @@ def test_serve_two_workers_exported_model(exported_repo):
     try:
         lines = [json.loads(proc.stdout.readline()) for _ in range(3)]  # parent + 2 workers
         port, metrics_dir = lines[0]["port"], Path(lines[0]["metrics_dir"])
+        assert [w["serving"] for w in lines] == [f"127.0.0.1:{port}"] * 3
         assert lines[0]["workers"] == 2
         assert {w["port"] for w in lines[1:]} == {port}
         assert [w["metrics_port"] for w in lines[1:]] == [None, None]  # only the parent's
