@@ -94,16 +94,20 @@ def test_workers_yield_the_local_epoch(tfrecord, service):
         assert own == sorted(own)
 
 
-def _reader_threads() -> int:
-    return sum(t.name == "data-service-input" and t.is_alive() for t in threading.enumerate())
+def _reader_threads(among: set[threading.Thread] | None = None) -> int:
+    """The live reader threads, or those of them not in ``among`` (threads seen before)."""
+    return sum(
+        t.name == "data-service-input" and t.is_alive() and (among is None or t not in among)
+        for t in threading.enumerate()
+    )
 
 
-def _wait_for_reader_threads(count: int) -> int:
+def _wait_for_reader_threads(count: int, among: set[threading.Thread] | None = None) -> int:
     """The reader threads alive once they are ``count``, or after 10 s."""
     deadline = time.monotonic() + 10
-    while _reader_threads() != count and time.monotonic() < deadline:
+    while _reader_threads(among) != count and time.monotonic() < deadline:
         time.sleep(0.05)
-    return _reader_threads()
+    return _reader_threads(among)
 
 
 def test_within_deadline_hands_on_elements_errors_and_stalls():
@@ -133,9 +137,11 @@ def test_within_deadline_hands_on_elements_errors_and_stalls():
 
 
 def test_a_reader_closed_early_stops_its_thread():
-    assert _wait_for_reader_threads(0) == 0  # the other tests' readers have ended
+    # a reader left blocked by another test in this process (a service without workers) is
+    # not this test's: only threads started here are counted
+    before = set(threading.enumerate())
     reader = within_deadline(iter(range(1000)), 5, "h:1")
     assert next(reader) == 0
-    assert _reader_threads() == 1  # blocked with two elements read ahead
+    assert _reader_threads(before) == 1  # blocked with two elements read ahead
     reader.close()  # the loop stopped early
-    assert _wait_for_reader_threads(0) == 0
+    assert _wait_for_reader_threads(0, before) == 0
