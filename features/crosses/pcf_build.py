@@ -293,6 +293,35 @@ def _relations(
     return relations, dropped
 
 
+def _check_limits(
+    min_count: object, max_nodes: object, alpha: object, min_impressions: object
+) -> None:
+    """``build_graph``'s limits, each checked with a ``ValueError`` naming it."""
+    if not isinstance(min_count, int) or min_count < 1:
+        raise ValueError(f"min_count must be an integer >= 1, got {min_count!r}")
+    if max_nodes is not None and (not isinstance(max_nodes, int) or max_nodes < 1):
+        raise ValueError(f"max_nodes must be None or an integer >= 1, got {max_nodes!r}")
+    if not (isinstance(alpha, int | float) and math.isfinite(alpha) and alpha >= 0):
+        raise ValueError(f"alpha must be a finite number >= 0, got {alpha!r}")
+    if not isinstance(min_impressions, int) or min_impressions < 1:
+        raise ValueError(f"min_impressions must be an integer >= 1, got {min_impressions!r}")
+
+
+def _pair_tables(
+    keyed: list[tuple[list[pa.Table], dict[str, int]]],
+    pairs: Sequence[tuple[str, str]],
+    sizes: dict[str, int],
+) -> tuple[list[pa.Table], dict[str, int]]:
+    """The second pass's part results merged: (each pair's edge table, each relation's edges
+    with a missing side)."""
+    tables = [
+        _uv_table(_merge_keys([k[0][r] for k in keyed if k[0][r].num_rows]), sizes[b])
+        for r, (_, b) in enumerate(pairs)
+    ]
+    skipped = {relation_name(p): sum(k[1][relation_name(p)] for k in keyed) for p in pairs}
+    return tables, skipped
+
+
 def build_graph(
     schema: Schema,
     files: Sequence[Path],
@@ -322,14 +351,7 @@ def build_graph(
     arguments.
     """
     pairs = _check_pairs(schema, pairs)
-    if not isinstance(min_count, int) or min_count < 1:
-        raise ValueError(f"min_count must be an integer >= 1, got {min_count!r}")
-    if max_nodes is not None and (not isinstance(max_nodes, int) or max_nodes < 1):
-        raise ValueError(f"max_nodes must be None or an integer >= 1, got {max_nodes!r}")
-    if not (isinstance(alpha, int | float) and math.isfinite(alpha) and alpha >= 0):
-        raise ValueError(f"alpha must be a finite number >= 0, got {alpha!r}")
-    if not isinstance(min_impressions, int) or min_impressions < 1:
-        raise ValueError(f"min_impressions must be an integer >= 1, got {min_impressions!r}")
+    _check_limits(min_count, max_nodes, alpha, min_impressions)
     log = log or (lambda _: None)
     fields = list(dict.fromkeys(f for p in pairs for f in p))
     specs = [schema.field(f) for f in fields]
@@ -354,12 +376,7 @@ def build_graph(
     t1 = time.time()
     job = dataclasses.replace(job, vocab=vocab)
     keyed = runner.map(pair_keys_task, parts, shared=job, label="pcf graph: count pairs")
-    sizes = {f: len(v) + 1 for f, v in vocab.items()}
-    tables = [
-        _uv_table(_merge_keys([k[0][r] for k in keyed if k[0][r].num_rows]), sizes[b])
-        for r, (_, b) in enumerate(pairs)
-    ]
-    skipped = {relation_name(p): sum(k[1][relation_name(p)] for k in keyed) for p in pairs}
+    tables, skipped = _pair_tables(keyed, pairs, {f: len(v) + 1 for f, v in vocab.items()})
     relations, dropped = _relations(pairs, tables, min_impressions)
     graph = PairGraph(
         fields=fields,
