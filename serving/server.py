@@ -297,6 +297,50 @@ async def create_server(
         raise
 
 
+def _prediction_logger(options: ServerOptions, metrics: Metrics) -> PredictionLogger | None:
+    """The prediction log ``options`` ask for (``log_dir``), else None."""
+    if options.log_dir is None:
+        return None
+    return PredictionLogger(
+        options.log_dir,
+        dict(options.log_rates),
+        options.log_default_rate,
+        flush_s=options.log_flush_s,
+        metrics=metrics,
+        compression=options.log_compression,
+    )
+
+
+def _log_serving(
+    address: str,
+    port: int,
+    options: ServerOptions,
+    repository: ModelRepository,
+    metrics_port: int | None,
+    http_port: int | None,
+    probes: ServerProbes | None,
+) -> None:
+    """The ``serving`` log event: the address and port bound, the other ports, the models."""
+    log.info(
+        json.dumps(
+            {
+                "event": "serving",
+                "address": bound_address(address, port),
+                "port": port,
+                "metrics_port": metrics_port,
+                "http_port": http_port,
+                "probe_port": probes.port if probes is not None else None,
+                "models": {n: repository.live_versions(n) for n in repository.model_names()},
+                "devices": repository.devices,
+                "tls": options.tls_cert is not None,
+                "auth": bool(options.tokens),
+                "otlp_endpoint": options.otlp_endpoint,
+                "prediction_log": options.log_dir,
+            }
+        )
+    )
+
+
 async def _start(
     address: str, repo: str | Path | ModelRepository, options: ServerOptions, traced: bool
 ) -> tuple[ServingServer, int]:
@@ -312,16 +356,8 @@ async def _start(
     state.observers.add(state.shadow)
     health_servicer = _add_services(server, state)
     port = _bind(server, address, options)
-    prediction_log = None
-    if options.log_dir is not None:
-        prediction_log = PredictionLogger(
-            options.log_dir,
-            dict(options.log_rates),
-            options.log_default_rate,
-            flush_s=options.log_flush_s,
-            metrics=metrics,
-            compression=options.log_compression,
-        )
+    prediction_log = _prediction_logger(options, metrics)
+    if prediction_log is not None:
         state.observers.add(prediction_log)
     sync_health = _health_sync(state, health_servicer)
     repository.after_poll = sync_health
@@ -351,24 +387,7 @@ async def _start(
     if options.metrics_port is not None:
         metrics_port = metrics.serve_http(options.metrics_port, options.metrics_host)
     await sync_health()
-    log.info(
-        json.dumps(
-            {
-                "event": "serving",
-                "address": bound_address(address, port),
-                "port": port,
-                "metrics_port": metrics_port,
-                "http_port": http_port,
-                "probe_port": probes.port if probes is not None else None,
-                "models": {n: repository.live_versions(n) for n in repository.model_names()},
-                "devices": repository.devices,
-                "tls": options.tls_cert is not None,
-                "auth": bool(options.tokens),
-                "otlp_endpoint": options.otlp_endpoint,
-                "prediction_log": options.log_dir,
-            }
-        )
-    )
+    _log_serving(address, port, options, repository, metrics_port, http_port, probes)
     serving = ServingServer(
         server,
         state,
