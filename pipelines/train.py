@@ -101,6 +101,28 @@ def _check_data_service(cfg: PipelineConfig) -> None:
         )
 
 
+def _built_model(
+    run: Run, dist: Any, stats: Any, lr: Any, log: Log
+) -> tuple[tf.keras.Model, tf.keras.optimizers.Optimizer, tf.keras.metrics.Mean, Any]:
+    """(model, optimizer, loss and AUC metrics) built in the strategy's scope: the model
+    called once, warm-started or continued from a previous run as ``[train]`` asks, the
+    optimizer's slots built."""
+    cfg, tc = run.cfg, run.cfg.train
+    previous = _previous_run(cfg, log)  # outside the strategy's scope: plain variables
+    with dist.scope():
+        model = build_run_model(cfg, run.schema, stats)
+        optimizer = make_optimizer(tc.optimizer, lr)
+        model(next(iter(make_dataset(run.schema, run.train_files, batch_size=2))))
+        if tc.warm_start:
+            warm_start(model, tc.warm_start, log)
+        optimizer.build(model.trainable_variables)
+        if previous is not None:  # slots need the built optimizer
+            continue_model(model, optimizer, previous, stats, ContinueOptions(tc.new_rows), log)
+        train_loss = tf.keras.metrics.Mean()
+        train_auc = tf.keras.metrics.AUC(num_thresholds=1000)
+    return model, optimizer, train_loss, train_auc
+
+
 def _train(cfg: PipelineConfig, log: Log) -> dict[str, Any]:
     cfg = dataclasses.replace(cfg, train=cfg.train.run_epochs())
     dist = distribute.setup(cfg.distribute, log)  # first: it starts the cluster's servers
@@ -123,18 +145,7 @@ def _train(cfg: PipelineConfig, log: Log) -> dict[str, Any]:
     steps_per_epoch, total_steps = _steps(dist, tc, rows)
     run.schedule = run_schedule(tc, steps_per_epoch, total_steps)
     lr = run_learning_rate(run.schedule[0], tc.learning_rate, total_steps, run.schedule[1])
-    previous = _previous_run(cfg, log)  # outside the strategy's scope: plain variables
-    with dist.scope():
-        model = build_run_model(cfg, schema, stats)
-        optimizer = make_optimizer(tc.optimizer, lr)
-        model(next(iter(make_dataset(schema, run.train_files, batch_size=2))))
-        if tc.warm_start:
-            warm_start(model, tc.warm_start, log)
-        optimizer.build(model.trainable_variables)
-        if previous is not None:  # slots need the built optimizer
-            continue_model(model, optimizer, previous, stats, ContinueOptions(tc.new_rows), log)
-        train_loss = tf.keras.metrics.Mean()
-        train_auc = tf.keras.metrics.AUC(num_thresholds=1000)
+    model, optimizer, train_loss, train_auc = _built_model(run, dist, stats, lr, log)
     paths.model_json.write_text(json.dumps(tf.keras.layers.serialize(model)))
     element_spec = make_dataset(schema, run.train_files, batch_size=tc.batch_size).element_spec
 
@@ -159,14 +170,11 @@ def _train(cfg: PipelineConfig, log: Log) -> dict[str, Any]:
             paths.root, model, schema, run.validation_files, lr, ensemble_options(tc), log
         )
         snapshots.resume(int(state.step))
+    validation = run.validation_files
     log(
         f"training {model.name} on {rows:,} rows: {tc.epochs} epoch(s) x {steps_per_epoch} steps "
         f"of {tc.batch_size}, {model.count_params():,} parameters"
-        + (
-            f"; validation on {count_rows(run.validation_files):,} rows"
-            if run.validation_files
-            else ""
-        )
+        + (f"; validation on {count_rows(validation):,} rows" if validation else "")
     )
     scorer = make_scorer(model, schema)
     loop = TrainLoop(
