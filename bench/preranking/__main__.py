@@ -68,7 +68,6 @@ from pipelines.preranking import (
     build_fscd,
     build_run_two_tower,
     finetune_stage,
-    fit,
     prerank_model_config,
     select_stage,
 )
@@ -76,6 +75,7 @@ from pipelines.run.data import prepare_data, prepare_stats
 from pipelines.run.model import build_on_sample, build_run_model
 from pipelines.run.paths import RunPaths
 from pipelines.run.scoring import evaluate_model, make_scorer
+from pipelines.run.stage_fit import fit
 from ranking.cascade import model_inputs
 
 

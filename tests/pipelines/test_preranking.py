@@ -20,7 +20,6 @@ from pipelines.export import export_run
 from pipelines.preranking import (
     build_fscd,
     check_costs,
-    fit,
     penalty_weight,
     select_stage,
 )
@@ -28,6 +27,7 @@ from pipelines.run.data import prepare_data, prepare_stats
 from pipelines.run.model import build_on_sample
 from pipelines.run.paths import RunPaths
 from pipelines.run.scoring import evaluate_model, make_scorer
+from pipelines.run.stage_fit import fit
 from pipelines.train import train
 from ranking.config import PrerankConfig
 from tests.ranking.prerank_data import GROUPED_SCHEMA, write_grouped
