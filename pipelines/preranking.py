@@ -379,6 +379,66 @@ def finetune_stage(
     return model, sub, summary
 
 
+def _check_same_method(paths: RunPaths, pr: PrerankConfig) -> None:
+    """Refuses a run folder whose checkpointed run is a ranking run or another method's."""
+    if paths.config.exists() and tf.train.latest_checkpoint(str(paths.checkpoints)):
+        previous = load_config(paths.config).preranking
+        if previous is None or previous.method != pr.method:
+            raise ConfigError(
+                f"{paths.root} holds a {'ranking' if previous is None else previous.method} run; "
+                f"train the {pr.method} pre-ranking model into a new output_dir"
+            )
+
+
+def _fscd_stages(
+    cfg: PipelineConfig,
+    schema: Schema,
+    stats: DatasetStats,
+    files: tuple[list[Path], list[Path]],
+    report: dict[str, Any],
+    log: Log,
+) -> tuple[RankingModel, Schema]:
+    """FSCD's three stages (trained, selected, fine-tuned) on the training ``files[0]``: the
+    stage-1 model saved in ``fscd_stage1/`` and scored on the test ``files[1]``, the selection
+    written to ``selection.json``; fills ``report`` and returns the fine-tuned model and its
+    schema."""
+    pr, paths = cfg.preranking or PrerankConfig(), RunPaths(Path(cfg.output_dir))
+    train_files, test_files = files
+    stage1 = build_fscd(cfg, schema, stats)
+    build_on_sample(stage1, schema, train_files)
+    report["stage1"] = fit(stage1, schema, train_files, cfg, pr.fscd_epochs, log, "fscd stage 1")
+    save_model(stage1, schema, paths.root / "fscd_stage1")
+    selection = select_stage(stage1, schema, cfg, train_files)
+    groups = {schema.field(n).group for n in selection["kept"]}
+    if None not in groups and "item" not in groups:
+        selection["warning"] = (
+            "no item field kept: the model scores every candidate of a request alike, so "
+            "it cannot pre-rank; raise the budget"
+        )
+        log(f"fscd stage 2: warning: {selection['warning']}")
+    (paths.root / "selection.json").write_text(json.dumps(selection, indent=1))
+    for d in selection["fields"]:
+        log(
+            f"fscd stage 2: {d['name']}: keep prob {d['keep_prob']:.3f}, complexity "
+            f"{d['complexity']:.3f} -> {'kept' if d['kept'] else 'dropped'} ({d['reason']})"
+        )
+    if test_files:
+        report["stage1"]["test"] = evaluate_model(make_scorer(stage1, schema), schema, test_files)
+    model, final_schema, report["stage3"] = finetune_stage(
+        cfg,
+        schema,
+        stats,
+        train_files,
+        stage1,
+        selection["kept"],
+        log,
+        init_from_stage1=pr.finetune_init == "stage1",
+    )
+    report["selection"] = {k: selection[k] for k in ("budget", "kept", "dropped")}
+    report["interaction"] = type(model.interaction).__name__  # the pre-ranker's own type
+    return model, final_schema
+
+
 def run_preranking(cfg: PipelineConfig, log: Log = print) -> dict[str, Any]:
     """Trains the ``[preranking]`` model of ``cfg`` into ``cfg.output_dir``; returns the report
     (also ``train_report.json``)."""
@@ -389,13 +449,7 @@ def run_preranking(cfg: PipelineConfig, log: Log = print) -> dict[str, Any]:
     if pr.method == "fscd" and pr.require_costs:
         check_costs(cfg.data.schema)
     paths = RunPaths(Path(cfg.output_dir))
-    if paths.config.exists() and tf.train.latest_checkpoint(str(paths.checkpoints)):
-        previous = load_config(paths.config).preranking
-        if previous is None or previous.method != pr.method:
-            raise ConfigError(
-                f"{paths.root} holds a {'ranking' if previous is None else previous.method} run; "
-                f"train the {pr.method} pre-ranking model into a new output_dir"
-            )
+    _check_same_method(paths, pr)
     paths.root.mkdir(parents=True, exist_ok=True)
     paths.config.write_text(cfg.to_toml())
     gpus = use_gpus_if_present(log)
@@ -414,42 +468,9 @@ def run_preranking(cfg: PipelineConfig, log: Log = print) -> dict[str, Any]:
         report["train"] = fit(model, schema, train_files, cfg, cfg.train.epochs, log, "two_tower")
         final_schema = schema
     else:
-        stage1 = build_fscd(cfg, schema, stats)
-        build_on_sample(stage1, schema, train_files)
-        report["stage1"] = fit(
-            stage1, schema, train_files, cfg, pr.fscd_epochs, log, "fscd stage 1"
+        model, final_schema = _fscd_stages(
+            cfg, schema, stats, (train_files, test_files), report, log
         )
-        save_model(stage1, schema, paths.root / "fscd_stage1")
-        selection = select_stage(stage1, schema, cfg, train_files)
-        groups = {schema.field(n).group for n in selection["kept"]}
-        if None not in groups and "item" not in groups:
-            selection["warning"] = (
-                "no item field kept: the model scores every candidate of a request alike, so "
-                "it cannot pre-rank; raise the budget"
-            )
-            log(f"fscd stage 2: warning: {selection['warning']}")
-        (paths.root / "selection.json").write_text(json.dumps(selection, indent=1))
-        for d in selection["fields"]:
-            log(
-                f"fscd stage 2: {d['name']}: keep prob {d['keep_prob']:.3f}, complexity "
-                f"{d['complexity']:.3f} -> {'kept' if d['kept'] else 'dropped'} ({d['reason']})"
-            )
-        if test_files:
-            report["stage1"]["test"] = evaluate_model(
-                make_scorer(stage1, schema), schema, test_files
-            )
-        model, final_schema, report["stage3"] = finetune_stage(
-            cfg,
-            schema,
-            stats,
-            train_files,
-            stage1,
-            selection["kept"],
-            log,
-            init_from_stage1=pr.finetune_init == "stage1",
-        )
-        report["selection"] = {k: selection[k] for k in ("budget", "kept", "dropped")}
-        report["interaction"] = type(model.interaction).__name__  # the pre-ranker's own type
     ckpt = save_model(model, final_schema, paths.root)
     test = (
         evaluate_model(make_scorer(model, final_schema), final_schema, test_files)
