@@ -147,6 +147,68 @@ def train_early_stopped(
 # ---- one dataset -------------------------------------------------------------------------------
 
 
+def _finetune_options(args: argparse.Namespace, lr: float) -> list[tuple[str, float]]:
+    """Stage 3's (init, learning rate) candidates. It starts from converged weights: its lr is
+    chosen on the first seed from the ranking lr and a tenth of it (a fresh Adam at the full
+    lr overshoots); ``--finetune-init scratch`` trains afresh on the kept fields at the ranking
+    lr, ``best`` tries both."""
+    options = [("stage1", lr), ("stage1", lr / 10)]
+    if args.finetune_init in ("scratch", "best"):
+        options = [("scratch", lr)] + (options if args.finetune_init == "best" else [])
+    return options
+
+
+def _finetuned(
+    setting: tuple[PipelineConfig, Any, Any],
+    files: tuple[list[Path], list[Path]],
+    stage1: tf.keras.Model,
+    kept: list[str],
+    args: argparse.Namespace,
+    options: list[tuple[str, float]],
+) -> tuple[tf.keras.Model, Any, dict[str, Any]]:
+    """Stage 3 fine-tuned with each of ``options`` (init, lr); the one best on validation:
+    (model, its schema, its training summary with ``lr`` and ``init``)."""
+    (scfg, schema, stats), (fit_files, valid_files) = setting, files
+    best_ft = None
+    for init, ft_lr in options:
+        model, sub, summary = finetune_stage(
+            scfg, schema, stats, fit_files, stage1, kept, log,
+            init_from_stage1=init == "stage1",
+            valid_files=valid_files, patience=args.patience, learning_rate=ft_lr,
+        )  # fmt: skip
+        auc = max([*summary["valid_auc"], summary.get("valid_auc_start", 0.0)])
+        if best_ft is None or auc > best_ft[0]:
+            best_ft = (auc, model, sub, {**summary, "lr": ft_lr, "init": init})
+    if best_ft is None:
+        raise ValueError("no fine-tuning option to try")
+    return best_ft[1], best_ft[2], best_ft[3]
+
+
+def _scored(
+    models: dict[str, tuple[tf.keras.Model, Any]],
+    schema: Any,
+    requests: tuple[list, list],
+    test_files: list[Path],
+    label_prefix: str,
+) -> dict[str, dict[str, float]]:
+    """Each model's test AUC and log loss, and for the pre-rankers the recall@10-in-50 of the
+    ranking model's top candidates over the sampled requests."""
+    rank = models["rank"][0]
+    rank_scores = [flat_scores(rank, schema, r, c) for r, c in zip(*requests, strict=True)]
+    scored = {}
+    for label, (model, sub) in models.items():
+        m = evaluate_model(make_scorer(model, sub), sub, test_files)
+        entry = {"auc": m["auc"], "logloss": m["logloss"]}
+        if label != "rank":
+            pre = [flat_scores(model, schema, r, c) for r, c in zip(*requests, strict=True)]
+            entry["recall_10_in_50"] = float(
+                np.mean([recall_at(a, b) for a, b in zip(rank_scores, pre, strict=True)])
+            )
+        scored[label] = entry
+        log(f"{label_prefix} {label}: {entry}")
+    return scored
+
+
 def run_dataset(name: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     work = out / name
     work.mkdir(parents=True, exist_ok=True)
@@ -209,26 +271,10 @@ def run_dataset(name: str, args: argparse.Namespace, out: Path) -> dict[str, Any
         for kind, value in budgets:
             label = f"fscd[{kind}:{value:g}]"
             sel = select_stage(stage1, schema, scfg, fit_files, kind, value)
-            # stage 3 starts from converged weights: its lr is chosen on the first seed from
-            # the ranking lr and a tenth of it (a fresh Adam at the full lr overshoots)
-            # (--finetune-init best: or trained afresh on the kept fields at the ranking lr)
-            options = [("stage1", lr), ("stage1", lr / 10)]
-            if args.finetune_init in ("scratch", "best"):
-                options = [("scratch", lr)] + (options if args.finetune_init == "best" else [])
-            if label in chosen:
-                options = [chosen[label]]
-            best_ft = None
-            for init, ft_lr in options:
-                model, sub, summary = finetune_stage(
-                    scfg, schema, stats, fit_files, stage1, sel["kept"], log,
-                    init_from_stage1=init == "stage1",
-                    valid_files=valid_files, patience=args.patience, learning_rate=ft_lr,
-                )  # fmt: skip
-                auc = max([*summary["valid_auc"], summary.get("valid_auc_start", 0.0)])
-                if best_ft is None or auc > best_ft[0]:
-                    best_ft = (auc, model, sub, {**summary, "lr": ft_lr, "init": init})
-            assert best_ft is not None
-            _, model, sub, training[label] = best_ft
+            model, sub, training[label] = _finetuned(
+                (scfg, schema, stats), (fit_files, valid_files), stage1, sel["kept"], args,
+                [chosen[label]] if label in chosen else _finetune_options(args, lr),
+            )  # fmt: skip
             chosen[label] = (training[label]["init"], training[label]["lr"])
             models[label] = (model, sub)
             selections[label] = {
@@ -247,23 +293,10 @@ def run_dataset(name: str, args: argparse.Namespace, out: Path) -> dict[str, Any
                 }
                 for k, v in training.items()
             },
-            "models": {},
         }
-        rank_scores = [
-            flat_scores(rank, schema, r, c) for r, c in zip(requests, cands, strict=True)
-        ]
-        for label, (model, sub) in models.items():
-            m = evaluate_model(make_scorer(model, sub), sub, test_files)
-            entry = {"auc": m["auc"], "logloss": m["logloss"]}
-            if label != "rank":
-                pre = [
-                    flat_scores(model, schema, r, c) for r, c in zip(requests, cands, strict=True)
-                ]
-                entry["recall_10_in_50"] = float(
-                    np.mean([recall_at(a, b) for a, b in zip(rank_scores, pre, strict=True)])
-                )
-            run["models"][label] = entry
-            log(f"{name} seed {seed} {label}: {entry}")
+        run["models"] = _scored(
+            models, schema, (requests, cands), test_files, f"{name} seed {seed}"
+        )
         if seed == args.seeds[0]:
             run["cost"] = measure_cost(models, tt, schema, cfg, pcfg, requests, cands, args)
             log(f"{name} cost: {json.dumps(run['cost'], indent=1)}")
