@@ -393,18 +393,7 @@ def off_policy(
     if reward_folds:
         log(f"off-policy: {bl.actions.size} candidate actions; fitting the reward model")
         rm = offpolicy.fit_reward_model(logs, bl, build, reward_folds, seed)
-    rows: dict[str, offpolicy.PolicyRows] = {}
-    skipped: dict[str, str] = {}
-    for name, src in policies.items():
-        try:
-            cand = src.candidate_scores(logs, action, bl.actions, build)
-        except sources.SourceError as e:
-            skipped[name] = str(e)
-            continue
-        metrics.check_labels_scores(np.zeros(cand.size), cand.ravel(), f"{name} candidate scores")
-        pi = offpolicy.policy(cand, temperature)
-        rows[name] = offpolicy.policy_rows(pi, bl, None if rm is None else rm.q)
-        log(f"off-policy: scored {cand.size:,} (row, candidate) pairs for {name}")
+    rows, skipped = _policy_rows(logs, policies, (bl, build, rm), action, temperature, log)
     kernels: dict[tuple[str, str], bootstrap.Kernel] = {
         ("logged", "observed"): bootstrap.RatioKernel(bl.reward)
     }
@@ -424,28 +413,67 @@ def off_policy(
             "observed_ctr": float(bl.reward.mean()),
             "ci": bootstrap.interval(boot[("logged", "observed")], level),
         },
-        "policies": {},
+        "policies": {name: _estimates(name, pr, boot, level) for name, pr in rows.items()},
         "skipped": skipped,
     }
-    for name, pr in rows.items():
-        point = pr.point()
-        out["policies"][name] = {
-            "estimates": {
-                est: {"value": point[est], "ci": bootstrap.interval(boot[(name, est)], level)}
-                for est in offpolicy.ESTIMATORS
-            },
-            "diagnostics": pr.diagnostics(),
-        }
     if "control" in rows and "treatment" in rows:
-        out["difference"] = {
-            est: bootstrap.difference(
-                est,
-                rows["control"].point()[est],
-                rows["treatment"].point()[est],
-                boot[("control", est)],
-                boot[("treatment", est)],
-                level,
-            ).to_dict()
-            for est in offpolicy.ESTIMATORS
-        }
+        out["difference"] = _difference(rows, boot, level)
     return out
+
+
+def _policy_rows(
+    logs: sources.Logs,
+    policies: Mapping[str, sources.ScoreSource],
+    fitted: tuple[Any, Any, Any],
+    action: str,
+    temperature: float,
+    log: Callable[[str], None],
+) -> tuple[dict[str, offpolicy.PolicyRows], dict[str, str]]:
+    """Each policy's per-row weights and rewards from its candidate scores (``fitted``: the
+    bandit logs, their candidate builder and the reward model or None); the policies whose
+    scores cannot be read are skipped, with the reason."""
+    bl, build, rm = fitted
+    rows: dict[str, offpolicy.PolicyRows] = {}
+    skipped: dict[str, str] = {}
+    for name, src in policies.items():
+        try:
+            cand = src.candidate_scores(logs, action, bl.actions, build)
+        except sources.SourceError as e:
+            skipped[name] = str(e)
+            continue
+        metrics.check_labels_scores(np.zeros(cand.size), cand.ravel(), f"{name} candidate scores")
+        pi = offpolicy.policy(cand, temperature)
+        rows[name] = offpolicy.policy_rows(pi, bl, None if rm is None else rm.q)
+        log(f"off-policy: scored {cand.size:,} (row, candidate) pairs for {name}")
+    return rows, skipped
+
+
+def _estimates(
+    name: str, pr: offpolicy.PolicyRows, boot: dict[Any, Any], level: float
+) -> dict[str, Any]:
+    """A policy's estimates, each with its bootstrap interval, and its weight diagnostics."""
+    point = pr.point()
+    return {
+        "estimates": {
+            est: {"value": point[est], "ci": bootstrap.interval(boot[(name, est)], level)}
+            for est in offpolicy.ESTIMATORS
+        },
+        "diagnostics": pr.diagnostics(),
+    }
+
+
+def _difference(
+    rows: dict[str, offpolicy.PolicyRows], boot: dict[Any, Any], level: float
+) -> dict[str, Any]:
+    """Treatment - control of every estimator, with its paired bootstrap interval."""
+    return {
+        est: bootstrap.difference(
+            est,
+            rows["control"].point()[est],
+            rows["treatment"].point()[est],
+            boot[("control", est)],
+            boot[("treatment", est)],
+            level,
+        ).to_dict()
+        for est in offpolicy.ESTIMATORS
+    }
