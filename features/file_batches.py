@@ -106,19 +106,24 @@ def csv_batches(
                 break
             yield _csv_chunk(file, batch, plan, lines, rejected)
     except pa.ArrowException as e:
-        if "Empty CSV file" in str(e):
-            raise DataError(f"file {str(file)!r} is empty: expected lines of data") from None
-        if "straddl" in str(e):  # a row longer than pyarrow's block of text
-            raise DataError(
-                f"{file}: a row at or after line {lines.next} is longer than "
-                f"{read_opts.block_size >> 20} MiB, the most one row may hold; expected shorter "
-                f"rows (an unclosed quote also makes one row of the rest of the file)"
-            ) from None
-        raise DataError(f"{file}: could not parse CSV at or after line {lines.next}: {e}") from None
+        raise _parse_error(file, e, lines.next, read_opts.block_size) from None
     except OSError as e:  # pyarrow's decompressor: a truncated or corrupt gzip/bz2 stream
         raise DataError(compressed_stream_message(file, lines.next - 1, e)) from None
     if rejected:
         yield RawBatch({}, np.zeros(0, np.int64), "line", plan.notes, list(rejected))
+
+
+def _parse_error(file: Path, e: pa.ArrowException, line: int, block_size: int) -> DataError:
+    """The DataError of pyarrow's CSV error ``e`` at or after ``line`` of ``file``."""
+    if "Empty CSV file" in str(e):
+        return DataError(f"file {str(file)!r} is empty: expected lines of data")
+    if "straddl" in str(e):  # a row longer than pyarrow's block of text
+        return DataError(
+            f"{file}: a row at or after line {line} is longer than {block_size >> 20} MiB, the "
+            "most one row may hold; expected shorter rows (an unclosed quote also makes one row "
+            "of the rest of the file)"
+        )
+    return DataError(f"{file}: could not parse CSV at or after line {line}: {e}")
 
 
 def _open_stream(file: Path, byte_range: tuple[int, int] | None) -> pa.NativeFile:
