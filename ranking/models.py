@@ -296,6 +296,23 @@ def build_model(
     )
 
 
+def _wide_term(
+    config: ModelConfig, preprocessor: tf.keras.layers.Layer, num_dense: int
+) -> LinearTerm:
+    """The linear term over every embedded field (one weight a value, multi-valued fields
+    summed) and the ``num_dense`` dense inputs: ``lr`` itself, or the ``wide`` part of the
+    others."""
+    sum_all = {name: "sum" for name in preprocessor.embedded_fields}
+    wide_tables = embedding_tables(config, preprocessor, lambda _: 1, sum_all, wide=True)
+    return LinearTerm(
+        EmbeddingCollection(wide_tables, name="wide_weights") if wide_tables else None,
+        num_dense,
+        l2=config.l2_wide,
+        l1=config.l1_wide,
+        name="wide",
+    )
+
+
 def _single_task_model(
     config: ModelConfig,
     preprocessor: tf.keras.layers.Layer,
@@ -310,15 +327,7 @@ def _single_task_model(
     """``build_model`` of a config without tasks: ``lr``, ``fm``, ``dnn`` or ``dcn_v2``."""
     rows = preprocessor.embedded_fields
     num_dense = len(preprocessor.dense_fields) + sum(int(b.output_dim) for b in dense_blocks)
-    sum_all = {name: "sum" for name in rows}
-    wide_tables = embedding_tables(config, preprocessor, lambda _: 1, sum_all, wide=True)
-    wide = LinearTerm(
-        EmbeddingCollection(wide_tables, name="wide_weights") if wide_tables else None,
-        num_dense,
-        l2=config.l2_wide,
-        l1=config.l1_wide,
-        name="wide",
-    )
+    wide = _wide_term(config, preprocessor, num_dense)
     common = {
         "preprocessor": preprocessor,
         "label": label,
