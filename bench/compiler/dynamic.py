@@ -26,6 +26,7 @@ trace (``buckets.count_compilations``). Latency per request: call + copy of the 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -50,12 +51,100 @@ VARIANTS = (
 )
 
 
+@dataclasses.dataclass
+class _Requests:
+    """The request sequence in both call forms (``structured``: ``(ids, dense)``; ``flat``:
+    the flat tensors the frozen graphs take) and the largest batch in both (the load call)."""
+
+    structured: list[Any]
+    flat: list[tuple]
+    full_structured: tuple
+    full_flat: tuple
+
+
+def _variant(name: str, w: Any, r: Any, ladder: list[int], req: _Requests) -> tuple:
+    """A fresh instance of variant ``name``: (callable, its requests, its load call's args)."""
+    import tensorflow as tf
+
+    from compiler_opt import buckets, graph_io
+
+    def graph_fn(graph_def: Any) -> Any:
+        return graph_io.load_graph_def(graph_def, r.frozen.inputs, r.frozen.outputs, r.frozen.bound)
+
+    flat, full_flat = req.flat, req.full_flat
+    if name == "frozen":
+        return graph_fn(r.frozen.graph_def), flat, full_flat
+    if name == "frozen+buckets":  # what padding alone costs
+        return buckets.Bucketed(graph_fn(r.frozen.graph_def), ladder), flat, full_flat
+    if name == "xla":
+        jit = tf.function(w.inference, jit_compile=True)
+        return (lambda i, d, f=jit: [f(i, d)]), req.structured, req.full_structured
+    if name.startswith("xla+buckets"):
+        jit = tf.function(w.inference, jit_compile=True)
+
+        def whole(*xs: Any, f: Any = jit) -> list[Any]:
+            return [f(*tf.nest.pack_sequence_as(req.full_structured, xs, expand_composites=True))]
+
+        return buckets.Bucketed(whole, ladder), flat, full_flat
+    if name == "clusters":
+        return graph_fn(r.tagged), flat, full_flat
+    return buckets.Bucketed(graph_fn(r.tagged), ladder), flat, full_flat
+
+
+def _serve(
+    name: str, variant: tuple, full_flat: tuple, reference: list[np.ndarray]
+) -> dict[str, Any]:
+    """Loads variant ``name`` and serves the requests one after the other: compilations,
+    latencies and the largest difference from ``reference`` (the ``frozen`` outputs, which
+    this call appends to when ``name`` is ``frozen``)."""
+    from compiler_opt import buckets
+
+    fn, inputs, load_args = variant
+    # loading: one call at the largest batch (graph instantiation, first compile; one row
+    # fewer when padded), or the warm-up of every bucket; timed and counted apart from the
+    # requests
+    t0 = time.perf_counter()
+    with buckets.count_compilations() as at_load:
+        if name.endswith("warm"):
+            fn.warmup(full_flat)
+        elif isinstance(fn, buckets.Bucketed):  # 511 rows: a padded call
+            fn(*[t[:-1] for t in load_args])[0].numpy()
+        else:
+            fn(*load_args)[0].numpy()
+    load_s = time.perf_counter() - t0
+    latencies = []
+    diff = 0.0
+    with buckets.count_compilations() as c:
+        for i, a in enumerate(inputs):
+            t0 = time.perf_counter()
+            out = fn(*a)[0].numpy()
+            latencies.append(time.perf_counter() - t0)
+            if name == "frozen":
+                reference.append(out)
+            else:
+                diff = max(diff, float(np.abs(out - reference[i]).max()))
+    row = {
+        "compilations": c.count,
+        "p50_s": float(np.percentile(latencies, 50)),
+        "p99_s": float(np.percentile(latencies, 99)),
+        "total_s": float(sum(latencies)),
+        "max_abs_diff": diff,
+        "latencies_s": latencies,
+        "load_s": load_s,
+        "load_compilations": at_load.count,
+    }
+    if isinstance(fn, buckets.Bucketed):
+        row["buckets_used"] = fn.stats.buckets_used
+        row["padding_share"] = 1 - fn.stats.rows / fn.stats.padded_rows
+    return row
+
+
 def child(args: argparse.Namespace) -> dict[str, Any]:
     """One process: every variant over the same seeded request sequence."""
     import tensorflow as tf
 
     from bench.compiler import workload
-    from compiler_opt import buckets, cost, graph_io, realize
+    from compiler_opt import buckets, cost, realize
 
     coefficients = cost.load_or_calibrate()
     data_dir = workload.write_data(Path(args.out) / "work", args.rows)
@@ -64,83 +153,30 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     spec = tf.nest.map_structure(
         lambda t: tf.TensorSpec([None, *t.shape[1:]], t.dtype), (ids, dense)
     )
-    plain = tf.function(w.inference)
-    r = realize.xla_clusters(plain.get_concrete_function(*spec), coefficients, 256)
+    r = realize.xla_clusters(
+        tf.function(w.inference).get_concrete_function(*spec), coefficients, 256
+    )
     rng = np.random.default_rng(args.seed)
     sizes = [int(n) for n in rng.integers(1, args.max_batch + 1, args.requests)]
     structured = [tf.nest.map_structure(lambda t, n=n: t[:n], (ids, dense)) for n in sizes]
-    flat = [tuple(tf.nest.flatten(s, expand_composites=True)) for s in structured]
+    req = _Requests(
+        structured,
+        [tuple(tf.nest.flatten(s, expand_composites=True)) for s in structured],
+        (ids, dense),
+        tuple(tf.nest.flatten((ids, dense), expand_composites=True)),
+    )
     ladder = buckets.powers_of_two(8, args.max_batch)
-
-    def graph_fn(graph_def: Any) -> Any:
-        return graph_io.load_graph_def(graph_def, r.frozen.inputs, r.frozen.outputs, r.frozen.bound)
-
     res: dict[str, Any] = {"seed": args.seed, "sizes": sizes, "load_start": os.getloadavg()}
     res["n_clusters"] = r.clusters
     reference: list[np.ndarray] = []
-    full_structured = (ids, dense)
-    full_flat = tuple(tf.nest.flatten(full_structured, expand_composites=True))
     for name in VARIANTS:
-        if name == "frozen":
-            fn, inputs, load_args = graph_fn(r.frozen.graph_def), flat, full_flat
-        elif name == "frozen+buckets":  # what padding alone costs
-            fn = buckets.Bucketed(graph_fn(r.frozen.graph_def), ladder)
-            inputs, load_args = flat, full_flat
-        elif name == "xla":
-            jit = tf.function(w.inference, jit_compile=True)
-            fn, inputs, load_args = (lambda i, d, f=jit: [f(i, d)]), structured, full_structured
-        elif name.startswith("xla+buckets"):
-            jit = tf.function(w.inference, jit_compile=True)
-
-            def whole(*xs: Any, f: Any = jit) -> list[Any]:
-                return [f(*tf.nest.pack_sequence_as(full_structured, xs, expand_composites=True))]
-
-            fn, inputs, load_args = buckets.Bucketed(whole, ladder), flat, full_flat
-        elif name == "clusters":
-            fn, inputs, load_args = graph_fn(r.tagged), flat, full_flat
-        else:
-            fn, inputs, load_args = buckets.Bucketed(graph_fn(r.tagged), ladder), flat, full_flat
-        # loading: one call at the largest batch (graph instantiation, first compile; one row
-        # fewer when padded), or the
-        # warm-up of every bucket; timed and counted apart from the requests
-        t0 = time.perf_counter()
-        with buckets.count_compilations() as at_load:
-            if name.endswith("warm"):
-                fn.warmup(full_flat)
-            elif isinstance(fn, buckets.Bucketed):  # 511 rows: a padded call
-                fn(*[t[:-1] for t in load_args])[0].numpy()
-            else:
-                fn(*load_args)[0].numpy()
-        load_s = time.perf_counter() - t0
-        latencies = []
-        diff = 0.0
-        with buckets.count_compilations() as c:
-            for i, a in enumerate(inputs):
-                t0 = time.perf_counter()
-                out = fn(*a)[0].numpy()
-                latencies.append(time.perf_counter() - t0)
-                if name == "frozen":
-                    reference.append(out)
-                else:
-                    diff = max(diff, float(np.abs(out - reference[i]).max()))
-        row = {
-            "compilations": c.count,
-            "p50_s": float(np.percentile(latencies, 50)),
-            "p99_s": float(np.percentile(latencies, 99)),
-            "total_s": float(sum(latencies)),
-            "max_abs_diff": diff,
-            "latencies_s": latencies,
-            "load_s": load_s,
-            "load_compilations": at_load.count,
-        }
-        if isinstance(fn, buckets.Bucketed):
-            row["buckets_used"] = fn.stats.buckets_used
-            row["padding_share"] = 1 - fn.stats.rows / fn.stats.padded_rows
+        row = _serve(name, _variant(name, w, r, ladder, req), req.full_flat, reference)
         res[name] = row
         print(
-            f"[seed {args.seed}] {name}: {c.count} compilations, p50 {row['p50_s'] * 1e3:.2f} ms, "
-            f"p99 {row['p99_s'] * 1e3:.2f} ms, total {row['total_s']:.2f} s, diff {diff:.1e}"
-            + f"; load {load_s:.2f} s, {at_load.count} compilations",
+            f"[seed {args.seed}] {name}: {row['compilations']} compilations, p50 "
+            f"{row['p50_s'] * 1e3:.2f} ms, p99 {row['p99_s'] * 1e3:.2f} ms, total "
+            f"{row['total_s']:.2f} s, diff {row['max_abs_diff']:.1e}; load {row['load_s']:.2f} s, "
+            f"{row['load_compilations']} compilations",
             flush=True,
         )
     res["load_end"] = os.getloadavg()

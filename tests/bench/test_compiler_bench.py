@@ -1,6 +1,7 @@
-"""bench.compiler with tiny settings: every variant of the inference pass and of the training
-step is timed, the fused forms score what plain graph mode scores, one call's executed ops are
-counted and the summary tables name every row (no timing assertions)."""
+"""bench.compiler and bench.compiler.dynamic with tiny settings: every variant of the inference
+pass and of the training step is timed, the fused forms score what plain graph mode scores,
+one call's executed ops (or compilations) are counted and the summary tables name every row
+(no timing assertions)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from bench.compiler.dynamic import VARIANTS
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVED = {"plain", "xla", "frozen", "clusters", "frozen_xla", "htables", "htables_xla"}
@@ -51,3 +54,25 @@ def test_quick_run_times_every_variant_and_scores_like_plain(tmp_path):
     summary = (tmp_path / "summary.md").read_text()
     assert summary.count("| full | inference | 32 |") >= (4 if generated else 2)
     assert "| full | 32 |" in summary  # the training step's clusters table
+
+
+def test_dynamic_quick_run_serves_every_variant_like_the_frozen_graph(tmp_path):
+    cmd = [
+        sys.executable, "-m", "bench.compiler.dynamic", "--out", str(tmp_path), "--rows", "2000",
+        "--requests", "12", "--max-batch", "32", "--processes", "1",
+    ]  # fmt: skip
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    (proc,) = json.loads((tmp_path / "results.json").read_text())["processes"]
+    assert len(proc["sizes"]) == 12 and all(1 <= n <= 32 for n in proc["sizes"])
+    for name in VARIANTS:
+        row = proc[name]
+        assert len(row["latencies_s"]) == 12 and row["max_abs_diff"] < 1e-4, name
+        if "buckets" in name:  # padded to the ladder 8, 16, 32: never fewer rows than asked
+            assert 0 <= row["padding_share"] < 1 and row["buckets_used"]
+    # graph mode compiles nothing; warmed buckets compile nothing more while serving
+    assert proc["frozen"]["compilations"] == 0 and proc["frozen+buckets"]["compilations"] == 0
+    assert proc["xla+buckets warm"]["compilations"] == 0
+    assert proc["clusters+buckets warm"]["compilations"] == 0
+    assert proc["xla"]["compilations"] >= proc["xla+buckets"]["compilations"]
+    assert "| clusters+buckets warm |" in (tmp_path / "summary.md").read_text()
