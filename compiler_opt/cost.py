@@ -393,6 +393,84 @@ def _time_fn(fn: object, repeats: int, *args: tf.Tensor) -> float:
     return min(times)
 
 
+def _sin_chain(n: int) -> tf.types.experimental.PolymorphicFunction:
+    """A function of ``n`` alternating sin/cos kernels on one float (launch cost only)."""
+
+    @tf.function
+    def f(x: tf.Tensor) -> tf.Tensor:
+        for i in range(n):
+            x = tf.sin(x) if i % 2 == 0 else tf.cos(x)
+        return x
+
+    return f
+
+
+def _launch(chain: int, reps: int, measured: dict[str, float]) -> tuple[float, float]:
+    """(seconds per kernel launch: the slope between a ``chain``-kernel and a 10-kernel
+    chain, the 10-kernel chain's seconds: a call's fixed cost)."""
+    x1 = tf.constant([0.5], tf.float32)
+    t_long = _time_fn(_sin_chain(chain), reps, x1)
+    t_short = _time_fn(_sin_chain(10), reps, x1)
+    measured.update(chain_ops=float(chain), chain_s=t_long, chain10_s=t_short)
+    return max((t_long - t_short) / (chain - 10), 1e-9), t_short
+
+
+def _bandwidth(n: int, reps: int, base: tuple[float, float], measured: dict[str, float]) -> float:
+    """Bytes per second of a stream of elementwise kernels over ``n`` floats, less the call's
+    fixed cost and the launches (``base``: seconds per launch, fixed seconds)."""
+    launch, t_short = base
+    big = tf.random.uniform([n], dtype=tf.float32)
+    steps = 4
+
+    @tf.function
+    def stream(x: tf.Tensor) -> tf.Tensor:
+        for k in range(steps):
+            x = x * 1.0001 + float(k)  # Mul + AddV2: 2 kernels per step
+        return x[:1]
+
+    t_stream = _time_fn(stream, reps, big)
+    stream_bytes = 2 * steps * 2 * n * 4  # each kernel reads and writes n floats
+    measured.update(stream_s=t_stream, stream_bytes=float(stream_bytes))
+    return stream_bytes / max(t_stream - t_short - 2 * steps * launch, 1e-6)
+
+
+def _gather_row(
+    shape: tuple[int, int],
+    n_ids: int,
+    reps: int,
+    costs: tuple[float, float],
+    measured: dict[str, float],
+) -> float:
+    """Seconds per random row of a ``shape`` table gathered by ``n_ids`` ids, beyond the bytes
+    moved (``costs``: the call's fixed seconds, bytes per second)."""
+    t_short, bandwidth = costs
+    rows, dim = shape
+    table = tf.Variable(tf.random.uniform([rows, dim]), trainable=False)
+    ids = tf.constant(np.random.default_rng(0).integers(0, rows, n_ids), tf.int32)
+
+    @tf.function
+    def gather(i: tf.Tensor) -> tf.Tensor:
+        return tf.gather(table, i)[:1]
+
+    t_gather = _time_fn(gather, reps, ids)
+    g_bytes = n_ids * 4 + 2 * n_ids * dim * 4
+    measured.update(gather_s=t_gather, gather_rows=float(n_ids), gather_dim=float(dim))
+    return max((t_gather - t_short - g_bytes / bandwidth) / n_ids, 1e-12)
+
+
+def _matmul_flops(mm: int, reps: int, t_short: float, measured: dict[str, float]) -> float:
+    """FLOP per second of an ``mm`` x ``mm`` float32 matmul."""
+    a = tf.random.uniform([mm, mm])
+
+    @tf.function
+    def matmul(x: tf.Tensor) -> tf.Tensor:
+        return tf.matmul(x, x)[:1, :1]
+
+    t_mm = _time_fn(matmul, max(3, reps // 2), a)
+    measured.update(matmul_s=t_mm, matmul_n=float(mm))
+    return 2 * mm**3 / max(t_mm - t_short, 1e-6)
+
+
 def calibrate(device: str | None = None, quick: bool = False) -> Coefficients:
     """Measures the coefficients on ``device`` (default: ``default_device()``) in ~1-5 s.
 
@@ -404,7 +482,7 @@ def calibrate(device: str | None = None, quick: bool = False) -> Coefficients:
     reps = 5 if quick else 9
     chain = 400 if quick else CHAIN * 10
     n_big = (1 << 20) if quick else (1 << 24)
-    rows, dim = ((1 << 18), 16) if quick else ((1 << 20), 16)
+    rows = (1 << 18) if quick else (1 << 20)
     n_ids = (1 << 15) if quick else (1 << 17)
     mm = 256 if quick else 1024
     measured: dict[str, float] = {}
@@ -412,57 +490,10 @@ def calibrate(device: str | None = None, quick: bool = False) -> Coefficients:
     tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
     try:
         with tf.device(device):
-
-            def sin_chain(n: int) -> tf.types.experimental.ConcreteFunction:
-                @tf.function
-                def f(x: tf.Tensor) -> tf.Tensor:
-                    for i in range(n):
-                        x = tf.sin(x) if i % 2 == 0 else tf.cos(x)
-                    return x
-
-                return f
-
-            x1 = tf.constant([0.5], tf.float32)
-            t_long = _time_fn(sin_chain(chain), reps, x1)
-            t_short = _time_fn(sin_chain(10), reps, x1)
-            launch = max((t_long - t_short) / (chain - 10), 1e-9)
-            measured.update(chain_ops=float(chain), chain_s=t_long, chain10_s=t_short)
-
-            big = tf.random.uniform([n_big], dtype=tf.float32)
-            steps = 4
-
-            @tf.function
-            def stream(x: tf.Tensor) -> tf.Tensor:
-                for k in range(steps):
-                    x = x * 1.0001 + float(k)  # Mul + AddV2: 2 kernels per step
-                return x[:1]
-
-            t_stream = _time_fn(stream, reps, big)
-            stream_bytes = 2 * steps * 2 * n_big * 4  # each kernel reads and writes n_big floats
-            bandwidth = stream_bytes / max(t_stream - t_short - 2 * steps * launch, 1e-6)
-            measured.update(stream_s=t_stream, stream_bytes=float(stream_bytes))
-
-            table = tf.Variable(tf.random.uniform([rows, dim]), trainable=False)
-            ids = tf.constant(np.random.default_rng(0).integers(0, rows, n_ids), tf.int32)
-
-            @tf.function
-            def gather(i: tf.Tensor) -> tf.Tensor:
-                return tf.gather(table, i)[:1]
-
-            t_gather = _time_fn(gather, reps, ids)
-            g_bytes = n_ids * 4 + 2 * n_ids * dim * 4
-            gather_row = max((t_gather - t_short - g_bytes / bandwidth) / n_ids, 1e-12)
-            measured.update(gather_s=t_gather, gather_rows=float(n_ids), gather_dim=float(dim))
-
-            a = tf.random.uniform([mm, mm])
-
-            @tf.function
-            def matmul(x: tf.Tensor) -> tf.Tensor:
-                return tf.matmul(x, x)[:1, :1]
-
-            t_mm = _time_fn(matmul, max(3, reps // 2), a)
-            flops = 2 * mm**3 / max(t_mm - t_short, 1e-6)
-            measured.update(matmul_s=t_mm, matmul_n=float(mm))
+            launch, t_short = _launch(chain, reps, measured)
+            bandwidth = _bandwidth(n_big, reps, (launch, t_short), measured)
+            gather_row = _gather_row((rows, 16), n_ids, reps, (t_short, bandwidth), measured)
+            flops = _matmul_flops(mm, reps, t_short, measured)
     finally:
         tf.config.optimizer.set_experimental_options(
             {"disable_meta_optimizer": bool(saved.get("disable_meta_optimizer", False))}
