@@ -90,11 +90,7 @@ def contributions(
     s2 = np.zeros((f, f, f))
     q2 = np.zeros((f, f, f))
     rows = 0
-    mean = np.zeros((f, d))
-    for start in range(0, len(ids), chunk):
-        x = tf.cast(ids[start : start + chunk], tf.int32)
-        mean += tf.reduce_sum(tf.gather(net.table, x + net.offsets), 0).numpy()
-    mean = tf.constant(mean / max(len(ids), 1), net.table.dtype)
+    mean = _mean_embeddings(net, ids, chunk)
     for start in range(0, len(ids), chunk):
         x = tf.cast(ids[start : start + chunk], tf.int32)
         e = tf.gather(net.table, x + net.offsets) - mean  # [b, F, d], centered
@@ -120,11 +116,30 @@ def contributions(
     n = max(rows, 1)
     std1 = np.sqrt(np.maximum(q1 / n - (s1 / n) ** 2, 0.0))
     std2 = np.sqrt(np.maximum(q2 / n - (s2 / n) ** 2, 0.0))
+    return _ranked(std1, std2 if layers == 2 else None, hard, fields)
+
+
+def _mean_embeddings(net: FivesNetwork, ids: np.ndarray, chunk: int) -> tf.Tensor:
+    """[F, d]: each field's mean embedding over the rows of ``ids``."""
+    total = np.zeros((net.num_fields, net.embedding_dim))
+    for start in range(0, len(ids), chunk):
+        x = tf.cast(ids[start : start + chunk], tf.int32)
+        total += tf.reduce_sum(tf.gather(net.table, x + net.offsets), 0).numpy()
+    return tf.constant(total / max(len(ids), 1), net.table.dtype)
+
+
+def _ranked(
+    std1: np.ndarray, std2: np.ndarray | None, hard: list[np.ndarray], fields: Sequence[str]
+) -> list[tuple[tuple[str, ...], float, bool]]:
+    """Pairs (``std1`` [F, F]) and triples (``std2`` [F, F, F], when the network has them)
+    ranked by raw strength, divided by the largest; ``active`` from the binarized adjacency
+    ``hard``."""
+    f = std1.shape[0]
     out: list[tuple[float, tuple[int, ...], bool]] = []
     for i, k in itertools.combinations(range(f), 2):
         act = bool(hard[0][i, k] or hard[0][k, i])
         out.append((float(std1[i, k]), (i, k), act))
-    if layers == 2:
+    if std2 is not None:
         for i, k, j in itertools.combinations(range(f), 3):
             act = any(
                 hard[0][a, b] and hard[1][a, c] for a, b, c in itertools.permutations((i, k, j))
