@@ -37,6 +37,8 @@ NEW_ROWS = ("oov", "mean", "zeros", "init")
 #: ``[train] weight_average``: none, or an exponential moving average of the weights
 #: (``pipelines.run.averaging``).
 WEIGHT_AVERAGES = ("none", "ema")
+#: ``[train] unseen_row``: what an OOV row no training row reaches holds (``pipelines.run.unseen``).
+UNSEEN_ROWS = ("mean", "initial")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +106,10 @@ class TrainConfig:
       lbfgs_c: the ``C`` values (scikit-learn's inverse L2 strength; ``l2_wide = 1 / (2 * C *
         rows)``) that ``optimizer = "lbfgs"`` fits, smallest first, each from the previous fit.
       lbfgs_max_iterations: L-BFGS iterations per value of ``lbfgs_c`` at most.
+      unseen_row: ``mean``: the OOV row of a ``full`` embedding table that no training row
+        reaches holds the count-weighted mean of the field's rows in every checkpoint, so a
+        value first seen after training reads the average seen value's vector; ``initial``:
+        the row keeps its initialization (``pipelines.run.unseen``; docs/training.md).
     """
 
     batch_size: int = 256
@@ -133,6 +139,7 @@ class TrainConfig:
     ema_decay: float = 0.999
     lbfgs_c: tuple[float, ...] = LBFGS_C_PATH
     lbfgs_max_iterations: int = 1_000
+    unseen_row: str = "mean"
 
     def __post_init__(self) -> None:
         for key in ("batch_size", "epochs", "checkpoint_every", "log_every", "shuffle_buffer"):
@@ -161,6 +168,10 @@ class TrainConfig:
             raise ConfigError(
                 f"[train] weight_average {self.weight_average!r} is not one of "
                 f"{list(WEIGHT_AVERAGES)}"
+            )
+        if self.unseen_row not in UNSEEN_ROWS:
+            raise ConfigError(
+                f"[train] unseen_row {self.unseen_row!r} is not one of {list(UNSEEN_ROWS)}"
             )
         if not 0.0 < self.ema_decay < 1.0:
             raise ConfigError(f"[train] ema_decay must be in (0, 1), got {self.ema_decay}")

@@ -59,7 +59,13 @@ from pipelines.run.data import (
 )
 from pipelines.run.fusion import fuse_for_training
 from pipelines.run.loop import Run, TrainLoop, restore_state
-from pipelines.run.model import build_on_sample, build_run_model, make_optimizer, warm_start
+from pipelines.run.model import (
+    build_on_sample,
+    build_run_model,
+    make_optimizer,
+    row_counts,
+    warm_start,
+)
 from pipelines.run.paths import Log, RunPaths
 from pipelines.run.schedules import check_lr_schedule, run_learning_rate
 from pipelines.run.scoring import make_scorer
@@ -72,6 +78,7 @@ from pipelines.run.snapshots import (
 )
 from pipelines.run.step import make_train_step
 from pipelines.run.train_input import prepare_train_input
+from pipelines.run.unseen import UnseenRows
 
 
 def train(cfg: PipelineConfig, log: Log = print) -> dict[str, Any]:
@@ -99,6 +106,19 @@ def _check_data_service(cfg: PipelineConfig) -> None:
             "[data] data_service feeds the training loop, but [preranking] stages read the "
             "Parquet shards themselves: remove one of them"
         )
+
+
+def _unseen_rows(
+    model: tf.keras.Model, schema: Any, stats: Any, tc: TrainConfig, log: Log
+) -> UnseenRows:
+    """The tables whose OOV row the loop sets (``[train] unseen_row``), said in the log."""
+    unseen = UnseenRows.of(model, row_counts(schema, stats), tc.unseen_row)
+    if unseen.fields:
+        log(
+            f"unseen values of {', '.join(unseen.fields)} read their field's mean row (no "
+            "training row is out of their vocabulary; [train] unseen_row)"
+        )
+    return unseen
 
 
 def _built_model(
@@ -164,10 +184,11 @@ def _train(cfg: PipelineConfig, log: Log) -> dict[str, Any]:
         autolrs = _make_autolrs(run, model, optimizer, element_spec)
     average = WeightAverage(model, tc.ema_decay) if tc.weight_average == "ema" else None
     state = restore_state(run, model, optimizer, _selection(run), steps_per_epoch, autolrs, average)
+    unseen = _unseen_rows(model, schema, stats, tc, log)
     snapshots = None
     if tc.ensemble == "auto":
         snapshots = SnapshotTaker(
-            paths.root, model, schema, run.validation_files, lr, ensemble_options(tc), log
+            paths.root, model, schema, run.validation_files, lr, ensemble_options(tc), log, unseen
         )
         snapshots.resume(int(state.step))
     validation = run.validation_files
@@ -178,13 +199,14 @@ def _train(cfg: PipelineConfig, log: Log) -> dict[str, Any]:
     )
     scorer = make_scorer(model, schema)
     loop = TrainLoop(
-        run, state, train_step, (train_loss, train_auc), scorer, autolrs, snapshots, average
+        run, state, train_step, (train_loss, train_auc), scorer, autolrs, snapshots, average, unseen
     )
     loop.run(steps_per_epoch, total_steps)
     selected = loop.select_and_test(model)
     report = _report(run, model, optimizer, state, loop, rows, gpus, autolrs, fused_step, log)
     report["selected"] = selected
     report["weight_average"] = average.describe() if average is not None else None
+    report["unseen_row"] = {"setting": tc.unseen_row, **unseen.describe()}
     if snapshots is not None:  # after the single model's test: it reads the members in turn
         report["ensemble"] = snapshots.finish(run.test_files)
     paths.report.write_text(json.dumps(report, indent=1))

@@ -30,6 +30,7 @@ from pipelines.run.scoring import evaluate_model, evaluate_tasks
 from pipelines.run.selection import HISTORY_FILE, History, Selection
 from pipelines.run.snapshots import SnapshotTaker
 from pipelines.run.train_input import TrainInput
+from pipelines.run.unseen import UnseenRows
 from ranking.blocks import MLP
 from ranking.multitask import MultiTaskModel
 
@@ -185,9 +186,11 @@ class TrainLoop:
         autolrs: AutoLRS | None = None,
         snapshots: SnapshotTaker | None = None,
         average: WeightAverage | None = None,
+        unseen: UnseenRows | None = None,
     ) -> None:
         self.run_, self.state, self.train_step = run, state, train_step
         self.autolrs, self.snapshots, self.average = autolrs, snapshots, average
+        self.unseen = unseen
         self.train_loss, self.train_auc = window
         self.scorer = scorer
         self.writer = tf.summary.create_file_writer(str(run.paths.tensorboard))
@@ -222,7 +225,7 @@ class TrainLoop:
             if r.validation_files and self.last_eval != int(s.step):
                 done = self._validate(epoch) or done
             else:
-                s.manager.save(checkpoint_number=int(s.step))
+                self._save()
         if self.snapshots is not None and self.snapshots.stops_run:
             r.log(f"ensemble: snapshots saturated; training ends at step {int(s.step)}")
         elif self.stopped:
@@ -284,7 +287,7 @@ class TrainLoop:
                     if self._validate(epoch):  # it saves the checkpoint too
                         return True
                 else:
-                    s.manager.save(checkpoint_number=step)
+                    self._save()
             if step >= total_steps or (self.snapshots is not None and self.snapshots.stops_run):
                 return True
         return False
@@ -347,7 +350,7 @@ class TrainLoop:
         r, s = self.run_, self.state
         step = int(s.step)
         t_eval = time.time()
-        with _averaged(self.average):
+        with self._at_rest():
             m = evaluate_model(self.scorer, r.schema, r.validation_files)
         self.eval_seconds += time.time() - t_eval
         self.t_window, self.last_eval = time.time(), step
@@ -360,11 +363,26 @@ class TrainLoop:
         with self.writer.as_default(step=step):
             tf.summary.scalar("validation/auc", m["auc"])
             tf.summary.scalar("validation/logloss", m["logloss"])
-        s.manager.save(checkpoint_number=step)
+        self._save()
         if improved:
-            with _averaged(self.average):
+            with self._at_rest():
                 s.best.save(checkpoint_number=step)
         return self.stopped
+
+    def _save(self) -> None:
+        """The regular checkpoint of this step (the unseen rows set first)."""
+        if self.unseen is not None:
+            self.unseen.fill()
+        self.state.manager.save(checkpoint_number=int(self.state.step))
+
+    @contextlib.contextmanager
+    def _at_rest(self) -> Iterator[None]:
+        """A block in which the model holds the weights validation and the best checkpoint
+        read: the averaged ones with a weight average, their unseen rows set."""
+        with _averaged(self.average):
+            if self.unseen is not None:
+                self.unseen.fill()
+            yield
 
     def select_and_test(self, model: tf.keras.Model) -> dict[str, Any]:
         """Restores the selected checkpoint (the best validation one, else the last) into

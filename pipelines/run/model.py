@@ -85,24 +85,27 @@ def check_tasks(model: ModelConfig, schema: Schema) -> None:
         )
 
 
+def row_counts(schema: Schema, stats: DatasetStats) -> dict[str, list[int]]:
+    """Per categorical input, the training count of each table row by id: row 0 gathers the
+    OOV and missing cells, rows 1.. the vocabulary."""
+    return {
+        f.name: [stats[f.name].oov_count + stats[f.name].missing, *stats[f.name].vocab_counts]
+        for f in schema.model_inputs
+        if f.kind in (FeatureKind.CATEGORICAL, FeatureKind.MULTI_CATEGORICAL)
+    }
+
+
 def build_run_model(cfg: PipelineConfig, schema: Schema, stats: DatasetStats) -> ClickModel:
     """The ranking model of ``cfg`` over ``schema`` (its preprocessor from ``stats``); a
     multi-task one with ``[model] tasks`` (checked against the schema's labels)."""
     check_tasks(cfg.model, schema)
-    categorical = [
-        f.name
-        for f in schema.model_inputs
-        if f.kind in (FeatureKind.CATEGORICAL, FeatureKind.MULTI_CATEGORICAL)
-    ]
+    counts = row_counts(schema, stats)
+    categorical = list(counts)
     dims = {f.name: f.embedding_dim or cfg.model.embedding_dim for f in schema.model_inputs}
     codes = {
         n: cfg.model.bh_codes()
         for n in categorical
         if planned_method(cfg.model, n, stats[n].vocab_size + 1, dims[n], True) == "bh"
-    }
-    # count per id: row 0 gathers the OOV and missing cells, rows 1.. the vocabulary
-    counts = {
-        n: [stats[n].oov_count + stats[n].missing, *stats[n].vocab_counts] for n in categorical
     }
     try:
         return _build_model(cfg, schema, stats, codes, counts)

@@ -31,6 +31,7 @@ from pipelines.run import ensemble as ens
 from pipelines.run.paths import Log
 from pipelines.run.schedules import CyclicSchedule, check_lr_schedule
 from pipelines.run.scoring import make_logit_scorer, predict
+from pipelines.run.unseen import UnseenRows
 
 #: ``[train] ensemble`` values: no ensemble, or Auto-Ensemble's snapshots of one run.
 ENSEMBLE_MODES = ("none", "auto")
@@ -175,8 +176,10 @@ class SnapshotTaker:
         schedule: CyclicSchedule,
         options: Mapping[str, Any],
         log: Log,
+        unseen: UnseenRows | None = None,
     ) -> None:
         self.run_dir, self.model, self.schema = Path(run_dir), model, schema
+        self.unseen = unseen
         self.validation_files, self.schedule, self.log = validation_files, schedule, log
         self.options = dict(options)
         self.scorer = make_logit_scorer(model, schema)
@@ -221,6 +224,8 @@ class SnapshotTaker:
             return False
         t0 = time.perf_counter()
         k = len(self.collector.logits)
+        if self.unseen is not None:  # the snapshot holds the unseen rows the export reads
+            self.unseen.fill()
         tf.train.Checkpoint(model=self.model).write(ens.snapshot_prefix(self.run_dir, k))
         _, logits = predict(self.scorer, self.schema, self.validation_files)
         ens.record_snapshot(self.run_dir, k, step + 1, logits)

@@ -104,7 +104,8 @@ def _check_continued(first: Path, second: Path) -> None:
     # the vocabulary state keeps u30..u39 (evict_after = 0): 40 kept values + 20 new ones
     assert len(after) == 61 and len(before) == 41
     for value, row in after.items():
-        np.testing.assert_allclose(row, before.get(value, before[""]), atol=1e-6, err_msg=value)
+        if value:  # the OOV row, reached by no row of either day, holds each run's mean row
+            np.testing.assert_allclose(row, before.get(value, before[""]), atol=1e-6, err_msg=value)
     for weight in ("table", "counts"):  # every item is kept
         before, after = _rows(first, "item", weight), _rows(second, "item", weight)
         assert sorted(after) == sorted(before)

@@ -131,6 +131,8 @@ def test_continued_runs_keep_ids_carry_rows_and_evict(tmp_path):
     for field in ("item", "user"):
         before, after = _rows(tmp_path / "run1", field), _rows(tmp_path / "run2", field)
         for value, row in after.items():
+            if not value:  # the OOV row, reached by no row of the window: each run's mean row
+                continue
             want = before.get(value, before[""])  # h starts at the previous OOV row
             np.testing.assert_allclose(row, want, atol=1e-6, err_msg=f"{field} {value}")
 
