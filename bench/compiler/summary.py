@@ -25,6 +25,11 @@ def _col(procs: list[dict[str, Any]], key: str, field: str) -> list[float]:
     return [p["rows"][key][field] for p in procs if field in p["rows"].get(key, {})]
 
 
+def _rows_with(procs: list[dict[str, Any]], *fields: str) -> dict[str, dict[str, Any]]:
+    """The first process's rows that measured any of ``fields``."""
+    return {k: r for k, r in procs[0]["rows"].items() if any(f in r for f in fields)}
+
+
 def _cells_row(r0: dict[str, Any], cells: list[str]) -> str:
     """A table line: the row's method, mode and batch, then ``cells``."""
     return f"| {r0['method']} | {r0['mode']} | {r0['batch']} | " + " | ".join(cells) + " |"
@@ -94,7 +99,7 @@ def _times_table(procs: list[dict[str, Any]]) -> list[str]:
 
 def _kernel_table(procs: list[dict[str, Any]]) -> list[str]:
     """The generated embedding op, alone and with the rest as one XLA sub-function."""
-    rows = {k: r for k, r in procs[0]["rows"].items() if "kernel_s" in r}
+    rows = _rows_with(procs, "kernel_s")
     if not rows:
         return []
     lines = [
@@ -172,7 +177,7 @@ def _row_programs_table(procs: list[dict[str, Any]]) -> list[str]:
 
 def _serving_table(procs: list[dict[str, Any]]) -> list[str]:
     """The frozen serving graph with its loop groups and the embedding op generated."""
-    rows = {k: r for k, r in procs[0]["rows"].items() if "loops_s" in r or "kernel_loops_s" in r}
+    rows = _rows_with(procs, "loops_s", "kernel_loops_s")
     if not rows:
         return []
     lines = [
@@ -215,7 +220,7 @@ def _serving_table(procs: list[dict[str, Any]]) -> list[str]:
 
 def _matmuls_table(procs: list[dict[str, Any]]) -> list[str]:
     """The loop ops with their matmuls inside against the matmuls left to TensorFlow."""
-    rows = {k: r for k, r in procs[0]["rows"].items() if "kernel_loops_apart_s" in r}
+    rows = _rows_with(procs, "kernel_loops_apart_s")
     if not rows:
         return []
     lines = [
@@ -295,7 +300,7 @@ def _train_table(procs: list[dict[str, Any]]) -> list[str]:
 
 def _htables_table(procs: list[dict[str, Any]]) -> list[str]:
     """Horizontally fused tables in graph mode and under whole-function XLA."""
-    rows = {k: r for k, r in procs[0]["rows"].items() if "htables_s" in r}
+    rows = _rows_with(procs, "htables_s")
     if not rows:
         return []
     lines = [
