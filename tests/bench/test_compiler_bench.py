@@ -1,25 +1,20 @@
 """bench.compiler and bench.compiler.dynamic with tiny settings: every variant of the inference
 pass and of the training step is timed, the fused forms score what plain graph mode scores,
 one call's executed ops (or compilations) are counted and the summary tables name every row
-(no timing assertions)."""
+(no timing assertions). The generated-op variants are left out (``--no-kernels``)."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
-
-import pytest
 
 from bench.compiler.dynamic import VARIANTS
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVED = {"plain", "xla", "frozen", "clusters", "frozen_xla", "htables", "htables_xla"}
-GENERATED = {"loops", "kernel", "kernel_flat", "kernel_frozen", "kernel_loops", "kernel_xla"}
 TRAIN = {"plain", "xla", "frozen", "clusters"}
-TRAIN_GENERATED = {"kernel", "kernel_inlined", "kernel_clusters", "kernel_xla"}
 
 
 def _timed(row: dict) -> set[str]:
@@ -27,32 +22,27 @@ def _timed(row: dict) -> set[str]:
 
 
 def test_quick_run_times_every_variant_and_scores_like_plain(tmp_path):
-    from compiler_opt import toolchain
-
-    generated = toolchain.compiler() is not None
-    if not generated and os.environ.get("STITCHREC_REQUIRE_CXX"):
-        pytest.fail("STITCHREC_REQUIRE_CXX is set but no C++ compiler was found")
+    # --no-kernels: the generated-op variants compile about five libraries (about 100 s on a
+    # cold cache); the ops themselves are tested in tests/compiler_opt
     cmd = [
         sys.executable, "-m", "bench.compiler", "--out", str(tmp_path), "--rows", "2000",
         "--methods", "full", "--batches", "32", "--modes", "inference", "train",
-        "--processes", "1", "--rounds", "1",
+        "--processes", "1", "--rounds", "1", "--no-kernels",
     ]  # fmt: skip
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     (proc,) = json.loads((tmp_path / "results.json").read_text())["processes"]
     served, step = proc["rows"]["full/inference/32"], proc["rows"]["full/train/32"]
-    assert _timed(served) >= SERVED | (GENERATED if generated else set())
-    assert _timed(step) >= TRAIN | (TRAIN_GENERATED if generated else set())
+    assert _timed(served) == SERVED and _timed(step) == TRAIN
     for row in (served, step):
         assert all(t > 0 for ts in row["times_s"].values() for t in ts)
         assert {f"executed_{n}" for n in _timed(row)} <= set(row)  # first process, largest batch
         assert row["executed_plain"]["tf_ops"] > 0
     diffs = {k: v for k, v in served.items() if k.endswith("max_abs_diff")}
-    assert len(diffs) >= (7 if generated else 4), diffs
-    assert max(diffs.values()) < 1e-4, diffs
+    assert len(diffs) == 4 and max(diffs.values()) < 1e-4, diffs
     assert served["plan"]["groups"] > 0 and served["ir_kernels"] > 0
     summary = (tmp_path / "summary.md").read_text()
-    assert summary.count("| full | inference | 32 |") >= (4 if generated else 2)
+    assert summary.count("| full | inference | 32 |") == 3  # counts, times, fused tables
     assert "| full | 32 |" in summary  # the training step's clusters table
 
 
