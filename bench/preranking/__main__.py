@@ -331,8 +331,6 @@ def parser() -> argparse.ArgumentParser:
         help="learning rates tried on the first seed for rank and two_tower each (best "
         "validation AUC is kept for the other seeds; FSCD uses rank's); default: the config's",
     )
-    p.add_argument("--fscd-epochs", type=int, default=2, help="(unused: early stopping)")
-    p.add_argument("--finetune-epochs", type=int, default=2, help="(unused: early stopping)")
     p.add_argument(
         "--finetune-init",
         choices=["stage1", "scratch", "best"],

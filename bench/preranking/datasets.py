@@ -46,8 +46,6 @@ def log(msg: str) -> None:
 def prerank_config(args: argparse.Namespace) -> PrerankConfig:
     """The ``[preranking]`` section from the command line."""
     return PrerankConfig(
-        fscd_epochs=args.fscd_epochs,
-        finetune_epochs=args.finetune_epochs,
         mlp=tuple(args.prerank_mlp),
         model=args.prerank_model,
         reg_weight=args.reg_weight,
