@@ -31,7 +31,9 @@ A run folder of ``--work`` that holds a finished run is read back, not trained a
 Each StitchRec row is over ``--seeds`` seeds (mean ± standard deviation of test AUC); the
 paired bootstrap (``pipelines.evaluation.compare.compare_scores``, the engine of ``stitchrec
 ab``, 1,000 resamples of the test rows) compares every seed's test scores with ``sk_lr``'s, and
-the row prints the mean difference and how many seeds' 95% intervals exclude 0 on either side.
+the row prints the mean difference and how many seeds' 95% intervals exclude 0 on either side,
+and the interval of the mean over the seeds (``paired_over_seeds``: every seed against
+``sk_lr`` on the same resamples).
 ``--continue-over-validation`` adds a second table per dataset: every run continued for one
 epoch over its validation rows, against scikit-learn's LR refit on the training and validation
 rows (``bench.training.continued``). ``--ensemble-cycles-per-epoch K`` and
@@ -351,7 +353,12 @@ def bench_dataset(name: str, args: Any, work: Path) -> dict[str, Any] | None:
     return result
 
 
-def _line(label: str, aucs: list[float], pairs: list[dict], extra: str = "") -> str:
+def _line(
+    label: str, aucs: list[float], pairs: list[dict], pooled: dict | None = None, extra: str = ""
+) -> str:
+    """One table row: the seeds' mean test AUC, their deltas against sk_lr with the widest
+    interval, how many seeds' intervals exclude 0, and ``pooled`` (``paired_over_seeds``) as
+    the mean over seeds' interval (empty for one seed)."""
     mean = statistics.fmean(aucs)
     std = statistics.stdev(aucs) if len(aucs) > 1 else 0.0
     deltas = [p["delta"] for p in pairs]
@@ -359,9 +366,14 @@ def _line(label: str, aucs: list[float], pairs: list[dict], extra: str = "") -> 
     worse = sum(p["verdict"] == "worse" for p in pairs)
     lo = min(p["ci_low"] for p in pairs)
     hi = max(p["ci_high"] for p in pairs)
+    over = (
+        f"{pooled['delta']:+.4f} [{pooled['ci_low']:+.4f}, {pooled['ci_high']:+.4f}]"
+        if pooled
+        else ""
+    )
     return (
         f"| {label} | {mean:.4f} ± {std:.4f} | {statistics.fmean(deltas):+.4f} "
-        f"[{lo:+.4f}, {hi:+.4f}] | {better} / {worse} |{extra}"
+        f"[{lo:+.4f}, {hi:+.4f}] | {better} / {worse} | {over} |{extra}"
     )
 
 
@@ -369,8 +381,11 @@ def report(result: dict[str, Any]) -> dict[str, Any]:
     base, y = result["baselines"], result["baselines"]["labels"]
     control = base["sk_lr"][2]
     print(f"\n== {result['name']} (test rows {y.size:,}, clicks {int(y.sum()):,})")
-    print("| method | test AUC | vs sk_lr: mean diff [widest 95% CI] | seeds better / worse |")
-    print("|---|---|---|---|")
+    print(
+        "| method | test AUC | vs sk_lr: mean diff [widest 95% CI] | seeds better / worse "
+        "| vs sk_lr: mean over seeds [95% CI] |"
+    )
+    print("|---|---|---|---|---|")
     summary: dict[str, Any] = {"name": result["name"], "rows": {}}
     for key in [k for k in ("sk_lr", "xgboost") if k in base]:
         v, how, p = base[key]
@@ -394,10 +409,15 @@ def report(result: dict[str, Any]) -> dict[str, Any]:
             variants[0] = ("dcn_ensemble_best (its best checkpoint)", *variants[0][1:])
         for label, scores, aucs in variants:
             pairs = [paired(y, control, s) for s in scores]
+            pooled = (
+                paired_over_seeds(y, [control] * len(scores), scores) if len(scores) > 1 else None
+            )
             steps = statistics.fmean(r["steps"] for r in runs)
             secs = statistics.fmean(r["seconds"] for r in runs)
-            print(_line(label, aucs, pairs, f" {steps:.0f} steps, {secs:.0f} s"))
+            print(_line(label, aucs, pairs, pooled, f" {steps:.0f} steps, {secs:.0f} s"))
             summary["rows"][label] = {"aucs": aucs, "deltas": [p["delta"] for p in pairs]}
+            if pooled:
+                summary["rows"][label]["over_seeds"] = pooled
         if runs and "ensemble" in runs[0]:
             pairs = [
                 paired(y, r["scores"], r["ensemble"]["scores"]) for r in runs

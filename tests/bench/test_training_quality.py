@@ -1,5 +1,5 @@
 """bench.training.quality: paired_over_seeds (the paired bootstrap of the mean over seeds of test
-AUC) against AUCs computed by hand, and the ensemble recipe's cycle options."""
+AUC) against AUCs computed by hand, the report's rows, and the ensemble recipe's cycle options."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import numpy as np
 import pyarrow.parquet as pq
 from sklearn.metrics import roc_auc_score
 
-from bench.training.quality import method_config, paired, paired_over_seeds
+from bench.training.quality import method_config, paired, paired_over_seeds, report
 from features.synthetic import write_dataset
 from features.synthetic_config import SyntheticConfig
 
@@ -45,6 +45,29 @@ def test_equal_arms_give_zero_and_one_seed_matches_the_seeds_own_pair():
     one, own = paired_over_seeds(y, [s], [t]), paired(y, s, t)
     assert abs(one["delta"] - own["delta"]) < 1e-12
     assert abs(one["ci_low"] - own["ci_low"]) < 0.01 and abs(one["ci_high"] - own["ci_high"]) < 0.01
+
+
+def test_the_report_gives_each_recipe_of_several_seeds_its_mean_over_seeds_against_sk_lr(capsys):
+    rng = np.random.default_rng(2)
+    y = (rng.random(2000) < 0.3).astype(np.float64)
+    lr = _scores(rng, y, 0.5)
+    runs = [
+        {"scores": s, "test_auc": roc_auc_score(y, s), "steps": 10, "seconds": 1.0}
+        for s in (_scores(rng, y, 0.9) for _ in range(3))
+    ]
+    result = {
+        "name": "toy",
+        "baselines": {"labels": y, "sk_lr": (0.6, "C=1", lr)},
+        "rows": {"dcn": runs, "dcn x seeds": [dict(runs[0], test_auc=None)]},
+        "latency": None,
+    }
+    summary = report(result)
+    over = summary["rows"]["dcn"]["over_seeds"]
+    by_hand = np.mean([r["test_auc"] - roc_auc_score(y, lr) for r in runs])
+    assert abs(over["delta"] - by_hand) < 1e-9 and over["ci_low"] > 0
+    assert "over_seeds" not in summary["rows"]["dcn x seeds"]  # one run: no mean over seeds
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("| dcn |"))
+    assert f"{over['delta']:+.4f} [{over['ci_low']:+.4f}, {over['ci_high']:+.4f}]" in line
 
 
 def test_the_ensemble_recipe_takes_shorter_cycles_and_a_top_rate(tmp_path):
