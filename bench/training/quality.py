@@ -26,7 +26,8 @@ stopping on the validation split; ``lr``: ``optimizer = "auto"``), and ``--epoch
   mean logit of the ``dcn`` runs of every seed, an ensemble of independent runs (its steps and
   seconds are their sum).
 
-A run folder of ``--work`` that holds a finished run is read back, not trained again.
+A run folder of ``--work`` that holds a finished run is read back, not trained again, and so
+are the baselines (``baselines.npz`` beside the runs) when the shards and grids are the same.
 
 Each StitchRec row is over ``--seeds`` seeds (mean ± standard deviation of test AUC); the
 paired bootstrap (``pipelines.evaluation.compare.compare_scores``, the engine of ``stitchrec
@@ -52,6 +53,7 @@ its AUCs are noisy), ``synthetic`` (``--rows`` rows, Criteo layout).
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import math
 import platform
@@ -210,6 +212,43 @@ def baselines(run_dir: Path, data: dict[str, Any], xgb: bool = True) -> dict[str
     return out
 
 
+def baselines_key(data: dict[str, Any], xgb: bool) -> str:
+    """What ``baselines`` depends on: the grids and the bytes of every shard it reads."""
+    files = {
+        part: [
+            [Path(f).name, hashlib.sha256(Path(f).read_bytes()).hexdigest()]
+            for f in list_parquet(data[part])
+        ]
+        for part in ("train", "validation", "test")
+    }
+    grids = {"c": list(C_GRID), "xgboost": [list(g) for g in XGB_GRID] if xgb else None}
+    return json.dumps({"files": files, "grids": grids}, sort_keys=True)
+
+
+def cached_baselines(path: Path, run_dir: Path, data: dict[str, Any], xgb: bool) -> dict[str, Any]:
+    """``baselines``, read back from ``path`` when it was written for the same shards and grids
+    (``baselines_key``), else computed and written there (atomically): at 2,000,000 rows the
+    scikit-learn C grid alone takes about half an hour on two cores."""
+    key = baselines_key(data, xgb)
+    if path.exists():
+        with np.load(path) as f:
+            if str(f["key"]) == key:
+                out: dict[str, Any] = {"labels": f["labels"]}
+                for name in [n for n in ("sk_lr", "xgboost") if f"{n}_scores" in f]:
+                    how = str(f[f"{name}_how"])
+                    out[name] = (float(f[f"{name}_validation"]), how, f[f"{name}_scores"])
+                return out
+    out = baselines(run_dir, data, xgb=xgb)
+    arrays: dict[str, Any] = {"key": np.array(key), "labels": out["labels"]}
+    for name in [n for n in ("sk_lr", "xgboost") if n in out]:
+        v, how, scores = out[name]
+        arrays |= {f"{name}_validation": v, f"{name}_how": np.array(how), f"{name}_scores": scores}
+    tmp = path.with_name(path.name + ".tmp.npz")
+    np.savez(tmp, **arrays)
+    tmp.replace(path)
+    return out
+
+
 def paired(labels: np.ndarray, control: np.ndarray, treatment: np.ndarray) -> dict[str, Any]:
     """The paired bootstrap of test AUC, treatment - control."""
     r = compare_scores(labels, control, treatment, ks=(), resamples=1000, seed=0, workers=2)
@@ -331,7 +370,7 @@ def bench_dataset(name: str, args: Any, work: Path) -> dict[str, Any] | None:
     rows: dict[str, list[dict[str, Any]]] = {}
     rows["lr"] = [run_method("lr", data, work, 0, args)]
     shards = converted(first, data)
-    base = baselines(first, shards, xgb=not args.no_xgboost)
+    base = cached_baselines(work / "baselines.npz", first, shards, not args.no_xgboost)
     for method in args.methods:
         for seed in range(args.seeds):
             if method == "lr" and seed == 0:

@@ -1,5 +1,6 @@
 """bench.training.quality: paired_over_seeds (the paired bootstrap of the mean over seeds of test
-AUC) against AUCs computed by hand, the report's rows, and the ensemble recipe's cycle options."""
+AUC) against AUCs computed by hand, the report's rows, the baselines' cache, and the ensemble
+recipe's cycle options."""
 
 from __future__ import annotations
 
@@ -7,9 +8,17 @@ import numpy as np
 import pyarrow.parquet as pq
 from sklearn.metrics import roc_auc_score
 
-from bench.training.quality import method_config, paired, paired_over_seeds, report
+from bench.training.lr_baseline import converted
+from bench.training.quality import (
+    cached_baselines,
+    method_config,
+    paired,
+    paired_over_seeds,
+    report,
+)
 from features.synthetic import write_dataset
 from features.synthetic_config import SyntheticConfig
+from pipelines.train import train
 
 
 def _scores(rng: np.random.Generator, labels: np.ndarray, signal: float) -> np.ndarray:
@@ -85,3 +94,30 @@ def test_the_ensemble_recipe_takes_shorter_cycles_and_a_top_rate(tmp_path):
     assert cfg.train.lr_schedule_options == {"cycle_steps": -(-train_rows // 256) // 4}
     default = method_config("dcn_ensemble", data, tmp_path / "run", 0, 0)
     assert default.train.lr_schedule != "cyclic" and default.train.learning_rate == 1e-3
+
+
+def test_the_baselines_are_read_back_for_the_same_shards_and_grids_only(tmp_path):
+    write_dataset(SyntheticConfig(rows=3000, n_single=8, seed=0), tmp_path / "d", test_fraction=0.2)
+    data = {
+        "schema": str(tmp_path / "d" / "schema.toml"),
+        "train": [str(tmp_path / "d" / "train")],
+        "test": [str(tmp_path / "d" / "test")],
+    }
+    run = tmp_path / "lr_seed0"
+    train(method_config("lr", data, run, 0, 0), lambda _line: None)
+    shards, cache = converted(run, data), tmp_path / "baselines.npz"
+    first = cached_baselines(cache, run, shards, xgb=False)
+    assert cache.exists() and first["sk_lr"][1].startswith("C=")
+    # a cache written for these shards and grids is what the next call returns
+    with np.load(cache) as f:
+        arrays = dict(f)
+    arrays["sk_lr_scores"] = arrays["sk_lr_scores"] * 0.5
+    np.savez(cache, **arrays)
+    again = cached_baselines(cache, run, shards, xgb=False)
+    np.testing.assert_array_equal(again["sk_lr"][2], first["sk_lr"][2] * 0.5)
+    np.testing.assert_array_equal(again["labels"], first["labels"])
+    assert again["sk_lr"][:2] == first["sk_lr"][:2] and "xgboost" not in again
+    # other grids (xgboost asked for) are another key: fitted again, the cache replaced
+    other = cached_baselines(cache, run, shards, xgb=True)
+    np.testing.assert_allclose(other["sk_lr"][2], first["sk_lr"][2])
+    assert "xgboost" in other and "xgboost" in cached_baselines(cache, run, shards, xgb=True)
