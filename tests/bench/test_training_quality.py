@@ -25,6 +25,16 @@ def _scores(rng: np.random.Generator, labels: np.ndarray, signal: float) -> np.n
     return 1.0 / (1.0 + np.exp(-(signal * (2 * labels - 1) + rng.normal(size=labels.size))))
 
 
+def _synthetic(tmp_path) -> dict:
+    """``[data]`` of 3,000 synthetic rows (a fifth of them test) written under ``tmp_path/d``."""
+    write_dataset(SyntheticConfig(rows=3000, n_single=8, seed=0), tmp_path / "d", test_fraction=0.2)
+    return {
+        "schema": str(tmp_path / "d" / "schema.toml"),
+        "train": [str(tmp_path / "d" / "train")],
+        "test": [str(tmp_path / "d" / "test")],
+    }
+
+
 def test_the_delta_is_the_mean_of_the_seeds_deltas_and_the_interval_holds_it():
     rng = np.random.default_rng(0)
     y = (rng.random(3000) < 0.3).astype(np.float64)
@@ -80,12 +90,7 @@ def test_the_report_gives_each_recipe_of_several_seeds_its_mean_over_seeds_again
 
 
 def test_the_ensemble_recipe_takes_shorter_cycles_and_a_top_rate(tmp_path):
-    write_dataset(SyntheticConfig(rows=3000, n_single=8, seed=0), tmp_path / "d", test_fraction=0.2)
-    data = {
-        "schema": str(tmp_path / "d" / "schema.toml"),
-        "train": [str(tmp_path / "d" / "train")],
-        "test": [str(tmp_path / "d" / "test")],
-    }
+    data = _synthetic(tmp_path)
     train_rows = sum(
         pq.ParquetFile(f).metadata.num_rows for f in (tmp_path / "d" / "train").glob("*.parquet")
     )
@@ -97,12 +102,7 @@ def test_the_ensemble_recipe_takes_shorter_cycles_and_a_top_rate(tmp_path):
 
 
 def test_the_baselines_are_read_back_for_the_same_shards_and_grids_only(tmp_path):
-    write_dataset(SyntheticConfig(rows=3000, n_single=8, seed=0), tmp_path / "d", test_fraction=0.2)
-    data = {
-        "schema": str(tmp_path / "d" / "schema.toml"),
-        "train": [str(tmp_path / "d" / "train")],
-        "test": [str(tmp_path / "d" / "test")],
-    }
+    data = _synthetic(tmp_path)
     run = tmp_path / "lr_seed0"
     train(method_config("lr", data, run, 0, 0), lambda _line: None)
     shards, cache = converted(run, data), tmp_path / "baselines.npz"
