@@ -364,8 +364,8 @@ class TrainLoop:
             tf.summary.scalar("validation/auc", m["auc"])
             tf.summary.scalar("validation/logloss", m["logloss"])
         self._save()
-        if improved:
-            with self._at_rest():
+        if improved:  # the weights evaluated above, their unseen rows set then (no step since)
+            with _averaged(self.average):
                 s.best.save(checkpoint_number=step)
         return self.stopped
 
