@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,7 @@ from pipelines.run.averaging import WeightAverage
 from pipelines.run.continuation import ContinueOptions, Previous, continue_model, load_previous
 from pipelines.run.data import (
     add_configured_crosses,
+    check_continue_from,
     check_same_run,
     prepare_data,
     prepare_stats,
@@ -152,6 +154,8 @@ def _train(cfg: PipelineConfig, log: Log) -> dict[str, Any]:
     check_ensemble(cfg.train)
     if cfg.train.ensemble == "none":
         check_lr_schedule(cfg.train.lr_schedule, cfg.train.lr_schedule_options)
+    if cfg.train.continue_from:  # before any data is read or copied
+        check_continue_from(cfg.train.continue_from)
     run, stats, gpus = _open_run(cfg, dist, log)
     dist.use_input(run.train_input.worker_side)
     tc, paths, schema = cfg.train, run.paths, run.schema
@@ -352,8 +356,22 @@ def _steps(dist: Any, tc: Any, rows: int) -> tuple[int, int]:
 
 
 def _open_run(cfg: PipelineConfig, dist: Any, log: Log) -> tuple[Run, Any, list]:
-    """The run folder (checked, config written), devices, seeds, data and statistics."""
+    """The run folder (checked, config written), devices, seeds, data and statistics. A run
+    folder this call creates is removed again when preparing it fails (bad data, a bad
+    ``continue_from``): a failed start leaves no folder a later run would take for its own."""
     paths = RunPaths(dist.run_root(cfg.output_dir))
+    created = not paths.root.exists()
+    try:
+        return _prepare_run(cfg, dist, paths, log)
+    except BaseException:
+        if created and not dist.active:  # a cluster's processes share the folder
+            shutil.rmtree(paths.root, ignore_errors=True)
+        raise
+
+
+def _prepare_run(
+    cfg: PipelineConfig, dist: Any, paths: RunPaths, log: Log
+) -> tuple[Run, Any, list]:
     paths.root.mkdir(parents=True, exist_ok=True)
     check_same_run(cfg, paths)
     _check_same_batch_size(cfg, paths)

@@ -238,6 +238,17 @@ def prepare_stats(
     return stats
 
 
+def check_continue_from(continue_from: str) -> None:
+    """Raises ConfigError unless ``continue_from`` is the folder of a training run (its
+    statistics: the vocabulary state or ``STATS_FILE``)."""
+    prev = RunPaths(Path(continue_from)).stats
+    if not (VocabState.exists(prev) or (prev / STATS_FILE).exists()):
+        raise ConfigError(
+            f"[train] continue_from = {continue_from!r}: no statistics of a training run there "
+            f"({prev / STATS_FILE} missing); expected the folder of a finished run"
+        )
+
+
 def track_vocabularies(
     window: DatasetStats,
     schema: Schema,
@@ -260,16 +271,12 @@ def track_vocabularies(
     if not continue_from:
         VocabState.first(window, schema, options).save(paths.stats)
         return window
+    check_continue_from(continue_from)
     prev = RunPaths(Path(continue_from)).stats
     if VocabState.exists(prev):
         state = VocabState.load(prev)
-    elif (prev / STATS_FILE).exists():
-        state = VocabState.first(DatasetStats.load(prev), schema, options)
     else:
-        raise ConfigError(
-            f"[train] continue_from = {continue_from!r}: no statistics of a training run there "
-            f"({prev / STATS_FILE} missing); expected the folder of a finished run"
-        )
+        state = VocabState.first(DatasetStats.load(prev), schema, options)
     state, change = state.advance(window, schema, options)
     state.save(paths.stats)
     tmp = paths.stats / f".{VOCAB_CHANGE_FILE}.tmp"
