@@ -198,7 +198,8 @@ def predict(sub: Subparsers) -> None:
     p.add_argument(
         "--row-id",
         default=None,
-        help="a field whose value is the row id (default: the row's 0-based position in --data)",
+        help="a field whose value is the row id, unique on every row (default: the row's 0-based "
+        "position in --data)",
     )
     p.add_argument("--batch-size", type=int, default=8192, help="rows per model call")
     _bad_rows(p)
