@@ -27,6 +27,7 @@ import json
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 from features import (
     completion,
@@ -42,7 +43,7 @@ from features import (
 from features.schema import load_schema
 from features.stats_job import raw_stats
 from pipelines.engines import chunk_bytes, engine_config, open_runner
-from pipelines.errors import UsageError, check_output_path
+from pipelines.errors import UsageError, check_output_path, replacing_folder
 
 _print = functools.partial(print, flush=True)
 
@@ -57,8 +58,11 @@ _DAYS_FLAGS = {
 }
 
 
+#: the files that mark a folder as `generate`'s output (one dataset; daily windows)
+GENERATED = ("ground_truth.json", "days.json")
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
-    check_output_path(args.output)
     if args.days is not None:
         return _generate_days(args)
     given = [flag for name, flag in _DAYS_FLAGS.items() if getattr(args, name) is not None]
@@ -68,12 +72,25 @@ def cmd_generate(args: argparse.Namespace) -> int:
         rows=args.rows, seed=args.seed, sequences=args.sequences, conversion=args.conversion
     )
     t0 = time.time()
-    summary = synthetic.write_dataset(
-        cfg, args.output, test_fraction=args.test_fraction, criteo_tsv=args.criteo_tsv
-    )
+    with replacing_folder(args.output, GENERATED, "generate") as tmp:
+        summary = synthetic.write_dataset(
+            cfg, tmp, test_fraction=args.test_fraction, criteo_tsv=args.criteo_tsv
+        )
+    summary = _moved(summary, tmp, Path(args.output))
     _print(json.dumps(summary, indent=1, default=str))
     _print(f"generated {args.rows:,} rows in {time.time() - t0:.1f}s into {args.output}")
     return 0
+
+
+def _moved(value: Any, tmp: Path, out: Path) -> Any:
+    """``value`` (a summary: dicts, lists, strings) with paths under ``tmp`` under ``out``."""
+    if isinstance(value, dict):
+        return {k: _moved(v, tmp, out) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_moved(v, tmp, out) for v in value]
+    if isinstance(value, str) and value.startswith(str(tmp)):
+        return str(out) + value[len(str(tmp)) :]
+    return value
 
 
 def _generate_days(args: argparse.Namespace) -> int:
@@ -95,7 +112,9 @@ def _generate_days(args: argparse.Namespace) -> int:
     except ValueError as e:  # --rows, --seed or --test-fraction out of range
         raise UsageError(f"generate --days: {e}") from None
     t0 = time.time()
-    report = synthetic_days.write_days(cfg, args.output)
+    with replacing_folder(args.output, GENERATED, "generate") as tmp:
+        report = synthetic_days.write_days(cfg, tmp)
+    report = _moved(report, tmp, Path(args.output))
     for w in report["windows"]:
         frozen = w["next_day_frozen_auc"]
         _print(

@@ -1,5 +1,6 @@
-"""The error a command raises for a flag or argument it cannot use, and the check of an output
-path every writing command makes before it starts.
+"""The error a command raises for a flag or argument it cannot use, the check of an output
+path every writing command makes before it starts, and the temporary folder a command writes
+its output folder into.
 
 ``stitchrec`` (``pipelines.cli``) prints a user error as one ``error:`` line and exits with
 status 2; any other exception is a bug and propagates with its traceback.
@@ -7,6 +8,10 @@ status 2; any other exception is a bug and propagates with its traceback.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 
@@ -34,3 +39,35 @@ def check_output_path(path: str | Path, flag: str = "--output", folder: bool = T
                     f"under it; expected a path under a folder"
                 )
             return
+
+
+@contextlib.contextmanager
+def replacing_folder(
+    path: str | Path, markers: Sequence[str], command: str, flag: str = "--output"
+) -> Iterator[Path]:
+    """Yields a hidden temporary folder beside ``path`` (created) for ``command`` to write its
+    output into; on a normal exit it replaces ``path`` with it, on an exception it is deleted
+    and ``path`` stays as it was. A reader never sees a partly written output.
+
+    Raises:
+      UsageError: before anything is written, when ``path`` exists and is neither an empty
+        folder nor an earlier output of ``command`` (a folder holding one of ``markers``).
+    """
+    out = Path(path)
+    check_output_path(out, flag)
+    if out.exists() and any(out.iterdir()) and not any((out / m).exists() for m in markers):
+        raise UsageError(
+            f"{flag} {str(out)!r} holds files that are not a `stitchrec {command}` output (no "
+            f"{' or '.join(markers)}): expected a new or empty folder, or an earlier {command} "
+            "output (which is replaced)"
+        )
+    tmp = out.parent / f".{out.name}.{command}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        yield tmp
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

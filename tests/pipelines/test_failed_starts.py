@@ -66,3 +66,30 @@ def test_predict_refuses_a_row_id_field_whose_values_repeat(tmp_path, capsys):
     assert not out.exists() and [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
     assert main([*argv, "--row-id", "item"]) == 0  # unique ids score
     assert pq.read_table(out).column("row_id").to_pylist() == [1, 2, 3, 4]
+
+
+def test_generate_replaces_its_own_output_whole_and_refuses_other_folders(tmp_path, capsys):
+    out = tmp_path / "synth"
+    assert main(["generate", "--output", str(out), "--rows", "300", "--criteo-tsv"]) == 0
+    assert (out / "train.tsv").is_file()
+    assert main(["generate", "--output", str(out), "--rows", "200"]) == 0
+    # the earlier output is replaced whole: no TSV of the first call beside the new shards
+    assert sorted(p.name for p in out.iterdir()) == [
+        "ground_truth.json",
+        "schema.toml",
+        "test",
+        "train",
+    ]
+    assert pq.read_table(out / "train").num_rows + pq.read_table(out / "test").num_rows == 200
+    days = tmp_path / "days"
+    assert main(["generate", "--output", str(days), "--rows", "200", "--days", "2"]) == 0
+    assert main(["generate", "--output", str(days), "--rows", "200"]) == 0  # days.json: ours
+    assert not (days / "days.json").exists() and (days / "ground_truth.json").is_file()
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep")
+    capsys.readouterr()
+    assert main(["generate", "--output", str(mine), "--rows", "100"]) == 2
+    assert "holds files that are not a `stitchrec generate` output" in _error_line(capsys)
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
