@@ -21,7 +21,8 @@ def generate(sub: Subparsers) -> None:
     g.add_argument(
         "--output",
         required=True,
-        help="folder for train/ and test/ Parquet shards, schema.toml and ground_truth.json",
+        help="folder for train/ and test/ Parquet shards, schema.toml and ground_truth.json "
+        "(new or empty; an earlier generate output there is replaced whole)",
     )
     g.add_argument("--rows", type=positive, default=1_000_000, help="rows to generate")
     g.add_argument("--seed", type=int, default=0, help="seed of the generator")
