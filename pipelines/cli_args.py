@@ -80,7 +80,7 @@ def engine_flags(p: argparse.ArgumentParser) -> None:
         "--workers",
         type=non_negative_int,
         default=None,
-        help="processes of the local Dask cluster (default: one per CPU core)",
+        help="processes of the local Dask cluster (0 or none: one per CPU core)",
     )
     g.add_argument(
         "--task-retries",
@@ -206,8 +206,9 @@ def export(sub: Subparsers) -> None:
     e.add_argument(
         "--combine",
         choices=["logits", "probabilities"],
-        default="logits",
-        help="how --ensemble-runs members are averaged (default: logits)",
+        default=None,
+        help="how --ensemble-runs members are averaged (default: logits; only with "
+        "--ensemble-runs)",
     )
     e.add_argument(
         "--single",

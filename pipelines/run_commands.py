@@ -87,6 +87,12 @@ def cmd_export(args: argparse.Namespace) -> int:
             "pre-ranking keeps); a single model, ensemble or --ensemble-runs export scores "
             "every candidate: drop --keep or add --cascade-rank RANK_RUN"
         )
+    if args.combine is not None and not args.ensemble_runs:
+        raise UsageError(
+            f"export --combine {args.combine}: only with --ensemble-runs (how their members "
+            "are averaged); a run's own ensemble combines as its training chose: drop --combine "
+            "or add --ensemble-runs RUN ..."
+        )
     if args.output:
         _check_export_output(Path(args.output))
     out = Path(args.output) if args.output else next_version(RunPaths(Path(args.run)).exports)
@@ -132,7 +138,7 @@ def _export(args: argparse.Namespace, output: Path, fused: bool) -> None:
         export_run_ensemble(
             [args.run, *args.ensemble_runs],
             output,
-            args.combine,
+            args.combine or "logits",
             quantize=args.quantize,
             quantize_min_rows=args.quantize_min_rows,
         )

@@ -93,3 +93,11 @@ def test_generate_replaces_its_own_output_whole_and_refuses_other_folders(tmp_pa
     assert "holds files that are not a `stitchrec generate` output" in _error_line(capsys)
     assert [p.name for p in mine.iterdir()] == ["notes.txt"]
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_export_combine_only_with_ensemble_runs(tmp_path, capsys):
+    out = tmp_path / "out"
+    argv = ["export", "--run", str(tmp_path / "run"), "--output", str(out)]
+    assert main([*argv, "--combine", "probabilities"]) == 2
+    assert "export --combine probabilities: only with --ensemble-runs" in _error_line(capsys)
+    assert not out.exists()
