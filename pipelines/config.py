@@ -343,11 +343,24 @@ def _pair_stats(values: dict[str, Any] | None, where: str, resolve: Any) -> Pair
 
 
 def _check_override(key: str, value: Any, text: str) -> None:
-    """Raises ConfigError naming ``--set text`` when its value does not fit the key's type."""
+    """Raises ConfigError naming ``--set text`` when its section or key is unknown or its value
+    does not fit the key's type."""
     section, _, name = key.partition(".")
+    if not name:  # a top-level key (output_dir): checked with the whole config
+        return
     cls = _sections().get(section)
-    if cls is None or "." in name:
-        return  # an unknown section or key is reported with the whole config
+    if cls is None:
+        raise ConfigError(
+            f"--set {text}: unknown section {section!r}; expected one of "
+            f"{sorted(_sections())} (or output_dir)"
+        )
+    if "." in name:  # a key inside a table value: checked with the whole config
+        return
+    allowed = {f.name for f in dataclasses.fields(cls)}
+    if name not in allowed:
+        raise ConfigError(
+            f"--set {text}: [{section}] unknown key {name!r}; allowed: {sorted(allowed)}"
+        )
     if isinstance(value, str) and name in _PATH_LISTS.get(section, ()):
         value = [value]
     problem = type_error(cls, {name: value})

@@ -194,6 +194,8 @@ def test_overrides_meet_the_same_type_checks(tmp_path):
         ("model.mlp=64", r"--set model.mlp=64: \[model\] mlp must be a list of integers, got 64"),
         ("data.schema=5", r"\[data\] schema must be a string, got 5"),
         ("fusion.tables=1", r"\[fusion\] tables must be true or false, got 1"),
+        ("nosuch.key=1", r"^--set nosuch.key=1: unknown section 'nosuch'; expected one of \["),
+        ("train.epoch=1", r"^--set train.epoch=1: \[train\] unknown key 'epoch'; allowed: \["),
     ):
         with pytest.raises(ConfigError, match=match):
             load_config(tmp_path / "c.toml", [text])
