@@ -45,7 +45,9 @@ from __future__ import annotations
 import argparse
 import errno
 import importlib
+import os
 import re
+import signal
 import sys
 from collections.abc import Callable
 
@@ -212,7 +214,11 @@ def entry() -> int:
     standard error (``pipelines.stderr_filter``)."""
     pause_collector_when_loading()  # this process is the command's own (``pipelines.loading``)
     with filtered_stderr():
-        return main()
+        try:
+            return main()
+        except BrokenPipeError:  # the reader of standard output left (`| head`): stop quietly
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 128 + signal.SIGPIPE  # the status of a process a broken pipe stops
 
 
 if __name__ == "__main__":

@@ -98,6 +98,18 @@ def test_console_script_is_installed():
         assert command in " ".join(out.split()), command
 
 
+def test_a_reader_that_closes_standard_output_stops_the_command_quietly(tmp_path):
+    """``stitchrec generate ... | head -1``: the closed pipe ends the command with the status
+    of a broken pipe (128 + SIGPIPE) and no traceback."""
+    exe = Path(sys.executable).parent / "stitchrec"
+    argv = [str(exe), "generate", "--output", str(tmp_path / "d"), "--rows", "100"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # before the command prints anything
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
+
+
 COMMANDS = [
     ("demo",),
     ("generate",),
