@@ -100,7 +100,12 @@ def convert(sub: Subparsers) -> None:
 def stats(sub: Subparsers) -> None:
     s = sub.add_parser("stats", help="vocabularies and numeric statistics in one pass")
     _raw_input(s)
-    s.add_argument("--output", required=True, help="folder for stats.json and vocab/")
+    s.add_argument(
+        "--output",
+        required=True,
+        help="folder for stats.json and vocab/ (new or empty; an earlier stats output there is "
+        "replaced whole)",
+    )
     _bad_rows(s)
     engine_flags(s)
     chunk_flag(s)

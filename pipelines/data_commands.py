@@ -42,6 +42,7 @@ from features import (
 )
 from features.schema import load_schema
 from features.stats_job import raw_stats
+from features.stats_types import STATS_FILE
 from pipelines.engines import chunk_bytes, engine_config, open_runner
 from pipelines.errors import UsageError, check_output_path, replacing_folder
 
@@ -212,19 +213,20 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    check_output_path(args.output)
     schema = load_schema(args.schema)
     report = read_report.ReadReport()
-    with open_runner(engine_config(args), _print) as runner:
-        stats = raw_stats(
-            schema,
-            args.input,
-            runner=runner,
-            max_bad_rows=args.max_bad_rows,
-            report=report,
-            chunk_bytes=chunk_bytes(args),
-        )
-    stats.save(args.output)
+    # an earlier statistics folder is replaced whole: no vocabulary file of it stays behind
+    with replacing_folder(args.output, (STATS_FILE,), "stats") as tmp:
+        with open_runner(engine_config(args), _print) as runner:
+            stats = raw_stats(
+                schema,
+                args.input,
+                runner=runner,
+                max_bad_rows=args.max_bad_rows,
+                report=report,
+                chunk_bytes=chunk_bytes(args),
+            )
+        stats.save(tmp)
     _print(
         f"rows: {stats.rows:,}  label mean: {stats.label_mean:.4f}  bad rows skipped: {report.bad_rows}"
     )

@@ -101,3 +101,18 @@ def test_export_combine_only_with_ensemble_runs(tmp_path, capsys):
     assert main([*argv, "--combine", "probabilities"]) == 2
     assert "export --combine probabilities: only with --ensemble-runs" in _error_line(capsys)
     assert not out.exists()
+
+
+def test_stats_replaces_its_own_output_whole_and_refuses_other_folders(tmp_path, capsys):
+    data = write_tiny_dataset(tmp_path, rows=300, train_rows=240)
+    out = tmp_path / "stats"
+    argv = ["stats", "--schema", str(data["schema"]), "--input", str(data["train"])]
+    assert main([*argv, "--output", str(out)]) == 0
+    stale = out / "vocab" / "999.parquet"  # a vocabulary of an earlier, wider schema
+    stale.write_bytes(b"old")
+    assert main([*argv, "--output", str(out)]) == 0
+    assert not stale.exists() and (out / "stats.json").is_file()
+    capsys.readouterr()
+    assert main([*argv, "--output", str(data["train"])]) == 2  # the training shards' folder
+    assert "holds files that are not a `stitchrec stats` output" in _error_line(capsys)
+    assert sorted(p.name for p in data["train"].iterdir()) == ["part-00000.parquet"]
