@@ -61,8 +61,19 @@ def compressed_stream_message(path: Path, after_line: int, error: Exception) -> 
     )
 
 
-def read_header(path: Path, delimiter: str) -> list[str]:
-    """The column names on the first line of a CSV file (BOM and line end stripped)."""
+def printable(text: str, limit: int = 200) -> str:
+    """``text`` with every character that is not printable (control bytes, the U+FFFD that
+    stands for bytes that are not UTF-8) escaped as Python writes it, cut to ``limit``
+    characters; a message shows it instead of raw binary."""
+    out = "".join(
+        ch if ch.isprintable() and ch != "\ufffd" else ascii(ch)[1:-1] for ch in text[:limit]
+    )
+    return out + "..." if len(text) > limit else out
+
+
+def first_block(path: Path) -> bytes:
+    """The file's first bytes (decompressed when its name says so), read in blocks of 64 KiB
+    up to the block that holds its first line end (all of a file without one)."""
     with pa.input_stream(str(path), compression="detect") as stream:
         chunks = []
         while True:
@@ -73,14 +84,48 @@ def read_header(path: Path, delimiter: str) -> list[str]:
             chunks.append(chunk)
             if not chunk or b"\n" in chunk:
                 break
-    raw = b"".join(chunks).split(b"\n", 1)[0]
+    return b"".join(chunks)
+
+
+def check_text(path: Path, block: bytes, delimiter: str) -> None:
+    """DataError naming ``path`` when its first bytes ``block`` are not text: a Parquet file
+    (it starts with Parquet's mark ``PAR1``) or other binary data (a NUL byte)."""
+    delim = delimiter_name(delimiter)
+    if block.startswith(b"PAR1"):
+        reason = "it starts with 'PAR1', the mark of a Parquet file"
+        hint = ' (a Parquet file is read with a schema whose [source] format is "parquet")'
+    elif b"\0" in block:
+        at = block.index(b"\0")
+        reason = f"its byte at offset {at} is NUL, so it looks like a binary file"
+        hint = ""
+    else:
+        return
+    raise DataError(
+        f"file {str(path)!r} could not be read as {delim}-separated CSV text: {reason}; "
+        f"expected a {delim}-separated CSV text file{hint}"
+    )
+
+
+def read_header(path: Path, delimiter: str) -> list[str]:
+    """The column names on the first line of a CSV file (BOM and line end stripped); DataError
+    when the file is not text (``check_text``)."""
+    block = first_block(path)
+    check_text(path, block, delimiter)
+    raw = block.split(b"\n", 1)[0]
     if not raw.strip():
         raise DataError(
             f"file {str(path)!r} is empty or starts with a blank line: expected a header line "
             f"naming the columns"
         )
     text = raw.decode("utf-8", errors="replace").lstrip("\ufeff").rstrip("\r")
-    return next(csv.reader([text], delimiter=delimiter))
+    try:
+        return next(csv.reader([text], delimiter=delimiter))
+    except csv.Error as e:  # e.g. a carriage return inside the line
+        raise DataError(
+            f"file {str(path)!r}: its first line '{printable(text, 80)}' could not be read as a "
+            f"{delimiter_name(delimiter)}-separated CSV header ({e}); expected a header line "
+            f"naming the columns"
+        ) from None
 
 
 def unique_columns(names: list[str], path: Path) -> list[str]:

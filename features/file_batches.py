@@ -5,8 +5,11 @@ the line (CSV) or row (Parquet) number of every record.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Collection, Iterator
+import re
+import sys
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +21,13 @@ import pyarrow.parquet as pq
 from features.cells import is_list_type, is_null
 from features.csv_format import (
     LineMap,
+    check_text,
     column_count_message,
     compressed_stream_message,
     decode_utf8,
+    delimiter_name,
+    first_block,
+    printable,
     read_header,
     string_convert_options,
     unique_columns,
@@ -58,18 +65,20 @@ def csv_batches(
 
     Lines with the wrong number of columns are skipped by the parser and handed on as
     ``earlier_bad`` of the chunk they precede (or of a last, empty chunk); so are lines whose
-    read cells are not UTF-8. A truncated or corrupt compressed file is one DataError.
+    read cells are not UTF-8. A file that is not text (``check_text``: a Parquet or other
+    binary file), a line with the wrong number of columns that is not UTF-8 text, or a truncated
+    or corrupt compressed file is one DataError.
 
     ``byte_range=(start, end)`` reads only those bytes of an uncompressed file, ``start`` at the
     beginning of a line, whose first line is line ``first_line`` of the file (the header, when
     the schema has one, is read from the file's first line and skipped when ``start`` is 0).
     """
     src = schema.source
-    names = (
-        unique_columns(read_header(file, src.delimiter), file)
-        if src.header
-        else list(src.columns or ())
-    )
+    if src.header:
+        names = unique_columns(read_header(file, src.delimiter), file)
+    else:
+        check_text(file, first_block(file), src.delimiter)
+        names = list(src.columns or ())
     plan = plan_file(schema, file, names, cache)
     starts_file = byte_range is None or byte_range[0] == 0
     lines = LineMap(2 if src.header and starts_file else first_line if byte_range else 1)
@@ -92,25 +101,73 @@ def csv_batches(
     parse_opts = pacsv.ParseOptions(
         delimiter=src.delimiter, ignore_empty_lines=False, invalid_row_handler=on_invalid_row
     )
+    undecodable: list[BaseException] = []  # rows pyarrow could not hand to on_invalid_row
     try:
-        reader = pacsv.open_csv(
-            _open_stream(file, byte_range),
-            read_options=read_opts,
-            parse_options=parse_opts,
-            convert_options=string_convert_options(names, as_bytes=True),
-        )
+        with _undecodable_rows(on_invalid_row, undecodable):
+            reader = pacsv.open_csv(
+                _open_stream(file, byte_range),
+                read_options=read_opts,
+                parse_options=parse_opts,
+                convert_options=string_convert_options(names, as_bytes=True),
+            )
         while True:
             try:
-                batch = reader.read_next_batch()
+                with _undecodable_rows(on_invalid_row, undecodable):
+                    batch = reader.read_next_batch()
             except StopIteration:
                 break
             yield _csv_chunk(file, batch, plan, lines, rejected)
     except pa.ArrowException as e:
+        if undecodable:
+            raise _undecodable_row_error(file, e, shift, lines.next, src.delimiter) from None
         raise _parse_error(file, e, lines.next, read_opts.block_size) from None
     except OSError as e:  # pyarrow's decompressor: a truncated or corrupt gzip/bz2 stream
         raise DataError(compressed_stream_message(file, lines.next - 1, e)) from None
     if rejected:
         yield RawBatch({}, np.zeros(0, np.int64), "line", plan.notes, list(rejected))
+
+
+@contextlib.contextmanager
+def _undecodable_rows(handler: Callable[[Any], str], caught: list[BaseException]) -> Iterator[None]:
+    """While pyarrow reads: pyarrow decodes the text of a row with the wrong number of columns
+    before it calls ``handler``; a row that is not UTF-8 raises there, which Python would print
+    as "Exception ignored in" (pyarrow then fails the read). Such errors are collected in
+    ``caught`` instead; any other goes to the hook that was in place."""
+    previous = sys.unraisablehook
+
+    def hook(unraisable: Any) -> None:
+        if unraisable.object is handler and isinstance(unraisable.exc_value, UnicodeDecodeError):
+            caught.append(unraisable.exc_value)
+        else:
+            previous(unraisable)
+
+    sys.unraisablehook = hook
+    try:
+        yield
+    finally:
+        sys.unraisablehook = previous
+
+
+_ROW_ERROR = re.compile(r"Row #(-?\d+): Expected (\d+) columns, got (\d+): (.*)", re.S)
+
+
+def _undecodable_row_error(
+    file: Path, e: pa.ArrowException, shift: int, line: int, delimiter: str
+) -> DataError:
+    """The DataError of a line with the wrong number of columns that is not UTF-8 text (the
+    read stopped at it: pyarrow cannot skip it); ``line``: the first line not yet read."""
+    m = _ROW_ERROR.search(str(e))
+    if m is None or int(m.group(1)) < 0:
+        return DataError(
+            f"{file}: a line at or after line {line} has the wrong number of columns and is not "
+            f"UTF-8 text; expected UTF-8 text of {delimiter_name(delimiter)}-separated columns"
+        )
+    number, expected, found, text = int(m.group(1)) + shift, m.group(2), m.group(3), m.group(4)
+    return DataError(
+        f"{file}: line {number}: expected {expected} {delimiter_name(delimiter)}-separated "
+        f"columns, found {found}, and the line is not UTF-8 text: '{printable(text, 200)}' "
+        f"(\\ufffd: bytes that are not UTF-8); expected UTF-8 text"
+    )
 
 
 def _parse_error(file: Path, e: pa.ArrowException, line: int, block_size: int) -> DataError:
@@ -123,7 +180,9 @@ def _parse_error(file: Path, e: pa.ArrowException, line: int, block_size: int) -
             "most one row may hold; expected shorter rows (an unclosed quote also makes one row "
             "of the rest of the file)"
         )
-    return DataError(f"{file}: could not parse CSV at or after line {line}: {e}")
+    return DataError(
+        f"{file}: could not parse CSV at or after line {line}: {printable(str(e), 500)}"
+    )
 
 
 def _open_stream(file: Path, byte_range: tuple[int, int] | None) -> pa.NativeFile:

@@ -85,7 +85,7 @@ def _expand_one(item: str, schema: Schema | None) -> list[Path]:
         ]
         files = [f for f in files if not _is_side_table(f, schema)]
         if not files:
-            raise DataError(f"directory {item!r} has no data files")
+            raise DataError(_no_data_files(p, item))
         return files
     if any(ch in item for ch in "*?["):
         files = [Path(m) for m in sorted(glob.glob(item, recursive=True)) if Path(m).is_file()]
@@ -94,6 +94,19 @@ def _expand_one(item: str, schema: Schema | None) -> list[Path]:
             raise DataError(f"no files match {item!r}")
         return files
     raise DataError(f"input {item!r} does not exist (expected a file, directory or glob pattern)")
+
+
+def _no_data_files(p: Path, item: str) -> str:
+    """The message for a directory without data files directly inside it."""
+    folders = sorted(f.name for f in p.iterdir() if f.is_dir())
+    if not folders:
+        return f"directory {item!r} has no data files"
+    pattern = str(p / "**" / "*")
+    return (
+        f"directory {item!r} has no data files directly inside it, and its subfolders "
+        f"{short_list(folders, limit=10)} are not searched: expected data files in it; name "
+        f"the subfolders, or a glob pattern such as {pattern!r}"
+    )
 
 
 def _is_side_table(f: Path, schema: Schema | None) -> bool:

@@ -111,7 +111,10 @@ class DatasetStats:
             ) from None
 
     def save(self, directory: str | Path) -> Path:
-        """Writes ``stats.json`` and ``vocab/<field>.parquet`` under ``directory``."""
+        """Writes ``stats.json`` and ``vocab/<field>.parquet`` under ``directory``.
+
+        ``stats.json`` is strict JSON: a number that is not finite (the NaN ``min`` and ``max``
+        of a numeric field without values) is written as null, which ``load`` reads as NaN."""
         d = Path(directory)
         (d / VOCAB_DIR).mkdir(parents=True, exist_ok=True)
         summary = {
@@ -132,7 +135,7 @@ class DatasetStats:
                     }
                 )
                 pq.write_table(table, d / VOCAB_DIR / fname)
-        (d / STATS_FILE).write_text(json.dumps(summary, indent=1, allow_nan=True))
+        (d / STATS_FILE).write_text(json.dumps(_strict(summary), indent=1, allow_nan=False))
         return d
 
     @classmethod
@@ -164,6 +167,22 @@ class DatasetStats:
         for name, s in _stats_object(path)["fields"].items():
             _field_stats(Path(directory), path, name, s, values=False)
         return path
+
+
+def _strict(value: Any) -> Any:
+    """``value`` (JSON-able) with every float that is not finite replaced by None (null)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _strict(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_strict(v) for v in value]
+    return value
+
+
+#: the float statistics of a field (``boundaries``: a list of them), null in ``stats.json``
+#: when not finite
+_FLOAT_KEYS = {f.name for f in dataclasses.fields(FieldStats) if f.type == "float"}
 
 
 _WHAT = "the statistics `stitchrec stats` or `stitchrec train` writes"
@@ -200,6 +219,11 @@ def _field_stats(d: Path, path: Path, name: str, s: Any, values: bool = True) ->
         what = f"unknown keys {unknown}" if unknown else "no name or kind"
         raise DataError(f"{where}: {what}: {_EXPECTED}")
     s = dict(s)
+    for key in _FLOAT_KEYS & set(s):
+        if s[key] is None:  # a number that is not finite (``save``)
+            s[key] = math.nan
+    if isinstance(s.get("boundaries"), list):
+        s["boundaries"] = [math.nan if b is None else b for b in s["boundaries"]]
     vocab_file = s.pop("vocab_file", None)
     s.pop("vocab_size", None)
     fs = FieldStats(**s)

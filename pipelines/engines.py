@@ -247,9 +247,55 @@ class _LazyDask:
         return self._open().describe()
 
 
+#: the Dask address schemes whose location is HOST:PORT (no scheme: tcp)
+ADDRESS_SCHEMES = ("tcp", "tls", "ws", "wss", "ucx")
+_ADDRESS_FORM = (
+    "expected HOST:PORT or SCHEME://HOST:PORT with a port from 1 to 65535 and SCHEME one of "
+    f"{', '.join(ADDRESS_SCHEMES)} (e.g. tcp://HOST:8786; an IPv6 host in brackets, [::1]:8786)"
+)
+
+
+def check_address(address: str, what: str) -> None:
+    """Raises UsageError naming ``what`` (``--cluster``) and ``address`` when it is not the
+    address of a Dask scheduler in a form Dask connects to: ``[SCHEME://]HOST:PORT``. Checked
+    before connecting: Dask would raise a ValueError, after which its half-made client waits
+    20 s to close."""
+    scheme, sep, loc = address.rpartition("://")
+    if sep and scheme not in ADDRESS_SCHEMES:
+        raise UsageError(f"{what} {address!r}: unknown scheme {scheme!r}; {_ADDRESS_FORM}")
+    problem, port = _location_problem(loc)
+    if problem:
+        raise UsageError(f"{what} {address!r}: {problem}; {_ADDRESS_FORM}")
+    if not 1 <= int(port) <= 65535:
+        raise UsageError(f"{what} {address!r}: port {port} is out of range; {_ADDRESS_FORM}")
+
+
+def _location_problem(loc: str) -> tuple[str, str]:
+    """(what is wrong with ``HOST:PORT`` ``loc``, or ""; its port)."""
+    if loc.startswith("["):  # IPv6: [HOST]:PORT
+        host, _, tail = loc[1:].partition("]")
+        port = tail[1:] if tail.startswith(":") else ""
+    else:
+        host, colon, port = loc.rpartition(":")
+        if not colon:
+            host, port = loc, ""
+        elif ":" in host:
+            return "an IPv6 host needs brackets", port
+    if not loc:
+        return "no HOST:PORT", port
+    if not host:
+        return "no host", port
+    if not port:
+        return "no port", port
+    if not (port.isascii() and port.isdigit()):
+        return f"port {port!r} is not a number", port
+    return "", port
+
+
 def _connect(config: EngineConfig, stack: contextlib.ExitStack) -> DaskRunner:
     distributed = _distributed()
     if config.address:
+        check_address(config.address, "[engine] address")
         try:
             client = distributed.Client(config.address, timeout="10s", set_as_default=False)
         except OSError as e:
@@ -304,7 +350,8 @@ def open_runner(config: EngineConfig | None, log: Log = print) -> Iterator[TaskR
 
 def engine_config(args: Any, base: EngineConfig | None = None) -> EngineConfig:
     """``base`` (a config's ``[engine]``) with the command's ``--engine``, ``--cluster``,
-    ``--workers`` and ``--task-retries`` flags applied; ``--cluster`` alone means dask."""
+    ``--workers`` and ``--task-retries`` flags applied; ``--cluster`` alone means dask.
+    UsageError for a ``--cluster`` that is not a scheduler's address (``check_address``)."""
     base = base or EngineConfig()
     name = getattr(args, "engine", None) or ("dask" if getattr(args, "cluster", None) else None)
     changes = {
@@ -316,6 +363,8 @@ def engine_config(args: Any, base: EngineConfig | None = None) -> EngineConfig:
     changes = {k: v for k, v in changes.items() if v is not None}
     if changes.get("name") == "local" and "address" in changes:
         raise UsageError("--cluster names a Dask scheduler: drop --engine local, or --cluster")
+    if changes.get("address"):
+        check_address(changes["address"], "--cluster")
     if changes.get("name") == "local":
         changes["address"] = ""
     return dataclasses.replace(base, **changes)
