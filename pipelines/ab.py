@@ -18,11 +18,26 @@ from __future__ import annotations
 
 import argparse
 
+from pipelines.cli_args import AB_MIN_BOOTSTRAP
+from pipelines.errors import UsageError
 from pipelines.evaluation import report
 from pipelines.evaluation.ab_run import ABOptions, run_ab
 
 
+def check_bootstrap(resamples: int) -> None:
+    """Raises UsageError unless ``--bootstrap`` is 0 (no bootstrap) or at least
+    ``AB_MIN_BOOTSTRAP``: the ends of a 95% interval are the 2.5th and 97.5th percentiles of the
+    resampled differences, and the p-value is at least 2 / (resamples + 1)."""
+    if resamples < 0 or 0 < resamples < AB_MIN_BOOTSTRAP:
+        raise UsageError(
+            f"--bootstrap {resamples}: expected 0 (no bootstrap) or at least {AB_MIN_BOOTSTRAP} "
+            f"resamples (the 95% interval's ends are the 2.5th and 97.5th percentiles of the "
+            f"resampled differences)"
+        )
+
+
 def cmd_ab(args: argparse.Namespace) -> int:
+    check_bootstrap(args.bootstrap)
     opts = ABOptions(
         control=args.control,
         treatment=args.treatment,

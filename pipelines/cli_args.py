@@ -387,6 +387,10 @@ def fuse(sub: Subparsers) -> None:
     t.set_defaults(handler="pipelines.fuse:cmd_tune")
 
 
+#: the fewest paired-bootstrap resamples `stitchrec ab --bootstrap` takes (besides 0: none)
+AB_MIN_BOOTSTRAP = 100
+
+
 def ab(sub: Subparsers) -> None:
     a = sub.add_parser(
         "ab",
@@ -400,7 +404,11 @@ def ab(sub: Subparsers) -> None:
     _ab_off_policy(a)
     _bad_rows(a)
     a.add_argument("--grpc-timeout", type=float, default=60.0, help="seconds per gRPC call")
-    a.add_argument("--no-html", action="store_true", help="write ab.json only")
+    a.add_argument(
+        "--no-html",
+        action="store_true",
+        help="write ab.json only (an earlier ab.html in --output is removed)",
+    )
     a.add_argument(
         "--threads", type=positive, default=1, help="threads for the bootstrap (same results)"
     )
@@ -445,7 +453,11 @@ def _ab_sources(a: argparse.ArgumentParser) -> None:
         "--schema",
         help="schema of the logs (file or shipped name); default: schema.toml beside Parquet shards",
     )
-    a.add_argument("--output", help="folder for ab.json and ab.html")
+    a.add_argument(
+        "--output",
+        help="folder for ab.json and ab.html: a new or empty folder, or an earlier ab output "
+        "(its files are replaced)",
+    )
     a.add_argument("--row-id", help="logs field holding row ids (default: 0-based row position)")
     a.add_argument("--id-column", default="row_id", help="row-id column of .parquet scores files")
     a.add_argument("--score-column", default="score", help="score column of .parquet scores files")
@@ -464,10 +476,19 @@ def _ab_metrics(a: argparse.ArgumentParser) -> None:
         help="report metrics per value of FIELD (repeatable)",
     )
     a.add_argument(
-        "--bootstrap", type=int, default=1000, help="paired bootstrap resamples (0: none)"
+        "--bootstrap",
+        type=int,
+        default=1000,
+        help=f"paired bootstrap resamples: 0 (none: no intervals or verdicts) or at least "
+        f"{AB_MIN_BOOTSTRAP} (default 1000)",
     )
     a.add_argument("--seed", type=int, default=0, help="seed of the bootstrap")
-    a.add_argument("--resample", choices=["rows", "groups"], default="rows", help="bootstrap unit")
+    a.add_argument(
+        "--resample",
+        choices=["rows", "groups"],
+        default="rows",
+        help="bootstrap unit (groups: the --group field's values; needs --group)",
+    )
     a.add_argument("--bins", type=positive, default=10, help="calibration bins")
     a.add_argument(
         "--min-slice-rows", type=int, default=100, help="slices with fewer rows are flagged"
@@ -478,7 +499,12 @@ def _ab_metrics(a: argparse.ArgumentParser) -> None:
         default=20,
         help="more values are pooled into '(other)'",
     )
-    a.add_argument("--primary", default="auc", help="metric the verdict is based on")
+    a.add_argument(
+        "--primary",
+        default="auc",
+        help="metric the verdict is based on: auc (default), logloss, ece, calibration_ratio, "
+        "mean_score, or with --group gauc, ndcg@K, recall@K (K of --k)",
+    )
     a.add_argument(
         "--task",
         action="append",
@@ -490,15 +516,21 @@ def _ab_metrics(a: argparse.ArgumentParser) -> None:
 
 def _ab_off_policy(a: argparse.ArgumentParser) -> None:
     a.add_argument("--action", help="logged action field for off-policy estimates (e.g. item_id)")
-    a.add_argument("--propensity", help="logging-propensity field; enables off-policy estimates")
+    a.add_argument(
+        "--propensity",
+        help="logging-propensity field; enables off-policy estimates (needs --action)",
+    )
     a.add_argument(
         "--policy-temperature",
         type=float,
         default=1.0,
-        help="softmax temperature of a model's policy (0: greedy)",
+        help="softmax temperature of a model's policy, >= 0 (0: greedy; default 1)",
     )
     a.add_argument(
-        "--reward-folds", type=int, default=2, help="cross-fitting folds of DR's reward model"
+        "--reward-folds",
+        type=int,
+        default=2,
+        help="cross-fitting folds of DR's reward model: 0 (no DM or DR) or >= 2 (default 2)",
     )
     a.add_argument(
         "--policy",

@@ -3,6 +3,14 @@ prediction log joined with outcomes: ``pipelines.evaluation.logged``) and both s
 compares them (``compare.compare_scores``) task by task, estimates off-policy values when the
 logs carry propensities, and writes ``ab.json`` / ``ab.html``.
 
+``check_options`` refuses options that cannot be used before anything is read or scored: a
+negative resample count, a policy temperature below 0, 1 or fewer than 0 reward-model folds,
+``--resample groups`` without ``--group``, ``--propensity`` without ``--action``, a
+``--primary`` metric the comparison does not compute, and an ``--output`` that is a file or a
+folder holding files ``ab`` does not write.
+Each output file is written to a hidden temporary file beside it and renamed over it, so a
+reader never sees a partly written ``ab.json`` or ``ab.html``.
+
 With a ``logged:ARM`` / ``logged:vN`` source the comparison keeps the rows that arm or version
 served; when both sources are logged scores of different arms, each is measured on its own
 rows: an unpaired comparison of two populations (``unpaired.compare_populations``)."""
@@ -10,6 +18,9 @@ rows: an unpaired comparison of two populations (``unpaired.compare_populations`
 from __future__ import annotations
 
 import json
+import math
+import os
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -18,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from pipelines.errors import UsageError, check_output_path
 from pipelines.evaluation import logged, report, sources
 from pipelines.evaluation.compare import clean_json, compare_scores, off_policy, verdict
 from pipelines.evaluation.tasks import ModelTask, select_tasks
@@ -59,6 +71,109 @@ class ABOptions:
     on: str = "request_id"
     model: str | None = None
     include_shadow: bool = False
+
+
+#: the metrics every comparison computes; ``--group`` adds gauc, ndcg@k and recall@k
+ROW_METRICS = ("auc", "logloss", "ece", "calibration_ratio", "mean_score")
+#: the files ``run_ab`` writes under ``output``
+OUTPUTS = ("ab.json", "ab.html")
+#: the hidden temporary file an output is written to before it is renamed over the output
+_TEMPORARY = re.compile(r"\.ab\.(json|html)\.\d+\.tmp")
+
+
+def metric_names(opts: ABOptions) -> list[str]:
+    """The metrics the comparison of ``opts`` computes (the names ``--primary`` takes)."""
+    names = list(ROW_METRICS)
+    if opts.group:
+        names += ["gauc", *(f"ndcg@{k}" for k in opts.k), *(f"recall@{k}" for k in opts.k)]
+    return names
+
+
+def check_output(output: str | Path) -> None:
+    """Raises UsageError when ``output`` cannot hold the report: a file, a path under a file,
+    or a folder holding entries other than ``ab``'s own outputs (``OUTPUTS``)."""
+    out = Path(output)
+    check_output_path(out)
+    if not out.is_dir():
+        return
+    other = sorted(
+        p.name for p in out.iterdir() if p.name not in OUTPUTS and not _TEMPORARY.fullmatch(p.name)
+    )
+    if other:
+        shown = ", ".join(other[:5]) + (f" and {len(other) - 5} more" if len(other) > 5 else "")
+        raise UsageError(
+            f"--output {str(out)!r} holds entries `stitchrec ab` does not write ({shown}): "
+            f"expected a new or empty folder, or one holding only an earlier ab's "
+            f"{' and '.join(OUTPUTS)} (which are replaced)"
+        )
+
+
+def check_options(opts: ABOptions) -> None:
+    """Raises UsageError for options ``run_ab`` cannot use; reads no data, scores nothing."""
+    if opts.resamples < 0:
+        raise UsageError(
+            f"--bootstrap {opts.resamples}: expected 0 (no bootstrap) or a number of resamples"
+        )
+    if not math.isfinite(opts.temperature) or opts.temperature < 0:
+        raise UsageError(
+            f"--policy-temperature {opts.temperature}: expected a finite number >= 0 (the "
+            f"softmax temperature of a model's policy; 0: greedy)"
+        )
+    if opts.reward_folds < 0 or opts.reward_folds == 1:
+        raise UsageError(
+            f"--reward-folds {opts.reward_folds}: expected 0 (no reward model: no DM or DR) or "
+            f"at least 2 cross-fitting folds"
+        )
+    if opts.unit not in ("rows", "groups"):
+        raise UsageError(f"--resample {opts.unit!r}: expected rows or groups")
+    if opts.unit == "groups" and not opts.group:
+        raise UsageError(
+            "--resample groups resamples the groups of the --group field, and no --group was "
+            "given: pass --group FIELD or --resample rows"
+        )
+    if opts.propensity and not opts.action:
+        raise UsageError(
+            f"--propensity {opts.propensity}: off-policy estimates also need the logged action "
+            f"field: pass --action FIELD (e.g. item_id)"
+        )
+    names = metric_names(opts)
+    if opts.primary not in names:
+        needs_group = "" if opts.group else "; gauc, ndcg@k and recall@k need --group"
+        raise UsageError(
+            f"--primary {opts.primary!r}: expected a metric this comparison computes: "
+            f"{', '.join(names)}{needs_group}"
+        )
+    if opts.output:
+        check_output(opts.output)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Writes ``text`` to a hidden temporary file beside ``path``, then renames it over
+    ``path``: ``path`` is either absent, the old file or the whole new one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with tmp.open("w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_outputs(output: str | Path, result: dict[str, Any], html: bool) -> None:
+    """``ab.json`` (and with ``html`` ``ab.html``, else an earlier ``ab.html`` is removed, so
+    the folder never pairs a new ab.json with an old report) under ``output``."""
+    out = Path(output)
+    out.mkdir(parents=True, exist_ok=True)
+    for p in out.iterdir():
+        if _TEMPORARY.fullmatch(p.name):  # left by an ab that was killed while writing
+            p.unlink(missing_ok=True)
+    _write_atomic(out / "ab.json", json.dumps(result, indent=1))
+    if html:
+        _write_atomic(out / "ab.html", report.html(result))
+    else:
+        (out / "ab.html").unlink(missing_ok=True)
 
 
 def _open_sources(opts: ABOptions) -> dict[str, sources.ScoreSource]:
@@ -160,7 +275,7 @@ def _off_policy_of(
 ) -> tuple[dict[str, Any], float]:
     """``off_policy`` of both sources and the extra ``opts.policies``, and its seconds."""
     if not opts.action:
-        raise ValueError("off-policy estimates need --action (the logged action field)")
+        raise UsageError("off-policy estimates need --action (the logged action field)")
     policies = dict(srcs)
     for p in opts.policies:
         policies[p] = sources.open_source(p, action=opts.action)
@@ -189,6 +304,14 @@ def _load_logs(opts: ABOptions) -> sources.Logs:
         opts.data_format == "auto" and logged.is_prediction_log(opts.data)
     )
     if is_log:
+        if opts.data_format == "logs":
+            problem = logged.log_problem(opts.data)
+            if problem:
+                raise sources.SourceError(
+                    f"--data {' '.join(opts.data)} was read as a prediction log because of "
+                    f"--data-format logs, but {problem}: expected a folder that `stitchrec serve "
+                    f"--log-dir` wrote, or --data-format auto or files for data files"
+                )
         if opts.row_id:
             raise sources.SourceError("--row-id: a prediction log's rows are joined by --on")
         return logged.load_log_data(
@@ -266,7 +389,9 @@ def _compare_arms(
 
 
 def run_ab(opts: ABOptions, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Reads the logs and both sources, compares, writes ab.json / ab.html under ``output``."""
+    """Checks ``opts`` (``check_options``), reads the logs and both sources, compares, and
+    writes ab.json / ab.html under ``output``."""
+    check_options(opts)
     t0 = time.perf_counter()
     logs = _load_logs(opts)
     log(f"logs: {logs.n:,} rows, {int(logs.labels.sum()):,} clicks from {logs.description}")
@@ -308,9 +433,5 @@ def run_ab(opts: ABOptions, log: Callable[[str], None] = print) -> dict[str, Any
     result["timing_s"]["total"] = time.perf_counter() - t0
     result = clean_json(result)
     if opts.output:
-        out = Path(opts.output)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "ab.json").write_text(json.dumps(result, indent=1))
-        if opts.html:
-            (out / "ab.html").write_text(report.html(result))
+        write_outputs(opts.output, result, opts.html)
     return result

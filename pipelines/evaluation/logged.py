@@ -36,19 +36,31 @@ LOGGED = "logged:"
 _POSITION = "__position"
 
 
+def log_problem(data: list[str]) -> str | None:
+    """Why ``data`` is not a prediction log (its first Parquet file must have the log's
+    metadata columns), as a clause naming the path; None when it is one."""
+    absent = [d for d in data if not Path(d).exists()]
+    if absent:
+        return f"{absent[0]!r} does not exist"
+    files = log_format.log_files(data)
+    if not files:
+        return f"it holds no *{log_format.SUFFIX} file"
+    first = files[0]
+    if first.suffix != log_format.SUFFIX:
+        return f"{str(first)!r} is not a *{log_format.SUFFIX} file"
+    try:
+        names = pq.read_schema(first).names
+    except (pa.ArrowException, OSError) as e:
+        return f"{str(first)!r} cannot be read as Parquet ({e})"
+    missing = [c for c in log_format.META_COLUMNS if c not in names]
+    if missing:
+        return f"its file {str(first)!r} lacks the log's column(s) {missing}"
+    return None
+
+
 def is_prediction_log(data: list[str]) -> bool:
     """Whether ``data`` is a prediction log: its first Parquet file has the log's columns."""
-    try:
-        files = log_format.log_files(data)
-    except FileNotFoundError:
-        return False
-    if not files or files[0].suffix != log_format.SUFFIX:
-        return False
-    try:
-        names = pq.read_schema(files[0]).names
-    except (pa.ArrowException, OSError):
-        return False
-    return all(c in names for c in log_format.META_COLUMNS)
+    return log_problem(data) is None
 
 
 def _read_log(data: list[str], model: str | None, include_shadow: bool) -> pa.Table:

@@ -107,7 +107,7 @@ def run(tmp_path_factory):
     test_data = str(root / "data" / "test")
     evaluate = ["evaluate", "--model", str(export), "--data", test_data]
     ab = ["ab", "--control", "uniform", "--treatment", str(export), "--data", test_data]
-    ab += ["--task", "buy", "--task", "click", "--bootstrap", "20", "--output", str(root / "ab")]
+    ab += ["--task", "buy", "--task", "click", "--bootstrap", "100", "--output", str(root / "ab")]
     procs = {
         "evaluate": _cli(*evaluate, "--task", "buy", "--task", "click"),
         "unknown": _cli(*evaluate, "--task", "buy", "--task", "nope"),

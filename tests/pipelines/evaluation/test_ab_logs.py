@@ -79,7 +79,7 @@ def logged(tmp_path_factory):
 
 
 def _ab(d, out: str, *args: str) -> dict:
-    argv = ["ab", "--schema", str(d / "schema.toml"), "--bootstrap", "50", "--no-html"]
+    argv = ["ab", "--schema", str(d / "schema.toml"), "--bootstrap", "100", "--no-html"]
     assert main([*argv, "--output", str(d / out), *args]) == 0
     return json.loads((d / out / "ab.json").read_text())
 
@@ -114,7 +114,7 @@ def test_logged_versions_compare_two_populations_unpaired(logged, capsys):
         got = res["overall"]["metrics"]["auc"][model]
         assert got == pytest.approx(M.auc(logged["click"][rows], score[rows]), abs=1e-12)
         assert res["overall"]["metrics"]["mean_score"][model] == pytest.approx(score[rows].mean())
-    assert res["overall"]["metrics"]["auc"]["resamples"] == 50
+    assert res["overall"]["metrics"]["auc"]["resamples"] == 100
 
 
 def test_logged_version_against_a_replayed_model_is_paired_on_its_rows(logged):
