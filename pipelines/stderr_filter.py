@@ -4,6 +4,8 @@ TensorFlow's C++ layer logs a few lines before its log level takes effect (absl'
 InitializeLog" banner, cudart's "Could not find cuda drivers" and the cuInit failure of a CPU-only
 machine, and, on CPUs where oneDNN is on by default, its "oneDNN custom operations are on" notice,
 once per process that loads TensorFlow); ``TF_CPP_MIN_LOG_LEVEL`` (set by the packages) silences everything logged after them.
+gRPC's C++ layer logs a port it cannot bind; the command's ``error:`` line says the same with
+the reason, so that line is dropped too.
 ``filtered_stderr`` routes file descriptor 2 through a pipe and copies every line to the real
 standard error except those that match ``NOISE``, so a user sees the command's own output and its
 ``error:`` line, and nothing else is lost. Only the console entry point uses it: code that calls
@@ -27,6 +29,8 @@ NOISE = (
     re.compile(rb"^I\d{4} [\d:. ]+\d+ cudart_stub\.cc:\d+\] Could not find cuda drivers "),
     re.compile(rb"^E\d{4} [\d:. ]+\d+ cuda_platform\.cc:\d+\] failed call to cuInit: "),
     re.compile(rb"^I\d{4} [\d:. ]+\d+ port\.cc:\d+\] oneDNN custom operations are on\. "),
+    # gRPC's log of a port it cannot bind: the command's own error line says it, with the reason
+    re.compile(rb"^E\d{4} [\d:. ]+\d+ add_port\.cc:\d+\] Failed to add port to server: "),
 )
 
 

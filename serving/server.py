@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -242,10 +243,27 @@ def _bind(server: grpc.aio.Server, address: str, options: ServerOptions) -> int:
         else:
             port = server.add_insecure_port(address)
     except RuntimeError as e:  # grpc raises when the port is taken
-        raise BindError(f"cannot bind the gRPC address {address!r}: {e}") from None
+        reason = _bind_reason(address, e)
+        raise BindError(f"cannot bind the gRPC address {address!r}: {reason}") from None
     if port == 0:
-        raise BindError(f"cannot bind the gRPC address {address!r} (in use or invalid)")
+        reason = _bind_reason(address, "in use or invalid")
+        raise BindError(f"cannot bind the gRPC address {address!r}: {reason}")
     return port
+
+
+def _bind_reason(address: str, fallback: object) -> str:
+    """Why ``address`` (``host:port``) cannot be bound, as the operating system says it (e.g.
+    "Address already in use": gRPC's own error names no reason), else ``fallback``."""
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    try:
+        infos = socket.getaddrinfo(host or None, int(port), type=socket.SOCK_STREAM)
+        family, kind, proto, _, addr = infos[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.bind(addr)
+    except (OSError, ValueError, IndexError) as e:
+        return getattr(e, "strerror", None) or str(e)
+    return str(fallback)
 
 
 def _health_sync(

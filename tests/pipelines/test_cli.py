@@ -6,6 +6,7 @@ import argparse
 import importlib
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -108,6 +109,22 @@ def test_a_reader_that_closes_standard_output_stops_the_command_quietly(tmp_path
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 141
     assert "Traceback" not in err and "BrokenPipeError" not in err, err
+
+
+def test_serve_on_a_port_in_use_prints_one_line_with_the_reason(tmp_path):
+    """The console command's whole standard error: gRPC's own log of the failed bind is left
+    out, and the error line says why (the operating system's reason)."""
+    exe = Path(sys.executable).parent / "stitchrec"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        argv = [str(exe), "serve", "--repo", str(tmp_path), "--host", "127.0.0.1"]
+        r = subprocess.run([*argv, "--port", str(port)], capture_output=True, text=True)
+    assert r.returncode == 2
+    assert r.stderr == (
+        f"error: cannot bind the gRPC address '127.0.0.1:{port}': Address already in use\n"
+    )
 
 
 COMMANDS = [
