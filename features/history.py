@@ -83,18 +83,24 @@ class HistorySpec:
         return f"{self.attribute}_first", f"hist_{self.attribute}_first"
 
 
-def _read_csv(path: Path) -> pd.DataFrame:
-    """The CSV file ``path``, every cell a string; DataError for a folder, an empty file, a
-    header naming a column twice, or text that is not UTF-8 (naming its first such line)."""
+def _read_csv(path: Path, what: str) -> pd.DataFrame:
+    """The CSV file ``path`` (``what`` it is, e.g. "input file"), every cell a string;
+    DataError for a missing path, a folder, an empty file or one without rows, a header naming
+    a column twice, or text that is not UTF-8 (naming its first such line)."""
+    if not path.exists():
+        raise DataError(f"{what} {str(path)!r} does not exist: expected a CSV file")
     if path.is_dir():
-        raise DataError(f"{path} is a folder: expected a CSV file")
+        raise DataError(f"{what} {str(path)!r} is a folder: expected a CSV file")
     unique_columns(read_header(path, ","), path)
     try:
-        return pd.read_csv(path, dtype=str, keep_default_na=False, encoding="utf-8")
+        frame = pd.read_csv(path, dtype=str, keep_default_na=False, encoding="utf-8")
     except UnicodeDecodeError:
         raise DataError(
             f"{path} line {_first_non_utf8_line(path)} is not UTF-8 text: expected a UTF-8 CSV file"
         ) from None
+    if frame.empty:
+        raise DataError(f"{what} {str(path)!r} has a header and no rows: expected rows under it")
+    return frame
 
 
 def _first_non_utf8_line(path: Path) -> int:
@@ -147,8 +153,17 @@ def _check_items(items: pd.Series, path: Path, column: str) -> None:
 def _first_attribute(items: pd.Series, spec: HistorySpec) -> np.ndarray:
     """Each item's first attribute value, ``MISSING_ATTRIBUTE`` where it has none."""
     path = Path(spec.attributes)
-    table = _read_csv(path)
+    table = _read_csv(path, "attributes file")
     _require(table, path, {spec.item: "the item key", spec.attribute: "the attribute"})
+    repeated = table[spec.item].duplicated(keep=False).to_numpy()
+    if repeated.any():
+        lines = np.flatnonzero(repeated)[:2] + 2
+        key = table[spec.item].iloc[lines[0] - 2]
+        raise DataError(
+            f"attributes file {str(path)!r}: item {key!r} of column {spec.item!r} is on lines "
+            f"{lines[0]} and {lines[1]}: expected one row per item (a table such as MovieLens "
+            "movies.csv, whose attribute column lists an item's values)"
+        )
     first = table[spec.attribute].str.split(SEPARATOR, n=1).str[0]
     first = first.where(first != "", MISSING_ATTRIBUTE)
     lookup = dict(zip(table[spec.item], first, strict=True))
@@ -194,7 +209,7 @@ def add_history(input_path: str | Path, output_path: str | Path, spec: HistorySp
     """Writes ``input_path``'s rows plus the history columns (module docstring) to
     ``output_path`` atomically; returns the number of rows."""
     path, out = Path(input_path), Path(output_path)
-    frame = _read_csv(path)
+    frame = _read_csv(path, "input file")
     _require(frame, path, {spec.user: "the user", spec.item: "the item", spec.time: "the time"})
     new = [spec.history_column, *(spec.attribute_columns or ())]
     taken = [c for c in new if c in frame.columns]

@@ -246,7 +246,9 @@ def test_add_history_inputs(tmp_path, capsys):
     latin = tmp_path / "latin.csv"
     latin.write_bytes(b"userId,movieId,timestamp\nu1,a,10\nu\xff,b,20\n")
     assert "latin.csv line 3 is not UTF-8 text" in history(latin, out)
-    assert f"{tmp_path} is a folder: expected a CSV file" in history(tmp_path, out)
+    assert f"input file {str(tmp_path)!r} is a folder: expected a CSV file" in history(
+        tmp_path, out
+    )
     good = tmp_path / "good.csv"
     good.write_text("userId,movieId,timestamp\nu1,a,10\n")
     folder = tmp_path / "folder"

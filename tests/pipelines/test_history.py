@@ -99,6 +99,7 @@ def test_iso_timestamps(tmp_path: Path) -> None:
         ("userId,movieId,timestamp\nu,a,1\nu,b,soon\n", r"line 3: column 'timestamp' holds 'soon'"),
         ("userId,movieId,timestamp\nu,a|b,1\n", r"line 2: column 'movieId' holds 'a\|b'"),
         ("userId,movieId,timestamp,hist_movieId\nu,a,1,x\n", r"already has the column"),
+        ("userId,movieId,timestamp\n", r"input file '.*ratings.csv' has a header and no rows"),
     ],
 )
 def test_bad_input_is_a_data_error_and_writes_nothing(
@@ -188,3 +189,22 @@ def test_shipped_schema_loads() -> None:
     assert [f.name for f in schema.labels] == ["click", "love"]
     assert schema.label.name == "click" and schema.field("love").defined_on == "click"
     assert schema.field("hist_movieId").max_len == 20
+
+
+def test_missing_files_and_an_attribute_table_with_repeated_items_are_refused(
+    tmp_path: Path,
+) -> None:
+    log, out = _log(tmp_path), tmp_path / "h.csv"
+    with pytest.raises(DataError, match=r"^input file '.*nope.csv' does not exist: expected a CSV"):
+        add_history(tmp_path / "nope.csv", out, HistorySpec())
+    spec = HistorySpec(attributes=tmp_path / "nope.csv", attribute="genres")
+    with pytest.raises(DataError, match=r"^attributes file '.*nope.csv' does not exist"):
+        add_history(log, out, spec)
+    tags = tmp_path / "tags.csv"  # one row per (item, tag), as MovieLens tags.csv
+    tags.write_text("movieId,tag\na,funny\nb,dark\na,long\n")
+    spec = HistorySpec(attributes=tags, attribute="tag")
+    with pytest.raises(
+        DataError, match=r"item 'a' of column 'movieId' is on lines 2 and 4: expected"
+    ):
+        add_history(log, out, spec)
+    assert not out.exists()
