@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import signal
+import socket
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 from features.tfrecord.address import service_address
 from features.tfrecord.service import check_reachable, start_dispatcher, start_worker, worker_port
 from pipelines.errors import UsageError, check_output_path
+from pipelines.serve import bind_alone
 
 
 def _serve_until_signal(server: Any, role: str, address: str) -> int:
@@ -28,9 +30,18 @@ def _serve_until_signal(server: Any, role: str, address: str) -> int:
 
 
 def _started(start: Callable[[], Any], role: str, port: int) -> Any:
-    """``start()``, a server; a port it cannot listen on is a UsageError naming it."""
+    """``start()``, a server; a port it cannot listen on is a UsageError naming it. A port
+    another process listens on is refused first: tf.data service's gRPC server binds with
+    SO_REUSEPORT and would share it, the kernel handing each connection to either."""
     try:
+        if port:
+            bind_alone(socket.AF_INET, "", port)
         return start()
+    except OSError as e:
+        raise UsageError(
+            f"--port {port}: the tf.data service {role} cannot listen on it ({e.strerror or e}); "
+            "choose another, or 0 for any free port"
+        ) from None
     except RuntimeError as e:  # "Could not start gRPC server"
         raise UsageError(
             f"--port {port}: the tf.data service {role} could not listen on it ({e}); is the "

@@ -166,18 +166,18 @@ def _reserve_port(host: str, port: int, what: str = "gRPC") -> socket.socket:
     protocol).
 
     The kernel lets any process of the same user join a port bound with SO_REUSEPORT, so the
-    port is first bound alone (:func:`_bind_alone`): a second supervisor, or its workers, on the
+    port is first bound alone (:func:`bind_alone`): a second supervisor, or its workers, on the
     port of a running one fails instead of sharing its connections."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
-        port = _bind_alone(family, host, port)
+        port = bind_alone(family, host, port)
         return _bind_shared(family, host, port)
     except OSError as e:
         address = _address(host, port)
         raise UsageError(f"cannot bind the {what} address {address!r}: {e.strerror or e}") from None
 
 
-def _bind_alone(family: int, host: str, port: int) -> int:
+def bind_alone(family: int, host: str, port: int) -> int:
     """Binds ``(host, port)`` without SO_REUSEPORT and releases it; returns the port (a free
     one for 0). Raises OSError where a process listens on the port or holds it bound, with
     SO_REUSEPORT or not; SO_REUSEADDR lets it pass a port with only closed connections of an

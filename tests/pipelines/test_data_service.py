@@ -179,11 +179,17 @@ def test_data_service_settings_are_checked(tmp_path, shared_tiny_data, capsys, m
     assert len(err) == 1 and "a run with [data] data_service trains in one process only" in err[0]
 
 
-def test_a_port_in_use_is_one_error_line(capsys):
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_port_in_use_is_one_error_line(capsys, shared):
+    """Also a port whose listener allows sharing it (SO_REUSEPORT, as a running dispatcher's
+    gRPC server does): a second dispatcher would take half of its connections."""
     with socket.socket() as taken:
+        if shared:
+            taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         taken.bind(("0.0.0.0", 0))
         taken.listen()
         port = taken.getsockname()[1]
         assert main(["data-service", "dispatcher", "--port", str(port)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and f"--port {port}: the tf.data service dispatcher could not" in err[0]
+    assert len(err) == 1 and f"--port {port}: the tf.data service dispatcher cannot" in err[0]
+    assert "Address already in use" in err[0]
