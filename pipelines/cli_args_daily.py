@@ -30,8 +30,17 @@ def daily(sub: Subparsers) -> None:
         help="the day's data: a folder with schema.toml, train/ and test/ Parquet shards, or a "
         "folder of raw files the config's schema reads (a window of `stitchrec windows`)",
     )
-    d.add_argument("--repo", required=True, help="model folder of the repository (MODELS/NAME)")
-    d.add_argument("--runs", help="folder of the day runs (default: the config's output_dir)")
+    d.add_argument(
+        "--repo",
+        required=True,
+        help="model folder of the repository (MODELS/NAME): new, empty, or its numbered versions "
+        "and traffic.toml only",
+    )
+    d.add_argument(
+        "--runs",
+        help="folder of the day runs (default: the config's output_dir): new, empty, or "
+        "earlier day runs only",
+    )
     d.add_argument(
         "--rule",
         default="not_worse",
@@ -55,7 +64,9 @@ REFIT_DESCRIPTION = (
     "checkpoint once on RUN's test rows. For logs whose test period comes later, validated on "
     'the most recent rows ([data] validation_split = "recent"). A run fitted by L-BFGS '
     '([train] optimizer = "lbfgs") is refit at its selected C on its training and validation '
-    "rows together. Running the same command again resumes a killed refit."
+    "rows together. Running the same command again resumes a killed refit: --output may be new, "
+    "an empty folder, or RUN's earlier refit (its refit.json names RUN); any other existing "
+    "path, RUN itself or a folder inside RUN is refused before anything is written."
 )
 
 
@@ -66,7 +77,11 @@ def refit(sub: Subparsers) -> None:
         description=REFIT_DESCRIPTION,
     )
     r.add_argument("--run", required=True, help="the finished training run to continue")
-    r.add_argument("--output", help="the refit's run folder (default: RUN-refit beside RUN)")
+    r.add_argument(
+        "--output",
+        help="the refit's run folder (default: RUN-refit beside RUN): new, empty, or RUN's "
+        "earlier refit, which is resumed",
+    )
     r.add_argument(
         "--epochs", type=positive, default=1, help="epochs over the validation rows (default 1)"
     )

@@ -10,8 +10,11 @@ continues RUN by value (``[train] continue_from``, docs/continuous.md: vocabular
 value, so ids first seen in the validation rows get rows of their own) for ``--epochs`` epochs
 (default 1) over RUN's validation rows, with no validation split of its own, and scores its
 last checkpoint once on RUN's test rows. The schema RUN read its shards with is written beside
-the refit's config as ``refit_schema.toml``. A killed refit resumes when the same command is run
-again.
+the refit's config as ``refit_schema.toml``, and ``refit.json`` (``{"run": RUN's absolute
+path}``) marks the folder as RUN's refit. A killed refit resumes when the same command is run
+again: DIR may be new, an empty folder, or a folder whose ``refit.json`` names RUN; anything else
+(a file, a folder of other files, another run's refit, RUN itself or a folder inside it) is
+refused before anything is written. The paths the refit's config names are absolute.
 
 A run fitted exactly (``[train] optimizer = "lbfgs"``, docs/training.md) is refit the way
 scikit-learn refits a chosen ``C``: a new L-BFGS run with RUN's selected ``C`` alone, over RUN's
@@ -32,8 +35,10 @@ import functools
 from pathlib import Path
 
 from features.json_files import read_json_object
+from features.read_report import DataError
 from pipelines.config import DataConfig, PipelineConfig, TrainConfig, load_config
-from pipelines.errors import UsageError
+from pipelines.daily_state import write_json_atomic
+from pipelines.errors import UsageError, check_output_path
 from pipelines.run.data import prepare_data
 from pipelines.run.model import REPORT_WHAT, trained_optimizer
 from pipelines.run.paths import RunPaths
@@ -44,6 +49,8 @@ _print = functools.partial(print, flush=True)
 SUFFIX = "-refit"
 #: the schema of RUN's shards, written into the refit's folder
 SCHEMA_FILE = "refit_schema.toml"
+#: the file that marks a folder as a refit's: ``{"run": RUN's absolute path}``
+MARKER_FILE = "refit.json"
 
 
 def refit_config(
@@ -57,20 +64,26 @@ def refit_config(
     rows to train on and its test rows, and [train] continuing RUN for ``epochs`` at a constant
     ``learning_rate`` (default RUN's).
 
+    Writes ``refit.json`` and ``refit_schema.toml`` into the output folder once every check
+    has passed.
+
     Raises:
-      UsageError: RUN is not a finished run, has no validation rows, ``epochs`` < 1 or
-        ``learning_rate`` <= 0.
+      UsageError: RUN is not a finished run, has no validation rows, ``epochs`` < 1,
+        ``learning_rate`` <= 0, or ``output`` cannot be RUN's refit (``check_refit_output``).
     """
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
         raise UsageError(f"--epochs must be an integer >= 1, got {epochs!r}")
     if learning_rate is not None and not learning_rate > 0:
         raise UsageError(f"--learning-rate must be > 0, got {learning_rate!r}")
-    paths = RunPaths(run)
+    source = run.resolve()  # the paths written into the refit's config are absolute
+    paths = RunPaths(source)
     if not paths.report.exists() or not paths.config.exists():
         raise UsageError(
             f"--run {str(run)!r}: not a finished training run (no train_report.json and "
             f"config.toml in it)"
         )
+    out = (output if output is not None else source.with_name(source.name + SUFFIX)).resolve()
+    check_refit_output(out, source, "--output" if output is not None else "the default output")
     cfg = load_config(paths.config)
     if cfg.preranking is not None or cfg.distribute is not None:
         section = "[preranking]" if cfg.preranking is not None else "[distribute]"
@@ -88,9 +101,9 @@ def refit_config(
             f"--run {str(run)!r} was fitted by L-BFGS (no learning rate): leave out --learning-rate"
         )
     selected_c = _selected_c(run, paths) if exact else None  # read before anything is written
-    out = (output if output is not None else run.with_name(run.name + SUFFIX)).resolve()
     schema = out / SCHEMA_FILE  # the schema RUN read its shards with (columns named by field)
     out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / MARKER_FILE, {"run": str(source)})  # first: the folder is RUN's refit
     shards.schema.save(schema)
     rows = [*shards.train, *shards.validation] if exact else shards.validation
     data = DataConfig(
@@ -117,9 +130,39 @@ def refit_config(
         )
     else:
         tc = _continued(
-            dataclasses.replace(cfg.train, optimizer=trained), run, epochs, seed, learning_rate
+            dataclasses.replace(cfg.train, optimizer=trained), source, epochs, seed, learning_rate
         )
     return dataclasses.replace(cfg, output_dir=str(out), data=data, train=tc)
+
+
+def check_refit_output(out: Path, run: Path, flag: str = "--output") -> None:
+    """Raises UsageError when the absolute path ``out`` cannot be the refit of the absolute
+    run folder ``run``: it is ``run`` or inside it, a file or under one, or an existing folder
+    that is neither empty nor ``run``'s refit (its ``refit.json`` naming ``run``)."""
+    if out == run or run in out.parents:
+        raise UsageError(
+            f"{flag} {str(out)!r} is the run being refit or a folder inside it ({str(run)!r}): "
+            f"expected a folder outside it (default: {run.name}{SUFFIX} beside it)"
+        )
+    check_output_path(out, flag)
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    marker = out / MARKER_FILE
+    if not marker.is_file():
+        raise UsageError(
+            f"{flag} {str(out)!r} holds files that are not a `stitchrec refit` output (no "
+            f"{MARKER_FILE}): expected a new or empty folder, or an earlier refit of "
+            f"{str(run)!r} (which is resumed)"
+        )
+    try:
+        named = read_json_object(marker, 'the {"run": ...} a refit writes').get("run")
+    except DataError as e:
+        raise UsageError(f"{flag} {str(out)!r}: {e}") from None
+    if named != str(run):
+        raise UsageError(
+            f"{flag} {str(out)!r} is the refit of another run ({MARKER_FILE} names {named!r}): "
+            f"expected a new or empty folder, or an earlier refit of {str(run)!r}"
+        )
 
 
 def _continued(
@@ -128,7 +171,7 @@ def _continued(
     """The ``[train]`` of a refit that continues ``run`` by value (module docstring)."""
     return dataclasses.replace(
         tc,
-        continue_from=str(run.resolve()),
+        continue_from=str(run),
         epochs=epochs,
         continue_epochs=0,
         max_steps=0,

@@ -80,6 +80,7 @@ def test_refit_continues_the_run_over_its_validation_rows(run, capsys):
 
 def test_refit_epochs_and_output(run, tmp_path):
     out = tmp_path / "two"
+    out.mkdir()  # an empty folder is a new output
     assert main(["refit", "--run", str(run), "--output", str(out), "--epochs", "2"]) == 0
     report = json.loads(RunPaths(out).report.read_text())
     assert report["steps_this_run"] == 4 and report["seed"] == 0
@@ -146,3 +147,75 @@ def test_a_damaged_report_is_one_error_naming_it(tmp_path):
     assert str(err.value).endswith("expected the report `stitchrec train` writes")
     paths.report.write_text('{"optimizer": "lbfgs"}')
     assert trained_optimizer(load_config(config), paths) == "lbfgs"
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def _make_output(kind: str, run: Path, tmp: Path) -> Path:
+    """An --output that cannot be RUN's refit, of the kind named."""
+    if kind == "data":  # a data folder, like `stitchrec generate`'s
+        _log(tmp / "data")
+        return tmp / "data"
+    if kind == "notmine":
+        (tmp / "notmine").mkdir()
+        (tmp / "notmine" / "notes.txt").write_text("the user's")
+        return tmp / "notmine"
+    if kind in ("afile", "under-a-file"):
+        (tmp / "afile").write_text("x")
+        return tmp / "afile" if kind == "afile" else tmp / "afile" / "sub"
+    if kind == "another-runs-refit":
+        (tmp / "other").mkdir()
+        (tmp / "other" / "refit.json").write_text(json.dumps({"run": str(tmp / "elsewhere")}))
+        return tmp / "other"
+    return run if kind == "the-run" else run / "sub"
+
+
+@pytest.mark.parametrize(
+    "kind, message",
+    [
+        ("data", "holds files that are not a `stitchrec refit` output (no refit.json)"),
+        ("notmine", "holds files that are not a `stitchrec refit` output (no refit.json)"),
+        ("afile", "is a file: expected a folder"),
+        ("under-a-file", "is a file, so nothing can be written under it"),
+        ("another-runs-refit", "is the refit of another run (refit.json names"),
+        ("the-run", "is the run being refit or a folder inside it"),
+        ("inside-the-run", "is the run being refit or a folder inside it"),
+    ],
+)
+def test_an_output_that_is_not_the_runs_refit_is_refused_untouched(
+    run, tmp_path, capsys, kind, message
+):
+    """--output may be new, empty or RUN's own refit; anything else is one error line, and
+    nothing is written (into it, or into RUN)."""
+    output = _make_output(kind, run, tmp_path)
+    before = {p: _files(p) for p in (tmp_path, run)}
+    capsys.readouterr()
+    assert main(["refit", "--run", str(run), "--output", str(output)]) == 2
+    assert {p: _files(p) for p in before} == before
+    assert not (run / "sub").exists()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --output") and message in err[0], err
+
+
+def test_a_relative_run_refits_resumes_and_its_refit_is_refused(run, monkeypatch, capsys):
+    """A relative --run: the refit's config names its shards by absolute path, so the same
+    command again finds the refit finished, and the refit itself reads as a run (refused for
+    having no validation rows, not for missing files)."""
+    monkeypatch.chdir(run.parent)
+    flags = ["refit", "--run", "run", "--output", "rel"]
+    assert main(flags) == 0
+    out = run.parent / "rel"
+    cfg = load_config(RunPaths(out).config)
+    report = json.loads(RunPaths(out).report.read_text())
+    assert main(flags) == 0  # the same command again: finished, nothing more trained
+    again = json.loads(RunPaths(out).report.read_text())
+    assert again["checkpoint"] == report["checkpoint"] and again["test"] == report["test"]
+    assert all(Path(f).is_absolute() for f in (*cfg.data.train, *cfg.data.test, cfg.data.schema))
+    assert json.loads((out / "refit.json").read_text()) == {"run": str(run.resolve())}
+    capsys.readouterr()
+    assert main(["refit", "--run", "rel", "--output", "rel2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "the run has no validation rows to refit on" in err[0], err
+    assert not (run.parent / "rel2").exists()
