@@ -30,18 +30,25 @@ def skew(sub: Subparsers) -> None:
         nargs="+",
         help="prediction logs to compare the score with (e.g. the launch week's)",
     )
-    s.add_argument("--output", help="folder for skew.json and skew.html")
+    s.add_argument(
+        "--output",
+        help="folder for skew.json and skew.html: a new or empty folder, or an earlier skew "
+        "output (replaced)",
+    )
     s.add_argument(
         "--threshold-psi", type=float, default=0.2, help="PSI above this flags (default: 0.2)"
     )
     s.add_argument(
-        "--watch-psi", type=float, default=0.1, help="PSI above this is 'watch' (default: 0.1)"
+        "--watch-psi",
+        type=float,
+        default=0.1,
+        help="PSI above this is 'watch' (default: 0.1; at most --threshold-psi)",
     )
     s.add_argument(
         "--threshold-oov",
         type=float,
         default=0.05,
-        help="OOV-rate growth above this flags (absolute; default: 0.05)",
+        help="OOV-rate growth above this flags (absolute, in (0, 1]; default: 0.05)",
     )
     s.add_argument(
         "--max-bins",

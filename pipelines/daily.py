@@ -47,6 +47,7 @@ from typing import Any
 
 from pipelines.config import PipelineConfig, load_config
 from pipelines.daily_state import (
+    JOURNAL_FILE,
     REPORT_FILE,
     Journal,
     clean_temporaries,
@@ -56,11 +57,12 @@ from pipelines.daily_state import (
     version_of_run,
     write_json_atomic,
 )
-from pipelines.errors import UsageError
+from pipelines.errors import UsageError, check_output_path
 from pipelines.evaluation.ab_run import ABOptions, run_ab
 from pipelines.export import export_run, next_version
 from pipelines.run.paths import ASSETS_EXTRA, Log, RunPaths
 from pipelines.train import train
+from serving.traffic import TRAFFIC_FILE
 from serving.version_files import COMPLETE, atomic_dir, version_state
 
 RULES = ("not_worse", "better", "always")
@@ -119,11 +121,34 @@ def is_shard_window(window: Path) -> bool:
     return (window / "schema.toml").is_file() and any((window / "train").glob("*.parquet"))
 
 
+#: The files a folder of windows holds beside them (``generate --days``, ``windows``).
+WINDOWS_REPORTS = ("days.json", "windows.json")
+
+
 def check_window(window: Path) -> None:
     """Raises UsageError unless ``window`` is a folder of shards with a ``test/`` folder of
-    Parquet shards too, or a folder holding at least one raw file."""
+    Parquet shards too, or a folder holding at least one raw file; a folder of windows (the
+    output of ``generate --days`` or ``windows``, or a folder whose sub-folders are windows of
+    shards) is not one window."""
     if not window.is_dir():
         raise UsageError(f"daily --window {str(window)!r}: expected a folder of one window")
+    if not is_shard_window(window) and not (window / "schema.toml").is_file():
+        subs = sorted(p.name for p in window.iterdir() if p.is_dir() and is_shard_window(p))
+        report = [n for n in WINDOWS_REPORTS if (window / n).is_file()]
+        if subs or report:
+            if not subs:  # the windows of `stitchrec windows`: folders of raw files
+                subs = sorted(
+                    p.name for p in window.iterdir() if p.is_dir() and not p.name.startswith(".")
+                )
+            shown = ", ".join(subs[:3]) + (", ..." if len(subs) > 3 else "")
+            why = "no schema.toml, train/ and test/ shards or raw files at its top" + (
+                f"; it holds {report[0]}, the report of its windows" if report else ""
+            )
+            raise UsageError(
+                f"daily --window {str(window)!r} is a folder of windows, not one window ({why}); "
+                f"its sub-folders {shown} look like windows: give one of them, e.g. --window "
+                f"{str(window / subs[0]) if subs else '<window>'}"
+            )
     if (window / "schema.toml").is_file() and not is_shard_window(window):
         raise UsageError(
             f"daily --window {str(window)!r}: no Parquet shards in train/ (a window of shards "
@@ -161,6 +186,73 @@ def _window_overrides(window: Path) -> list[str]:
     ]
 
 
+def _not_owned(folder: Path, own: Any) -> list[str]:
+    """The names in ``folder`` (hidden ones aside) for which ``own(path)`` is False."""
+    if not folder.is_dir():
+        return []
+    return sorted(p.name for p in folder.iterdir() if not p.name.startswith(".") and not own(p))
+
+
+def _refuse(flag: str, folder: Path, names: list[str], expected: str) -> None:
+    shown = ", ".join(repr(n) for n in names[:3]) + (", ..." if len(names) > 3 else "")
+    raise UsageError(
+        f"daily {flag} {str(folder)!r} holds files that are not {expected[0]} ({shown}): "
+        f"expected {expected[1]}"
+    )
+
+
+def check_repo(repo: Path) -> None:
+    """Raises UsageError unless ``repo`` is new, an empty folder, or a model folder: numbered
+    version folders and its ``traffic.toml`` (``serving.repository``, ``serving.traffic``;
+    hidden names, a writer's temporary folders, aside)."""
+    check_output_path(repo, "--repo")
+
+    def own(p: Path) -> bool:
+        version = p.is_dir() and p.name.isdigit() and int(p.name) > 0
+        return version or (p.is_file() and p.name == TRAFFIC_FILE)
+
+    other = _not_owned(repo, own)
+    if other:
+        _refuse(
+            "--repo",
+            repo,
+            other,
+            (
+                "versions of a model",
+                "a new or empty folder, or a model folder of a repository (MODELS/NAME: "
+                f"numbered version folders 1/, 2/, ... and its {TRAFFIC_FILE})",
+            ),
+        )
+
+
+def check_runs(runs: Path, run_dir: Path, flag: str) -> None:
+    """Raises UsageError unless ``runs`` is new, an empty folder, or a folder of day runs
+    (``day-*`` folders holding ``daily_journal.json``, or empty), and the day's ``run_dir``
+    is new, empty or a day run."""
+    check_output_path(runs, flag)
+    check_output_path(run_dir, flag)
+
+    def own(p: Path) -> bool:
+        return (
+            p.is_dir()
+            and p.name.startswith("day-")
+            and ((p / JOURNAL_FILE).is_file() or not _not_owned(p, lambda _: False))
+        )
+
+    other = _not_owned(runs, own)
+    if other:
+        _refuse(
+            flag,
+            runs,
+            other,
+            (
+                "day runs of `stitchrec daily`",
+                "a new or empty folder, or the folder of earlier day runs (day-*/ folders "
+                f"with {JOURNAL_FILE})",
+            ),
+        )
+
+
 def day_config(opts: DailyOptions, run_dir: Path | None, previous: Path | None) -> PipelineConfig:
     """The config of the day: ``opts.config`` and its overrides reading the window's files,
     trained into ``run_dir`` (None: the config's ``output_dir``) continuing ``previous`` (None:
@@ -186,8 +278,7 @@ def run_daily(opts: DailyOptions, log: Log = print) -> dict[str, Any]:
     window = Path(opts.window).resolve()
     check_window(window)
     repo = Path(opts.repo).resolve()
-    if repo.exists() and not repo.is_dir():
-        raise UsageError(f"daily --repo {str(repo)!r} is a file: expected a model folder")
+    check_repo(repo)
     base = day_config(opts, None, None)  # the config and overrides checked before any write
     if base.train.optimizer == "lbfgs":
         raise UsageError(
@@ -197,6 +288,7 @@ def run_daily(opts: DailyOptions, log: Log = print) -> dict[str, Any]:
         )
     runs = Path(opts.runs).resolve() if opts.runs else Path(base.output_dir)
     run_dir = runs / run_name(window)
+    check_runs(runs, run_dir, "--runs" if opts.runs else f"(output_dir of {opts.config})")
     call = {"window": str(window), "repo": str(repo), "rule": opts.rule, "metric": opts.metric}
     journal = Journal.open(run_dir, call)
     if journal is not None and finished_day(run_dir):

@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 from features.schema import FeatureKind, Schema, load_schema
 from features.stats import STATS_FILE, DatasetStats, transform_numeric
 from pipelines import skew_report
-from pipelines.errors import UsageError, check_output_path
+from pipelines.errors import UsageError, replacing_folder
 from pipelines.run.paths import RunPaths
 from pipelines.skew_fields import (
     Thresholds,
@@ -136,6 +136,7 @@ def served_rows(paths: list[str], model: str | None, shadow: bool, flag: str) ->
         raise UsageError(
             f"{flag} {', '.join(paths)}: no prediction log files (*{log_format.SUFFIX})"
         )
+    _check_log_files(files, flag)
     if model is None and len(models) > 1:
         raise UsageError(
             f"{flag} {', '.join(paths)}: the logs hold models {models}; choose one with --model"
@@ -156,6 +157,31 @@ def served_rows(paths: list[str], model: str | None, shadow: bool, flag: str) ->
             "rows" + ("" if shadow else " but shadow rows (see --include-shadow)")
         )
     return table
+
+
+def _check_log_files(files: list[Path], flag: str) -> None:
+    """Raises UsageError naming the first of ``files`` that lacks a prediction log's columns
+    (``serving.log_format.META_COLUMNS``), and the data folder it lies in when it is one."""
+    for f in files:
+        names = set(pq.read_schema(f).names)
+        missing = [c for c in log_format.META_COLUMNS if c not in names]
+        if not missing:
+            continue
+        folder = next(
+            (p for p in f.parents if (p / "schema.toml").is_file()),
+            None,
+        )
+        what = (
+            f"{str(folder)!r} is a data folder (schema.toml, Parquet shards), not a prediction "
+            "log folder"
+            if folder is not None
+            else f"{str(f)!r} is not a prediction log file (no column(s) {', '.join(missing)})"
+        )
+        raise UsageError(
+            f"{flag}: {what}; expected the log folder `stitchrec serve` writes "
+            f"(<log dir>/<model>/part-*{log_format.SUFFIX}, with the columns "
+            f"{', '.join(log_format.META_COLUMNS)})"
+        )
 
 
 def field_skews(
@@ -221,7 +247,20 @@ def _score(table: pa.Table, opts: SkewOptions, model: str) -> dict[str, Any] | N
 
 def run_skew(opts: SkewOptions) -> dict[str, Any]:
     """The skew report (the dict ``skew.json`` holds); writes ``skew.json`` and ``skew.html``
-    under ``opts.output`` when given."""
+    under ``opts.output`` when given: a new or empty folder, or an earlier skew output (a
+    folder holding ``skew.json``), checked before anything is read and replaced whole
+    (``replacing_folder``)."""
+    if not opts.output:
+        return _skew(opts)
+    with replacing_folder(opts.output, (SKEW_JSON,), "skew") as tmp:
+        result = _skew(opts)
+        (tmp / SKEW_JSON).write_text(json.dumps(result, indent=1))
+        (tmp / SKEW_HTML).write_text(skew_report.html(result))
+    return result
+
+
+def _skew(opts: SkewOptions) -> dict[str, Any]:
+    """The skew report of ``opts`` (``run_skew``, nothing written)."""
     schema, stats = load_run(opts.run)
     table = served_rows(opts.data, opts.model, opts.include_shadow, "--data")
     model = table.column("model")[0].as_py()
@@ -252,13 +291,7 @@ def run_skew(opts: SkewOptions) -> dict[str, Any]:
     }
     result["flagged"] = [n for n in order if part["fields"][n]["flagged"]]
     result["watch"] = [n for n in order if part["fields"][n]["status"] == "watch"]
-    result = _finite(result)
-    if opts.output:
-        out = Path(opts.output)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / SKEW_JSON).write_text(json.dumps(result, indent=1))
-        (out / SKEW_HTML).write_text(skew_report.html(result))
-    return result
+    return _finite(result)
 
 
 _RANK = {"flagged": 0, "watch": 1, "ok": 2}
@@ -282,14 +315,28 @@ def _positive_float(value: float, flag: str) -> float:
     return value
 
 
+def thresholds(psi: float, watch_psi: float, oov: float) -> Thresholds:
+    """The flags' ``Thresholds``; a UsageError names a value out of range: a PSI threshold
+    that is not positive, ``--watch-psi`` above ``--threshold-psi`` (the watch band lies below
+    the flag), or an OOV-rate growth outside (0, 1]."""
+    _positive_float(psi, "--threshold-psi")
+    _positive_float(watch_psi, "--watch-psi")
+    if watch_psi > psi:
+        raise UsageError(
+            f"--watch-psi {watch_psi} is above --threshold-psi {psi}: expected a watch "
+            "threshold at most the flag threshold (a field is 'watch' when its PSI is above "
+            "--watch-psi and not above --threshold-psi)"
+        )
+    if not 0 < oov <= 1:
+        raise UsageError(
+            f"--threshold-oov must be in (0, 1], got {oov}: it is a growth of the OOV rate "
+            "(a fraction of the rows; 0.05 = five points)"
+        )
+    return Thresholds(psi=psi, watch_psi=watch_psi, oov=oov)
+
+
 def cmd_skew(args: argparse.Namespace) -> int:
-    if args.output:
-        check_output_path(args.output)
-    th = Thresholds(
-        psi=_positive_float(args.threshold_psi, "--threshold-psi"),
-        watch_psi=_positive_float(args.watch_psi, "--watch-psi"),
-        oov=_positive_float(args.threshold_oov, "--threshold-oov"),
-    )
+    th = thresholds(args.threshold_psi, args.watch_psi, args.threshold_oov)
     opts = SkewOptions(
         run=args.run,
         data=list(args.data),

@@ -50,9 +50,10 @@ from pipelines.config import (
     read_toml,
     set_path,
 )
-from pipelines.errors import UsageError
+from pipelines.errors import UsageError, check_output_path
 from pipelines.evaluation import svg
 from pipelines.run.paths import RunPaths
+from pipelines.tune_base import check_study_base
 from pipelines.tune_space import Param, check_study_space, default_space, parse_space
 
 try:  # an optional dependency (the `tune` extra): without it the command says how to get it
@@ -85,6 +86,7 @@ class Tuning:
     base: PipelineConfig
     space: list[Param]
     root: Path
+    flag: str = "--output"  # what named ``root``: --output, or the config's output_dir
 
     @property
     def metric(self) -> str:
@@ -153,7 +155,8 @@ def load_tuning(
     else:
         space = default_space(base.model.type)
     root = Path(output).resolve() if output else Path(base.output_dir + "-tune")
-    tuning = Tuning(data, base_dir, where, base, space, root)
+    flag = "--output" if output else f"the tune folder (output_dir + '-tune' of {where})"
+    tuning = Tuning(data, base_dir, where, base, space, root, flag)
     for p in space:
         for value in p.extremes():
             try:
@@ -282,9 +285,30 @@ def _first_bad_line(journal: Path) -> int:
     return 0
 
 
+def check_tune_folder(root: Path, flag: str = "--output") -> None:
+    """Raises UsageError unless the tune folder ``root`` is new, an empty folder, or an earlier
+    tune folder (one holding ``study.journal``, which the command continues)."""
+    check_output_path(root, flag)
+    if not root.is_dir() or (root / JOURNAL).is_file():
+        return
+    other = sorted(p.name for p in root.iterdir() if not p.name.startswith("."))
+    if other:
+        shown = ", ".join(repr(n) for n in other[:3]) + (", ..." if len(other) > 3 else "")
+        raise UsageError(
+            f"{flag} {str(root)!r} holds files that are not a `stitchrec tune` folder ({shown}; "
+            f"no {JOURNAL}): expected a new or empty folder, or an earlier tune folder to "
+            "continue"
+        )
+
+
 def open_study(tuning: Tuning) -> Any:
     """The study of the tune folder (created, or loaded to continue), with its TPE sampler
-    seeded by ``[train] seed`` plus the trials it holds and the median pruner."""
+    seeded by ``[train] seed`` plus the trials it holds and the median pruner.
+
+    Raises UsageError for a tune folder that is a file or holds files of something else
+    (``check_tune_folder``), ConfigError for a study of another metric direction, search space
+    or base config."""
+    check_tune_folder(tuning.root, tuning.flag)
     tuning.root.mkdir(parents=True, exist_ok=True)
     journal = tuning.root / JOURNAL
     drop_torn_line(journal)
@@ -312,6 +336,7 @@ def open_study(tuning: Tuning) -> Any:
             f"config's select_metric = {tuning.metric!r} {tuning.direction}s: use another --output"
         )
     check_study_space(study, tuning.space, journal)
+    check_study_base(study, tuning.base, tuning.space, journal)
     # seeded by the trials it holds: a continued study samples new points, not the first ones
     study.sampler = optuna.samplers.TPESampler(seed=tuning.base.train.seed + len(study.trials))
     return study
