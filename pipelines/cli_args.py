@@ -113,12 +113,16 @@ def demo(sub: Subparsers) -> None:
         "demo", help="the whole pipeline on synthetic data: stats, train, export, evaluate"
     )
     d.add_argument(
-        "--rows", type=positive, default=2_000_000, help="synthetic rows (default 2,000,000)"
+        "--rows",
+        type=positive,
+        default=2_000_000,
+        help="synthetic rows (default 2,000,000; at least 1,000)",
     )
     d.add_argument(
         "--output",
         default="runs/demo",
-        help="folder for the data, the run, the SavedModel and demo_report.json",
+        help="folder for the data, the run, the SavedModel and demo_report.json: a new or "
+        "empty folder, or an earlier demo's",
     )
     d.add_argument("--model", default="dcn_v2", choices=MODEL_TYPES, help="model type")
     d.add_argument("--epochs", type=positive, default=1, help="training epochs")
@@ -162,7 +166,11 @@ def tune(sub: Subparsers) -> None:
     t.add_argument(
         "--timeout", type=positive_float, help="seconds after which this call starts no new trial"
     )
-    t.add_argument("--output", help="tune folder (default: <output_dir>-tune)")
+    t.add_argument(
+        "--output",
+        help="tune folder (default: <output_dir>-tune): new, empty, or an earlier study's, "
+        "which is continued",
+    )
     t.add_argument(
         "--space", help="TOML file of the search space (used instead of the [tune] section)"
     )
@@ -308,9 +316,19 @@ def _crosses_fives(csub: Subparsers) -> None:
     add_set_option(p, "a FivesConfig setting, e.g. sparsity=0.02 (repeatable)")
     p.add_argument("--max-rows", type=int, default=0, help="search on the first N rows (0: all)")
     p.add_argument("--epochs", type=int, default=None, help="search epochs (FivesConfig.epochs)")
-    p.add_argument("--max-order", type=int, default=None, help="K: highest cross order")
+    p.add_argument(
+        "--max-order",
+        type=int,
+        default=None,
+        help="K: highest cross order (2 to the number of fields searched)",
+    )
     p.add_argument("--seed", type=int, default=None, help="seed of the search")
-    p.add_argument("--fields", default=None, help="comma-separated fields to search (default all)")
+    p.add_argument(
+        "--fields",
+        default=None,
+        help="comma-separated fields to search, two or more categorical, multi-categorical or "
+        "numeric inputs (default all of them)",
+    )
     p.add_argument(
         "--triple-search",
         action="store_true",

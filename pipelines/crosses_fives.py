@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from features.crosses.fives_config import TRIPLE_SEARCH, FivesConfig
-from features.crosses.fives_encoding import read_table
+from features.crosses.fives_encoding import read_table, searchable_fields
 from features.crosses.fives_search import search
+from features.schema import Schema, load_schema
 from pipelines.cli_args import FIVES_ARTIFACT
 from pipelines.config import load_config, parse_override
 from pipelines.config_types import type_error
@@ -54,6 +55,48 @@ def fives_config(args: argparse.Namespace) -> FivesConfig:
         raise UsageError(str(e)) from None
 
 
+def search_fields(args: argparse.Namespace, schema: Schema, config: FivesConfig) -> list[str]:
+    """The fields ``--fields`` names (default: every field a cross can take), checked against
+    ``schema`` and ``config.max_order`` before any data is read; a field that cannot be searched,
+    or a ``max_order`` given above the number of fields, is a ``UsageError``."""
+    allowed = searchable_fields(schema)
+    if args.fields is None:
+        fields = allowed
+    else:
+        fields = [f.strip() for f in args.fields.split(",") if f.strip()]
+        for name in fields:
+            if name not in schema.names:
+                raise UsageError(
+                    f"--fields: schema {schema.name!r} has no field {name!r}; fields: "
+                    f"{schema.names}"
+                )
+            if name not in allowed:
+                raise UsageError(
+                    f"--fields: {name!r} is a {schema.field(name).kind.value} field of schema "
+                    f"{schema.name!r}, which a cross cannot take; expected fields from {allowed}"
+                )
+        repeated = sorted({f for f in fields if fields.count(f) > 1})
+        if repeated:
+            raise UsageError(f"--fields {args.fields!r}: {repeated} given more than once")
+        if len(fields) < 2:
+            raise UsageError(
+                f"--fields {args.fields!r}: a cross needs two or more fields; expected at least "
+                f"two of {allowed}"
+            )
+    given = args.max_order is not None or any(
+        parse_override(text)[0] == "max_order" for text in args.set
+    )
+    if given and config.max_order > len(fields):
+        k = config.max_order
+        flag = f"--max-order {k}" if args.max_order is not None else f"--set max_order={k}"
+        searched = f"--fields {args.fields!r}" if args.fields else f"schema {schema.name!r}"
+        raise UsageError(
+            f"{flag} is above the {len(fields)} fields searched ({searched}): a cross takes "
+            f"each field at most once; expected a max order from 2 to {len(fields)}"
+        )
+    return fields
+
+
 def cmd_fives(args: argparse.Namespace) -> int:
     def log(msg: str) -> None:
         print(msg, flush=True)
@@ -64,17 +107,16 @@ def cmd_fives(args: argparse.Namespace) -> int:
         check_output_path(args.out, "--out", folder=False)
     if args.max_rows < 0:
         raise UsageError(f"--max-rows must be >= 0, got {args.max_rows}")
+    fields = search_fields(args, load_schema(cfg.data.schema), config)
+    engine = engine_config(args, cfg.engine)
     paths = RunPaths(Path(cfg.output_dir))
     paths.root.mkdir(parents=True, exist_ok=True)
-    with open_runner(engine_config(args, cfg.engine), log) as runner:
+    with open_runner(engine, log) as runner:
+        if engine.name == "dask" and engine.address:
+            # connect now: a scheduler that does not answer is an error before the search, not
+            # after it (the runner connects on its first job, the interaction screen's)
+            runner.describe()
         schema, train_files, _, _ = prepare_data(cfg, paths, log, runner)
-        fields = [f.strip() for f in args.fields.split(",") if f.strip()] if args.fields else None
-        for name in fields or ():
-            if name not in schema.names:
-                raise UsageError(
-                    f"--fields: schema {schema.name!r} has no field {name!r}; fields: "
-                    f"{schema.names}"
-                )
         t0 = time.time()
         table = read_table(schema, train_files, max_rows=args.max_rows)
         log(f"fives: read {table.num_rows:,} training rows in {time.time() - t0:.1f}s")

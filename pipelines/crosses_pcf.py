@@ -29,13 +29,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from features.crosses.pcf_artifact import ARTIFACT_FILE
 from features.crosses.pcf_build import build_graph
 from features.crosses.pcf_gnn import pretrain
 from features.schema import FeatureKind
 from features.shard_reader import list_parquet
 from pipelines.config import ConfigError, load_config
 from pipelines.engines import engine_config, open_runner
-from pipelines.errors import check_output_path
+from pipelines.errors import UsageError, check_output_path
 from pipelines.run.data import prepare_data
 from pipelines.run.paths import RunPaths
 
@@ -81,6 +82,38 @@ def _check_pairs(schema: Any, pairs: Any) -> None:
             )
 
 
+def _check_artifact_dir(out: Path) -> None:
+    """Raises UsageError when the artifact folder ``out`` cannot be written: a file, or a
+    folder holding files that are not an earlier artifact (no ``pcf_gnn.json``), which the
+    command's files would be mixed into."""
+    check_output_path(out, "[pair_stats] artifact")
+    if out.is_dir() and any(out.iterdir()) and not (out / ARTIFACT_FILE).is_file():
+        raise UsageError(
+            f"[pair_stats] artifact {str(out)!r} holds files that are not a `stitchrec crosses "
+            f"pcf-gnn` artifact (no {ARTIFACT_FILE}): expected a new or empty folder, or an "
+            "earlier pcf-gnn artifact (whose files are overwritten)"
+        )
+
+
+def _check_edges(graph: Any, ps: Any) -> None:
+    """Raises ConfigError naming the setting that left the pair graph without edges."""
+    if graph.num_edges:
+        return
+    dropped = sum(graph.report["edges_below_min_impressions"].values())
+    if dropped:
+        raise ConfigError(
+            f"[pair_stats] min_impressions = {ps.min_impressions:,} drops all {dropped:,} edges "
+            f"of the pairs {[list(p) for p in ps.pairs]} (counted over {graph.rows:,} rows), "
+            "leaving no edges to pre-train on: expected a lower min_impressions (default 1: "
+            "every edge kept)"
+        )
+    raise ConfigError(
+        f"[pair_stats] pairs {[list(p) for p in ps.pairs]}: no row of the graph data "
+        f"({graph.rows:,} rows) has values of both fields of a pair, so the pair graph has no "
+        "edges to pre-train on: expected pairs of fields that are present together"
+    )
+
+
 def run_pcf_gnn(cfg: Any, log: Any = _print) -> dict[str, Any]:
     """Builds the graph and pre-trains PCF-GNN for ``cfg`` (a ``PipelineConfig``); returns the
     report also written to ``<artifact>/report.json``."""
@@ -90,7 +123,7 @@ def run_pcf_gnn(cfg: Any, log: Any = _print) -> dict[str, Any]:
             'the config has no [pair_stats] section; add one with `pairs = [["a", "b"]]`'
         )
     out = Path(ps.artifact_dir(cfg.output_dir))
-    check_output_path(out, "[pair_stats] artifact")  # before the graph and the pre-training
+    _check_artifact_dir(out)  # before the graph and the pre-training
     paths = RunPaths(Path(cfg.output_dir))
     paths.root.mkdir(parents=True, exist_ok=True)
     with open_runner(cfg.engine, log) as runner:
@@ -110,6 +143,7 @@ def run_pcf_gnn(cfg: Any, log: Any = _print) -> dict[str, Any]:
             runner=runner,
         )
     graph_seconds = time.time() - t0
+    _check_edges(graph, ps)  # before the pre-training, which needs edges
     gnn = ps.gnn()
     t1 = time.time()
     artifact = pretrain(graph, gnn, log=log)

@@ -104,9 +104,27 @@ def _cuda_forms(graph_def: Any, generated: int) -> list[str]:
     return lines
 
 
+def _check_saved_model(saved_model: str) -> None:
+    """``UsageError`` when ``saved_model`` is not a SavedModel folder (one with a
+    ``saved_model.pb``), before TensorFlow reads it."""
+    p = Path(saved_model)
+    if not p.is_dir():
+        what = "it does not exist" if not p.exists() else "it is a file"
+        raise UsageError(
+            f"SavedModel path {saved_model!r} is not a folder ({what}): expected the folder "
+            "`stitchrec export` writes (e.g. <run>/export/1)"
+        )
+    if not (p / "saved_model.pb").is_file() and not (p / "saved_model.pbtxt").is_file():
+        raise UsageError(
+            f"{saved_model!r} is not a SavedModel: it has no saved_model.pb (expected the "
+            "folder `stitchrec export` or tf.saved_model.save wrote, e.g. <run>/export/1)"
+        )
+
+
 def _check_signature(saved_model: str, signature: str) -> None:
-    """``UsageError`` when ``--signature`` is not a signature of the SavedModel (read from its
-    ``saved_model.pb``; ``ir.from_saved_model`` says what is wrong with the folder itself)."""
+    """``UsageError`` when ``saved_model`` is not a SavedModel folder, or ``--signature`` is
+    not a signature of it (read from its ``saved_model.pb``)."""
+    _check_saved_model(saved_model)
     pb = Path(saved_model) / "saved_model.pb"
     if not pb.is_file():
         return
@@ -131,9 +149,15 @@ def cmd_explain(args: argparse.Namespace) -> int:
             raise UsageError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     if args.max_args < 2:
         raise UsageError(f"--max-args must be >= 2, got {args.max_args}")
+    if args.data is not None and not args.floor:
+        raise UsageError(
+            f"--data {args.data!r}: only --floor reads --data (the plan needs no rows); add "
+            "--floor or drop --data"
+        )
     if args.json:
         check_output_path(args.json, "--json", folder=False)
     _check_signature(args.saved_model, args.signature)
+    data = _data_files(args.saved_model, args.data)  # before the plan is printed
     emb_assets.load_for_saved_model(args.saved_model)  # an --fuse-kernels export's ops first
     graph = ir.from_saved_model(args.saved_model, args.signature)
     coefficients = cost.load_or_calibrate(recalibrate=args.recalibrate)
@@ -151,7 +175,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     )
     report = plan.to_dict()
     if args.floor:
-        measured = _floor(args, coefficients)
+        measured = _floor(args, coefficients, data)
         print(measured.to_text(max_units=args.max_groups), flush=True)
         report["floor"] = measured.to_dict()
     if args.json:
@@ -160,7 +184,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
-def _floor(args: argparse.Namespace, coefficients: Any) -> floor.Floor:
+def _floor(args: argparse.Namespace, coefficients: Any, data: Any) -> floor.Floor:
     """The served signature's floor, each unit measured at ``--batch``: on a CPU with its
     measured FMA peak, on a GPU with the calibrated matmul rate (the FMA loop is CPU code)."""
     if coefficients.device.startswith("gpu"):
@@ -175,7 +199,7 @@ def _floor(args: argparse.Namespace, coefficients: Any) -> floor.Floor:
         source = "FP32 FMA, measured"
     loaded = tf.saved_model.load(args.saved_model)
     fn = loaded.signatures[args.signature]
-    inputs = _inputs(args.saved_model, fn, args.batch, args.data)
+    inputs = _inputs(fn, args.batch, data)
     report = floor.of_signature(
         fn,
         coefficients,
@@ -199,11 +223,12 @@ def _floor(args: argparse.Namespace, coefficients: Any) -> floor.Floor:
     return dataclasses.replace(report, served_s=served_s, served=what)
 
 
-def _inputs(saved_model: str, fn: Any, batch: int, data: str | None) -> list[tf.Tensor]:
-    """The signature's flat inputs at ``batch`` rows: the first rows of the Parquet shards
-    ``data`` (repeated when fewer), read with the export's schema; dummy ones without."""
+def _data_files(saved_model: str, data: str | None) -> tuple[Any, list[Path], str] | None:
+    """``--data``: the export's schema and the Parquet shards of ``data`` (None without
+    ``--data``) and ``data``, checked before any work: ``UsageError`` for an export without a
+    StitchRec schema, or a path without shards."""
     if data is None:
-        return floor.dummy_inputs(fn, batch)
+        return None
     schema_file = Path(saved_model) / "assets.extra" / "schema.toml"
     if not schema_file.is_file():
         raise UsageError(
@@ -216,6 +241,16 @@ def _inputs(saved_model: str, fn: Any, batch: int, data: str | None) -> list[tf.
         raise UsageError(f"--data {data!r}: {e}") from None
     if not files:
         raise UsageError(f"--data {data!r}: no Parquet shards (*.parquet) found")
+    return schema, files, data
+
+
+def _inputs(fn: Any, batch: int, data: tuple[Any, list[Path], str] | None) -> list[tf.Tensor]:
+    """The signature's flat inputs at ``batch`` rows: the first rows of the Parquet shards of
+    ``data`` (``_data_files``; repeated when fewer), read with the export's schema; dummy ones
+    without."""
+    if data is None:
+        return floor.dummy_inputs(fn, batch)
+    schema, files, where = data
     names = sorted(fn.structured_input_signature[1])
     fields = [schema.field(n) for n in names]
     columns: dict[str, list[np.ndarray]] = {n: [] for n in names}
@@ -227,7 +262,7 @@ def _inputs(saved_model: str, fn: Any, batch: int, data: str | None) -> list[tf.
         if rows >= batch:
             break
     if rows == 0:
-        raise UsageError(f"--data {data!r}: the shards hold no rows")
+        raise UsageError(f"--data {where!r}: the shards hold no rows")
     index = np.arange(batch) % rows
     return [tf.constant(np.concatenate(columns[n])[index]) for n in names]
 
@@ -246,12 +281,13 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if args.timeout <= 0:
         raise UsageError(f"--timeout must be > 0, got {args.timeout}")
     _check_signature(args.saved_model, "serving_default")
+    data = _data_files(args.saved_model, args.data)
     emb_assets.load_for_saved_model(args.saved_model)
     loaded = tf.saved_model.load(args.saved_model)
     fn = loaded.signatures["serving_default"]
     results = []
     for batch in batches:
-        ops = tune.export_ops(fn, _inputs(args.saved_model, fn, batch, args.data))
+        ops = tune.export_ops(fn, _inputs(fn, batch, data))
         if not ops:
             raise UsageError(
                 f"{args.saved_model!r} has no generated embedding op: export it with --fuse-kernels"
