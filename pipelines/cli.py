@@ -50,6 +50,7 @@ import re
 import signal
 import sys
 from collections.abc import Callable
+from typing import NoReturn
 
 from features.crosses.artifact import CrossArtifactError
 from features.crosses.fives_config import FivesDataError
@@ -160,8 +161,18 @@ _FULL_DISK_ADVICE = (
 )
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser whose error (a flag missing, unknown or out of range) is one
+    ``error:`` line naming the command, with exit status 2, like every other user error
+    (argparse prints its usage block, then ``PROG: error: ...``). Subcommands' parsers are of
+    this class too."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="stitchrec",
         description=DESCRIPTION,
         epilog=EPILOG,

@@ -283,7 +283,8 @@ def test_cli_bad_churn_is_one_error_line_and_exit_2(tmp_path) -> None:
     errors = [line for line in proc.stderr.splitlines() if "error:" in line]
     assert proc.returncode == 2, proc.stderr
     assert errors == [
-        "stitchrec generate: error: argument --item-churn: expected a number in [0, 1], got '1.5'"
+        "error: stitchrec generate: argument --item-churn: expected a number in [0, 1], got "
+        "'1.5' (see stitchrec generate --help)"
     ]
     assert not (tmp_path / "o").exists()
 

@@ -64,7 +64,9 @@ def _flag_error(capsys, *argv: str) -> str:
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err
-    return err.strip().splitlines()[-1]
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: stitchrec "), err
+    return lines[0]
 
 
 @pytest.fixture
@@ -139,7 +141,7 @@ def test_flag_values_out_of_range(tmp_path, capsys, small, argv, expected):
     command, rest = argv[0], argv[1:]
     inputs = ["--schema", str(schema), "--input", str(csv)] if command != "generate" else []
     line = _flag_error(capsys, command, *inputs, "--output", str(tmp_path / "o"), *rest)
-    assert line.startswith(f"stitchrec {command}: error: argument ") and expected in line
+    assert line.startswith(f"error: stitchrec {command}: argument ") and expected in line
     assert not (tmp_path / "o").exists()
 
 
