@@ -9,8 +9,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from pipelines.config import ConfigError, PipelineConfig
-from pipelines.tune_space import Param
+from pipelines.config import PipelineConfig
+from pipelines.tune_space import Param, check_record
 
 #: the study's user attribute recording its base config (``base_record``)
 BASE_ATTR = "base_config"
@@ -45,26 +45,14 @@ def check_study_base(study: Any, base: PipelineConfig, space: list[Param], journ
     """Records the base config (``base_record``) in the study (user attribute ``BASE_ATTR``)
     when it holds none (a new study, or one from a journal written without it: continued as it
     is), else raises ConfigError naming the study's ``journal`` and the keys that differ."""
-    current = base_record(base, space)
-    stored = study.user_attrs.get(BASE_ATTR)
-    if stored is None:
-        study.set_user_attr(BASE_ATTR, current)
-        return
     spaced = [p.key for p in space]
-    stored = {
-        k: v for k, v in stored.items() if not any(k == s or k.startswith(s + ".") for s in spaced)
-    }
-    if stored == current:
-        return
-    changes = [f"{k} = {json.dumps(current[k])} added" for k in current if k not in stored]
-    changes += [f"{k} removed (was {json.dumps(stored[k])})" for k in stored if k not in current]
-    changes += [
-        f"{k} was {json.dumps(stored[k])}, now {json.dumps(current[k])}"
-        for k in current
-        if k in stored and stored[k] != current[k]
-    ]
-    raise ConfigError(
-        f"{journal}: the study was created with another base config ({'; '.join(changes)}); "
-        "continue it with the config file and --set values it was created with, or start a "
-        "new study with another --output"
+    check_record(
+        study,
+        BASE_ATTR,
+        base_record(base, space),
+        journal,
+        "base config",
+        "the config file and --set values it was created with",
+        json.dumps,
+        keep=lambda k: not any(k == s or k.startswith(s + ".") for s in spaced),
     )

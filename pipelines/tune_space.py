@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -225,24 +225,48 @@ def check_study_space(study: Any, space: Sequence[Param], journal: str | Path) -
     none (a new study, or one from a journal written without it: continued as it is), else
     raises ConfigError naming the study's ``journal`` and the keys whose ranges or choices
     differ."""
-    current = space_record(space)
-    stored = study.user_attrs.get(SPACE_ATTR)
+    check_record(
+        study,
+        SPACE_ATTR,
+        space_record(space),
+        journal,
+        "search space",
+        "the space it was created with (the config's [tune] section or --space file)",
+        _fmt_spec,
+    )
+
+
+def check_record(
+    study: Any,
+    attr: str,
+    current: Mapping[str, Any],
+    journal: str | Path,
+    what: str,
+    advice: str,
+    show: Callable[[Any], str],
+    keep: Callable[[str], bool] = lambda key: True,
+) -> None:
+    """Records ``current`` (``{key: value}``) in the Optuna ``study`` as its user attribute
+    ``attr`` when it holds none, else raises ConfigError naming ``journal``, ``what`` was
+    recorded and each key added, removed or changed (values by ``show``; only the recorded
+    keys ``keep`` passes are compared), and how to continue (``advice``)."""
+    stored = study.user_attrs.get(attr)
     if stored is None:
-        study.set_user_attr(SPACE_ATTR, current)
+        study.set_user_attr(attr, dict(current))
         return
+    stored = {k: v for k, v in stored.items() if keep(k)}
     if stored == current:
         return
     changes = [f"{k} added" for k in current if k not in stored]
     changes += [f"{k} removed" for k in stored if k not in current]
     changes += [
-        f"{k} was {_fmt_spec(stored[k])}, now {_fmt_spec(current[k])}"
+        f"{k} was {show(stored[k])}, now {show(current[k])}"
         for k in current
         if k in stored and stored[k] != current[k]
     ]
     raise ConfigError(
-        f"{journal}: the study was created with another search space ({'; '.join(changes)}); "
-        "continue it with the space it was created with (the config's [tune] section or "
-        "--space file), or start a new study with another --output"
+        f"{journal}: the study was created with another {what} ({'; '.join(changes)}); "
+        f"continue it with {advice}, or start a new study with another --output"
     )
 
 
