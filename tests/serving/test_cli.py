@@ -146,7 +146,7 @@ def test_serve_two_workers_exported_model(exported_repo):
         ),
         (
             ["--trace-detail", "spans"],
-            "error: argument --trace-detail: invalid choice: 'spans'",
+            "error: stitchrec serve: argument --trace-detail: invalid choice: 'spans'",
         ),
     ],
 )
