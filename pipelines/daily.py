@@ -55,11 +55,11 @@ from pipelines.daily_state import (
     previous_day,
     served_version,
     version_of_run,
-    write_json_atomic,
 )
 from pipelines.errors import UsageError, check_output_path
 from pipelines.evaluation.ab_run import ABOptions, run_ab
 from pipelines.export import export_run, next_version
+from pipelines.files import write_json_atomic
 from pipelines.run.paths import ASSETS_EXTRA, Log, RunPaths
 from pipelines.train import train
 from serving.traffic import TRAFFIC_FILE

@@ -7,7 +7,7 @@ A day's run folder holds, beside the training run (``pipelines.train``)::
                          finished step in order: trained -> scored -> decided -> exported
     daily_report.json    the decision and its figures; written last: a day with it is finished
 
-Both are written atomically (``write_json_atomic``: a temporary file beside, fsynced, then
+Both are written atomically (``pipelines.files.write_json_atomic``: a temporary file beside, fsynced, then
 ``os.replace``), so a kill leaves either the old or the new file, never part of one.
 """
 
@@ -21,6 +21,7 @@ from typing import Any
 
 from features.json_files import read_json_object
 from pipelines.errors import UsageError
+from pipelines.files import write_json_atomic
 from pipelines.run.paths import ASSETS_EXTRA
 from serving.repository import version_dirs
 from serving.version_files import COMPLETE, version_state
@@ -32,24 +33,6 @@ REPORT_FILE = "daily_report.json"
 STEPS = ("trained", "scored", "decided", "exported")
 #: The flags a day's run folder belongs to: a rerun must give the same.
 CALL_KEYS = ("window", "repo", "rule", "metric")
-
-
-def write_json_atomic(path: Path, value: Any) -> None:
-    """Writes ``value`` as JSON to ``path``: into ``.<name>.tmp-<pid>`` beside it, fsynced,
-    then renamed over ``path`` (``os.replace``), so ``path`` is always a whole file."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(json.dumps(value, indent=1))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    with contextlib.suppress(OSError):  # folders cannot be opened on some systems
-        fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def clean_temporaries(run_dir: Path) -> None:

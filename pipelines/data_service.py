@@ -14,7 +14,7 @@ from typing import Any
 from features.tfrecord.address import service_address
 from features.tfrecord.service import check_reachable, start_dispatcher, start_worker, worker_port
 from pipelines.errors import UsageError, check_output_path
-from pipelines.serve import bind_alone
+from serving.ports import bind_alone
 
 
 def _serve_until_signal(server: Any, role: str, address: str) -> int:

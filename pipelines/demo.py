@@ -28,6 +28,7 @@ from pipelines.config import DataConfig, PipelineConfig, TrainConfig
 from pipelines.errors import UsageError, check_output_path
 from pipelines.evaluate import evaluate
 from pipelines.export import export_run, saved_model_bytes
+from pipelines.files import write_json_atomic
 from pipelines.run.paths import Log, RunPaths
 from pipelines.train import train
 from ranking.config import ModelConfig
@@ -197,9 +198,7 @@ def _run_demo(
         },
         "total_seconds": round(time.time() - t0, 1),
     }
-    tmp_report = out / f".{REPORT}.tmp-{os.getpid()}"
-    tmp_report.write_text(json.dumps(summary, indent=1))
-    os.replace(tmp_report, out / REPORT)
+    write_json_atomic(out / REPORT, summary)
     for line in _report(summary):
         log(line)
     return summary

@@ -37,8 +37,8 @@ from pathlib import Path
 from features.json_files import read_json_object
 from features.read_report import DataError
 from pipelines.config import DataConfig, PipelineConfig, TrainConfig, load_config
-from pipelines.daily_state import write_json_atomic
 from pipelines.errors import UsageError, check_output_path
+from pipelines.files import write_json_atomic
 from pipelines.run.data import prepare_data
 from pipelines.run.model import REPORT_WHAT, trained_optimizer
 from pipelines.run.paths import RunPaths

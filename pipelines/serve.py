@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import ctypes
-import errno
 import json
 import os
 import shutil
@@ -54,6 +53,7 @@ from serving.config import (
     otlp_settings,
 )
 from serving.metrics import MULTIPROC_ENV, AggregatedMetrics, remove_process_files
+from serving.ports import bind_alone, bind_shared
 from serving.probes import Heartbeat, ProbeProcess
 
 WAIT_POLL_S = 0.2  # how often the supervisor of `--workers N` looks for exited workers
@@ -171,44 +171,10 @@ def _reserve_port(host: str, port: int, what: str = "gRPC") -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
         port = bind_alone(family, host, port)
-        return _bind_shared(family, host, port)
+        return bind_shared(family, host, port)
     except OSError as e:
         address = _address(host, port)
         raise UsageError(f"cannot bind the {what} address {address!r}: {e.strerror or e}") from None
-
-
-def bind_alone(family: int, host: str, port: int) -> int:
-    """Binds ``(host, port)`` without SO_REUSEPORT and releases it; returns the port (a free
-    one for 0). Raises OSError where a process listens on the port or holds it bound, with
-    SO_REUSEPORT or not; SO_REUSEADDR lets it pass a port with only closed connections of an
-    earlier server (TIME_WAIT)."""
-    with _bound(family, host, port, (socket.SO_REUSEADDR,)) as alone:
-        return alone.getsockname()[1]
-
-
-def _bind_shared(family: int, host: str, port: int) -> socket.socket:
-    """A socket bound to ``(host, port)`` with SO_REUSEPORT. Closed connections (TIME_WAIT) of
-    an earlier server without SO_REUSEPORT (``serve`` without ``--workers``) block that bind;
-    then it is bound with SO_REUSEADDR as well, as the workers' listeners are."""
-    try:
-        return _bound(family, host, port, (socket.SO_REUSEPORT,))
-    except OSError as e:
-        if e.errno != errno.EADDRINUSE:
-            raise
-    return _bound(family, host, port, (socket.SO_REUSEPORT, socket.SO_REUSEADDR))
-
-
-def _bound(family: int, host: str, port: int, options: tuple[int, ...]) -> socket.socket:
-    """A socket with the SOL_SOCKET ``options`` set, bound to ``(host, port)``."""
-    s = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        for option in options:
-            s.setsockopt(socket.SOL_SOCKET, option, 1)
-        s.bind((host, port))
-    except OSError:
-        s.close()
-        raise
-    return s
 
 
 def _address(host: str, port: int) -> str:

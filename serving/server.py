@@ -55,6 +55,7 @@ from serving.http.app import start_http
 from serving.interceptors import AccessLogInterceptor, TokenAuthInterceptor
 from serving.kserve import KServeServicer, server_ready
 from serving.metrics import Metrics
+from serving.ports import bind_alone
 from serving.prediction_log import PredictionLogger
 from serving.ranking_service import RankingServicer
 from serving.reflection import enable_reflection
@@ -257,11 +258,8 @@ def _bind_reason(address: str, fallback: object) -> str:
     host, _, port = address.rpartition(":")
     host = host.strip("[]")
     try:
-        infos = socket.getaddrinfo(host or None, int(port), type=socket.SOCK_STREAM)
-        family, kind, proto, _, addr = infos[0]
-        with socket.socket(family, kind, proto) as probe:
-            probe.bind(addr)
-    except (OSError, ValueError, IndexError) as e:
+        bind_alone(socket.AF_INET6 if ":" in host else socket.AF_INET, host, int(port))
+    except (OSError, ValueError) as e:
         return getattr(e, "strerror", None) or str(e)
     return str(fallback)
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import time
 from collections.abc import Callable, Mapping
@@ -34,6 +33,7 @@ from pipelines.evaluation import logged, report, sources
 from pipelines.evaluation.compare import clean_json, compare_scores, off_policy, verdict
 from pipelines.evaluation.tasks import ModelTask, select_tasks
 from pipelines.evaluation.unpaired import compare_populations
+from pipelines.files import write_text_atomic
 
 
 @dataclass
@@ -78,7 +78,7 @@ ROW_METRICS = ("auc", "logloss", "ece", "calibration_ratio", "mean_score")
 #: the files ``run_ab`` writes under ``output``
 OUTPUTS = ("ab.json", "ab.html")
 #: the hidden temporary file an output is written to before it is renamed over the output
-_TEMPORARY = re.compile(r"\.ab\.(json|html)\.\d+\.tmp")
+_TEMPORARY = re.compile(r"\.ab\.(json|html)\.tmp-\d+")
 
 
 def metric_names(opts: ABOptions) -> list[str]:
@@ -147,20 +147,6 @@ def check_options(opts: ABOptions) -> None:
         check_output(opts.output)
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    """Writes ``text`` to a hidden temporary file beside ``path``, then renames it over
-    ``path``: ``path`` is either absent, the old file or the whole new one."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with tmp.open("w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def write_outputs(output: str | Path, result: dict[str, Any], html: bool) -> None:
     """``ab.json`` (and with ``html`` ``ab.html``, else an earlier ``ab.html`` is removed, so
     the folder never pairs a new ab.json with an old report) under ``output``."""
@@ -169,9 +155,9 @@ def write_outputs(output: str | Path, result: dict[str, Any], html: bool) -> Non
     for p in out.iterdir():
         if _TEMPORARY.fullmatch(p.name):  # left by an ab that was killed while writing
             p.unlink(missing_ok=True)
-    _write_atomic(out / "ab.json", json.dumps(result, indent=1))
+    write_text_atomic(out / "ab.json", json.dumps(result, indent=1))
     if html:
-        _write_atomic(out / "ab.html", report.html(result))
+        write_text_atomic(out / "ab.html", report.html(result))
     else:
         (out / "ab.html").unlink(missing_ok=True)
 

@@ -121,7 +121,7 @@ def test_output_folder_holds_only_ab_outputs_written_whole(data, capsys):
     assert main([*argv, str(out)]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["ab.html", "ab.json"]
     # an earlier ab output is replaced; a temporary file a killed ab left is taken and removed
-    (out / ".ab.json.12345.tmp").write_text('{"half": ')
+    (out / ".ab.json.tmp-12345").write_text('{"half": ')
     assert main([*argv, str(out), "--seed", "7"]) == 0
     assert json.loads((out / "ab.json").read_text())["settings"]["seed"] == 7
     assert sorted(p.name for p in out.iterdir()) == ["ab.html", "ab.json"]
