@@ -32,6 +32,7 @@ from pathlib import Path
 import tensorflow as tf
 
 import compiler_opt.cost as cost
+from compiler_opt import gemm
 
 CXX_ENV = "CXX"
 NVCC_ENV = "NVCC"
@@ -198,20 +199,47 @@ def compile_kernel(
     With ``$STITCHREC_CXX_PCH``, g++ first reads :func:`precompiled_header` (``-include``).
     With ``cuda_source`` (a CUDA form), nvcc compiles it into an object linked into the
     library with CUDA's static runtime; the key then also hashes it and nvcc's toolchain.
+    A source that calls ``gemm.SYMBOL`` is linked against the GEMM's library (:data:`gemm.SOURCE`,
+    compiled first into the same folder when absent; found beside the library at load), and
+    its key also hashes that library's.
     """
     tc = cxx_toolchain()
-    cuda_tc = cuda_toolchain() if cuda_source is not None else None
-    key = tc.key(
-        source if cuda_tc is None else f"{source}\0cuda\0{cuda_source}\0{cuda_tc.signature()}"
-    )
     d = Path(directory) if directory is not None else kernels_dir()
     d.mkdir(parents=True, exist_ok=True)
+    links = [_compile(tc, gemm.SOURCE, d, None, (), soname=True)] if _calls_gemm(source) else []
+    return _compile(tc, source, d, cuda_source, links)
+
+
+def _calls_gemm(source: str) -> bool:
+    """Whether ``source`` calls the shared GEMM (and is not the GEMM's own library)."""
+    return source != gemm.SOURCE and f"{gemm.SYMBOL}(" in source
+
+
+def _compile(
+    tc: Toolchain,
+    source: str,
+    d: Path,
+    cuda_source: str | None,
+    links: Sequence[Compiled],
+    soname: bool = False,
+) -> Compiled:
+    """:func:`compile_kernel` into folder ``d``, linked against the libraries ``links`` (found
+    at load in the library's own folder: ``$ORIGIN``); ``soname``: the library is named by its
+    file name, as the libraries linked against it then ask for it."""
+    cuda_tc = cuda_toolchain() if cuda_source is not None else None
+    keyed = source + "".join(f"\0link\0{c.key}" for c in links)
+    key = tc.key(
+        keyed if cuda_tc is None else f"{keyed}\0cuda\0{cuda_source}\0{cuda_tc.signature()}"
+    )
     so = d / f"{key}.so"
     if so.exists():
         return Compiled(so, key, False, 0.0)
     t0 = time.perf_counter()
     pch = precompiled_header(tc)
     prefix = ["-include", str(pch), "-Winvalid-pch"] if pch is not None else []
+    link = [*(str(c.path) for c in links), "-Wl,-rpath,$ORIGIN"] if links else []
+    if soname:
+        link.append(f"-Wl,-soname,{so.name}")
     with open(d / f"{key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if so.exists():  # another process compiled it while this one waited
@@ -220,7 +248,7 @@ def compile_kernel(
         cc.write_text(source)
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=d)
         os.close(fd)
-        cmd = [tc.cxx, *prefix, str(cc), "-o", tmp, *tc.flags]
+        cmd = [tc.cxx, *prefix, str(cc), "-o", tmp, *tc.flags, *link]
         if cuda_tc is not None:
             cu, obj = d / f"{key}.cu", d / f"{key}.cu.o"
             cu.write_text(cuda_source or "")
@@ -229,7 +257,7 @@ def compile_kernel(
             except CudaUnavailable:
                 Path(tmp).unlink(missing_ok=True)
                 raise
-            cmd = [tc.cxx, *prefix, str(cc), str(obj), "-o", tmp, *tc.flags, *cuda_tc.link]
+            cmd = [tc.cxx, *prefix, str(cc), str(obj), "-o", tmp, *tc.flags, *cuda_tc.link, *link]
         r = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if r.returncode != 0:
             Path(tmp).unlink(missing_ok=True)  # a failed link removes it itself

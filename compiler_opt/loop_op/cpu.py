@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from compiler_opt import gemm
 from compiler_opt.loop_op import cuda as loop_cuda
 from compiler_opt.loop_op.spec import LoopSpec
 from compiler_opt.xy_op import OPS, xy_op_head, xy_op_tail
@@ -35,7 +36,7 @@ def _head(spec: LoopSpec) -> list[str]:
                 "// elementwise group of a serving graph.",
                 f"// spec: {spec.to_json()}",
             ],
-            ['#include "Eigen/Core"'] if spec.matmul else [],
+            [gemm.DECLARATION] if spec.matmul else [],
             [f"constexpr int64_t kWidth = {spec.width};"],
         ),
         "    .SetShapeFn([](::tensorflow::shape_inference::InferenceContext* c) {",
@@ -112,16 +113,12 @@ def _body(spec: LoopSpec) -> list[str]:
     n_in = len(spec.inputs)
     slot = spec.matmul[0] if spec.matmul else -1
     lines = ["    auto body = [&](int64_t begin, int64_t end) {"]
-    if spec.matmul:  # this block's rows of A W (Eigen's GEMM), then the program while cached
+    if spec.matmul:  # this block's rows of A W (the shared GEMM), then the program while cached
         k = spec.matmul[1]
-        lines += [
-            "      using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, "
-            "Eigen::RowMajor>;",
-            f"      Eigen::Map<const RowMat> Am(Ap + begin * {k}, end - begin, {k});",
-            f"      Eigen::Map<const RowMat> Wm(Wp, {k}, kWidth);",
-            "      Eigen::Map<RowMat> Ym(Y0 + begin * kWidth, end - begin, kWidth);",
-            "      Ym.noalias() = Am * Wm;",
-        ]
+        y0 = "Y0 + begin * kWidth"
+        lines.append(
+            "      " + gemm.call(f"Ap + begin * {k}", "Wp", y0, "end - begin", k, "kWidth")
+        )
     lines += [
         "      for (int64_t r = begin; r < end; ++r) {",
         "        const int64_t base = r * kWidth;",

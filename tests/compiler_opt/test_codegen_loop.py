@@ -4,15 +4,21 @@ that reads tables through the embedding kernel's handles."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from compiler_opt import graph_io, ir, planner, realize, registry
+from compiler_opt import gemm, graph_io, ir, planner, realize, registry, toolchain
 from compiler_opt.embedding_op import layer as emb_layer
+from compiler_opt.loop_op import cpu as loop_cpu
 from compiler_opt.loop_op import groups as loop_groups
 from compiler_opt.loop_op.spec import LoopSpec
-from tests.compiler_opt.conftest import need_compiler
+from tests.compiler_opt.conftest import SHARED_KERNELS, need_compiler
 
 
 def _op(spec: LoopSpec):
@@ -204,3 +210,36 @@ def test_a_loop_op_takes_the_matmul_that_feeds_it(hand):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     off = realize.generated_loops(f.get_concrete_function(), hand, 64, matmuls=False)
     assert off.matmuls == 0 and "_FusedMatMul" in {n.op for n in off.tagged.node}
+
+
+def test_matmul_ops_link_one_gemm_library_and_load_from_wherever_their_folder_lies(tmp_path):
+    """Two ops with a matmul call the GEMM's library, built once; their sources instantiate no
+    Eigen product; copied to another folder (the first one gone), the libraries still load."""
+    need_compiler()
+    specs = (
+        LoopSpec(4, ("full", "full"), (("Mul", (0, 1)),), (0,), (4,), matmul=(1, 3, False)),
+        LoopSpec(4, ("full", "full"), (("AddV2", (0, 1)),), (0,), (4,), matmul=(1, 5, True)),
+    )
+    libs = [toolchain.compile_kernel(loop_cpu.generate(s), SHARED_KERNELS) for s in specs]
+    shared = toolchain.compile_kernel(gemm.SOURCE, SHARED_KERNELS)
+    assert not shared.compiled  # the first op built it
+    for lib in libs:
+        source = (SHARED_KERNELS / f"{lib.key}.cc").read_text()
+        assert gemm.SYMBOL in source and "Eigen" not in source
+    moved = tmp_path / "elsewhere"
+    moved.mkdir()
+    for lib in (*libs, shared):
+        shutil.copy(lib.path, moved / lib.path.name)
+    framework = next(Path(tf.sysconfig.get_lib()).glob("libtensorflow_framework.so*"))
+    load = (
+        "import ctypes, sys\n"
+        "ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_GLOBAL)\n"
+        "for path in sys.argv[2:]:\n"
+        "    ctypes.CDLL(path)\n"
+    )
+    args = [sys.executable, "-c", load, str(framework), *(str(moved / x.path.name) for x in libs)]
+    r = subprocess.run(args, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    (moved / shared.path.name).unlink()  # without the GEMM's library beside them: not found
+    r = subprocess.run(args, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert r.returncode != 0 and shared.path.name in r.stderr
