@@ -32,7 +32,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from features import partitions
@@ -49,6 +48,7 @@ from pipelines.evaluation.tasks import (
     recorded_tasks,
     unloadable_saved_model,
 )
+from pipelines.unique_ids import check_unique_ids
 
 _print = functools.partial(print, flush=True)
 SUCCESS = "_SUCCESS"
@@ -220,26 +220,6 @@ def predict(
     return report.rows
 
 
-def check_unique_ids(folder: Path, field: str) -> None:
-    """Raises UsageError when the ``row_id`` values of the score files in ``folder`` (the
-    ``--row-id`` field's values) repeat: ``stitchrec ab`` joins scores to logged rows by
-    them."""
-    files = sorted(folder.glob("part-*.parquet"))
-    if not files:
-        return
-    ids = pa.chunked_array([pq.read_table(f, columns=["row_id"])["row_id"] for f in files])
-    counts = pc.value_counts(ids)
-    repeated = pc.filter(counts, pc.greater(counts.field("counts"), 1))
-    if len(repeated):
-        value = repeated[0]["values"].as_py()
-        raise UsageError(
-            f"--row-id {field!r}: {len(counts):,} distinct values in {len(ids):,} rows "
-            f"({value!r} on {repeated[0]['counts'].as_py():,} rows); expected a field whose "
-            "value is unique on every row (`stitchrec ab` joins scores to rows by it), or no "
-            "--row-id (the row's position)"
-        )
-
-
 def _check_output(out: Path) -> None:
     """An existing ``--output`` must be an earlier predict's folder (which is replaced)."""
     if not out.exists():
@@ -266,8 +246,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
             rows = predict(
                 job, args.data, raw, tmp, runner, args.max_bad_rows, report, chunk_bytes(args)
             )
-        if job.row_id is not None:
-            check_unique_ids(tmp, job.row_id.name)
+            if job.row_id is not None:
+                check_unique_ids(tmp, job.row_id.name, runner)
         summary = {"rows": rows, "bad_rows": report.bad_rows, "model": str(args.model)}
         (tmp / SUCCESS).write_text(json.dumps(summary, indent=1) + "\n")
         if out.exists():

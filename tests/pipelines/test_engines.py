@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
@@ -221,6 +222,17 @@ def test_predict_on_a_cluster_scores_like_one_process_and_by_hand(cluster, tmp_p
         )
     ]
     np.testing.assert_allclose(local.column("score").to_numpy(), want, rtol=1e-5)
+    res = _cli(
+        "predict", "--model", str(model), "--data", str(logs), "--output",
+        str(tmp_path / "by-user"), "--row-id", "user", "--cluster", cluster.address,
+    )  # fmt: skip
+    counts = pc.value_counts(rows.column("user"))  # the ids counted in one process
+    first = rows.column("user")[0].as_py()
+    n = pc.sum(pc.equal(rows.column("user"), first)).as_py()
+    assert res.returncode == 2 and (
+        f"--row-id 'user': {len(counts)} distinct values in 1,800 rows ({first!r} on {n:,} rows)"
+        in res.stderr
+    ), res.stderr
 
 
 def test_a_worker_killed_mid_job_leaves_the_shards_unchanged(raw_log, tmp_path):
