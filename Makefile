@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.stitchrec-installed
-PYTEST_ARGS ?= -n 2 --durations=15
+PYTEST_ARGS ?= -n 2 --dist worksteal --durations=15
 
 .PHONY: run test lint format install clean
 
