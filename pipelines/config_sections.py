@@ -162,6 +162,8 @@ class EngineConfig:
       retries: times a task that raised is run again before the job fails.
       no_workers_seconds: how long a job waits while the cluster has no worker at all (all
         lost, or none started yet) before it fails; a cluster that scales up may need minutes.
+      connect_seconds: how long a command waits for the scheduler at ``address`` to answer
+        before it fails (a scheduler that is still starting may need longer).
     """
 
     name: str = "local"
@@ -170,6 +172,9 @@ class EngineConfig:
     retries: int = dataclasses.field(default=2, metadata={"expected": "an integer >= 0"})
     no_workers_seconds: float = dataclasses.field(
         default=600.0, metadata={"expected": "a number of seconds > 0"}
+    )
+    connect_seconds: float = dataclasses.field(
+        default=10.0, metadata={"expected": "a number of seconds > 0"}
     )
 
     def __post_init__(self) -> None:
@@ -184,11 +189,10 @@ class EngineConfig:
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ConfigError(f"[engine] {key} must be an integer >= 0, got {v!r}")
-        v = self.no_workers_seconds
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-            raise ConfigError(
-                f"[engine] no_workers_seconds must be a number of seconds > 0, got {v!r}"
-            )
+        for key in ("no_workers_seconds", "connect_seconds"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+                raise ConfigError(f"[engine] {key} must be a number of seconds > 0, got {v!r}")
 
 
 _PAIR_SOURCES = ("pcf_gnn", "table")

@@ -297,11 +297,14 @@ def _connect(config: EngineConfig, stack: contextlib.ExitStack) -> DaskRunner:
     if config.address:
         check_address(config.address, "[engine] address")
         try:
-            client = distributed.Client(config.address, timeout="10s", set_as_default=False)
+            client = distributed.Client(
+                config.address, timeout=f"{config.connect_seconds}s", set_as_default=False
+            )
         except OSError as e:
             raise UsageError(
-                f"engine address {config.address!r}: no Dask scheduler answered ({e}); expected "
-                f"the address of a running `dask scheduler`, e.g. tcp://HOST:8786"
+                f"engine address {config.address!r}: no Dask scheduler answered in "
+                f"{config.connect_seconds:g} s ({e}; [engine] connect_seconds); expected the "
+                "address of a running `dask scheduler`, e.g. tcp://HOST:8786"
             ) from None
         stack.callback(client.close)
         return DaskRunner(client, config.retries, config.address, config.no_workers_seconds)

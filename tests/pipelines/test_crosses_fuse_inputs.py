@@ -63,10 +63,13 @@ def test_fives_refuses_a_max_order_above_the_fields_searched(data, capsys):
     assert "--set max_order=6 is above the 5 fields searched" in _error(capsys)[0]
 
 
-def test_fives_connects_to_the_cluster_before_the_search(data, capsys):
-    assert _fives(data, "--cluster", "tcp://127.0.0.1:1") == 2
+def test_fives_connects_to_the_cluster_before_the_search(data, capsys, tmp_path):
+    config = tmp_path / "fives.toml"  # nothing listens there: the command waits 0.5 s
+    config.write_text(data["fives"].read_text() + "\n[engine]\nconnect_seconds = 0.5\n")
+    assert _fives({**data, "fives": config}, "--cluster", "tcp://127.0.0.1:1") == 2
     line, out = _error(capsys)
-    assert "'tcp://127.0.0.1:1': no Dask scheduler answered" in line
+    assert "'tcp://127.0.0.1:1': no Dask scheduler answered in 0.5 s" in line
+    assert "[engine] connect_seconds" in line
     assert (
         "fives: epoch" not in out and not (data["root"] / "fives" / "crosses_fives.json").exists()
     )

@@ -299,10 +299,11 @@ def test_a_job_on_a_cluster_without_workers_fails_after_the_wait(tmp_path):
         c.stop()
 
 
+@pytest.mark.parametrize("key", ["no_workers_seconds", "connect_seconds"])
 @pytest.mark.parametrize("value", [0, -1.5, "60", True])
-def test_no_workers_seconds_must_be_a_positive_number(value):
-    with pytest.raises(ConfigError, match=r"\[engine\] no_workers_seconds must be a number of "):
-        EngineConfig("dask", no_workers_seconds=value)
+def test_the_waits_must_be_positive_numbers(key, value):
+    with pytest.raises(ConfigError, match=rf"\[engine\] {key} must be a number of seconds > 0"):
+        EngineConfig("dask", **{key: value})
 
 
 def test_a_result_that_takes_longer_than_a_poll_to_arrive_arrives(cluster):
