@@ -32,7 +32,7 @@ from pathlib import Path
 import tensorflow as tf
 
 import compiler_opt.cost as cost
-from compiler_opt import gemm
+import compiler_opt.gemm as gemm
 
 CXX_ENV = "CXX"
 NVCC_ENV = "NVCC"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from compiler_opt import gemm
+import compiler_opt.gemm as gemm
 from compiler_opt.loop_op import cuda as loop_cuda
 from compiler_opt.loop_op.spec import LoopSpec
 from compiler_opt.xy_op import OPS, xy_op_head, xy_op_tail
