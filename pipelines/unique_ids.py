@@ -30,7 +30,6 @@ from pipelines.errors import UsageError
 #: the most rows a bucket task groups: 1M string ids took about 0.55 GB at its peak
 BUCKET_ROWS = 1_000_000
 _FOLDER = ".row-ids"
-_MIX = np.uint64(0x9E3779B97F4A7C15)  # spreads consecutive integer ids over the buckets
 _HASH_SLICE = 65_536
 
 
@@ -54,14 +53,13 @@ class Repeat:
 
 
 def _bucket_of(ids: pa.Array, buckets: int) -> np.ndarray:
-    """Each id's bucket: a hash of its value (the same in every process) modulo ``buckets``."""
-    if pa.types.is_integer(ids.type):
-        keys = ids.to_numpy(zero_copy_only=False).astype(np.int64).view(np.uint64) * _MIX
-    else:  # SipHash of the values, a slice at a time (as Python objects: 100+ bytes an id)
-        keys = np.empty(len(ids), np.uint64)
-        for lo in range(0, len(ids), _HASH_SLICE):
-            part = ids.slice(lo, _HASH_SLICE).to_numpy(zero_copy_only=False)
-            keys[lo : lo + len(part)] = pd.util.hash_array(part)
+    """Each id's bucket: pandas' hash of its value (the same in every process: numbers mixed
+    bit by bit, strings by SipHash) modulo ``buckets``, hashed a slice at a time (a string
+    id is a Python object while it is hashed, 100+ bytes)."""
+    keys = np.empty(len(ids), np.uint64)
+    for lo in range(0, len(ids), _HASH_SLICE):
+        part = ids.slice(lo, _HASH_SLICE).to_numpy(zero_copy_only=False)
+        keys[lo : lo + len(part)] = pd.util.hash_array(part)
     return (keys % np.uint64(buckets)).astype(np.int64)
 
 

@@ -75,7 +75,8 @@ def test_unique_ids_pass_and_leave_no_work_files(tmp_path, monkeypatch, bucket_r
 
 def test_a_bucket_task_holds_its_share_of_the_rows_only(tmp_path, monkeypatch):
     monkeypatch.setattr(unique_ids, "BUCKET_ROWS", 100)
-    _write(tmp_path / "scores", [list(range(k * 500, (k + 1) * 500)) for k in range(4)])
+    ids = [[1000 * (k * 500 + i) for i in range(500)] for k in range(4)]  # multiples of 20 too
+    _write(tmp_path / "scores", ids)
     work = tmp_path / "work"
     work.mkdir()
     tasks = [
@@ -89,7 +90,7 @@ def test_a_bucket_task_holds_its_share_of_the_rows_only(tmp_path, monkeypatch):
     ]
     starts = [unique_ids.bucket_ids(t) for t in tasks]
     sizes = [sum(s[b + 1] - s[b] for s in starts) for b in range(20)]
-    assert sum(sizes) == 2_000 and max(sizes) < 2 * 100  # consecutive ids spread evenly
+    assert sum(sizes) == 2_000 and max(sizes) < 2 * 100  # spread over the 20 buckets
     for b in range(20):
         slices = [(t.out, s[b], s[b + 1]) for t, s in zip(tasks, starts, strict=True)]
         assert unique_ids.count_bucket((b, slices)) == (sizes[b], None)
