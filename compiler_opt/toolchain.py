@@ -206,7 +206,7 @@ def compile_kernel(
     tc = cxx_toolchain()
     d = Path(directory) if directory is not None else kernels_dir()
     d.mkdir(parents=True, exist_ok=True)
-    links = [_compile(tc, gemm.SOURCE, d, None, (), soname=True)] if _calls_gemm(source) else []
+    links = [_compile(tc, gemm.SOURCE, d, None, (), is_gemm=True)] if _calls_gemm(source) else []
     return _compile(tc, source, d, cuda_source, links)
 
 
@@ -221,11 +221,12 @@ def _compile(
     d: Path,
     cuda_source: str | None,
     links: Sequence[Compiled],
-    soname: bool = False,
+    is_gemm: bool = False,
 ) -> Compiled:
     """:func:`compile_kernel` into folder ``d``, linked against the libraries ``links`` (found
-    at load in the library's own folder: ``$ORIGIN``); ``soname``: the library is named by its
-    file name, as the libraries linked against it then ask for it."""
+    at load in the library's own folder: ``$ORIGIN``). ``is_gemm``: the GEMM's library, named by
+    its file name (as the libraries linked against it ask for it) and compiled without the
+    precompiled header (it includes no TensorFlow header; reading the header made it slower)."""
     cuda_tc = cuda_toolchain() if cuda_source is not None else None
     keyed = source + "".join(f"\0link\0{c.key}" for c in links)
     key = tc.key(
@@ -235,10 +236,10 @@ def _compile(
     if so.exists():
         return Compiled(so, key, False, 0.0)
     t0 = time.perf_counter()
-    pch = precompiled_header(tc)
+    pch = None if is_gemm else precompiled_header(tc)
     prefix = ["-include", str(pch), "-Winvalid-pch"] if pch is not None else []
     link = [*(str(c.path) for c in links), "-Wl,-rpath,$ORIGIN"] if links else []
-    if soname:
+    if is_gemm:
         link.append(f"-Wl,-soname,{so.name}")
     with open(d / f"{key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
