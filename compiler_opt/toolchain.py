@@ -206,13 +206,10 @@ def compile_kernel(
     tc = cxx_toolchain()
     d = Path(directory) if directory is not None else kernels_dir()
     d.mkdir(parents=True, exist_ok=True)
-    links = [_compile(tc, gemm.SOURCE, d, None, (), is_gemm=True)] if _calls_gemm(source) else []
+    if source == gemm.SOURCE:
+        return _compile(tc, source, d, None, (), is_gemm=True)
+    links = [compile_kernel(gemm.SOURCE, d)] if f"{gemm.SYMBOL}(" in source else []
     return _compile(tc, source, d, cuda_source, links)
-
-
-def _calls_gemm(source: str) -> bool:
-    """Whether ``source`` calls the shared GEMM (and is not the GEMM's own library)."""
-    return source != gemm.SOURCE and f"{gemm.SYMBOL}(" in source
 
 
 def _compile(

@@ -223,6 +223,10 @@ def test_matmul_ops_link_one_gemm_library_and_load_from_wherever_their_folder_li
     libs = [toolchain.compile_kernel(loop_cpu.generate(s), SHARED_KERNELS) for s in specs]
     shared = toolchain.compile_kernel(gemm.SOURCE, SHARED_KERNELS)
     assert not shared.compiled  # the first op built it
+    readelf = shutil.which("readelf")  # binutils, beside g++
+    if readelf is not None:  # named by its file name however it was first built
+        dynamic = subprocess.run([readelf, "-d", str(shared.path)], capture_output=True, text=True)
+        assert f"Library soname: [{shared.path.name}]" in dynamic.stdout
     for lib in libs:
         source = (SHARED_KERNELS / f"{lib.key}.cc").read_text()
         assert gemm.SYMBOL in source and "Eigen" not in source
