@@ -1,10 +1,18 @@
 """The user docs against the code: every relative link and ``#anchor`` of README.md,
-bench/README.md and docs/*.md resolves, and every ``stitchrec`` command line in their shell
-blocks names subcommands and long flags that ``stitchrec``'s parser has."""
+bench/README.md and docs/*.md resolves, every ``stitchrec`` command line in their shell
+blocks names subcommands and long flags that ``stitchrec``'s parser has, and every ``python``
+block parses, imports names that exist, calls only names it imports or binds, and calls the
+functions and classes it imports from StitchRec with arguments their signatures take. The
+Python checks read the modules' source (``ast``) instead of importing them: no TensorFlow."""
 
 from __future__ import annotations
 
 import argparse
+import ast
+import builtins
+import functools
+import importlib.util
+import inspect
 import re
 import shlex
 from pathlib import Path
@@ -19,6 +27,7 @@ FENCE = re.compile(r"^```([^\n]*)\n(.*?)^```", re.S | re.M)
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 SHELL = ("", "sh", "bash", "console", "shell")
 SHIPPED = ("configs/", "features/schemas/")  # folders of files the checkout ships
+PROJECT = {p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file()}  # our packages
 
 
 def slugs(text: str) -> set[str]:
@@ -112,6 +121,190 @@ def unknown_flags(command: str, parser: argparse.ArgumentParser) -> list[str]:
     return out
 
 
+def python_blocks(doc: Path) -> list[tuple[int, str]]:
+    """``(line, code)`` of each ``python`` block of ``doc``; ``line`` is its first line."""
+    text = doc.read_text()
+    return [
+        (text.count("\n", 0, m.start(2)) + 1, m.group(2))
+        for m in FENCE.finditer(text)
+        if m.group(1).strip() in ("python", "py")
+    ]
+
+
+@functools.cache
+def _module_ast(module: str) -> ast.Module | None:
+    """The parsed source of ``module``, None where it has none to read (a compiled module)."""
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not (spec.origin or "").endswith(".py"):
+        return None
+    return ast.parse(Path(spec.origin).read_text())
+
+
+def _module_exists(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _is_submodule(package: str, name: str) -> bool:
+    """Whether ``package.name`` is a module, found on disk (``find_spec`` of it would import
+    ``package`` itself)."""
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        return False
+    return any(
+        (Path(d) / f"{name}.py").is_file() or (Path(d) / name / "__init__.py").is_file()
+        for d in (spec.submodule_search_locations or []) if spec
+    )  # fmt: skip
+
+
+def _definition(module: str, name: str, depth: int = 0) -> ast.AST | str | None:
+    """Where ``module``'s top-level ``name`` is made: its ``def``/``class`` node, ``"other"``
+    (an assignment, a submodule, a module read by import), or None where it has no such name.
+    A re-export (``from x import name``) is followed to ``x``."""
+    if _is_submodule(module, name):
+        return "other"
+    tree = _module_ast(module)
+    if tree is None or module.split(".")[0] not in PROJECT:
+        return "other" if _module_exists(module) else None  # not ours: the module is enough
+    for node in _top_level(tree.body):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            if node.name == name:
+                return node
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and depth < 5:
+            for alias in node.names:
+                if (alias.asname or alias.name) == name:
+                    return _definition(node.module or "", alias.name, depth + 1) or "other"
+        elif isinstance(node, ast.Import):
+            if any((a.asname or a.name.split(".")[0]) == name for a in node.names):
+                return "other"
+        elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign | ast.For):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(n, ast.Name) and n.id == name for t in targets for n in ast.walk(t)):
+                return "other"
+    return None
+
+
+def _top_level(body: list[ast.stmt]):
+    """A module's statements, those under its top-level ``if``, ``try`` and ``with`` too."""
+    for node in body:
+        yield node
+        if isinstance(node, ast.If | ast.Try | ast.With):
+            for part in ("body", "orelse", "finalbody"):
+                yield from _top_level(getattr(node, part, []))
+            for handler in getattr(node, "handlers", []):
+                yield from _top_level(handler.body)
+
+
+def _signature(node: ast.AST) -> inspect.Signature | None:
+    """The call signature of a ``def``, of a class's ``__init__`` or of a dataclass without
+    bases; None where the source does not tell (another class)."""
+    if isinstance(node, ast.ClassDef):
+        init = [n for n in node.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"]
+        if init:
+            sig = _signature(init[0])
+            return sig.replace(parameters=list(sig.parameters.values())[1:])  # self
+        dataclass = any("dataclass" in ast.unparse(d) for d in node.decorator_list)
+        if not dataclass or node.bases:
+            return None
+        K = inspect.Parameter.POSITIONAL_OR_KEYWORD
+        return inspect.Signature(
+            [
+                inspect.Parameter(n.target.id, K, **({"default": 0} if n.value else {}))
+                for n in node.body
+                if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
+                and "ClassVar" not in ast.unparse(n.annotation)
+            ]
+        )  # fmt: skip
+    if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+        return None
+    a, P = node.args, inspect.Parameter
+    positional = [(x, P.POSITIONAL_ONLY) for x in a.posonlyargs]
+    positional += [(x, P.POSITIONAL_OR_KEYWORD) for x in a.args]
+    first_default = len(positional) - len(a.defaults)
+    params = [
+        P(x.arg, kind, **({"default": 0} if i >= first_default else {}))
+        for i, (x, kind) in enumerate(positional)
+    ]
+    params += [P(a.vararg.arg, P.VAR_POSITIONAL)] if a.vararg else []
+    params += [
+        P(x.arg, P.KEYWORD_ONLY, **({} if d is None else {"default": 0}))
+        for x, d in zip(a.kwonlyargs, a.kw_defaults, strict=True)
+    ]
+    params += [P(a.kwarg.arg, P.VAR_KEYWORD)] if a.kwarg else []
+    return inspect.Signature(params)
+
+
+def _call_problem(call: ast.Call, sig: inspect.Signature) -> str | None:
+    """Why ``call`` does not fit ``sig`` (a wrong count, a name it has not), else None."""
+    starred = any(isinstance(x, ast.Starred) for x in call.args)
+    spread = any(k.arg is None for k in call.keywords)
+    if not starred and not spread:
+        try:
+            sig.bind(*call.args, **{k.arg: k.value for k in call.keywords})
+        except TypeError as e:
+            return str(e)
+        return None
+    kinds = {p.kind for p in sig.parameters.values()}
+    if inspect.Parameter.VAR_KEYWORD not in kinds:
+        named = {n for n, p in sig.parameters.items() if p.kind != p.POSITIONAL_ONLY}
+        unknown = [k.arg for k in call.keywords if k.arg is not None and k.arg not in named]
+        if unknown:
+            return f"no parameter {unknown}"
+    return None
+
+
+def python_block_problems(code: str) -> list[str]:
+    """What is wrong with one ``python`` block: it does not parse; it imports a module or a
+    name that does not exist; it calls a name it neither imports nor binds (nor a builtin); it
+    calls a StitchRec function or class with arguments its signature does not take."""
+    try:  # a block may ``await`` at top level, as in an async function's body
+        tree = compile(code, "<doc>", "exec", ast.PyCF_ONLY_AST | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+    except SyntaxError as e:
+        return [f"line {e.lineno}: does not parse: {e.msg}"]
+    out, imported, bound = [], {}, set(dir(builtins))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if not _module_exists(a.name):
+                    out.append(f"line {node.lineno}: no module {a.name}")
+                bound.add(a.asname or a.name.split(".")[0])
+        elif isinstance(node, ast.ImportFrom):
+            if not _module_exists(node.module or ""):
+                out.append(f"line {node.lineno}: no module {node.module}")
+                continue
+            for a in node.names:
+                found = _definition(node.module, a.name)
+                if found is None:
+                    out.append(f"line {node.lineno}: {node.module} has no {a.name}")
+                imported[a.asname or a.name] = found
+                bound.add(a.asname or a.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            bound.add(node.id)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
+            continue
+        name = node.func.id
+        if name not in bound:
+            out.append(f"line {node.lineno}: calls {name}, which the block does not import")
+        elif (
+            isinstance(made := imported.get(name), ast.AST)
+            and (sig := _signature(made))
+            and (problem := _call_problem(node, sig))
+        ):
+            out.append(f"line {node.lineno}: {name}(...): {problem}")
+    return out
+
+
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_relative_link_and_anchor_resolves(doc: Path):
     assert broken_links(doc) == []
@@ -126,6 +319,49 @@ def test_every_stitchrec_command_uses_flags_its_parser_has(doc: Path):
         if (flags := unknown_flags(command, parser))
     ]
     assert wrong == []
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_python_block_imports_and_calls_what_the_code_has(doc: Path):
+    wrong = [
+        f"{doc.relative_to(ROOT)}:{line} {problem}"
+        for line, code in python_blocks(doc)
+        for problem in python_block_problems(code)
+    ]
+    assert wrong == []
+
+
+def test_the_python_check_catches_a_missing_name_a_bad_call_and_a_missing_import():
+    ok = (
+        "from serving.client import RankingClient\n"
+        "from pipelines.export import export_ensemble\n"
+        "import tensorflow as tf\n"
+        "c = RankingClient('h:1', token=None)\n"
+        "export_ensemble(run, [c], combine='logits', **more)\n"
+        "server = await f(tf.constant(1))\n"
+        "def f(x):\n    return len(x)\n"
+    )
+    assert python_block_problems(ok) == []
+    assert python_block_problems("from serving.client import RankClient") == [
+        "line 1: serving.client has no RankClient"
+    ]
+    assert python_block_problems("import serving.clients\nfrom nope import x") == [
+        "line 1: no module serving.clients",
+        "line 2: no module nope",
+    ]
+    assert python_block_problems("from serving.client import RankingClient\nRankingClient()") == [
+        "line 2: RankingClient(...): missing a required argument: 'target'"
+    ]
+    bad_keyword = "from pipelines.export import export_ensemble\nexport_ensemble(r, c, mode=1)"
+    assert python_block_problems(bad_keyword) == [
+        "line 2: export_ensemble(...): got an unexpected keyword argument 'mode'"
+    ]
+    assert python_block_problems("opt = make_optimizer('adam', 0.1)") == [
+        "line 1: calls make_optimizer, which the block does not import"
+    ]
+    assert python_block_problems("f(a=1, ..., b=2)") == [
+        "line 1: does not parse: positional argument follows keyword argument"
+    ]
 
 
 def test_the_checks_catch_a_stale_flag_a_missing_subcommand_and_a_broken_anchor(tmp_path: Path):

@@ -360,7 +360,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
                    help=f"comma-separated, of {','.join(SECTIONS)} (default: all)")  # fmt: skip
     p.add_argument("--variants", type=_variants, default=OVERHEADS[1:],
                    help="comma-separated overheads measured against base, of "
-                   f"{','.join(OVERHEADS[1:])} (default: all)")  # fmt: skip
+                   f"{','.join(OVERHEADS[1:]).replace('%', '%%')} (default: all)")  # fmt: skip
     p.add_argument("--report", metavar="RESULTS", help="print a results.json's tables; no load")
     args = p.parse_args(argv)
     if args.rate is not None and not args.rate > 0:

@@ -67,3 +67,10 @@ def test_variants_are_checked():
     for bad in ("log-10%,trace-2", "base", ""):
         with pytest.raises(SystemExit):
             _args(["--variants", bad])
+
+
+def test_help_prints_the_variants(capsys):
+    with pytest.raises(SystemExit) as stop:
+        _args(["--help"])
+    assert stop.value.code == 0
+    assert "log-10%,trace-1.0" in capsys.readouterr().out
