@@ -2,15 +2,14 @@
 bench/README.md and docs/*.md resolves, every ``stitchrec`` command line in their shell
 blocks names subcommands and long flags that ``stitchrec``'s parser has, and every ``python``
 block parses, imports names that exist, calls only names it imports or binds, and calls the
-functions and classes it imports from StitchRec with arguments their signatures take. The
-Python checks read the modules' source (``ast``) instead of importing them: no TensorFlow."""
+functions and classes it imports from StitchRec with arguments their signatures take (the
+blocks' modules are imported; the blocks themselves are only parsed)."""
 
 from __future__ import annotations
 
 import argparse
 import ast
 import builtins
-import functools
 import importlib.util
 import inspect
 import re
@@ -131,16 +130,7 @@ def python_blocks(doc: Path) -> list[tuple[int, str]]:
     ]
 
 
-@functools.cache
-def _module_ast(module: str) -> ast.Module | None:
-    """The parsed source of ``module``, None where it has none to read (a compiled module)."""
-    try:
-        spec = importlib.util.find_spec(module)
-    except (ImportError, ValueError):
-        return None
-    if spec is None or not (spec.origin or "").endswith(".py"):
-        return None
-    return ast.parse(Path(spec.origin).read_text())
+MISSING = object()
 
 
 def _module_exists(module: str) -> bool:
@@ -150,94 +140,23 @@ def _module_exists(module: str) -> bool:
         return False
 
 
-def _is_submodule(package: str, name: str) -> bool:
-    """Whether ``package.name`` is a module, found on disk (``find_spec`` of it would import
-    ``package`` itself)."""
-    try:
-        spec = importlib.util.find_spec(package)
-    except (ImportError, ValueError):
-        return False
-    return any(
-        (Path(d) / f"{name}.py").is_file() or (Path(d) / name / "__init__.py").is_file()
-        for d in (spec.submodule_search_locations or []) if spec
-    )  # fmt: skip
+def _imported(module: str, name: str) -> object:
+    """What ``from module import name`` gives: the attribute, else the submodule; MISSING
+    where there is neither."""
+    found = getattr(importlib.import_module(module), name, MISSING)
+    if found is MISSING and _module_exists(f"{module}.{name}"):
+        found = importlib.import_module(f"{module}.{name}")
+    return found
 
 
-def _definition(module: str, name: str, depth: int = 0) -> ast.AST | str | None:
-    """Where ``module``'s top-level ``name`` is made: its ``def``/``class`` node, ``"other"``
-    (an assignment, a submodule, a module read by import), or None where it has no such name.
-    A re-export (``from x import name``) is followed to ``x``."""
-    if _is_submodule(module, name):
-        return "other"
-    tree = _module_ast(module)
-    if tree is None or module.split(".")[0] not in PROJECT:
-        return "other" if _module_exists(module) else None  # not ours: the module is enough
-    for node in _top_level(tree.body):
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            if node.name == name:
-                return node
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and depth < 5:
-            for alias in node.names:
-                if (alias.asname or alias.name) == name:
-                    return _definition(node.module or "", alias.name, depth + 1) or "other"
-        elif isinstance(node, ast.Import):
-            if any((a.asname or a.name.split(".")[0]) == name for a in node.names):
-                return "other"
-        elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign | ast.For):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            if any(isinstance(n, ast.Name) and n.id == name for t in targets for n in ast.walk(t)):
-                return "other"
-    return None
-
-
-def _top_level(body: list[ast.stmt]):
-    """A module's statements, those under its top-level ``if``, ``try`` and ``with`` too."""
-    for node in body:
-        yield node
-        if isinstance(node, ast.If | ast.Try | ast.With):
-            for part in ("body", "orelse", "finalbody"):
-                yield from _top_level(getattr(node, part, []))
-            for handler in getattr(node, "handlers", []):
-                yield from _top_level(handler.body)
-
-
-def _signature(node: ast.AST) -> inspect.Signature | None:
-    """The call signature of a ``def``, of a class's ``__init__`` or of a dataclass without
-    bases; None where the source does not tell (another class)."""
-    if isinstance(node, ast.ClassDef):
-        init = [n for n in node.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"]
-        if init:
-            sig = _signature(init[0])
-            return sig.replace(parameters=list(sig.parameters.values())[1:])  # self
-        dataclass = any("dataclass" in ast.unparse(d) for d in node.decorator_list)
-        if not dataclass or node.bases:
-            return None
-        K = inspect.Parameter.POSITIONAL_OR_KEYWORD
-        return inspect.Signature(
-            [
-                inspect.Parameter(n.target.id, K, **({"default": 0} if n.value else {}))
-                for n in node.body
-                if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
-                and "ClassVar" not in ast.unparse(n.annotation)
-            ]
-        )  # fmt: skip
-    if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+def _our_signature(obj: object) -> inspect.Signature | None:
+    """The call signature of a StitchRec function or class; None for anything else."""
+    if not callable(obj) or (getattr(obj, "__module__", None) or "").split(".")[0] not in PROJECT:
         return None
-    a, P = node.args, inspect.Parameter
-    positional = [(x, P.POSITIONAL_ONLY) for x in a.posonlyargs]
-    positional += [(x, P.POSITIONAL_OR_KEYWORD) for x in a.args]
-    first_default = len(positional) - len(a.defaults)
-    params = [
-        P(x.arg, kind, **({"default": 0} if i >= first_default else {}))
-        for i, (x, kind) in enumerate(positional)
-    ]
-    params += [P(a.vararg.arg, P.VAR_POSITIONAL)] if a.vararg else []
-    params += [
-        P(x.arg, P.KEYWORD_ONLY, **({} if d is None else {"default": 0}))
-        for x, d in zip(a.kwonlyargs, a.kw_defaults, strict=True)
-    ]
-    params += [P(a.kwarg.arg, P.VAR_KEYWORD)] if a.kwarg else []
-    return inspect.Signature(params)
+    try:
+        return inspect.signature(obj)
+    except (TypeError, ValueError):
+        return None
 
 
 def _call_problem(call: ast.Call, sig: inspect.Signature) -> str | None:
@@ -279,8 +198,8 @@ def python_block_problems(code: str) -> list[str]:
                 out.append(f"line {node.lineno}: no module {node.module}")
                 continue
             for a in node.names:
-                found = _definition(node.module, a.name)
-                if found is None:
+                found = _imported(node.module, a.name)
+                if found is MISSING:
                     out.append(f"line {node.lineno}: {node.module} has no {a.name}")
                 imported[a.asname or a.name] = found
                 bound.add(a.asname or a.name)
@@ -296,11 +215,7 @@ def python_block_problems(code: str) -> list[str]:
         name = node.func.id
         if name not in bound:
             out.append(f"line {node.lineno}: calls {name}, which the block does not import")
-        elif (
-            isinstance(made := imported.get(name), ast.AST)
-            and (sig := _signature(made))
-            and (problem := _call_problem(node, sig))
-        ):
+        elif (sig := _our_signature(imported.get(name))) and (problem := _call_problem(node, sig)):
             out.append(f"line {node.lineno}: {name}(...): {problem}")
     return out
 
